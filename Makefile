@@ -1,0 +1,38 @@
+# Arena: the two set-up commands are `make demo` and `make test`; both create .venv when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export RAY_AUTH_MODE := disabled
+export PYTHONHASHSEED := 0
+
+.PHONY: venv demo test test-fast test-slow bench schemas clean reproduce
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# The main job on an embedded default: the whole pipeline on a small workload, in a few minutes on a laptop.
+demo: $(STAMP)
+	$(BIN)/python -m libarena.demo --out demo-out
+
+# The full suite, slow end-to-end tests included (CI runs exactly this).
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+# Regenerate schemas/ from the artifact registry (a test fails when they drift).
+schemas: $(STAMP)
+	$(BIN)/python -m libarena.artifacts.schema_docs schemas
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis demo-out

@@ -1,0 +1,104 @@
+"""Artifact kinds: every file Arena writes is of a registered kind with a versioned, documented schema.
+
+A kind declares its columns (tables) or top-level fields (msgpack documents). ``schemas/`` is generated
+from this registry (``make schemas``) and a test fails when the two drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from libarena.errors import ArenaError
+
+#: Arrow types by the short names used in column declarations (and in schemas/).
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+    "list<int64>": pa.list_(pa.int64()),
+    "list<float64>": pa.list_(pa.float64()),
+    "list<string>": pa.list_(pa.string()),
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    description: str
+    required: bool = True
+    #: Value used when an optional column is missing from an imported (foreign) table.
+    default: Any = None
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return ARROW_TYPES[self.type]
+
+
+@dataclass(frozen=True)
+class Field:
+    """A documented top-level field of a msgpack document or a metadata entry of a table."""
+
+    name: str
+    type: str
+    description: str
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    name: str
+    version: int
+    format: Literal["table", "msgpack"]
+    description: str
+    produced_by: str
+    columns: tuple[Column, ...] = ()
+    #: For tables: documented entries of the ``metadata`` mapping; for msgpack: the document's fields.
+    fields: tuple[Field, ...] = ()
+    #: Columns may be imported from CSV/Parquet written outside Arena (e.g. a measured perf table).
+    importable: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def column(self, name: str) -> Column:
+        for col in self.columns:
+            if col.name == name:
+                return col
+        raise KeyError(name)
+
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
+
+
+_KINDS: dict[str, ArtifactKind] = {}
+
+
+def register_kind(kind: ArtifactKind) -> ArtifactKind:
+    if kind.name in _KINDS and _KINDS[kind.name] != kind:
+        raise ValueError(f"artifact kind {kind.name!r} registered twice with different schemas")
+    for col in kind.columns:
+        if col.type not in ARROW_TYPES:
+            raise ValueError(f"artifact kind {kind.name!r}: column {col.name!r} has unknown type {col.type!r}")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def get_kind(name: str) -> ArtifactKind:
+    _load_builtin_kinds()
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise ArenaError(f"unknown artifact kind {name!r} (known: {', '.join(sorted(_KINDS))})") from None
+
+
+def all_kinds() -> list[ArtifactKind]:
+    _load_builtin_kinds()
+    return [_KINDS[k] for k in sorted(_KINDS)]
+
+
+def _load_builtin_kinds() -> None:
+    # The kinds live in libarena.artifacts.kinds.*, one module per artifact, each calling register_kind.
+    import libarena.artifacts.kinds  # noqa: F401

@@ -1,0 +1,17 @@
+"""Hardware: the typed GPU catalogue and cluster spec files."""
+
+from libarena.hardware.catalogue import DTYPES, GPUSpec, get_gpu, gpu_names, normalize_dtype, register_gpu
+from libarena.hardware.cluster import ClusterSpec, NodeGroup, cluster_from_dict, load_cluster
+
+__all__ = [
+    "DTYPES",
+    "ClusterSpec",
+    "GPUSpec",
+    "NodeGroup",
+    "cluster_from_dict",
+    "get_gpu",
+    "gpu_names",
+    "load_cluster",
+    "normalize_dtype",
+    "register_gpu",
+]

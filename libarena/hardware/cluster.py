@@ -1,0 +1,122 @@
+"""Cluster spec files: node groups, each of one GPU type and a node count (YAML or TOML).
+
+```yaml
+name: cluster-a
+node_groups:
+  - {gpu_type: a40, nodes: 16, gpus_per_node: 2}
+  - {gpu_type: a10, nodes: 16}          # gpus_per_node defaults to the catalogue's
+```
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from libarena.errors import ArenaError
+from libarena.hardware.catalogue import GPUSpec, get_gpu
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    gpu_type: str
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def gpu(self) -> GPUSpec:
+        return get_gpu(self.gpu_type)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    node_groups: tuple[NodeGroup, ...]
+    source: str = ""
+
+    @property
+    def gpu_types(self) -> list[str]:
+        seen: list[str] = []
+        for group in self.node_groups:
+            if group.gpu_type not in seen:
+                seen.append(group.gpu_type)
+        return seen
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g.num_gpus for g in self.node_groups)
+
+    def groups_of(self, gpu_type: str) -> list[NodeGroup]:
+        name = get_gpu(gpu_type).name
+        return [g for g in self.node_groups if g.gpu_type == name]
+
+    def num_gpus(self, gpu_type: str) -> int:
+        return sum(g.num_gpus for g in self.groups_of(gpu_type))
+
+    def num_nodes(self, gpu_type: str) -> int:
+        return sum(g.nodes for g in self.groups_of(gpu_type))
+
+    def gpus_per_node(self, gpu_type: str) -> int:
+        """GPUs per node of a type (the largest, if several groups of that type differ)."""
+        groups = self.groups_of(gpu_type)
+        if not groups:
+            raise ArenaError(f"cluster {self.name!r} has no {gpu_type} GPUs")
+        return max(g.gpus_per_node for g in groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "node_groups": [
+                {"gpu_type": g.gpu_type, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node} for g in self.node_groups
+            ],
+        }
+
+
+def _positive_int(value: Any, what: str, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ArenaError(f"{source}: {what} must be a positive integer, got {value!r}")
+    return value
+
+
+def cluster_from_dict(data: Any, source: str = "cluster spec") -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise ArenaError(f"{source}: expected a mapping with 'name' and 'node_groups'")
+    groups_raw = data.get("node_groups")
+    if not isinstance(groups_raw, list) or not groups_raw:
+        raise ArenaError(f"{source}: the cluster has no nodes ('node_groups' is missing or empty)")
+    groups = []
+    for i, raw in enumerate(groups_raw):
+        where = f"{source}: node_groups[{i}]"
+        if not isinstance(raw, dict) or "gpu_type" not in raw:
+            raise ArenaError(f"{where}: expected a mapping with 'gpu_type' and 'nodes'")
+        try:
+            gpu = get_gpu(str(raw["gpu_type"]))
+        except ArenaError as exc:
+            raise ArenaError(f"{where}: {exc}") from None
+        nodes = _positive_int(raw.get("nodes"), "nodes", where)
+        per_node = _positive_int(raw.get("gpus_per_node", gpu.default_gpus_per_node), "gpus_per_node", where)
+        groups.append(NodeGroup(gpu.name, nodes, per_node))
+    name = str(data.get("name") or Path(source).stem)
+    return ClusterSpec(name=name, node_groups=tuple(groups), source=source)
+
+
+def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
+    p = Path(path)
+    if not p.is_file():
+        raise ArenaError(f"{p}: no such cluster spec file")
+    text = p.read_text()
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        first = " ".join(str(exc).split())[:160]
+        raise ArenaError(f"{p}: malformed cluster spec ({first})") from None
+    return cluster_from_dict(data, source=str(p))

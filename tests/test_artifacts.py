@@ -1,0 +1,145 @@
+"""libarena.artifacts: round trips, provenance, atomic writes and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import msgpack
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from libarena.artifacts import Provenance, read_document, read_table, write_document, write_table
+from libarena.artifacts.io import atomic_output, content_digest
+from libarena.artifacts.registry import ArtifactKind, Column, Field, register_kind
+from libarena.errors import ArenaError
+from tests.conftest import REPO
+
+DEMO_TABLE = register_kind(
+    ArtifactKind(
+        name="test_table",
+        version=3,
+        format="table",
+        produced_by="tests",
+        description="a table for tests",
+        importable=True,
+        columns=(
+            Column("name", "string", "a name"),
+            Column("value", "float64", "a value"),
+            Column("count", "int64", "optional count", required=False, default=7),
+        ),
+    )
+)
+DEMO_DOC = register_kind(
+    ArtifactKind(
+        name="test_doc", version=1, format="msgpack", produced_by="tests", description="a document",
+        fields=(Field("items", "list", "items"),),
+    )
+)
+
+
+def _table() -> pa.Table:
+    return pa.table({"value": [1.5, 2.5], "name": ["a", "b"], "count": [1, 2]})
+
+
+def test_table_round_trip_keeps_provenance_and_metadata(tmp_path):
+    path = tmp_path / "t.parquet"
+    prov = Provenance(tool="tests", parameters={"seed": 3}, inputs=[{"path": "x", "sha256": "00"}])
+    write_table(path, "test_table", _table(), prov, {"note": "hello"})
+    art = read_table(path, "test_table")
+    assert art.table.column_names == ["name", "value", "count"]  # declared order
+    assert art.table.column("value").to_pylist() == [1.5, 2.5]
+    assert art.provenance.parameters == {"seed": 3}
+    assert art.provenance.inputs[0]["sha256"] == "00"
+    assert art.metadata == {"note": "hello"}
+    assert art.schema_version == 3 and art.native
+
+
+def test_wrong_kind_is_a_one_line_error(tmp_path):
+    path = tmp_path / "t.parquet"
+    write_table(path, "test_table", _table(), Provenance(tool="tests"))
+    with pytest.raises(ArenaError, match="is a test_table artifact, expected plans"):
+        read_table(path, "plans")
+
+
+def test_wrong_schema_version_is_rejected(tmp_path):
+    path = tmp_path / "t.parquet"
+    write_table(path, "test_table", _table(), Provenance(tool="tests"))
+    table = pq.read_table(path)
+    meta = table.schema.metadata[b"arena"].replace(b'"schema_version": 3', b'"schema_version": 9')
+    pq.write_table(table.replace_schema_metadata({b"arena": meta}), path)
+    with pytest.raises(ArenaError, match="schema version 9 is not supported"):
+        read_table(path, "test_table")
+
+
+def test_missing_column_and_missing_file(tmp_path):
+    with pytest.raises(ArenaError, match="missing column"):
+        write_table(tmp_path / "x.parquet", "test_table", pa.table({"name": ["a"]}), Provenance(tool="t"))
+    assert not list(tmp_path.iterdir())  # nothing half-written
+    with pytest.raises(ArenaError, match="no such file"):
+        read_table(tmp_path / "nope.parquet", "test_table")
+
+
+def test_foreign_csv_import_fills_defaults(tmp_path):
+    path = tmp_path / "measured.csv"
+    path.write_text("name,value\nx,1.0\ny,2.0\n")
+    art = read_table(path, "test_table")
+    assert not art.native
+    assert art.table.column("count").to_pylist() == [7, 7]
+
+
+def test_garbage_is_rejected(tmp_path):
+    path = tmp_path / "junk.parquet"
+    path.write_bytes(b"PAR1" + b"\x00" * 50)
+    with pytest.raises(ArenaError, match="unreadable table"):
+        read_table(path, "test_table")
+    path.write_bytes(b"\x89PNG\x00\x00")
+    with pytest.raises(ArenaError, match="not a"):
+        read_table(path, "test_table")
+
+
+def test_atomic_output_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with atomic_output(target) as f:
+            f.write(b"new-partial")
+            raise RuntimeError("boom")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+    with pytest.raises(ArenaError, match="does not exist"):
+        with atomic_output(tmp_path / "missing-dir" / "x"):
+            pass
+
+
+def test_document_round_trip_and_errors(tmp_path):
+    path = tmp_path / "d.msgpack"
+    write_document(path, "test_doc", {"items": [1, 2, {"a": b"x"}]}, Provenance(tool="tests"))
+    doc = read_document(path, "test_doc")
+    assert doc.data["items"][2]["a"] == b"x"
+    path.write_bytes(msgpack.packb({"hello": 1}))
+    with pytest.raises(ArenaError, match="not an Arena artifact"):
+        read_document(path, "test_doc")
+    path.write_bytes(b"\xc1\xc1")
+    with pytest.raises(ArenaError, match="not a msgpack artifact"):
+        read_document(path, "test_doc")
+
+
+def test_stdout_is_an_arrow_stream_that_reads_back(tmp_path):
+    code = (
+        "import pyarrow as pa, sys\n"
+        "import tests.test_artifacts as t\n"
+        "from libarena.artifacts import Provenance, write_table\n"
+        "write_table('-', 'test_table', t._table(), Provenance(tool='tests'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, cwd=REPO)
+    assert out.stdout[:4] == b"\xff\xff\xff\xff"
+    reader = pa.ipc.open_stream(io.BytesIO(out.stdout))
+    assert reader.read_all().num_rows == 2
+
+
+def test_content_digest_is_stable_and_order_independent_for_dicts():
+    assert content_digest({"a": 1, "b": 2}) == content_digest({"b": 2, "a": 1})
+    assert content_digest({"a": 1}) != content_digest({"a": 2})

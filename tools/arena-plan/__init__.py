@@ -1,0 +1,1 @@
+"""arena-plan: thin command-line front end; all logic lives in libarena.plan."""

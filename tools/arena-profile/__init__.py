@@ -1,0 +1,1 @@
+"""arena-profile: thin command-line front end; all logic lives in libarena.profile."""

@@ -1,0 +1,1 @@
+"""arena-schedule: thin command-line front end; all logic lives in libarena.schedule."""
