@@ -1,0 +1,256 @@
+"""Communication cost model shared by the planner (l_comm, eq. 4) and the profiler (stage latencies).
+
+A :class:`CommModel` answers one question: how long does one collective take, given its primitive, the
+buffer size per device, the group size, the GPU type and whether the group spans several nodes.
+
+Volume convention (the one nccl-tests prints as ``size``, so measured tables can be imported as is):
+
+* ``all-reduce``: the buffer every device holds before and after (the full tensor);
+* ``all-gather``: the full gathered output per device; ``reduce-scatter``: the full input per device;
+* ``all-to-all``: the total a device sends (its whole send buffer, including the part it keeps);
+* ``p2p``: the bytes sent from one device to its peer.
+
+Two implementations:
+
+* :class:`AlphaBetaCommModel`: latency alpha per step plus ring bandwidth terms from the GPU catalogue
+  (intra-node link inside a node, the node's network adapter across nodes). Always available.
+* :class:`MeasuredCommModel`: a ``comm_table`` artifact (``arena-profile comm``, or an imported CSV from
+  nccl-tests) interpolated log-log by volume for the same primitive, GPU type, group size and node
+  crossing; anything the table does not cover falls back to an alpha-beta model and the fallback is
+  recorded (:meth:`MeasuredCommModel.sources`), so callers can say which model priced what.
+
+Both accept scalar or numpy-array volumes (the planner prices thousands of candidate stages at once).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from libarena.errors import ArenaError
+from libarena.hardware.catalogue import get_gpu
+
+#: The collectives Arena prices, in nccl-tests' naming.
+PRIMITIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
+
+_PRIMITIVE_ALIASES = {
+    "allreduce": "all-reduce",
+    "all_reduce": "all-reduce",
+    "allgather": "all-gather",
+    "all_gather": "all-gather",
+    "reducescatter": "reduce-scatter",
+    "reduce_scatter": "reduce-scatter",
+    "alltoall": "all-to-all",
+    "all_to_all": "all-to-all",
+    "sendrecv": "p2p",
+    "send-recv": "p2p",
+    "send_recv": "p2p",
+}
+
+SOURCE_ALPHA_BETA = "alpha-beta"
+SOURCE_MEASURED = "measured"
+
+
+def normalize_primitive(name: str) -> str:
+    key = str(name).strip().lower()
+    key = _PRIMITIVE_ALIASES.get(key, key)
+    if key not in PRIMITIVES:
+        raise ArenaError(f"unknown communication primitive {name!r} (known: {', '.join(PRIMITIVES)})")
+    return key
+
+
+def normalize_gpu_type(name: str) -> str:
+    """Catalogue name for a known GPU type; other names (hardware Arena has no figures for) lower-cased."""
+    try:
+        return get_gpu(name).name
+    except ArenaError:
+        return str(name).strip().lower()
+
+
+class CommModel(ABC):
+    """Seconds one collective takes; ``bytes_per_device`` may be a scalar or a numpy array."""
+
+    @abstractmethod
+    def time(
+        self,
+        primitive: str,
+        bytes_per_device: Any,
+        group_size: int,
+        gpu_type: str,
+        crosses_nodes: bool,
+    ) -> Any: ...
+
+    @abstractmethod
+    def source(self, primitive: str, group_size: int, gpu_type: str, crosses_nodes: bool) -> str:
+        """Which model prices this case: ``alpha-beta`` or ``measured``."""
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+def _ring_steps(primitive: str, p: int) -> tuple[float, float]:
+    """(number of latency-bound steps, bandwidth factor on the volume) of the ring algorithm on p devices."""
+    if primitive == "all-reduce":  # reduce-scatter then all-gather
+        return 2.0 * (p - 1), 2.0 * (p - 1) / p
+    if primitive in ("all-gather", "reduce-scatter"):
+        return float(p - 1), (p - 1) / p
+    if primitive == "all-to-all":  # pairwise exchange: (p-1) messages of volume/p
+        return float(p - 1), (p - 1) / p
+    return 1.0, 1.0  # p2p
+
+
+@dataclass(frozen=True)
+class AlphaBetaCommModel(CommModel):
+    """Ring collectives: ``steps * alpha + factor * bytes / bandwidth``.
+
+    Bandwidths come from the GPU catalogue (per direction): the intra-node link (NVLink or PCIe) for a
+    group inside one node, the node's network adapter (ConnectX) when the group crosses nodes (a ring
+    crosses each node boundary once per direction, so one adapter's bandwidth is the bottleneck). The
+    alphas are typical NCCL per-step latencies (a few microseconds on a local link, ~10 us over RDMA).
+    """
+
+    intra_node_latency_s: float = 5e-6
+    inter_node_latency_s: float = 1e-5
+
+    def time(self, primitive, bytes_per_device, group_size, gpu_type, crosses_nodes):
+        primitive = normalize_primitive(primitive)
+        volume = np.asarray(bytes_per_device, dtype=np.float64)
+        p = int(group_size)
+        if p <= 1 and primitive != "p2p":
+            out = np.zeros_like(volume)
+            return out if out.ndim else float(out)
+        gpu = get_gpu(gpu_type)
+        bandwidth = gpu.inter_node_bandwidth if crosses_nodes else gpu.intra_node_bandwidth
+        alpha = self.inter_node_latency_s if crosses_nodes else self.intra_node_latency_s
+        steps, factor = _ring_steps(primitive, max(p, 2))
+        out = np.where(volume > 0, steps * alpha + factor * volume / bandwidth, 0.0)
+        return out if out.ndim else float(out)
+
+    def source(self, primitive, group_size, gpu_type, crosses_nodes):
+        return SOURCE_ALPHA_BETA
+
+    def describe(self) -> str:
+        return f"alpha-beta (alpha {self.intra_node_latency_s * 1e6:g} us intra-node, {self.inter_node_latency_s * 1e6:g} us inter-node)"
+
+
+@dataclass
+class _Curve:
+    log_bytes: np.ndarray
+    log_latency: np.ndarray
+    max_bytes: float
+    max_latency: float
+
+    def __call__(self, volume: np.ndarray) -> np.ndarray:
+        positive = np.maximum(volume, 1.0)
+        lv = np.log(positive)
+        # Inside the measured range: log-log interpolation; below it the smallest measured latency (the
+        # latency floor); above it, bandwidth-bound, so latency grows linearly with the volume.
+        inside = np.exp(np.interp(lv, self.log_bytes, self.log_latency))
+        above = self.max_latency * positive / self.max_bytes
+        return np.where(volume <= 0, 0.0, np.where(positive > self.max_bytes, above, inside))
+
+
+@dataclass
+class MeasuredCommModel(CommModel):
+    """Latencies interpolated from a measured ``comm_table``; uncovered cases priced by ``fallback``."""
+
+    curves: dict[tuple[str, str, int, bool], _Curve]
+    fallback: CommModel = field(default_factory=AlphaBetaCommModel)
+    source_name: str = "comm table"
+    #: (primitive, gpu_type, group_size, crosses_nodes) -> source, for every case priced so far.
+    _used: dict[tuple[str, str, int, bool], str] = field(default_factory=dict)
+
+    @classmethod
+    def from_rows(
+        cls,
+        rows: Iterable[tuple[str, str, int, bool, float, float]],
+        fallback: CommModel | None = None,
+        source_name: str = "comm table",
+    ) -> MeasuredCommModel:
+        """Build from (primitive, gpu_type, num_devices, crosses_nodes, bytes, latency_s) rows.
+
+        Repeated measurements of one volume are averaged (geometric mean, matching the log-log fit).
+        """
+        points: dict[tuple[str, str, int, bool], dict[float, list[float]]] = {}
+        for i, (primitive, gpu_type, devices, crosses, volume, latency) in enumerate(rows):
+            where = f"{source_name}: row {i}"
+            try:
+                prim = normalize_primitive(primitive)
+            except ArenaError as exc:
+                raise ArenaError(f"{where}: {exc}") from None
+            if volume is None or latency is None or crosses is None:
+                raise ArenaError(f"{where}: missing value (bytes, latency_s and crosses_nodes are required)")
+            if not (isinstance(devices, (int, np.integer)) and devices >= 1):
+                raise ArenaError(f"{where}: num_devices must be a positive integer, got {devices!r}")
+            if not (math.isfinite(volume) and volume > 0):
+                raise ArenaError(f"{where}: bytes must be positive, got {volume!r}")
+            if not (math.isfinite(latency) and latency > 0):
+                raise ArenaError(f"{where}: latency_s must be positive, got {latency!r}")
+            key = (prim, normalize_gpu_type(gpu_type), int(devices), bool(crosses))
+            points.setdefault(key, {}).setdefault(float(volume), []).append(float(latency))
+        if not points:
+            raise ArenaError(f"{source_name}: the communication table is empty")
+        curves = {}
+        for key, by_volume in points.items():
+            volumes = np.array(sorted(by_volume), dtype=np.float64)
+            lat = np.array([math.exp(np.mean(np.log(by_volume[v]))) for v in volumes])
+            curves[key] = _Curve(np.log(volumes), np.log(lat), float(volumes[-1]), float(lat[-1]))
+        return cls(curves=curves, fallback=fallback or AlphaBetaCommModel(), source_name=source_name)
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({key[1] for key in self.curves})
+
+    def covers(self, gpu_type: str) -> bool:
+        return normalize_gpu_type(gpu_type) in self.gpu_types
+
+    def time(self, primitive, bytes_per_device, group_size, gpu_type, crosses_nodes):
+        primitive = normalize_primitive(primitive)
+        p = int(group_size)
+        key = (primitive, normalize_gpu_type(gpu_type), p, bool(crosses_nodes))
+        if p <= 1 and primitive != "p2p":
+            return self.fallback.time(primitive, bytes_per_device, p, gpu_type, crosses_nodes)
+        curve = self.curves.get(key)
+        if curve is None:
+            self._used[key] = SOURCE_ALPHA_BETA
+            return self.fallback.time(primitive, bytes_per_device, p, gpu_type, crosses_nodes)
+        self._used[key] = SOURCE_MEASURED
+        out = curve(np.asarray(bytes_per_device, dtype=np.float64))
+        return out if out.ndim else float(out)
+
+    def source(self, primitive, group_size, gpu_type, crosses_nodes):
+        key = (normalize_primitive(primitive), normalize_gpu_type(gpu_type), int(group_size), bool(crosses_nodes))
+        return SOURCE_MEASURED if key in self.curves else SOURCE_ALPHA_BETA
+
+    def sources(self) -> dict[tuple[str, str, int, bool], str]:
+        """Every case priced so far and the model that priced it."""
+        return dict(self._used)
+
+    def describe(self) -> str:
+        return f"measured ({self.source_name}: {', '.join(self.gpu_types)}), else {self.fallback.describe()}"
+
+
+def comm_model_from_table(artifact: Any, fallback: CommModel | None = None) -> MeasuredCommModel:
+    """A :class:`MeasuredCommModel` from a ``comm_table`` TableArtifact (see libarena.artifacts)."""
+    t = artifact.table
+    rows = zip(
+        t.column("primitive").to_pylist(),
+        t.column("gpu_type").to_pylist(),
+        t.column("num_devices").to_pylist(),
+        t.column("crosses_nodes").to_pylist(),
+        t.column("bytes").to_pylist(),
+        t.column("latency_s").to_pylist(),
+        strict=True,
+    )
+    return MeasuredCommModel.from_rows(rows, fallback=fallback, source_name=artifact.source)
+
+
+def load_comm_model(path: str, fallback: CommModel | None = None) -> MeasuredCommModel:
+    from libarena.artifacts import read_table
+
+    return comm_model_from_table(read_table(path, "comm_table"), fallback=fallback)

@@ -1,0 +1,103 @@
+"""What every model of the zoo provides: an ordered list of units (layers) that the planner clusters into
+stages, and pure functions to initialise and apply each unit.
+
+A unit consumes the activation (``carry``) of the previous one; the first unit reads the batch, the last
+returns the scalar training loss. This one interface serves abstract lowering (arena-analyze), per-stage
+executables (arena-profile) and pipelined, sharded training (arena-run).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+Params = Any  # a pytree of arrays
+Carry = Any  # the activation flowing between units (an array; None before the first unit)
+Batch = dict[str, Any]
+
+#: Logical axis names used in ``param_axes``; the runtime maps them onto mesh axes.
+#: "heads", "mlp", "vocab" are split by Megatron-style tensor parallelism, "expert" by expert parallelism,
+#: "conv_out" is the output-channel axis of a convolution kernel.
+LOGICAL_AXES = ("embed", "heads", "head_dim", "mlp", "vocab", "expert", "conv_in", "conv_out", "classes", "position")
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """One layer of a model, in execution order."""
+
+    name: str
+    kind: str
+    #: All-reduces of the unit's output activation per forward pass under Megatron-style tensor parallelism
+    #: (2 per transformer block: after attention and after the MLP).
+    tp_allreduces: int = 0
+    #: Expert all-to-alls per forward pass (dispatch and combine of a GShard MoE layer).
+    alltoalls: int = 0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Fields common to every family; families subclass it with their own hyperparameters."""
+
+    nominal_params: float
+    #: Sequence length for text models, image side for vision models.
+    seq_len: int
+
+
+class ModelDef(ABC):
+    """A registered model: family ``family``, size ``size``, identifier ``family__size``."""
+
+    family: ClassVar[str]
+
+    def __init__(self, size: str, config: ModelConfig):
+        self.size = size
+        self.config = config
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}__{self.size}"
+
+    @property
+    @abstractmethod
+    def units(self) -> tuple[UnitSpec, ...]: ...
+
+    @abstractmethod
+    def init_unit(self, index: int, key: Any) -> Params:
+        """Parameters of unit ``index`` (float32 master copies)."""
+
+    @abstractmethod
+    def apply_unit(self, index: int, params: Params, carry: Carry, batch: Batch, compute_dtype: Any) -> Carry:
+        """Run unit ``index`` on ``carry`` (None for the first unit); the last unit returns the mean loss."""
+
+    @abstractmethod
+    def param_axes(self, index: int) -> Any:
+        """A pytree like the unit's parameters whose leaves are tuples of logical axis names (or None)."""
+
+    @abstractmethod
+    def batch_shapes(self, batch_size: int, seq_len: int | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Shape and numpy dtype name of each batch entry (inputs and targets)."""
+
+    @abstractmethod
+    def synthetic_samples(self, indices: np.ndarray, seed: int, seq_len: int | None = None) -> Batch:
+        """Deterministic, learnable training samples by global sample index (so data loading can resume
+        exactly where it stopped after a checkpoint, whatever the new parallel layout)."""
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able record of the model for artifact metadata."""
+        from dataclasses import asdict
+
+        return {
+            "name": self.name,
+            "family": self.family,
+            "size": self.size,
+            "nominal_params": self.config.nominal_params,
+            "num_units": len(self.units),
+            "config": asdict(self.config),
+        }
+
+
+def sample_rng(seed: int, index: int) -> np.random.Generator:
+    """The random stream of one training sample: a function of (seed, global sample index) only."""
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(index)])

@@ -1,0 +1,75 @@
+"""The model zoo registry: families register a ModelDef class, sizes register a config under the family.
+
+Identifiers are ``family__size`` exactly as the traces write them (``moe__2.4B``, ``wide_resnet__6.8B``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from libarena.errors import ArenaError
+from libarena.models.base import ModelConfig, ModelDef
+
+_FAMILIES: dict[str, type[ModelDef]] = {}
+_SIZES: dict[str, dict[str, ModelConfig]] = {}
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    family: str
+    size: str
+    config: ModelConfig
+    #: Sizes the paper's Table 2 and the traces use; tiny/small ones exist for tests and CPU profiling.
+    paper_size: bool
+
+
+def register_family(cls: type[ModelDef]) -> type[ModelDef]:
+    _FAMILIES[cls.family] = cls
+    _SIZES.setdefault(cls.family, {})
+    return cls
+
+
+def register_size(family: str, size: str, config: ModelConfig) -> None:
+    if family not in _FAMILIES:
+        raise ValueError(f"family {family!r} is not registered")
+    if size in _SIZES[family]:
+        raise ValueError(f"{family}__{size} registered twice")
+    _SIZES[family][size] = config
+
+
+def _ensure_loaded() -> None:
+    import libarena.models.zoo  # noqa: F401  (registers the built-in families and sizes)
+
+
+def get_model(identifier: str) -> ModelDef:
+    _ensure_loaded()
+    family, sep, size = str(identifier).partition("__")
+    if not sep or family not in _FAMILIES:
+        raise ArenaError(
+            f"unknown model {identifier!r}: expected family__size with family one of {', '.join(sorted(_FAMILIES))}"
+        )
+    sizes = _SIZES[family]
+    if size not in sizes:
+        raise ArenaError(f"unknown size {size!r} for model family {family!r} (known: {', '.join(sizes)})")
+    return _FAMILIES[family](size, sizes[size])
+
+
+def list_models(include_test_sizes: bool = True) -> list[ZooEntry]:
+    _ensure_loaded()
+    entries = []
+    for family in sorted(_SIZES):
+        for size, config in _SIZES[family].items():
+            paper = size not in TEST_SIZES
+            if paper or include_test_sizes:
+                entries.append(ZooEntry(f"{family}__{size}", family, size, config, paper))
+    return entries
+
+
+def families() -> list[str]:
+    _ensure_loaded()
+    return sorted(_FAMILIES)
+
+
+#: Sizes that exist for tests and CPU profiling, not in the paper.
+TEST_SIZES = ("tiny", "small")

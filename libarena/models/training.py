@@ -1,0 +1,121 @@
+"""JAX training-step construction shared by analyze (abstract lowering), profile (stage executables) and
+run (sharded pipelines): parameter initialisation, unit ranges, the loss, the mixed-precision Adam update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from libarena.hardware.catalogue import normalize_dtype
+from libarena.models.base import Batch, Carry, ModelDef, Params
+
+_JAX_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "tf32": "float32"}
+
+
+def compute_dtype(dtype: str) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.dtype(_JAX_DTYPES[normalize_dtype(dtype)])
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Adam with decoupled weight decay on float32 master parameters (mixed-precision training)."""
+
+    learning_rate: float = 1e-3
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def build(self) -> Any:
+        import optax
+
+        return optax.adamw(self.learning_rate, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay)
+
+
+def unit_key(seed: int, index: int) -> Any:
+    import jax
+
+    return jax.random.fold_in(jax.random.key(seed), index)
+
+
+def init_params(model: ModelDef, seed: int, units: Sequence[int] | None = None) -> list[Params]:
+    """Concrete parameters for ``units`` (default all); unit i's values depend only on (seed, i)."""
+    indices = range(len(model.units)) if units is None else units
+    return [model.init_unit(i, unit_key(seed, i)) for i in indices]
+
+
+def abstract_params(model: ModelDef, units: Sequence[int] | None = None) -> list[Params]:
+    """Parameter shapes/dtypes without allocating anything (jax.eval_shape)."""
+    import jax
+
+    indices = range(len(model.units)) if units is None else units
+    return [jax.eval_shape(lambda i=i: model.init_unit(i, unit_key(0, i))) for i in indices]
+
+
+def param_count(model: ModelDef) -> int:
+    import jax
+
+    return int(sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(abstract_params(model))))
+
+
+def batch_spec(model: ModelDef, batch_size: int, seq_len: int | None = None) -> dict[str, Any]:
+    import jax
+
+    return {
+        name: jax.ShapeDtypeStruct(shape, np.dtype(dtype))
+        for name, (shape, dtype) in model.batch_shapes(batch_size, seq_len).items()
+    }
+
+
+def apply_units(
+    model: ModelDef, params: Sequence[Params], carry: Carry, batch: Batch, start: int, stop: int, dtype: Any
+) -> Carry:
+    """Run units [start, stop) under one named scope per unit (arena-analyze attributes HLO ops by it)."""
+    import jax
+
+    for offset, index in enumerate(range(start, stop)):
+        with jax.named_scope(model.units[index].name):
+            carry = model.apply_unit(index, params[offset], carry, batch, dtype)
+    return carry
+
+
+def loss_fn(model: ModelDef, dtype: Any) -> Callable[[list[Params], Batch], Any]:
+    def loss(params: list[Params], batch: Batch) -> Any:
+        return apply_units(model, params, None, batch, 0, len(model.units), dtype)
+
+    return loss
+
+
+def make_train_step(model: ModelDef, dtype: str = "bf16", optimizer: OptimizerConfig | None = None) -> Callable:
+    """(params, opt_state, batch) -> (params, opt_state, loss): forward, backward and the optimizer update."""
+    import jax
+    import optax
+
+    tx = (optimizer or OptimizerConfig()).build()
+    loss = loss_fn(model, compute_dtype(dtype))
+
+    def train_step(params: list[Params], opt_state: Any, batch: Batch) -> tuple[list[Params], Any, Any]:
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        with jax.named_scope("optimizer"):
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+        return params, opt_state, value
+
+    return train_step
+
+
+def init_optimizer_state(params: list[Params], optimizer: OptimizerConfig | None = None) -> Any:
+    return (optimizer or OptimizerConfig()).build().init(params)
+
+
+def abstract_optimizer_state(abstract: list[Params], optimizer: OptimizerConfig | None = None) -> Any:
+    import jax
+
+    tx = (optimizer or OptimizerConfig()).build()
+    return jax.eval_shape(tx.init, abstract)

@@ -1,0 +1,146 @@
+"""Intra-stage cost model: memory per GPU and communication time of one stage under (dp, tp, zero).
+
+A stage is the clusters [a, b) on ``c = dp * tp`` GPUs. Within a stage tensor-parallel ranks are adjacent
+(tp innermost), so a tp group crosses nodes only when tp exceeds the node size, and the data-parallel
+group crosses nodes when the stage does.
+
+Memory per GPU (mixed-precision Adam, Megatron-style TP dividing weights and activations by tp):
+
+* weights and gradients in the parameter dtype: ``2 * param_bytes / tp``;
+* Adam state (m and v in fp32, plus an fp32 master copy when parameters are stored in 16 bits):
+  ``(8 or 12) * param_count / tp``, divided by dp too under ZeRO-1;
+* saved activations of the 1F1B in-flight micro-batches (stage j of s holds min(s - j, B) of them):
+  ``inflight * saved_activation_bytes / (B * dp * tp)``;
+* the P2P receive and send buffers of one micro-batch: ``(act_in + act_out) / (B * dp)``.
+
+Communication of a stage, split as eq. 4 needs it:
+
+* per micro-batch (``comm_mb``): per cluster, the TP all-reduces (``tp_allreduce_bytes / (B dp)`` over
+  the tp group) and, for MoE, the expert all-to-all (``alltoall_bytes / (B dp)`` over the dp group);
+  each cluster's volume is priced as one collective;
+* once per iteration (``grad_sync``): the gradient all-reduce of the stage's ``param_bytes / tp`` over
+  the dp group, or under ZeRO-1 a reduce-scatter of the gradients plus an all-gather of the updated
+  weights (same bandwidth volume, twice the latency steps -- so ZeRO is chosen only when memory needs it).
+
+Known simplifications: layer norms and biases are counted as TP-sharded; MoE expert weights are counted
+as replicated across dp even though the all-to-all assumes expert parallelism (memory is pessimistic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from libarena.hardware import GPUSpec
+from libarena.hardware.comm import CommModel
+from libarena.plan.model import ModelProfile
+
+
+@dataclass
+class StageCostModel:
+    """Prices stages of one model on one GPU type (B, the micro-batch count, is an argument)."""
+
+    profile: ModelProfile
+    gpu: GPUSpec
+    gpus_per_node: int
+    comm: CommModel
+    usable_memory_fraction: float
+
+    def __post_init__(self) -> None:
+        a = self.profile.arrays
+        self._pre = {
+            name: np.concatenate([[0.0], np.cumsum(a[name])])
+            for name in ("param_bytes", "param_count", "saved_activation_bytes")
+        }
+        self._act = a["activation_bytes"]
+        self._tp_bytes = a["tp_allreduce_bytes"]
+        self._a2a = a["alltoall_bytes"]
+        self._comm_prefix: dict[tuple[int, int, int], np.ndarray] = {}
+        self._grad_all: dict[tuple[int, int, bool], np.ndarray] = {}
+        bpp = self.profile.param_bytes_per_param
+        # Adam m and v in fp32, plus an fp32 master copy when the stored parameters are 16-bit.
+        self.optimizer_bytes_per_param = 8.0 + (4.0 if bpp < 4.0 else 0.0)
+
+    @property
+    def capacity(self) -> float:
+        return self.gpu.memory_bytes * self.usable_memory_fraction
+
+    @property
+    def num_clusters(self) -> int:
+        return self.profile.num_clusters
+
+    def _range(self, name: str, a, b):
+        pre = self._pre[name]
+        return pre[b] - pre[a]
+
+    def memory(self, a, b, dp, tp, zero, inflight, num_microbatches: int):
+        """Peak bytes per GPU of the stage [a, b) (all arguments but B broadcast as arrays)."""
+        a = np.asarray(a)
+        b = np.asarray(b)
+        O = self.num_clusters
+        B = num_microbatches
+        param_bytes = self._range("param_bytes", a, b)
+        param_count = self._range("param_count", a, b)
+        saved = self._range("saved_activation_bytes", a, b)
+        weights_grads = 2.0 * param_bytes / tp
+        optimizer = self.optimizer_bytes_per_param * param_count / (tp * np.where(zero, dp, 1))
+        activations = np.minimum(inflight, B) * saved / (B * dp * tp)
+        act_in = np.where(a > 0, self._act[np.clip(a - 1, 0, O - 1)], 0.0)
+        act_out = np.where(b < O, self._act[np.clip(b - 1, 0, O - 1)], 0.0)
+        buffers = (act_in + act_out) / (B * dp)
+        return weights_grads + optimizer + activations + buffers
+
+    def cluster_comm_prefix(self, dp: int, tp: int, num_microbatches: int) -> np.ndarray:
+        """Prefix sums over clusters of the per-micro-batch intra-stage communication under (dp, tp)."""
+        key = (dp, tp, num_microbatches)
+        if key not in self._comm_prefix:
+            B = num_microbatches
+            g = self.gpus_per_node
+            name = self.gpu.name
+            per_cluster = np.zeros(self.num_clusters)
+            if tp > 1:
+                per_cluster = per_cluster + self.comm.time("all-reduce", self._tp_bytes / (B * dp), tp, name, tp > g)
+            if dp > 1:
+                per_cluster = per_cluster + self.comm.time("all-to-all", self._a2a / (B * dp), dp, name, dp * tp > g)
+            self._comm_prefix[key] = np.concatenate([[0.0], np.cumsum(per_cluster)])
+        return self._comm_prefix[key]
+
+    def comm_per_microbatch(self, a, b, dp: int, tp: int, num_microbatches: int):
+        pre = self.cluster_comm_prefix(dp, tp, num_microbatches)
+        return pre[b] - pre[a]
+
+    def _grad_sync_volume(self, volume, dp: int, tp: int, zero: bool):
+        if dp <= 1:
+            return np.zeros_like(volume)
+        crosses = dp * tp > self.gpus_per_node
+        name = self.gpu.name
+        if zero:
+            return self.comm.time("reduce-scatter", volume, dp, name, crosses) + self.comm.time(
+                "all-gather", volume, dp, name, crosses
+            )
+        return self.comm.time("all-reduce", volume, dp, name, crosses)
+
+    def grad_sync(self, a, b, dp: int, tp: int, zero: bool):
+        """Once-per-iteration gradient synchronisation of the stage [a, b) (fixed dp, tp, zero)."""
+        key = (dp, tp, bool(zero))
+        if key not in self._grad_all:
+            # Every (a, b) at once: the table is (O+1)^2 entries, priced once per option.
+            edges = np.arange(self.num_clusters + 1)
+            volume = np.maximum(self._pre["param_bytes"][edges][None, :] - self._pre["param_bytes"][edges][:, None], 0.0)
+            self._grad_all[key] = np.asarray(self._grad_sync_volume(volume / tp, dp, tp, bool(zero)))
+        return self._grad_all[key][a, b]
+
+
+def intra_stage_options(num_gpus: int, allow_zero: bool) -> list[tuple[int, int, bool]]:
+    """(dp, tp, zero) with dp * tp = num_gpus, powers of two; fixed order (tp ascending, zero last) so
+    ties resolve the same way everywhere: least tensor parallelism, no ZeRO unless it pays."""
+    out = []
+    tp = 1
+    while tp <= num_gpus:
+        dp = num_gpus // tp
+        out.append((dp, tp, False))
+        if allow_zero and dp > 1:
+            out.append((dp, tp, True))
+        tp *= 2
+    return out

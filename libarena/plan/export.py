@@ -1,0 +1,111 @@
+"""Export a plan for other runtimes.
+
+``alpa``: Alpa's manual stage option (``alpa.ManualStageOption``), as JSON::
+
+    {
+      "format": "alpa.ManualStageOption", "format_version": 1,
+      "plan_id": ..., "model": ..., "global_batch": ..., "gpu_type": ..., "num_gpus": ..., "num_nodes": ...,
+      "num_micro_batches": B,
+      "layer_num": O,                         # one Alpa pipeline layer per Arena cluster
+      "layers": [{"index": i, "units": [model units of cluster i]}, ...],
+      "stage_option": {
+        "forward_stage_layer_ids": [[0, 1, 2], [3, 4], ...],     # layer ids of each forward stage
+        "submesh_physical_shapes": [[hosts, gpus_per_host], ...],# (1, c) inside a node, (c/g, g) across nodes
+        "submesh_logical_shapes": [[dp, tp], ...],               # mesh axis 0 = data, axis 1 = tensor
+        "submesh_autosharding_option_dicts": [{...}, ...]         # force_batch_dim_to_mesh_dim: 0 when dp > 1,
+                                                                   # prefer_reduce_scatter: true under ZeRO-1
+      }
+    }
+
+Use it with Alpa as::
+
+    spec = json.load(open("alpa.json"))
+    method = alpa.PipeshardParallel(
+        num_micro_batches=spec["num_micro_batches"],
+        layer_option=alpa.AutoLayerOption(layer_num=spec["layer_num"]),  # or mark the "layers" boundaries
+        stage_option=alpa.ManualStageOption(**spec["stage_option"]))
+
+Alpa's automatic layer construction balances FLOPs, not Arena's clusters; for an exact match mark a
+pipeline boundary (``alpa.mark_pipeline_boundary()``) after the last unit of each entry of ``layers``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libarena.errors import ArenaError
+from libarena.plan.types import ParallelPlan, PlanSet
+
+EXPORT_FORMATS = ("alpa",)
+
+
+def alpa_stage_option(plan: ParallelPlan) -> dict[str, Any]:
+    g = plan.grid.gpus_per_node
+    physical, logical, options = [], [], []
+    for st in plan.stages:
+        physical.append([1, st.num_gpus] if st.num_gpus <= g else [st.num_gpus // g, g])
+        logical.append([st.dp, st.tp])
+        opt: dict[str, Any] = {}
+        if st.dp > 1:
+            opt["force_batch_dim_to_mesh_dim"] = 0
+        if st.zero:
+            opt["prefer_reduce_scatter"] = True
+        options.append(opt)
+    return {
+        "forward_stage_layer_ids": [list(st.clusters) for st in plan.stages],
+        "submesh_physical_shapes": physical,
+        "submesh_logical_shapes": logical,
+        "submesh_autosharding_option_dicts": options,
+    }
+
+
+def export_alpa(planset: PlanSet, plan: ParallelPlan) -> dict[str, Any]:
+    return {
+        "format": "alpa.ManualStageOption",
+        "format_version": 1,
+        "plan_id": plan.plan_id,
+        "model": planset.model_name,
+        "global_batch": plan.grid.global_batch,
+        "gpu_type": plan.grid.gpu_type,
+        "num_gpus": plan.grid.num_gpus,
+        "num_nodes": plan.grid.num_nodes,
+        "num_micro_batches": plan.num_microbatches,
+        "layer_num": len(planset.clusters),
+        "layers": [{"index": int(c.get("index", i)), "units": list(c.get("units", []))} for i, c in enumerate(planset.clusters)],
+        "stage_option": alpa_stage_option(plan),
+    }
+
+
+def select_proxy(
+    planset: PlanSet,
+    plan_id: str | None = None,
+    gpu_type: str | None = None,
+    num_gpus: int | None = None,
+    stages: int | None = None,
+) -> ParallelPlan:
+    """The plan named by ``plan_id``, else the one proxy plan matching the grid filters."""
+    if plan_id:
+        try:
+            return planset.plan(plan_id)
+        except KeyError:
+            raise ArenaError(f"no plan with id {plan_id!r} in the plans file") from None
+    matches = [
+        p
+        for p in planset.proxy_plans()
+        if (gpu_type is None or p.grid.gpu_type == gpu_type)
+        and (num_gpus is None or p.grid.num_gpus == num_gpus)
+        and (stages is None or p.grid.pipeline_degree == stages)
+    ]
+    if not matches:
+        raise ArenaError("no feasible proxy plan matches the selection (--gpu-type, --num-gpus, --stages)")
+    if len(matches) > 1:
+        raise ArenaError(
+            f"{len(matches)} proxy plans match; pick one with --plan-id or narrow with --gpu-type, --num-gpus, --stages"
+        )
+    return matches[0]
+
+
+def export_plan(planset: PlanSet, plan: ParallelPlan, fmt: str) -> dict[str, Any]:
+    if fmt == "alpa":
+        return export_alpa(planset, plan)
+    raise ArenaError(f"unknown export format {fmt!r} (known: {', '.join(EXPORT_FORMATS)})")

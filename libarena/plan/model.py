@@ -1,0 +1,175 @@
+"""The planner's view of a model: the operator table's clustered operators, validated, as numpy arrays.
+
+Roofline loads (eq. 2) are computed per HLO instruction and summed per cluster: for an instruction with
+F FLOPs and M bytes moved on a GPU with peak P (training dtype) and memory bandwidth W,
+``L = F / R(F/M) = F / min(P, W F/M) = max(F/P, M/W)`` -- the same expression, which also charges
+zero-FLOP instructions (copies, transposes, collectives' local parts) ``M / W``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from libarena.artifacts import TableArtifact
+from libarena.artifacts.kinds.operator_table import CLUSTER_FIELDS
+from libarena.errors import ArenaError
+from libarena.hardware import GPUSpec, normalize_dtype
+
+#: Cluster-record fields the planner reads, as float arrays.
+_NUMERIC_FIELDS = tuple(f.name for f in CLUSTER_FIELDS if f.type in ("int", "float") and f.name not in ("index", "num_ops"))
+
+
+def operator_table_digest(artifact: TableArtifact) -> str:
+    """sha256 of the table's canonical Arrow IPC serialisation plus its metadata (as sorted JSON).
+
+    The same whether the table came from a Parquet file or was piped as an Arrow stream, so plans made
+    from either name the same operator table.
+    """
+    table = artifact.table.replace_schema_metadata(None)
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    h = hashlib.sha256(sink.getvalue())
+    h.update(json.dumps(artifact.metadata, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """The clustered model, one entry per clustered operator (O of them), in model order."""
+
+    name: str
+    model: dict[str, Any]
+    global_batch: int
+    seq_len: int
+    dtype: str
+    clusters: tuple[dict[str, Any], ...]
+    #: Per-cluster arrays (length O) of every numeric CLUSTER_FIELDS entry.
+    arrays: dict[str, np.ndarray]
+    #: Per-instruction FLOPs, bytes moved and cluster index, for roofline loads.
+    op_flops: np.ndarray
+    op_bytes: np.ndarray
+    op_cluster: np.ndarray
+    digest: str
+    source: str
+
+    @property
+    def num_clusters(self) -> int:
+        return len(self.clusters)
+
+    def loads(self, gpu: GPUSpec) -> np.ndarray:
+        """Roofline load (seconds on one GPU) of each cluster, eq. 2, summed over its instructions."""
+        per_op = np.maximum(self.op_flops / gpu.peak(self.dtype), self.op_bytes / gpu.hbm_bandwidth)
+        return _cluster_sums(per_op, self.op_cluster, self.num_clusters)
+
+    @property
+    def param_bytes_per_param(self) -> float:
+        count = float(self.arrays["param_count"].sum())
+        return float(self.arrays["param_bytes"].sum()) / count if count > 0 else 4.0
+
+
+def _cluster_sums(values: np.ndarray, cluster: np.ndarray, num_clusters: int) -> np.ndarray:
+    """Sum per cluster; instructions not attributed to a cluster (index -1: step-global glue such as the
+    loss scaling) are charged to clusters in proportion to their attributed share."""
+    attributed = cluster >= 0
+    sums = np.bincount(cluster[attributed], weights=values[attributed], minlength=num_clusters).astype(np.float64)
+    glue = float(values[~attributed].sum())
+    total = float(sums.sum())
+    if glue > 0:
+        sums += glue * (sums / total) if total > 0 else glue / num_clusters
+    return sums
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ArenaError(f"{where}: expected a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _column(table: pa.Table, name: str, source: str) -> np.ndarray:
+    arr = table.column(name).to_numpy(zero_copy_only=False)
+    if arr.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+        if bad.size:
+            raise ArenaError(f"{source}: row {int(bad[0])}, column {name!r}: expected a non-negative number, got {arr[bad[0]]!r}")
+    return arr
+
+
+def load_model_profile(artifact: TableArtifact) -> ModelProfile:
+    """Validate an operator_table artifact and turn it into a :class:`ModelProfile`."""
+    source = artifact.source
+    if artifact.kind != "operator_table":
+        raise ArenaError(f"{source}: is a {artifact.kind} artifact, expected operator_table")
+    table = artifact.table
+    if table.num_rows == 0:
+        raise ArenaError(f"{source}: the operator table is empty (no instructions)")
+    meta = artifact.metadata
+    for key in ("model", "global_batch", "clusters", "dtype"):
+        if key not in meta:
+            raise ArenaError(f"{source}: operator table metadata has no {key!r} entry")
+    model = meta["model"]
+    if not isinstance(model, dict) or not model.get("name"):
+        raise ArenaError(f"{source}: operator table metadata 'model' must be a record with a 'name'")
+    global_batch = meta["global_batch"]
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch <= 0:
+        raise ArenaError(f"{source}: global_batch must be a positive integer, got {global_batch!r}")
+    try:
+        dtype = normalize_dtype(str(meta["dtype"]))
+    except ArenaError as exc:
+        raise ArenaError(f"{source}: {exc}") from None
+    clusters_raw = meta["clusters"]
+    if not isinstance(clusters_raw, list) or not clusters_raw:
+        raise ArenaError(f"{source}: operator table has no clusters (metadata 'clusters' is empty)")
+    num_clusters = len(clusters_raw)
+    declared = meta.get("num_clusters", num_clusters)
+    if declared != num_clusters:
+        raise ArenaError(f"{source}: num_clusters is {declared!r} but 'clusters' has {num_clusters} records")
+    arrays = {name: np.zeros(num_clusters) for name in _NUMERIC_FIELDS}
+    clusters = []
+    for i, rec in enumerate(clusters_raw):
+        where = f"{source}: clusters[{i}]"
+        if not isinstance(rec, dict):
+            raise ArenaError(f"{where}: expected a record")
+        missing = [f.name for f in CLUSTER_FIELDS if f.name not in rec]
+        if missing:
+            raise ArenaError(f"{where}: missing field(s) {', '.join(missing)}")
+        if rec["index"] != i:
+            raise ArenaError(f"{where}: index is {rec['index']!r}, expected {i} (clusters must be in model order)")
+        for name in _NUMERIC_FIELDS:
+            arrays[name][i] = _number(rec[name], f"{where}.{name}")
+        clusters.append(dict(rec))
+
+    flops = _column(table, "flops", source).astype(np.float64)
+    moved = _column(table, "bytes_read", source).astype(np.float64) + _column(table, "bytes_written", source).astype(np.float64)
+    cluster = table.column("cluster").to_numpy(zero_copy_only=False).astype(np.int64)
+    bad = np.flatnonzero((cluster < -1) | (cluster >= num_clusters))
+    if bad.size:
+        raise ArenaError(
+            f"{source}: row {int(bad[0])}, column 'cluster': {int(cluster[bad[0]])} is not a cluster index (0..{num_clusters - 1})"
+        )
+    if float(flops.sum()) <= 0 and float(moved.sum()) <= 0:
+        raise ArenaError(f"{source}: the operator table has no FLOPs and no bytes: nothing to plan")
+    seq_len = meta.get("seq_len") or 0
+    return ModelProfile(
+        name=str(model["name"]),
+        model=dict(model),
+        global_batch=int(global_batch),
+        seq_len=int(seq_len) if isinstance(seq_len, int) else 0,
+        dtype=dtype,
+        clusters=tuple(clusters),
+        arrays=arrays,
+        op_flops=flops,
+        op_bytes=moved,
+        op_cluster=cluster,
+        digest=operator_table_digest(artifact),
+        source=source,
+    )

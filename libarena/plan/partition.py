@@ -1,0 +1,89 @@
+"""Stage partitions and power-of-two GPU assignments (§3.3, eq. 3).
+
+Partitions are enumerated exhaustively -- C(O-1, s-1) contiguous splits, at most C(15, 7) = 6,435 for
+O = 16 -- as index arrays (cached per (O, s)). The power-of-two normalisation of each partition's
+load-proportional assignment D is solved exactly by **dynamic programming over (stage, GPUs used)**,
+vectorised across all partitions at once: cost[u] = min over the stage's power p of
+cost_prev[u - p] + (p - D_j)^2, so one grid costs s * log2(n) numpy operations on (P, n+1) arrays
+instead of P * (#compositions) distance evaluations.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import combinations
+
+import numpy as np
+
+
+@lru_cache(maxsize=256)
+def partitions(num_clusters: int, stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of every contiguous partition of ``num_clusters`` clusters into ``stages`` stages,
+    each an int64 array of shape (P, stages), in lexicographic order of the cut points."""
+    combos = list(combinations(range(1, num_clusters), stages - 1))
+    cuts = np.array(combos, dtype=np.int64).reshape(len(combos), stages - 1)
+    count = cuts.shape[0]
+    starts = np.concatenate([np.zeros((count, 1), dtype=np.int64), cuts], axis=1)
+    ends = np.concatenate([cuts, np.full((count, 1), num_clusters, dtype=np.int64)], axis=1)
+    starts.flags.writeable = False
+    ends.flags.writeable = False
+    return starts, ends
+
+
+def load_proportional_assignment(loads: np.ndarray, num_gpus: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """D_j = sum of d_i over the stage, with d_i = L_i / sum(L) * n (the paper's load-proportional share)."""
+    d = loads / loads.sum() * num_gpus
+    cum = np.concatenate([[0.0], np.cumsum(d)])
+    return cum[ends] - cum[starts]
+
+
+def normalize_power_of_two(ideal: np.ndarray, num_gpus: int) -> tuple[np.ndarray, np.ndarray]:
+    """Powers of two per stage summing to ``num_gpus`` closest (Euclidean) to each row of ``ideal``.
+
+    Returns (assignment int64 (P, s), computation bias b_comp (P,)). Exact, by DP (see module doc).
+    Ties go to the first-found choice in a fixed order, so results are deterministic.
+    """
+    ideal = np.atleast_2d(np.asarray(ideal, dtype=np.float64))
+    count, stages = ideal.shape
+    n = int(num_gpus)
+    powers = [1 << k for k in range(n.bit_length()) if (1 << k) <= n]
+    # States are laid out (GPUs used, partition) so that every shifted slice is one contiguous block;
+    # updates go in place (copyto with a mask) -- no temporaries beyond the candidate block.
+    cost = np.full((n + 1, count), np.inf)
+    cost[0] = 0.0
+    choices = np.zeros((stages, n + 1, count), dtype=np.int8)
+    mask = np.empty((n + 1, count), dtype=bool)
+    for j in range(stages):
+        new = np.full((n + 1, count), np.inf)
+        choice = choices[j]
+        col = ideal[:, j]
+        for k, p in enumerate(powers):
+            cand = cost[: n + 1 - p] + (p - col) ** 2
+            better = mask[: n + 1 - p]
+            np.less(cand, new[p:], out=better)  # strict: the smaller power wins ties
+            np.copyto(new[p:], cand, where=better)
+            np.copyto(choice[p:], k, where=better)
+        cost = new
+    bias = np.sqrt(cost[n])
+    assignment = np.empty((count, stages), dtype=np.int64)
+    used = np.full(count, n, dtype=np.int64)
+    cols = np.arange(count)
+    for j in range(stages - 1, -1, -1):
+        k = choices[j][used, cols].astype(np.int64)
+        assignment[:, j] = 1 << k
+        used -= assignment[:, j]
+    return assignment, bias
+
+
+@lru_cache(maxsize=256)
+def power_of_two_compositions(num_gpus: int, stages: int) -> tuple[tuple[int, ...], ...]:
+    """Every ordered tuple of ``stages`` powers of two summing to ``num_gpus`` (exhaustive mode)."""
+    if stages == 0:
+        return ((),) if num_gpus == 0 else ()
+    out = []
+    p = 1
+    while p <= num_gpus - (stages - 1):
+        for rest in power_of_two_compositions(num_gpus - p, stages - 1):
+            out.append((p, *rest))
+        p *= 2
+    return tuple(out)

@@ -1,0 +1,400 @@
+"""Load-aware parallelism planning (§3.3): the whole grid space of one job, vectorised with numpy.
+
+Per (GPU type, n, s):
+
+1. roofline loads per cluster (model.ModelProfile.loads) -> load-proportional D for every partition;
+2. power-of-two normalisation of D by DP (partition.normalize_power_of_two) -> assignment and b_comp;
+3. intra-stage choice from a *stage table*: every distinct stage (first cluster a, end b, GPUs c,
+   in-flight micro-batches k) is priced once for every (dp, tp, zero) -- at most O^2 * log2(n) * s
+   entries -- keeping the cheapest option that fits in memory (objective B * comm_mb + grad_sync, the
+   stage's share of eq. 4 if it were the bottleneck); every plan's stages are then gathered from it;
+4. l_comm (eq. 4) per plan, Pareto frontier, cap, proxy.
+
+l_comm here is eq. 4 with its per-iteration terms made explicit:
+``(B - 1) * max_j comm_mb_j + sum_j comm_mb_j + max_j grad_sync_j`` -- intra-stage communication of the
+remaining micro-batches on the slowest stage, one micro-batch through every stage, and the gradient
+synchronisation after the pipeline flush (stages synchronise concurrently). P2P is excluded as in the paper.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from itertools import product
+
+import numpy as np
+
+from libarena.errors import ArenaError
+from libarena.hardware import ClusterSpec, GPUSpec, get_gpu
+from libarena.hardware.comm import SOURCE_ALPHA_BETA, SOURCE_MEASURED, AlphaBetaCommModel, CommModel, MeasuredCommModel
+from libarena.plan.config import PlannerConfig
+from libarena.plan.costs import StageCostModel, intra_stage_options
+from libarena.plan.frontier import cap_frontier, choose_proxy, pareto_front
+from libarena.plan.grids import Grid, enumerate_grids, stage_offsets
+from libarena.plan.model import ModelProfile, load_model_profile
+from libarena.plan.partition import (
+    load_proportional_assignment,
+    normalize_power_of_two,
+    partitions,
+    power_of_two_compositions,
+)
+from libarena.plan.types import GridResult, ParallelPlan, PlanSet, StagePlan, infeasible_plan_id, make_plan_id
+
+GIB = 1024**3
+
+
+class StageTable:
+    """Best intra-stage choice for every stage (a, b, log2 c, k) of one GPU type and pipeline degree s.
+
+    Entries are flattened to one index ``((a * (O+1) + b) * levels + level) * s + (k - 1)`` so plans
+    gather their stages with one ``take`` per field. All options of all GPU counts are priced in one
+    broadcast (options x a x b x k); the table serves every n of the type (a stage's best choice does
+    not depend on the grid's other stages).
+    """
+
+    def __init__(self, costs: StageCostModel, max_gpus: int, stages: int, num_microbatches: int, global_batch: int, allow_zero: bool):
+        O = costs.num_clusters
+        self.levels = levels = max_gpus.bit_length()
+        self.stages = stages
+        self.num_clusters = O
+        B = num_microbatches
+        options = [
+            (level, dp, tp, zero)
+            for level in range(levels)
+            for dp, tp, zero in intra_stage_options(1 << level, allow_zero)
+            if dp <= global_batch / B  # a replica needs at least one sample per micro-batch
+        ]
+        lv = np.array([o[0] for o in options])
+        dp = np.array([o[1] for o in options], dtype=np.float64)[:, None, None, None]
+        tp = np.array([o[2] for o in options], dtype=np.float64)[:, None, None, None]
+        zero = np.array([o[3] for o in options])[:, None, None, None]
+        a = np.arange(O + 1)[None, :, None, None]
+        b = np.arange(O + 1)[None, None, :, None]
+        inflight = np.arange(1, stages + 1)[None, None, None, :]
+        a_safe = np.minimum(a, O - 1)
+        valid = a < b
+        mem = costs.memory(a_safe, b, dp, tp, zero, inflight, B)  # (opt, a, b, k)
+        comm = np.stack([costs.comm_per_microbatch(a_safe[0, :, :, 0], b[0, :, :, 0], o[1], o[2], B) for o in options])
+        grad = np.stack([costs.grad_sync(a_safe[0, :, :, 0], b[0, :, :, 0], o[1], o[2], o[3]) for o in options])
+        comm = comm[:, :, :, None]
+        grad = grad[:, :, :, None]
+        obj = np.where(valid & (mem <= costs.capacity), B * comm + grad, np.inf)
+        mem_valid = np.where(valid, mem, np.inf)
+        shape = (O + 1, O + 1, levels, stages)
+        fields = {name: np.zeros(shape) for name in ("obj", "memory", "comm_mb", "grad", "min_memory")}
+        ints = {name: np.ones(shape, dtype=np.int64) for name in ("dp", "tp")}
+        zeros = np.zeros(shape, dtype=bool)
+        for level in range(levels):
+            sel = np.flatnonzero(lv == level)
+            o = obj[sel]
+            best = o.min(axis=0)
+            # First option (least tp, no ZeRO) within a relative 1e-9 of the best: float noise must not
+            # flip ties such as ZeRO's RS+AG against the equal-volume all-reduce.
+            pick = np.argmax(o <= best * (1 + 1e-9), axis=0)
+            chosen = sel[pick]
+            take = lambda arr: np.take_along_axis(np.broadcast_to(arr, obj.shape), chosen[None], axis=0)[0]  # noqa: E731
+            fields["obj"][:, :, level, :] = best
+            fields["memory"][:, :, level, :] = take(mem)
+            fields["comm_mb"][:, :, level, :] = take(comm)
+            fields["grad"][:, :, level, :] = take(grad)
+            fields["min_memory"][:, :, level, :] = mem_valid[sel].min(axis=0)
+            ints["dp"][:, :, level, :] = take(dp).astype(np.int64)
+            ints["tp"][:, :, level, :] = take(tp).astype(np.int64)
+            zeros[:, :, level, :] = take(zero)
+        self.fields = {name: arr.ravel() for name, arr in fields.items()}
+        self.fields.update({name: arr.ravel() for name, arr in ints.items()})
+        self.fields["zero"] = zeros.ravel()
+
+    def flat_index(self, starts: np.ndarray, ends: np.ndarray, level: np.ndarray) -> np.ndarray:
+        s = starts.shape[1]
+        k = np.arange(s - 1, -1, -1)[None, :]  # stage j holds s - j micro-batches in flight (k - 1 = s - j - 1)
+        return ((starts * (self.num_clusters + 1) + ends) * self.levels + level) * self.stages + k
+
+    def gather(self, name: str, flat: np.ndarray) -> np.ndarray:
+        return self.fields[name].take(flat)
+
+
+def _grid_comm_label(comm: CommModel, gpu_type: str) -> str:
+    if not isinstance(comm, MeasuredCommModel):
+        return SOURCE_ALPHA_BETA
+    used = {src for key, src in comm.sources().items() if key[1] == gpu_type}
+    if used == {SOURCE_MEASURED}:
+        return SOURCE_MEASURED
+    if SOURCE_MEASURED in used:
+        return f"{SOURCE_MEASURED}+{SOURCE_ALPHA_BETA}"
+    return SOURCE_ALPHA_BETA
+
+
+def _oom_reason(grid: Grid, gpu: GPUSpec, min_memory: float, capacity: float) -> str:
+    return (
+        f"out of memory: the smallest plan needs {min_memory / GIB:.1f} GiB per GPU, "
+        f"{grid.gpu_type} has {gpu.memory_bytes / GIB:.1f} GiB ({capacity / GIB:.1f} GiB usable)"
+    )
+
+
+def _build_plan(
+    grid: Grid,
+    B: int,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    gpus: np.ndarray,
+    dp: np.ndarray,
+    tp: np.ndarray,
+    zero: np.ndarray,
+    memory: np.ndarray,
+    comm_mb: np.ndarray,
+    grad: np.ndarray,
+    bias: float,
+    l_comm: float,
+    offsets: np.ndarray,
+) -> ParallelPlan:
+    stages = tuple(
+        StagePlan(
+            index=j,
+            first_cluster=int(starts[j]),
+            end_cluster=int(ends[j]),
+            num_gpus=int(gpus[j]),
+            dp=int(dp[j]),
+            tp=int(tp[j]),
+            zero=bool(zero[j]),
+            gpu_offset=int(offsets[j]),
+            memory_bytes=float(memory[j]),
+            comm_per_microbatch_s=float(comm_mb[j]),
+            grad_sync_s=float(grad[j]),
+        )
+        for j in range(len(starts))
+    )
+    plan_id = make_plan_id(
+        grid,
+        [int(x) for x in starts],
+        [int(x) for x in gpus],
+        [int(x) for x in dp],
+        [int(x) for x in tp],
+        [int(x) for x in zero],
+    )
+    return ParallelPlan(
+        grid=grid,
+        plan_id=plan_id,
+        num_microbatches=B,
+        stages=stages,
+        computation_bias=float(bias),
+        communication_load=float(l_comm),
+        memory_per_gpu_bytes=float(memory.max()),
+    )
+
+
+def communication_load(comm_mb: np.ndarray, grad: np.ndarray, num_microbatches: int) -> np.ndarray:
+    """l_comm (eq. 4 plus the per-iteration gradient sync) per plan; arrays (P, s)."""
+    comm_mb = np.atleast_2d(comm_mb)
+    grad = np.atleast_2d(grad)
+    return (num_microbatches - 1) * comm_mb.max(axis=1) + comm_mb.sum(axis=1) + grad.max(axis=1)
+
+
+def _select(plans: list[ParallelPlan], config: PlannerConfig, mark_only: bool) -> tuple[ParallelPlan, ...]:
+    """Frontier (capped) with the proxy marked; in exhaustive mode keep all plans, frontier ones marked."""
+    bias = np.array([p.computation_bias for p in plans])
+    comm = np.array([p.communication_load for p in plans])
+    front = [int(i) for i in pareto_front(bias, comm)]
+    proxy_pos = front[choose_proxy(bias[front], comm[front])]
+    kept = cap_frontier(
+        [plans[i].stage_boundaries for i in front],
+        [plans[i].communication_load for i in front],
+        [plans[i].computation_bias for i in front],
+        config.frontier_cap,
+        keep=front.index(proxy_pos),
+    )
+    frontier = {front[k] for k in kept}
+    from dataclasses import replace
+
+    if mark_only:
+        out = [replace(p, is_proxy=(i == proxy_pos), on_frontier=(i in frontier)) for i, p in enumerate(plans)]
+        out.sort(key=lambda p: (not p.on_frontier, p.computation_bias, p.communication_load, p.plan_id))
+        return tuple(out)
+    out = [replace(plans[i], is_proxy=(i == proxy_pos)) for i in sorted(frontier, key=lambda i: (bias[i], comm[i], i))]
+    return tuple(out)
+
+
+def plan_grid(
+    profile: ModelProfile,
+    grid: Grid,
+    loads: np.ndarray,
+    costs: StageCostModel,
+    config: PlannerConfig,
+    table: StageTable | None = None,
+) -> GridResult:
+    """All plans of one grid: one per partition (normalised assignment, best intra-stage choice)."""
+    n, s = grid.num_gpus, grid.pipeline_degree
+    B = config.microbatches(s)
+    if config.exhaustive:
+        return plan_grid_exhaustive(profile, grid, loads, costs, config)
+    if table is None:
+        table = StageTable(costs, n, s, B, profile.global_batch, config.allow_zero)
+    starts, ends = partitions(profile.num_clusters, s)
+    ideal = load_proportional_assignment(loads, n, starts, ends)
+    gpus, bias = normalize_power_of_two(ideal, n)
+    level = np.log2(gpus).round().astype(np.int64)
+    flat = table.flat_index(starts, ends, level)
+    obj = table.gather("obj", flat)
+    feasible = np.isfinite(obj).all(axis=1)
+    considered = int(starts.shape[0])
+    oom = considered - int(feasible.sum())
+    if not feasible.any():
+        min_mem = float(table.gather("min_memory", flat).max(axis=1).min())
+        return GridResult(grid, (), B, considered, oom, _oom_reason(grid, costs.gpu, min_mem, costs.capacity), min_mem)
+    rows = np.flatnonzero(feasible)
+    flat = flat[rows]
+    comm_mb = table.gather("comm_mb", flat)
+    grad = table.gather("grad", flat)
+    l_comm = communication_load(comm_mb, grad, B)
+    b = bias[rows]
+    front = pareto_front(b, l_comm)
+    # Plan objects only for the frontier (a few dozen per grid at most).
+    sub = flat[front]
+    mem = table.gather("memory", sub)
+    dp = table.gather("dp", sub)
+    tp = table.gather("tp", sub)
+    zero = table.gather("zero", sub)
+    offsets = stage_offsets(gpus[rows[front]])
+    plans = [
+        _build_plan(
+            grid, B, starts[rows[i]], ends[rows[i]], gpus[rows[i]], dp[pos], tp[pos], zero[pos], mem[pos],
+            comm_mb[i], grad[i], b[i], l_comm[i], offsets[pos],
+        )
+        for pos, i in enumerate(front)
+    ]
+    min_mem = float(table.gather("memory", flat).max(axis=1).min())
+    return GridResult(grid, _select(plans, config, mark_only=False), B, considered, oom, "", min_mem)
+
+
+def plan_grid_exhaustive(
+    profile: ModelProfile, grid: Grid, loads: np.ndarray, costs: StageCostModel, config: PlannerConfig
+) -> GridResult:
+    """Reference enumeration: every partition x every power-of-two assignment x every intra-stage choice.
+
+    Scalar code on purpose (it doubles as the oracle for the vectorised path in the tests).
+    """
+    n, s = grid.num_gpus, grid.pipeline_degree
+    B = config.microbatches(s)
+    starts_all, ends_all = partitions(profile.num_clusters, s)
+    compositions = power_of_two_compositions(n, s)
+    samples_per_microbatch = profile.global_batch / B
+    option_cache: dict[int, list[tuple[int, int, bool]]] = {}
+    for c in {c for comp in compositions for c in comp}:
+        option_cache[c] = [o for o in intra_stage_options(c, config.allow_zero) if o[0] <= samples_per_microbatch]
+    per_comp = sum(math.prod(len(option_cache[c]) for c in comp) for comp in compositions)
+    total = per_comp * starts_all.shape[0]
+    if total > config.exhaustive_limit:
+        raise ArenaError(
+            f"--exhaustive: grid {grid.label} has {total:,} candidate plans (limit {config.exhaustive_limit:,}); "
+            "narrow it with --gpu-type, --num-gpus and --stages"
+        )
+    d = loads / loads.sum() * n
+    capacity = costs.capacity
+    plans: list[ParallelPlan] = []
+    considered = oom = 0
+    min_mem = math.inf
+    for p in range(starts_all.shape[0]):
+        starts, ends = starts_all[p], ends_all[p]
+        ideal = np.array([d[a:b].sum() for a, b in zip(starts, ends, strict=True)])
+        for comp in compositions:
+            gpus = np.array(comp, dtype=np.int64)
+            bias = float(np.sqrt(((gpus - ideal) ** 2).sum()))
+            offsets = stage_offsets(gpus)[0]
+            per_stage = []
+            for j in range(s):
+                a, b = int(starts[j]), int(ends[j])
+                choices = []
+                for dp, tp, zero in option_cache[int(gpus[j])]:
+                    mem = float(costs.memory(a, b, dp, tp, zero, s - j, B))
+                    cm = float(costs.comm_per_microbatch(a, b, dp, tp, B))
+                    gs = float(costs.grad_sync(a, b, dp, tp, zero))
+                    choices.append((dp, tp, zero, mem, cm, gs))
+                per_stage.append(choices)
+            for combo in product(*per_stage):
+                considered += 1
+                mems = np.array([c[3] for c in combo])
+                min_mem = min(min_mem, float(mems.max()))
+                if (mems > capacity).any():
+                    oom += 1
+                    continue
+                comm_mb = np.array([c[4] for c in combo])
+                grad = np.array([c[5] for c in combo])
+                l_comm = float(communication_load(comm_mb, grad, B)[0])
+                plans.append(
+                    _build_plan(
+                        grid, B, starts, ends, gpus,
+                        np.array([c[0] for c in combo]), np.array([c[1] for c in combo]), np.array([c[2] for c in combo]),
+                        mems, comm_mb, grad, bias, l_comm, offsets,
+                    )
+                )
+    if not plans:
+        return GridResult(grid, (), B, considered, oom, _oom_reason(grid, costs.gpu, min_mem, capacity), min_mem)
+    return GridResult(grid, _select(plans, config, mark_only=True), B, considered, oom, "", min_mem)
+
+
+def plan_job(
+    operator_table,
+    cluster: ClusterSpec,
+    config: PlannerConfig | None = None,
+    comm: CommModel | None = None,
+    require_measured_comm: bool = False,
+) -> PlanSet:
+    """Plan every grid of a job on a cluster.
+
+    ``operator_table``: a TableArtifact of kind operator_table (see libarena.artifacts.read_table) or an
+    already loaded ModelProfile. ``comm``: the communication model (alpha-beta from the catalogue when
+    None; a MeasuredCommModel from ``--comm``). With ``require_measured_comm`` a GPU type the measured
+    table does not cover is an error instead of an alpha-beta fallback.
+    """
+    config = config or PlannerConfig()
+    comm = comm or AlphaBetaCommModel()
+    profile = operator_table if isinstance(operator_table, ModelProfile) else load_model_profile(operator_table)
+    grids = enumerate_grids(profile.name, profile.global_batch, profile.num_clusters, cluster, config)
+    if require_measured_comm:
+        if not isinstance(comm, MeasuredCommModel):
+            raise ArenaError("a measured communication table is required but none was given (--comm)")
+        for gpu_type in sorted({g.gpu_type for g in grids}):
+            if not comm.covers(gpu_type):
+                raise ArenaError(
+                    f"{comm.source_name}: no measurements for {gpu_type} (it has: {', '.join(comm.gpu_types)}); "
+                    "drop --comm-required to fall back to the alpha-beta model for it"
+                )
+    results: list[GridResult] = []
+    loads_by_type: dict[str, np.ndarray] = {}
+    costs_by_type: dict[str, StageCostModel] = {}
+    tables: dict[tuple[str, int], StageTable] = {}
+    max_gpus_by_type: dict[str, int] = {}
+    for grid in grids:
+        max_gpus_by_type[grid.gpu_type] = max(max_gpus_by_type.get(grid.gpu_type, 1), grid.num_gpus)
+    for grid in grids:
+        gpu_type, s = grid.gpu_type, grid.pipeline_degree
+        if gpu_type not in costs_by_type:
+            gpu = get_gpu(gpu_type)
+            loads_by_type[gpu_type] = profile.loads(gpu)
+            costs_by_type[gpu_type] = StageCostModel(profile, gpu, grid.gpus_per_node, comm, config.usable_memory_fraction)
+        table = None
+        if not config.exhaustive:
+            key = (gpu_type, s)
+            if key not in tables:
+                tables[key] = StageTable(
+                    costs_by_type[gpu_type], max_gpus_by_type[gpu_type], s, config.microbatches(s),
+                    profile.global_batch, config.allow_zero,
+                )
+            table = tables[key]
+        results.append(plan_grid(profile, grid, loads_by_type[gpu_type], costs_by_type[gpu_type], config, table))
+    from dataclasses import replace
+
+    results = [replace(r, comm_model=_grid_comm_label(comm, r.grid.gpu_type)) for r in results]
+    planner = asdict(config)
+    return PlanSet(
+        model=profile.model,
+        global_batch=profile.global_batch,
+        seq_len=profile.seq_len,
+        dtype=profile.dtype,
+        cluster_name=cluster.name,
+        operator_table_sha256=profile.digest,
+        clusters=[dict(c) for c in profile.clusters],
+        grids=results,
+        planner=planner,
+        comm_model=comm.describe(),
+    )

@@ -1,0 +1,133 @@
+"""Entry points used by the CLI, the benchmark and the tests: prepare a workload and run a policy."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from libarena.errors import ArenaError
+from libarena.hardware import ClusterSpec, load_cluster
+from libarena.schedule.config import SimulatorConfig
+from libarena.schedule.entities import JobSpec
+from libarena.schedule.perf import PerfLookup, load_perf
+from libarena.schedule.policies import Policy, get_policy
+from libarena.schedule.simulator import SimulationResult, Simulator
+from libarena.schedule.traces import Trace, read_trace
+
+
+@dataclass
+class Workload:
+    trace: Trace
+    perf: PerfLookup
+    cluster: ClusterSpec
+    jobs: list[JobSpec]
+    skipped: list[str] = field(default_factory=list)
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    """Instantiate a registered policy; options set fields of its config class (None = keep the default)."""
+    cls = get_policy(name)
+    base = cls.default_config() if hasattr(cls, "default_config") else cls.config_class()
+    fields = {f.name for f in dataclasses.fields(base)}
+    given = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise ArenaError(f"policy {name!r} has no option {', '.join(unknown)} (its options: {', '.join(sorted(fields))})")
+    return cls(dataclasses.replace(base, **given))
+
+
+def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathLike[str] | PerfLookup,
+                     cluster: str | os.PathLike[str] | ClusterSpec, *, seed: int = 0,
+                     skip_bad_rows: bool = False) -> Workload:
+    """Read the inputs and check every job against the cluster and the performance table.
+
+    Bad jobs (GPU type not in the cluster, (model, batch) missing from the table, no configuration that
+    fits the cluster) fail with one line naming file, row and column, or are skipped with --skip-bad-rows.
+    """
+    cluster_spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)
+    lookup = perf if isinstance(perf, PerfLookup) else load_perf(perf, cluster_spec)
+
+    def rate(model: str, batch: int, gpu_type: str, gpus: int) -> float | None:
+        if not lookup.has(model, batch) or gpu_type not in lookup.type_index:
+            return None
+        truth = lookup.get(model, batch).truth[lookup.type_index[gpu_type]]
+        c = max(0, (gpus - 1).bit_length())
+        runnable = [k for k in range(c, truth.size) if truth[k] > 0]
+        return truth[runnable[0]] / batch if runnable else None
+
+    tr = trace if isinstance(trace, Trace) else read_trace(
+        trace, gpu_types=lookup.gpu_types, seed=seed, rate=rate, skip_bad_rows=skip_bad_rows)
+    skipped = list(tr.skipped)
+    missing: dict[tuple[str, int], list[int]] = {}
+    for spec in tr.jobs:
+        if not lookup.has(spec.model, spec.global_batch):
+            missing.setdefault((spec.model, spec.global_batch), []).append(spec.row)
+    if missing and not skip_bad_rows:
+        listed = ", ".join(f"{m} (batch {b}; rows {_rows(r)})" for (m, b), r in sorted(missing.items()))
+        raise ArenaError(f"{lookup.source} lacks {len(missing)} (model, global batch) used by {tr.source}: {listed}")
+    jobs = []
+    for spec in tr.jobs:
+        if (spec.model, spec.global_batch) in missing:
+            skipped.append(f"{tr.source}: row {spec.row}, column 'model_name': {spec.model} (batch "
+                           f"{spec.global_batch}) is not in {lookup.source}")
+            continue
+        problem = None
+        if spec.requested_type not in lookup.type_index:
+            problem = (f"{tr.source}: row {spec.row}, column 'gpu_type': GPU type {spec.requested_type!r} is not in "
+                       f"cluster {cluster_spec.name} ({', '.join(lookup.gpu_types)})")
+        else:
+            truth = lookup.get(spec.model, spec.global_batch).truth
+            fits = any(truth[t, c] > 0 and (1 << c) <= lookup.capacity[t]
+                       for t in range(truth.shape[0]) for c in range(truth.shape[1]))
+            if not fits:
+                problem = (f"{tr.source}: row {spec.row}, column 'model_name': {spec.model} (batch {spec.global_batch}) "
+                           f"cannot run on any configuration of cluster {cluster_spec.name} in {lookup.source}")
+        if problem:
+            if not skip_bad_rows:
+                raise ArenaError(problem)
+            skipped.append(problem)
+            continue
+        jobs.append(spec)
+    if not jobs:
+        raise ArenaError(f"{tr.source}: no job can run on cluster {cluster_spec.name} ({len(skipped)} skipped)")
+    return Workload(tr, lookup, cluster_spec, jobs, skipped)
+
+
+def _rows(rows: list[int]) -> str:
+    shown = ", ".join(map(str, rows[:5]))
+    return shown + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+
+
+def run_policy(workload: Workload, policy: Policy, config: SimulatorConfig | None = None) -> SimulationResult:
+    sim = Simulator(workload.jobs, workload.perf, workload.cluster, policy, config, trace_source=workload.trace.source)
+    return sim.run()
+
+
+def write_run(out_dir: str | os.PathLike[str], res: SimulationResult, workload: Workload, config: SimulatorConfig,
+              parameters: dict[str, Any], inputs: list[dict[str, Any]], plot: bool = False) -> dict:
+    """Write jobs.parquet, timeseries.parquet, decisions.msgpack, metrics.json (and PNGs) into out_dir."""
+    from libarena.artifacts import Provenance, write_document, write_json, write_table
+    from libarena.schedule.metrics import job_records, json_safe, summarize, timeseries
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records = job_records(res)
+    metrics = summarize(res, records)
+    metrics["skipped_rows"] = len(workload.skipped)
+    prov = Provenance(tool="arena-schedule", parameters=parameters, inputs=inputs)
+    write_table(out / "jobs.parquet", "job_records", records, prov,
+                {"policy": res.policy, "view": res.view, "cluster": workload.cluster.name, "metrics": json_safe(metrics)})
+    write_table(out / "timeseries.parquet", "timeseries", timeseries(res), prov,
+                {"policy": res.policy, "tick_s": config.tick_s, "total_gpus": res.total_gpus})
+    doc = dict(res.decisions)
+    doc.update(policy=res.policy, view=res.view, gpu_types=res.gpu_types, job_ids=[j.spec.job_id for j in res.jobs])
+    write_document(out / "decisions.msgpack", "decisions", doc, prov)
+    write_json(out / "metrics.json", json_safe(metrics))
+    if plot:
+        from libarena.schedule.plots import plot_runs
+
+        plot_runs({res.policy: res}, out)
+    return metrics

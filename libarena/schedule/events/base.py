@@ -1,0 +1,25 @@
+"""Base event: the heap orders events by (time, event-type priority, sequence number), a total order.
+
+At equal times, completions come first (they free GPUs), then training (re)starts, then arrivals, and the
+scheduling tick last, so that a tick at time t sees everything that happened at t. The sequence number is
+assigned by the simulator when the event is pushed, so the order never depends on object identity.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from libarena.schedule.simulator import Simulator
+
+
+class Event:
+    __slots__ = ("time",)
+    #: lower runs first among events at the same time
+    priority: ClassVar[int] = 0
+
+    def __init__(self, time: float):
+        self.time = time
+
+    def handle(self, sim: Simulator) -> None:
+        raise NotImplementedError

@@ -1,0 +1,161 @@
+"""Fast performance lookup built from a ``perf_table``: (model, batch) -> throughput per view, GPU type, count.
+
+Allocations are powers of two (buddy allocation), so a model's numbers are a small dense matrix per view,
+indexed ``[gpu_type_index, count_index]`` with ``num_gpus = 2 ** count_index``; 0 means "cannot run that
+way" (absent from the table, or not fitting in memory). Rules:
+
+- Several rows for the same (model, batch, type, count, view) (several grids or plans): the best one is kept,
+  as Arena "traverses relevant grids for the best-performing one" (§3.5).
+- Node layout: the simulator always places a job on the fewest nodes (buddy allocation), so only rows with
+  ``num_nodes`` 0 (unspecified) or equal to that fewest-nodes layout are used.
+- Rows of GPU types absent from the cluster, or with a count that is not a power of two, are ignored.
+- Execution truth is the ``ap`` view where present; where a config has no ``ap`` row, the best other known
+  runnable plan (``arena`` proxy plan or ``dp``) is the truth, since AP's search space contains both.
+- ``dp-linear`` (Sia's bootstrapped estimate, §2.3): per GPU type, the dp throughput at the smallest count
+  that fits, extrapolated linearly (thr_n = thr_n0 x n / n0), offered only where the table has the config.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from libarena.errors import ArenaError
+from libarena.hardware import ClusterSpec
+
+TABLE_VIEWS = ("arena", "dp", "ap")
+DECISION_VIEWS = ("arena", "dp", "ap", "dp-linear")
+
+
+@dataclass
+class ModelPerf:
+    model: str
+    global_batch: int
+    #: view -> array [num_types, num_counts] of samples/s (0 = cannot run)
+    views: dict[str, np.ndarray]
+    truth: np.ndarray
+
+    def view(self, name: str) -> np.ndarray:
+        return self.views[name]
+
+
+class PerfLookup:
+    def __init__(self, table: pa.Table, cluster: ClusterSpec, source: str = "perf table"):
+        self.source = source
+        self.gpu_types: list[str] = list(cluster.gpu_types)
+        self.type_index = {t: i for i, t in enumerate(self.gpu_types)}
+        self.capacity = np.array([cluster.num_gpus(t) for t in self.gpu_types], dtype=np.int64)
+        self.gpus_per_node = np.array([cluster.gpus_per_node(t) for t in self.gpu_types], dtype=np.int64)
+        max_cap = int(self.capacity.max())
+        self.num_counts = max(1, int(np.floor(np.log2(max_cap))) + 1)
+        self.counts = np.array([1 << c for c in range(self.num_counts)], dtype=np.int64)
+        self._models: dict[tuple[str, int], ModelPerf] = {}
+        self._views_present: dict[tuple[str, int], set[str]] = {}
+        self._build(table)
+
+    # ------------------------------------------------------------------------------------------------
+    def _build(self, table: pa.Table) -> None:
+        cols = {name: table.column(name).to_pylist() for name in (
+            "model", "global_batch", "gpu_type", "num_gpus", "num_nodes", "view", "iter_time_s", "throughput",
+            "fits_in_memory")}
+        n_rows = table.num_rows
+        from libarena.hardware import get_gpu
+
+        type_names: dict[str, int | None] = {}
+        for r in range(n_rows):
+            raw_type = cols["gpu_type"][r]
+            if raw_type not in type_names:
+                try:
+                    type_names[raw_type] = self.type_index.get(get_gpu(str(raw_type)).name)
+                except ArenaError:
+                    type_names[raw_type] = None
+            ti = type_names[raw_type]
+            view = cols["view"][r]
+            if view not in TABLE_VIEWS:
+                raise ArenaError(f"{self.source}: row {r + 1}, column 'view': unknown view {view!r} "
+                                 f"(known: {', '.join(TABLE_VIEWS)})")
+            key = (str(cols["model"][r]), int(cols["global_batch"][r]))
+            self._views_present.setdefault(key, set()).add(view)
+            if key not in self._models:
+                self._models[key] = ModelPerf(key[0], key[1], {
+                    v: np.zeros((len(self.gpu_types), self.num_counts)) for v in TABLE_VIEWS}, np.zeros(0))
+            if ti is None:
+                continue
+            n = cols["num_gpus"][r]
+            if n is None or n < 1 or n & (n - 1):
+                continue
+            c = n.bit_length() - 1
+            if c >= self.num_counts:
+                continue
+            gpn = int(self.gpus_per_node[ti])
+            fewest_nodes = max(1, -(-n // gpn))
+            nodes = cols["num_nodes"][r] or 0
+            if nodes not in (0, fewest_nodes):
+                continue
+            if cols["fits_in_memory"][r] is False:
+                continue
+            thr = cols["throughput"][r]
+            if thr is None or not np.isfinite(thr):
+                it = cols["iter_time_s"][r]
+                if it is None or not it > 0:
+                    raise ArenaError(f"{self.source}: row {r + 1}, column 'iter_time_s': must be > 0 "
+                                     f"when throughput is absent, got {it!r}")
+                thr = key[1] / it
+            if thr < 0:
+                raise ArenaError(f"{self.source}: row {r + 1}, column 'throughput': negative value {thr}")
+            arr = self._models[key].views[view]
+            if thr > arr[ti, c]:
+                arr[ti, c] = thr
+        for perf in self._models.values():
+            perf.truth = np.maximum.reduce([perf.views[v] for v in TABLE_VIEWS])
+            perf.views["dp-linear"] = self._linear_estimate(perf.views["dp"], perf.truth)
+
+    def _linear_estimate(self, dp: np.ndarray, truth: np.ndarray) -> np.ndarray:
+        est = np.zeros_like(dp)
+        for t in range(dp.shape[0]):
+            fits = np.flatnonzero(dp[t] > 0)
+            if fits.size == 0:
+                continue
+            c0 = int(fits[0])
+            for c in range(c0, dp.shape[1]):
+                if truth[t, c] > 0:
+                    est[t, c] = dp[t, c0] * (1 << (c - c0))
+        return est
+
+    # ------------------------------------------------------------------------------------------------
+    def has(self, model: str, global_batch: int) -> bool:
+        return (model, global_batch) in self._models
+
+    def get(self, model: str, global_batch: int) -> ModelPerf:
+        return self._models[(model, global_batch)]
+
+    def views_present(self, model: str, global_batch: int) -> set[str]:
+        return self._views_present.get((model, global_batch), set())
+
+    def check_covers(self, pairs: list[tuple[str, int]], trace_source: str) -> None:
+        """Fail, listing every (model, global batch) of the trace that the table lacks entirely."""
+        missing = sorted({p for p in pairs if p not in self._models})
+        if missing:
+            listed = ", ".join(f"{m} (batch {b})" for m, b in missing)
+            raise ArenaError(f"{self.source} lacks {len(missing)} (model, global batch) used by {trace_source}: {listed}")
+
+    def check_view(self, view: str, pairs: list[tuple[str, int]]) -> None:
+        base = "dp" if view == "dp-linear" else view
+        lacking = sorted({p for p in pairs if base not in self._views_present.get(p, set())})
+        if lacking:
+            listed = ", ".join(f"{m} (batch {b})" for m, b in lacking[:20])
+            more = f" and {len(lacking) - 20} more" if len(lacking) > 20 else ""
+            raise ArenaError(f"{self.source} has no '{base}' view rows for {listed}{more} "
+                             f"(needed by the decision view {view!r})")
+
+
+def load_perf(path: str | os.PathLike[str], cluster: ClusterSpec) -> PerfLookup:
+    from libarena.artifacts import read_table
+
+    art = read_table(path, "perf_table")
+    if art.table.num_rows == 0:
+        raise ArenaError(f"{art.source}: the performance table is empty")
+    return PerfLookup(art.table, cluster, source=art.source)

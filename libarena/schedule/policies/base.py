@@ -1,0 +1,108 @@
+"""Policy interface and registry. A policy decides from its own *decision view* of job performance;
+jobs always progress at the execution truth (see libarena.schedule.perf)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from libarena.errors import ArenaError
+from libarena.schedule.config import APSearch, PolicyConfig, ProfilingKind
+from libarena.schedule.perf import DECISION_VIEWS
+
+if TYPE_CHECKING:
+    from libarena.schedule.entities import Job
+    from libarena.schedule.simulator import Simulator
+
+
+class Policy:
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: the view the policy decides from unless configured otherwise
+    default_view: ClassVar[str] = "dp"
+    profiling: ClassVar[ProfilingKind] = ProfilingKind.FULL
+    ap_search: ClassVar[APSearch] = APSearch.FULL
+    config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
+
+    def __init__(self, config: PolicyConfig | None = None):
+        self.config = config if config is not None else self.config_class()
+        if not isinstance(self.config, self.config_class):
+            raise TypeError(f"policy {self.name} needs a {self.config_class.__name__}")
+        self.view = self.config.view or self.default_view
+        if self.view not in DECISION_VIEWS:
+            raise ArenaError(f"unknown decision view {self.view!r} (known: {', '.join(DECISION_VIEWS)})")
+        validate = getattr(self.config, "validate", None)
+        if validate:
+            validate()
+        self.sim: Simulator
+
+    def attach(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.max_count = max(0, min(sim.perf.num_counts - 1, int(np.log2(max(1, self.config.max_gpus_per_job)))))
+        # allowed[t, c]: 2**c GPUs of type t exist in the cluster and are within the per-job limit
+        counts = 1 << np.arange(sim.perf.num_counts)
+        self.allowed = (counts[None, :] <= sim.perf.capacity[:, None]) & (np.arange(sim.perf.num_counts) <= self.max_count)[None, :]
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def runnable(self, job: Job) -> bool:
+        """Whether the job can ever be placed under this policy on an empty cluster (else: unschedulable)."""
+        return bool(((job.view_thr > 0) & self.allowed).any())
+
+    def on_arrival(self, job: Job) -> None:
+        raise NotImplementedError
+
+    def on_finish(self, job: Job) -> None:
+        pass
+
+    def needs_schedule(self) -> bool:
+        return self.sim.dirty
+
+    def schedule(self) -> None:
+        raise NotImplementedError
+
+    # -- helpers shared by policies ----------------------------------------------------------------
+    def requested_count_on(self, job: Job, t: int) -> int | None:
+        """Rigid count on type t: the requested count, or the smallest larger count the view can run
+        (a job that does not fit as requested gets more GPUs, the paper's Case 2), else the largest runnable."""
+        c_req = max(0, (job.spec.requested_gpus - 1).bit_length())
+        ok = np.flatnonzero((job.view_thr[t] > 0) & self.allowed[t])
+        if ok.size == 0:
+            return None
+        above = ok[ok >= c_req]
+        return int(above[0]) if above.size else int(ok[-1])
+
+
+_POLICIES: dict[str, type[Policy]] = {}
+
+
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _POLICIES and _POLICIES[cls.name] is not cls:
+        raise ValueError(f"policy {cls.name!r} registered twice")
+    _POLICIES[cls.name] = cls
+    return cls
+
+
+def _load() -> None:
+    import libarena.schedule.policies as pkg
+
+    for module in pkgutil.iter_modules(pkg.__path__):
+        if module.name not in ("base",):
+            importlib.import_module(f"{pkg.__name__}.{module.name}")
+
+
+def policy_names() -> list[str]:
+    _load()
+    return sorted(_POLICIES)
+
+
+def get_policy(name: str) -> type[Policy]:
+    _load()
+    try:
+        return _POLICIES[name]
+    except KeyError:
+        raise ArenaError(f"unknown policy {name!r} (known: {', '.join(sorted(_POLICIES))})") from None

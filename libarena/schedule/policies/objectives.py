@@ -1,0 +1,117 @@
+"""Arena's scheduling objectives (§3.5): throughput (eq. 5), throughput under deadlines (eq. 6), finish-time
+fairness (eq. 7). Each tells the generic event-driven algorithm how to rank launch configurations, scale-down
+victims and scale-up operations; all numbers come from the policy's decision view."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from libarena.schedule.config import Objective
+from libarena.schedule.entities import Job
+
+if TYPE_CHECKING:
+    from libarena.schedule.simulator import Simulator
+
+
+class ThroughputObjective:
+    """eq. 5: maximise the sum of job throughputs. Greedy by throughput per GPU (diminishing returns make
+    dense, small allocations the better use of scarce GPUs)."""
+
+    def __init__(self, sim: Simulator):
+        self.sim = sim
+
+    def admissible(self, job: Job, configs: list[tuple[int, int]]) -> bool:
+        return True
+
+    def launch_order(self, job: Job, configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        v = job.view_thr
+        return sorted(configs, key=lambda tc: (-v[tc] / (1 << tc[1]), -v[tc], tc))
+
+    def victim_score(self, job: Job) -> float | None:
+        """Throughput lost per freed GPU when halving the job; None if it may not shrink."""
+        a = job.alloc
+        t, c = a.type_index, a.count_index
+        if c == 0 or not job.view_thr[t, c - 1] > 0:
+            return None
+        return (job.view_thr[t, c] - job.view_thr[t, c - 1]) / (1 << (c - 1))
+
+    def upgrade_score(self, job: Job, t2: int, c2: int, overhead: float) -> float | None:
+        """Throughput gained per newly occupied GPU; None unless the job also finishes earlier despite the
+        rescale overhead."""
+        a = job.alloc
+        t, c = a.type_index, a.count_index
+        v_old, v_new = job.view_thr[t, c], job.view_thr[t2, c2]
+        if not v_new > v_old:
+            return None
+        rem = job.remaining_at(self.sim.now) * job.spec.global_batch
+        if not overhead + rem / v_new < rem / v_old:
+            return None
+        extra = (1 << c2) - (1 << c) if t2 == t else (1 << c2)
+        return (v_new - v_old) / max(1, extra)
+
+
+class DeadlineObjective(ThroughputObjective):
+    """eq. 5 under eq. 6: a job runs only on a configuration that meets its deadline (the fewest GPUs that
+    do); a job no configuration can make in time is dropped; scale-downs never break a deadline."""
+
+    def _meets(self, job: Job, t: int, c: int, overhead: float) -> bool:
+        d = job.spec.deadline
+        return d is None or self.sim.estimated_finish(job, t, c, overhead) <= d
+
+    def admissible(self, job: Job, configs: list[tuple[int, int]]) -> bool:
+        o = self.sim.launch_overhead(job)
+        return any(self._meets(job, t, c, o) for t, c in configs)
+
+    def launch_order(self, job: Job, configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        o = self.sim.launch_overhead(job)
+        v = job.view_thr
+        ok = [tc for tc in configs if self._meets(job, tc[0], tc[1], o)]
+        return sorted(ok, key=lambda tc: (tc[1], -v[tc], tc))
+
+    def victim_score(self, job: Job) -> float | None:
+        score = super().victim_score(job)
+        if score is None:
+            return None
+        a = job.alloc
+        if not self._meets(job, a.type_index, a.count_index - 1, self.sim.rescale_overhead()):
+            return None
+        return score
+
+
+class FairnessObjective(ThroughputObjective):
+    """eq. 7: minimise the largest finish-time fairness rho = (time so far + time left on the allocation) /
+    (time the job needs alone on its best configuration)."""
+
+    def _isolated(self, job: Job) -> float:
+        best = job.policy_state.get("best_view")
+        if best is None:
+            best = job.policy_state["best_view"] = float(np.max(job.view_thr))
+        return job.spec.num_iterations * job.spec.global_batch / best
+
+    def rho(self, job: Job, t: int, c: int, overhead: float = 0.0) -> float:
+        finish = self.sim.estimated_finish(job, t, c, overhead)
+        return (finish - job.spec.submit_time) / self._isolated(job)
+
+    def launch_order(self, job: Job, configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        v = job.view_thr
+        return sorted(configs, key=lambda tc: (-v[tc], tc[1], tc))
+
+    def victim_score(self, job: Job) -> float | None:
+        a = job.alloc
+        if a.count_index == 0 or not job.view_thr[a.type_index, a.count_index - 1] > 0:
+            return None
+        return self.rho(job, a.type_index, a.count_index - 1, self.sim.rescale_overhead())
+
+    def upgrade_score(self, job: Job, t2: int, c2: int, overhead: float) -> float | None:
+        a = job.alloc
+        before = self.rho(job, a.type_index, a.count_index)
+        after = self.rho(job, t2, c2, overhead)
+        if not after < before:
+            return None
+        return before  # help the job furthest behind first
+
+
+OBJECTIVES = {Objective.THROUGHPUT: ThroughputObjective, Objective.DEADLINE: DeadlineObjective,
+              Objective.FAIRNESS: FairnessObjective}

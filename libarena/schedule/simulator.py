@@ -1,0 +1,334 @@
+"""Deterministic discrete-event cluster simulator.
+
+Events (arrival, launch, rescale, completion, scheduling tick) sit on a heap keyed by (time, event-type
+priority, sequence number): a total order, so a run is a pure function of its inputs. Policies act only at
+scheduling ticks; between ticks jobs progress at the execution truth of their allocation. A job that is
+launched or rescaled first pays its overheads (profiling, AP search, checkpoint-resume) while holding its GPUs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time as _time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from libarena.errors import ArenaError
+from libarena.hardware import ClusterSpec
+from libarena.schedule.config import SimulatorConfig
+from libarena.schedule.entities import Allocation, ClusterState, Job, JobSpec, JobState, TypePool
+from libarena.schedule.events import ArrivalEvent, CompletionEvent, Event, LaunchEvent, RescaleEvent, SchedulingTickEvent
+from libarena.schedule.perf import PerfLookup
+from libarena.schedule.policies.base import Policy
+
+ACTIONS = ("launch", "rescale", "migrate", "finish", "drop")
+
+
+@dataclass
+class SimulationResult:
+    policy: str
+    view: str
+    jobs: list[Job]
+    gpu_types: list[str]
+    start_time: float
+    end_time: float
+    total_gpus: int
+    #: per tick
+    ts_time: list[float] = field(default_factory=list)
+    ts_throughput: list[float] = field(default_factory=list)
+    ts_busy_gpus: list[int] = field(default_factory=list)
+    ts_running: list[int] = field(default_factory=list)
+    ts_starting: list[int] = field(default_factory=list)
+    ts_queued: list[int] = field(default_factory=list)
+    ts_decision_s: list[float] = field(default_factory=list)
+    ts_scheduled: list[bool] = field(default_factory=list)
+    #: decisions, one entry per action
+    decisions: dict[str, list] = field(default_factory=lambda: {
+        "time": [], "job_index": [], "action": [], "gpu_type": [], "num_gpus": [], "num_nodes": [],
+        "view_throughput": [], "true_throughput": []})
+    stopped_by: str = "completion"
+    wall_s: float = 0.0
+
+
+class Simulator:
+    def __init__(self, specs: list[JobSpec], perf: PerfLookup, cluster: ClusterSpec, policy: Policy,
+                 config: SimulatorConfig | None = None, trace_source: str = "trace"):
+        self.config = config or SimulatorConfig()
+        self.config.validate()
+        if not specs:
+            raise ArenaError(f"{trace_source}: the trace has no jobs")
+        self.perf = perf
+        self.cluster_spec = cluster
+        self.cluster = ClusterState(cluster, perf.gpu_types)
+        self.pools: list[TypePool] = self.cluster.pools
+        self.policy = policy
+        self.overheads = self.config.overheads
+        pairs = [(s.model, s.global_batch) for s in specs]
+        perf.check_covers(pairs, trace_source)
+        perf.check_view(policy.view, pairs)
+        num_queues = getattr(policy.config, "num_queues", 3)
+        self.jobs: list[Job] = []
+        order = sorted(range(len(specs)), key=lambda i: (specs[i].submit_time, i))
+        for idx, i in enumerate(order):
+            s = specs[i]
+            if s.requested_type is None or s.requested_type not in perf.type_index:
+                raise ArenaError(f"{trace_source}: row {s.row}, column 'gpu_type': GPU type {s.requested_type!r} "
+                                 f"is not in cluster {cluster.name} ({', '.join(perf.gpu_types)})")
+            mp = perf.get(s.model, s.global_batch)
+            prio = s.priority if s.priority is not None else _default_priority(s.job_id, num_queues)
+            self.jobs.append(Job(idx, s, perf.type_index[s.requested_type], min(max(1, prio), num_queues),
+                                 mp.views[policy.view], mp.truth))
+        self.heap: list[tuple[float, int, int, Event]] = []
+        self.seq = 0
+        self.now = self.jobs[0].spec.submit_time
+        self.start_time = self.now
+        self.dirty = False
+        self.active: dict[int, Job] = {}  # STARTING or RUNNING, by index
+        self.queued_count = 0
+        self.pending_arrivals = len(self.jobs)
+        self.done_count = 0
+        self.unschedulable_count = 0
+        self.decisions_this_tick = 0
+        self.stall = 0
+        self._enqueue_seq = 0
+        self.result = SimulationResult(policy.name, policy.view, self.jobs, list(perf.gpu_types), self.start_time,
+                                       self.start_time, self.cluster.total_gpus)
+        policy.attach(self)
+
+    # -- event plumbing ----------------------------------------------------------------------------
+    def push(self, event: Event) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (event.time, event.priority, self.seq, event))
+
+    def run(self) -> SimulationResult:
+        wall = _time.perf_counter()
+        for job in self.jobs:
+            self.push(ArrivalEvent(job.spec.submit_time, job))
+        self.push(SchedulingTickEvent(self.start_time))
+        horizon_end = None if self.config.horizon_s is None else self.start_time + self.config.horizon_s
+        self.stop_reason = "completion"
+        heap = self.heap
+        while heap:
+            t = heap[0][0]
+            if horizon_end is not None and t > horizon_end:
+                self.now = horizon_end
+                self.stop_reason = "horizon"
+                break
+            _, _, _, event = heapq.heappop(heap)
+            self.now = t
+            event.handle(self)
+            if self.stop_reason == "stalled":
+                break
+        for job in self.active.values():
+            self._settle(job)
+        res = self.result
+        res.end_time = self.now
+        res.stopped_by = self.stop_reason
+        res.wall_s = _time.perf_counter() - wall
+        return res
+
+    # -- event handlers ----------------------------------------------------------------------------
+    def arrive(self, job: Job) -> None:
+        job.state = JobState.QUEUED
+        job.queue_since = self.now
+        self._enqueue_seq += 1
+        job.enqueue_seq = self._enqueue_seq
+        self.pending_arrivals -= 1
+        self.queued_count += 1
+        if not self.policy.runnable(job):
+            job.unschedulable = True
+            self.unschedulable_count += 1
+            return
+        self.policy.on_arrival(job)
+        self.dirty = True
+
+    def start_training(self, job: Job) -> None:
+        job.state = JobState.RUNNING
+        alloc = job.alloc
+        thr = job.true_thr[alloc.type_index, alloc.count_index]
+        if not thr > 0:
+            raise AssertionError(f"job {job.spec.job_id} placed where it cannot run")
+        job.rate = thr / job.spec.global_batch
+        job.progress_time = self.now
+        self.push(CompletionEvent(self.now + job.remaining / job.rate, job, job.version))
+        self.dirty = True
+
+    def complete(self, job: Job) -> None:
+        job.progress = float(job.spec.num_iterations)
+        job.progress_time = self.now
+        job.state = JobState.FINISHED
+        job.finish_time = self.now
+        self._record("finish", job, job.alloc)
+        self.cluster.release(job.alloc)
+        del self.active[job.index]
+        self.done_count += 1
+        self.policy.on_finish(job)
+        self.dirty = True
+
+    def tick(self) -> None:
+        scheduled = False
+        elapsed = 0.0
+        self.decisions_this_tick = 0
+        if self.policy.needs_schedule():
+            t0 = _time.perf_counter()
+            self.policy.schedule()
+            elapsed = _time.perf_counter() - t0
+            scheduled = True
+            self.dirty = False
+        res = self.result
+        res.ts_time.append(self.now)
+        thr = 0.0
+        running = 0
+        for job in self.active.values():
+            if job.state == JobState.RUNNING:
+                a = job.alloc
+                thr += job.true_thr[a.type_index, a.count_index]
+                running += 1
+        res.ts_throughput.append(thr)
+        res.ts_busy_gpus.append(self.cluster.total_gpus - self.cluster.free_gpus)
+        res.ts_running.append(running)
+        res.ts_starting.append(len(self.active) - running)
+        res.ts_queued.append(self.queued_count)
+        res.ts_decision_s.append(elapsed)
+        res.ts_scheduled.append(scheduled)
+        if self.done_count + self.unschedulable_count == len(self.jobs) and not self.active and self.pending_arrivals == 0:
+            return  # nothing left that can happen
+        if not self.active and self.pending_arrivals == 0 and self.decisions_this_tick == 0:
+            self.stall += 1
+            if self.stall >= self.config.stall_ticks:
+                self.stop_reason = "stalled"
+                return
+        else:
+            self.stall = 0
+        self.push(SchedulingTickEvent(self.now + self.config.tick_s))
+
+    # -- actions for policies ----------------------------------------------------------------------
+    def can_place(self, t: int, c: int) -> bool:
+        return self.pools[t].can_place(1 << c)
+
+    def launch(self, job: Job, t: int, c: int) -> bool:
+        """Place a queued job on 2**c GPUs of type t; False (and nothing changes) when it does not fit."""
+        if job.state != JobState.QUEUED:
+            raise AssertionError(f"launching job {job.spec.job_id} in state {job.state}")
+        if not job.true_thr[t, c] > 0 or not job.view_thr[t, c] > 0:
+            raise AssertionError(f"job {job.spec.job_id} cannot run on {1 << c} x {self.perf.gpu_types[t]}")
+        alloc = self.cluster.allocation(t, c)
+        if alloc is None:
+            return False
+        job.alloc = alloc
+        job.state = JobState.STARTING
+        job.version += 1
+        overhead = self.overheads.ap_search_s(self.policy.ap_search)
+        if not job.profiled:
+            overhead += self.overheads.profiling_s(self.policy.profiling)
+            job.profiled = True
+        if job.first_start is None:
+            job.first_start = self.now
+        job.overhead_s += overhead
+        self.queued_count -= 1
+        self.active[job.index] = job
+        self.push(LaunchEvent(self.now + overhead, job, job.version))
+        self._record("launch", job, alloc)
+        return True
+
+    def rescale(self, job: Job, t: int, c: int) -> bool:
+        """Move an active job to 2**c GPUs of type t (growing in place when possible); False if it does not fit."""
+        old = job.alloc
+        if (t, c) == (old.type_index, old.count_index):
+            return True
+        if not job.true_thr[t, c] > 0:
+            raise AssertionError(f"job {job.spec.job_id} cannot run on {1 << c} x {self.perf.gpu_types[t]}")
+        pool = self.pools[t]
+        blocks = None
+        if t == old.type_index and c == old.count_index + 1:
+            blocks = pool.try_grow_in_place(old.blocks)
+        if blocks is None:
+            if t == old.type_index and c == old.count_index - 1:
+                keep, free = TypePool.shrink_blocks(old.blocks)
+                pool.release(free)
+                blocks = keep
+            else:
+                self.cluster.release(old)
+                blocks = pool.place(1 << c)
+                if blocks is None:
+                    self.cluster.occupy(old)
+                    return False
+        self._reallocate(job, Allocation(t, c, blocks), "rescale",
+                         self.overheads.checkpoint_resume_s + self.overheads.ap_search_s(self.policy.ap_search))
+        return True
+
+    def migrate(self, job: Job, blocks: tuple[tuple[int, int], ...]) -> None:
+        """Move an active job to other nodes of the same type and count (defragmentation): the plan is
+        unchanged, so only checkpoint-resume is paid. ``blocks`` must already be occupied by the caller."""
+        old = job.alloc
+        self.cluster.release(old)
+        self._reallocate(job, Allocation(old.type_index, old.count_index, blocks), "migrate",
+                         self.overheads.checkpoint_resume_s)
+
+    def drop(self, job: Job) -> None:
+        if job.state != JobState.QUEUED:
+            raise AssertionError("only queued jobs can be dropped")
+        job.state = JobState.DROPPED
+        job.finish_time = self.now
+        self.queued_count -= 1
+        self.done_count += 1
+        self._record("drop", job, None)
+
+    def estimated_finish(self, job: Job, t: int, c: int, overhead: float, view: bool = True) -> float:
+        """When the job would finish on (t, c) per the view (or truth), starting now after ``overhead``."""
+        thr = (job.view_thr if view else job.true_thr)[t, c]
+        if not thr > 0:
+            return float("inf")
+        return self.now + overhead + job.remaining_at(self.now) * job.spec.global_batch / thr
+
+    def launch_overhead(self, job: Job) -> float:
+        o = self.overheads.ap_search_s(self.policy.ap_search)
+        return o if job.profiled else o + self.overheads.profiling_s(self.policy.profiling)
+
+    def rescale_overhead(self) -> float:
+        return self.overheads.checkpoint_resume_s + self.overheads.ap_search_s(self.policy.ap_search)
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _settle(self, job: Job) -> None:
+        if job.state == JobState.RUNNING:
+            job.progress = min(float(job.spec.num_iterations), job.progress + job.rate * (self.now - job.progress_time))
+            job.progress_time = self.now
+
+    def _reallocate(self, job: Job, alloc: Allocation, action: str, overhead: float) -> None:
+        self._settle(job)
+        job.alloc = alloc
+        job.state = JobState.STARTING
+        job.rate = 0.0
+        job.version += 1
+        job.reschedules += 1
+        job.overhead_s += overhead
+        self.push(RescaleEvent(self.now + overhead, job, job.version))
+        self._record(action, job, alloc)
+
+    def _record(self, action: str, job: Job, alloc: Allocation | None) -> None:
+        self.decisions_this_tick += 1
+        d = self.result.decisions
+        d["time"].append(self.now)
+        d["job_index"].append(job.index)
+        d["action"].append(action)
+        if alloc is None:
+            d["gpu_type"].append("")
+            d["num_gpus"].append(0)
+            d["num_nodes"].append(0)
+            d["view_throughput"].append(0.0)
+            d["true_throughput"].append(0.0)
+        else:
+            d["gpu_type"].append(self.perf.gpu_types[alloc.type_index])
+            d["num_gpus"].append(alloc.num_gpus)
+            d["num_nodes"].append(alloc.num_nodes)
+            d["view_throughput"].append(float(job.view_thr[alloc.type_index, alloc.count_index]))
+            d["true_throughput"].append(float(job.true_thr[alloc.type_index, alloc.count_index]))
+
+
+def _default_priority(job_id: str, num_queues: int) -> int:
+    """Priority for traces without a priority column: a stable hash of the job id spread over the queues
+    (independent of row order and seed, identical for every policy)."""
+    import zlib
+
+    return zlib.crc32(job_id.encode()) % num_queues + 1

@@ -1,0 +1,253 @@
+"""Workload trace readers: arena-ae CSV, ElasticFlow CSV and raw ITP CSV.
+
+Formats are recognised by their header:
+
+- ``arena-ae`` (the paper's artifact traces): ``job_id, submission_time, num_iteration, model_name, deadline,
+  batch_size, num_gpu, gpu_type``; ``model_name`` is ``family__size`` (``moe__2.4B``). Used as is.
+- ``elasticflow``: ``job_id, submission_time, num_iteration, model_name, deadline, batch_size, num_gpu,
+  duration`` with ElasticFlow's small models (``resnet50``, ``gpt2``...) and no GPU type. Adapted (below);
+  its deadline is kept.
+- ``itp-raw``: ``job_id, submission_time, duration, num_gpu``. Adapted (below); deadline generated.
+
+An optional ``priority`` column (1 = highest) is honoured by Arena's queues.
+
+Adaptation rule (the paper's §5.1: "for each job record (ID, submission time, duration), we randomly
+generate GPU count, type, model configurations, and iteration count"), seeded per job by ``(seed, job_id)``
+so a job's adaptation does not depend on row order:
+
+1. family uniformly from bert, gpt, moe, wide_resnet; size uniformly from the family's zoo sizes
+   (ZOO below, the paper's Table 2 plus the traces' BERT sizes); global batch uniformly from the family's
+   batch sizes;
+2. GPU type uniformly from the cluster's GPU types (the paper's four when no cluster is given);
+3. GPU count = the recorded ``num_gpu`` rounded up to a power of two (buddy allocation), capped at 16 (the
+   paper's N);
+4. iterations = the recorded duration x the job's execution-truth iteration rate on its requested (type,
+   count) from the performance table, so the job would run for its recorded duration as submitted; without a
+   table (``trace stats``) or where that configuration cannot run, 1 iteration per second;
+5. deadline (raw traces only) = submission + duration x U(0.5, 1.5), the distribution of ElasticFlow's
+   deadlines (measured on its published traces).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libarena.errors import ArenaError
+from libarena.hardware import get_gpu
+from libarena.schedule.entities import JobSpec
+
+#: family -> (sizes, global batch sizes)
+ZOO: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
+    "bert": (("760M", "1.3B", "2.6B", "6.7B"), (128, 256, 512)),
+    "gpt": (("760M", "1.3B", "2.6B", "6.7B"), (128, 256, 512)),
+    "moe": (("690M", "1.3B", "2.4B", "10B", "27B"), (256, 512, 1024)),
+    "wide_resnet": (("500M", "1B", "2B", "4B", "6.8B"), (256, 512, 1024)),
+}
+PAPER_GPU_TYPES = ("a100", "v100", "a40", "a10")
+MAX_ADAPTED_GPUS = 16
+_SIZE = re.compile(r"^\d+(\.\d+)?[MBK]$")
+
+FORMATS = {
+    "arena-ae": ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu", "gpu_type"),
+    "elasticflow": ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu", "duration"),
+    "itp-raw": ("job_id", "submission_time", "duration", "num_gpu"),
+}
+
+#: rate(model, batch, gpu_type, num_gpus) -> iterations/s of the execution truth, or None
+RateFn = Callable[[str, int, str, int], "float | None"]
+
+
+@dataclass
+class Trace:
+    source: str
+    format: str
+    jobs: list[JobSpec]
+    skipped: list[str] = field(default_factory=list)
+    adapted: bool = False
+
+
+def is_zoo_model(name: str) -> bool:
+    family, sep, size = name.partition("__")
+    return bool(sep) and family in ZOO and bool(_SIZE.match(size))
+
+
+def detect_format(header: list[str], source: str) -> str:
+    cols = set(header)
+    if "gpu_type" in cols:
+        fmt = "arena-ae"
+    elif "num_iteration" in cols or "model_name" in cols:
+        fmt = "elasticflow"
+    elif "duration" in cols:
+        fmt = "itp-raw"
+    else:
+        fmt = "arena-ae"
+    missing = [c for c in FORMATS[fmt] if c not in cols and not (fmt == "arena-ae" and c == "deadline")]
+    if missing:
+        raise ArenaError(f"{source}: row 0 (header), column {missing[0]!r} is missing "
+                         f"({fmt} format needs {', '.join(FORMATS[fmt])})")
+    return fmt
+
+
+class _RowError(Exception):
+    def __init__(self, column: str, problem: str):
+        self.column = column
+        self.problem = problem
+
+
+def _num(row: dict, col: str, *, integer: bool = False, positive: bool = False, optional: bool = False) -> float | None:
+    raw = (row.get(col) or "").strip()
+    if raw == "":
+        if optional:
+            return None
+        raise _RowError(col, "empty value")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _RowError(col, f"not a number: {raw!r}") from None
+    if not math.isfinite(value):
+        raise _RowError(col, f"not a finite number: {raw!r}")
+    if value < 0:
+        raise _RowError(col, f"negative value {raw}")
+    if positive and value <= 0:
+        raise _RowError(col, f"must be > 0, got {raw}")
+    if integer:
+        if value != int(value):
+            raise _RowError(col, f"not an integer: {raw!r}")
+        return int(value)
+    return value
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = None, seed: int = 0,
+               rate: RateFn | None = None, skip_bad_rows: bool = False) -> Trace:
+    """Read and validate a trace; bad rows raise ArenaError naming file, row and column (or are skipped)."""
+    p = Path(path)
+    source = str(p)
+    if not p.is_file():
+        raise ArenaError(f"{source}: no such trace file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ArenaError(f"{source}: not a UTF-8 text CSV") from None
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    if not header:
+        raise ArenaError(f"{source}: empty trace (no header)")
+    reader.fieldnames = header
+    fmt = detect_format(header, source)
+    types = list(gpu_types) if gpu_types else list(PAPER_GPU_TYPES)
+    has_priority = "priority" in header
+    jobs: list[JobSpec] = []
+    skipped: list[str] = []
+    seen: dict[str, int] = {}
+    for i, row in enumerate(reader, start=1):
+        try:
+            if None in row:
+                raise _RowError(header[-1], "more fields than the header")
+            if any(row.get(c) is None for c in FORMATS[fmt] if c in header):
+                missing = next(c for c in FORMATS[fmt] if c in header and row.get(c) is None)
+                raise _RowError(missing, "missing value (row too short)")
+            spec = _parse_row(row, i, fmt, types, seed, rate, has_priority)
+            job_id = spec.job_id
+            if job_id in seen:
+                raise _RowError("job_id", f"duplicate job id {job_id!r} (first at row {seen[job_id]})")
+            seen[job_id] = i
+            jobs.append(spec)
+        except _RowError as exc:
+            msg = f"{source}: row {i}, column {exc.column!r}: {exc.problem}"
+            if not skip_bad_rows:
+                raise ArenaError(msg) from None
+            skipped.append(msg)
+    if not jobs:
+        raise ArenaError(f"{source}: no usable jobs" + (f" ({len(skipped)} bad rows skipped)" if skipped else ""))
+    return Trace(source, fmt, jobs, skipped, adapted=fmt != "arena-ae")
+
+
+def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: RateFn | None,
+               has_priority: bool) -> JobSpec:
+    job_id = (row.get("job_id") or "").strip()
+    if not job_id:
+        raise _RowError("job_id", "empty job id")
+    submit = _num(row, "submission_time")
+    num_gpu = _num(row, "num_gpu", integer=True, positive=True)
+    priority = None
+    if has_priority:
+        priority = _num(row, "priority", integer=True, positive=True, optional=True)
+    if fmt == "arena-ae":
+        iters = _num(row, "num_iteration", integer=True, positive=True)
+        model = (row.get("model_name") or "").strip()
+        if not is_zoo_model(model):
+            raise _RowError("model_name", f"unknown model {model!r} (expected family__size with family in "
+                                          f"{', '.join(ZOO)})")
+        batch = _num(row, "batch_size", integer=True, positive=True)
+        raw_type = (row.get("gpu_type") or "").strip()
+        try:
+            gpu_type = get_gpu(raw_type).name
+        except ArenaError:
+            raise _RowError("gpu_type", f"unknown GPU type {raw_type!r}") from None
+        deadline = _num(row, "deadline", optional=True) if "deadline" in row else None
+        return JobSpec(job_id, i, submit, model, batch, iters, _pow2_at_least(num_gpu), gpu_type, deadline, priority)
+    duration = _num(row, "duration", positive=True)
+    rng = random.Random(f"{seed}/{job_id}")
+    family = rng.choice(sorted(ZOO))
+    sizes, batches = ZOO[family]
+    model = f"{family}__{rng.choice(sizes)}"
+    batch = rng.choice(batches)
+    gpu_type = rng.choice(types)
+    gpus = min(MAX_ADAPTED_GPUS, _pow2_at_least(num_gpu))
+    if fmt == "elasticflow":
+        _num(row, "num_iteration", integer=True, positive=True)  # validated; replaced by the adapted count
+        deadline = _num(row, "deadline", optional=True)
+    else:
+        deadline = submit + duration * rng.uniform(0.5, 1.5)
+    per_s = rate(model, batch, gpu_type, gpus) if rate is not None else None
+    iters = max(1, round(duration * (per_s if per_s else 1.0)))
+    return JobSpec(job_id, i, submit, model, batch, iters, gpus, gpu_type, deadline, priority)
+
+
+def trace_stats(trace: Trace) -> dict:
+    import numpy as np
+
+    jobs = trace.jobs
+    submit = np.array([j.submit_time for j in jobs])
+    gpus = np.array([j.requested_gpus for j in jobs])
+    iters = np.array([j.num_iterations for j in jobs])
+    span = float(submit.max() - submit.min())
+
+    def counts(values) -> dict:
+        out: dict = {}
+        for v in values:
+            out[v] = out.get(v, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], str(kv[0]))))
+
+    with_deadline = [j for j in jobs if j.deadline is not None]
+    return {
+        "source": trace.source,
+        "format": trace.format,
+        "adapted": trace.adapted,
+        "jobs": len(jobs),
+        "skipped_rows": len(trace.skipped),
+        "span_s": span,
+        "span_days": span / 86400,
+        "first_submission_s": float(submit.min()),
+        "last_submission_s": float(submit.max()),
+        "arrivals_per_hour": len(jobs) / max(span / 3600, 1e-9),
+        "requested_gpus": {"total": int(gpus.sum()), "mean": float(gpus.mean()), "max": int(gpus.max()),
+                           "by_count": {str(k): v for k, v in counts(gpus.tolist()).items()}},
+        "iterations": {"mean": float(iters.mean()), "median": float(np.median(iters)), "max": int(iters.max())},
+        "models": counts(j.model for j in jobs),
+        "gpu_types": counts(j.requested_type for j in jobs),
+        "global_batches": {str(k): v for k, v in counts(j.global_batch for j in jobs).items()},
+        "jobs_with_deadline": len(with_deadline),
+        "median_deadline_slack_s": float(np.median([j.deadline - j.submit_time for j in with_deadline])) if with_deadline else None,
+    }

@@ -1,0 +1,86 @@
+"""The model zoo: identifiers, parameter counts against nominal sizes, learnable synthetic data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from libarena.errors import ArenaError
+from libarena.models import get_model, list_models
+
+TRACE_MODELS = [
+    "bert__760M", "bert__1.3B", "bert__2.6B", "bert__6.7B",
+    "moe__690M", "moe__1.3B", "moe__2.4B", "moe__10B", "moe__27B",
+    "wide_resnet__500M", "wide_resnet__1B", "wide_resnet__2B", "wide_resnet__4B", "wide_resnet__6.8B",
+]
+PAPER_GPT = ["gpt__760M", "gpt__1.3B", "gpt__2.6B", "gpt__6.7B"]
+
+
+def test_zoo_has_every_trace_and_paper_model():
+    names = {e.name for e in list_models()}
+    assert set(TRACE_MODELS + PAPER_GPT) <= names
+    for family in ("gpt", "bert", "moe", "wide_resnet"):
+        assert f"{family}__tiny" in names and f"{family}__small" in names
+
+
+def test_trace_models_cover_the_shared_traces(traces_dir):
+    import csv
+
+    used = set()
+    for path in (traces_dir / "arena-ae").glob("*.csv"):
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                if "__" in row["model_name"]:
+                    used.add(row["model_name"])
+    assert used and used <= {e.name for e in list_models()}
+
+
+@pytest.mark.parametrize("name", TRACE_MODELS + PAPER_GPT)
+def test_parameter_count_is_close_to_nominal(name):
+    from libarena.models.training import param_count
+
+    model = get_model(name)
+    actual = param_count(model)
+    assert abs(actual - model.config.nominal_params) / model.config.nominal_params < 0.10, actual
+
+
+@pytest.mark.parametrize("identifier, message", [
+    ("gpt", "expected family__size"),
+    ("llama__7B", "expected family__size"),
+    ("gpt__7B", "unknown size '7B'"),
+])
+def test_unknown_models_are_one_line_errors(identifier, message):
+    with pytest.raises(ArenaError, match=message):
+        get_model(identifier)
+
+
+@pytest.mark.parametrize("name", ["gpt__tiny", "bert__tiny", "moe__tiny", "wide_resnet__tiny"])
+def test_synthetic_samples_are_deterministic_by_index(name):
+    model = get_model(name)
+    a = model.synthetic_samples(np.arange(0, 8), seed=3)
+    b = model.synthetic_samples(np.arange(4, 12), seed=3)
+    for key in a:
+        np.testing.assert_array_equal(a[key][4:], b[key][:4])
+    c = model.synthetic_samples(np.arange(0, 8), seed=4)
+    assert any(not np.array_equal(a[k], c[k]) for k in a)
+    shapes = model.batch_shapes(8)
+    for key, (shape, dtype) in shapes.items():
+        assert a[key].shape == shape and a[key].dtype == np.dtype(dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt__tiny", "moe__tiny", "wide_resnet__tiny"])
+def test_training_step_reduces_loss(name):
+    import jax
+
+    from libarena.models.training import init_optimizer_state, init_params, make_train_step
+
+    model = get_model(name)
+    params = init_params(model, seed=0)
+    state = init_optimizer_state(params)
+    step = jax.jit(make_train_step(model, "fp32"))
+    losses = []
+    for s in range(25):
+        params, state, loss = step(params, state, model.synthetic_samples(np.arange(s * 16, (s + 1) * 16), 0))
+        losses.append(float(loss))
+    assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5])
