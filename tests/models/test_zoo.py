@@ -41,7 +41,10 @@ def test_parameter_count_is_close_to_nominal(name):
 
     model = get_model(name)
     actual = param_count(model)
-    assert abs(actual - model.config.nominal_params) / model.config.nominal_params < 0.10, actual
+    # GPT's output projection is untied from the token embedding (Alpa ties them) so that pipeline stages
+    # own disjoint parameters; that adds vocab x hidden (about 10% for gpt__760M).
+    tolerance = 0.12 if model.family == "gpt" else 0.06
+    assert abs(actual - model.config.nominal_params) / model.config.nominal_params < tolerance, actual
 
 
 @pytest.mark.parametrize("identifier, message", [

@@ -2,8 +2,9 @@
 
 Throughput follows an Amdahl-style curve per model and GPU type: thr(n) = thr1 * n / (1 + s * (n - 1)), with
 thr1 proportional to the GPU's speed over the model size. The ``ap`` view (best adaptive plan) fits whenever
-the model's training state (16 bytes per parameter) fits the n GPUs together; ``dp`` needs a full replica per
-GPU and scales worse (all-reduce of every gradient); ``arena`` (proxy plan) is 93% of ``ap``.
+the model's training state (12 bytes per parameter) and activations fit the n GPUs together; ``dp`` needs a
+replica of the weights (2 bytes per parameter) on every GPU plus its share of the activations, and scales
+worse (all-reduce of every gradient); ``arena`` (proxy plan) is 93% of ``ap``.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ def synthetic_perf_rows(models: list[tuple[str, int]], gpu_types: list[str], max
             serial = 0.02 + 0.01 * size / (1 + size) + (0.03 if gpu.intra_node_bandwidth < 100e9 else 0.0)
             n = 1
             while n <= max_gpus:
-                state = 16.0 * size * 1e9
+                params = size * 1e9
+                act = 0.02e9 * size * batch
+                ap_fits = (12 * params + act) / n <= mem
                 for view, s, fits in (
-                    ("ap", serial, state / n <= mem),
-                    ("arena", serial, state / n <= mem),
-                    ("dp", serial * dp_penalty, state <= mem),
+                    ("ap", serial, ap_fits),
+                    ("arena", serial, ap_fits),
+                    ("dp", serial * dp_penalty, 2 * params + act / n <= mem),
                 ):
                     thr = thr1 * n / (1 + s * (n - 1))
                     if view == "arena":

@@ -100,16 +100,18 @@ def plan(
     feasible = [r for r in planset.grids if r.feasible]
     if not feasible:
         stderr_console.print(
-            f"arena-plan: warning: {planset.model_name} fits in no grid of {spec.name}; every grid is listed as infeasible"
+            f"arena-plan: warning: {planset.model_name} fits in no grid of {spec.name}; every grid is listed as infeasible",
+            soft_wrap=True,
         )
     else:
         stderr_console.print(
             f"arena-plan: {planset.model_name}: {len(feasible)} of {len(planset.grids)} grids feasible, "
-            f"{sum(len(r.plans) for r in feasible)} plans written to {'stdout' if output == '-' else output}"
+            f"{sum(len(r.plans) for r in feasible)} plans written to {'stdout' if output == '-' else output}",
+            soft_wrap=True,
         )
     if comm_model is not None:
         for name in sorted({r.grid.gpu_type for r in planset.grids if not comm_model.covers(r.grid.gpu_type)}):
-            stderr_console.print(f"arena-plan: note: {comm} has no measurements for {name}; priced with the alpha-beta model")
+            stderr_console.print(f"arena-plan: note: {comm} has no measurements for {name}; priced with the alpha-beta model", soft_wrap=True)
 
 
 @app.command()

@@ -1,0 +1,111 @@
+"""Communication cost model: alpha-beta from the catalogue, measured tables with interpolation and fallback."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from libarena.artifacts import Provenance, read_table, write_table
+from libarena.errors import ArenaError
+from libarena.hardware import get_gpu
+from libarena.hardware.comm import AlphaBetaCommModel, MeasuredCommModel, comm_model_from_table, load_comm_model
+
+
+def test_alpha_beta_ring_all_reduce_known_value():
+    model = AlphaBetaCommModel(intra_node_latency_s=5e-6, inter_node_latency_s=1e-5)
+    a100 = get_gpu("a100")
+    t = model.time("all-reduce", 1e9, 4, "a100", crosses_nodes=False)
+    assert t == pytest.approx(2 * 3 * 5e-6 + 2 * 3 / 4 * 1e9 / a100.intra_node_bandwidth)
+    t_inter = model.time("all-reduce", 1e9, 4, "a100", crosses_nodes=True)
+    assert t_inter == pytest.approx(2 * 3 * 1e-5 + 2 * 3 / 4 * 1e9 / a100.inter_node_bandwidth)
+    assert t_inter > t
+    # all-gather and reduce-scatter move half an all-reduce; one device needs no communication.
+    assert model.time("all-gather", 1e9, 4, "a100", False) == pytest.approx(t / 2)
+    assert model.time("reduce-scatter", 1e9, 4, "a100", False) == pytest.approx(t / 2)
+    assert model.time("all-reduce", 1e9, 1, "a100", False) == 0.0
+    assert model.time("p2p", 1e6, 2, "a100", False) == pytest.approx(5e-6 + 1e6 / a100.intra_node_bandwidth)
+
+
+def test_alpha_beta_is_vectorised_and_monotone():
+    model = AlphaBetaCommModel()
+    volumes = np.array([0.0, 1e3, 1e6, 1e9])
+    times = model.time("all-to-all", volumes, 8, "a10", True)
+    assert times.shape == (4,) and times[0] == 0.0
+    assert np.all(np.diff(times) > 0)
+
+
+def test_unknown_primitive_is_a_one_line_error():
+    with pytest.raises(ArenaError, match="unknown communication primitive"):
+        AlphaBetaCommModel().time("broadcast-ish", 1.0, 2, "a100", False)
+
+
+def _rows():
+    rows = []
+    for volume, latency in ((1e3, 2e-5), (1e6, 1e-4), (1e9, 1e-1)):
+        rows.append(("all-reduce", "a100", 4, False, volume, latency))
+    return rows
+
+
+def test_measured_interpolates_log_log_and_extrapolates():
+    model = MeasuredCommModel.from_rows(_rows())
+    assert model.time("all-reduce", 1e6, 4, "a100", False) == pytest.approx(1e-4)
+    # Half-way in log volume between (1e6, 1e-4) and (1e9, 1e-1): geometric mean.
+    assert model.time("all-reduce", math.sqrt(1e15), 4, "a100", False) == pytest.approx(math.sqrt(1e-5))
+    # Below the range: the latency floor; above: linear in volume (bandwidth bound).
+    assert model.time("all-reduce", 10.0, 4, "a100", False) == pytest.approx(2e-5)
+    assert model.time("all-reduce", 2e9, 4, "a100", False) == pytest.approx(2e-1)
+    assert model.source("all-reduce", 4, "a100", False) == "measured"
+
+
+def test_measured_falls_back_to_alpha_beta_and_says_so():
+    model = MeasuredCommModel.from_rows(_rows())
+    fallback = AlphaBetaCommModel()
+    assert model.time("all-reduce", 1e6, 8, "a100", False) == pytest.approx(fallback.time("all-reduce", 1e6, 8, "a100", False))
+    assert model.time("all-reduce", 1e6, 4, "v100", False) == pytest.approx(fallback.time("all-reduce", 1e6, 4, "v100", False))
+    used = model.sources()
+    assert used[("all-reduce", "a100", 8, False)] == "alpha-beta"
+    assert used[("all-reduce", "v100", 4, False)] == "alpha-beta"
+    assert model.covers("a100") and not model.covers("v100")
+
+
+def _comm_table() -> pa.Table:
+    rows = _rows()
+    return pa.table(
+        {
+            "primitive": [r[0] for r in rows],
+            "gpu_type": [r[1] for r in rows],
+            "num_devices": [r[2] for r in rows],
+            "crosses_nodes": [r[3] for r in rows],
+            "bytes": [r[4] for r in rows],
+            "latency_s": [r[5] for r in rows],
+        }
+    )
+
+
+def test_comm_table_artifact_round_trip(tmp_path):
+    path = tmp_path / "comm.parquet"
+    write_table(path, "comm_table", _comm_table(), Provenance(tool="tests"), {"hardware": {"cluster": "test"}})
+    model = load_comm_model(str(path))
+    assert model.time("all-reduce", 1e6, 4, "a100", False) == pytest.approx(1e-4)
+
+
+def test_comm_table_imports_nccl_tests_csv(tmp_path):
+    path = tmp_path / "nccl.csv"
+    path.write_text(
+        "primitive,gpu_type,num_devices,crosses_nodes,bytes,latency_s\n"
+        "allreduce,A100,4,false,1000,2e-5\nallreduce,A100,4,false,1000000,1e-4\n"
+    )
+    artifact = read_table(path, "comm_table")
+    assert not artifact.native
+    model = comm_model_from_table(artifact)
+    assert model.covers("a100")
+    assert model.time("all-reduce", 1e6, 4, "a100", False) == pytest.approx(1e-4)
+
+
+def test_comm_table_bad_row_names_the_row():
+    rows = _rows() + [("all-reduce", "a100", 4, False, -5.0, 1e-3)]
+    with pytest.raises(ArenaError, match="row 3: bytes must be positive"):
+        MeasuredCommModel.from_rows(rows)

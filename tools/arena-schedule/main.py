@@ -1,0 +1,248 @@
+"""arena-schedule: simulate scheduling policies on a trace with a performance table and a cluster spec.
+
+    arena-schedule simulate --trace T.csv --perf perf.parquet --cluster C.yaml --policy arena -o run/
+    arena-schedule compare --policies arena,fcfs,elasticflow-ls,gavel,sia --trace ... -o compare/
+    arena-schedule trace stats T.csv
+    arena-schedule policies
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from libarena.cli import run_app, stderr_console
+from libarena.errors import ArenaError
+
+app = typer.Typer(add_completion=False, help="AP-aware cluster scheduling: simulator, Arena and baselines.")
+trace_app = typer.Typer(add_completion=False, help="Workload traces.")
+perf_app = typer.Typer(add_completion=False, help="Performance tables for a trace.")
+app.add_typer(trace_app, name="trace")
+app.add_typer(perf_app, name="perf")
+
+TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow or raw ITP format)")
+PerfOpt = typer.Option(..., "--perf", help="performance table (perf_table artifact, or CSV/Parquet in its schema)")
+ClusterOpt = typer.Option(..., "--cluster", help="cluster spec (YAML/TOML)")
+
+
+def _overheads(pairs: list[str]):
+    import dataclasses
+
+    from libarena.schedule.config import OverheadConfig
+
+    base = OverheadConfig()
+    names = {f.name for f in dataclasses.fields(base)}
+    updates = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in names:
+            raise ArenaError(f"--overhead {pair!r}: expected NAME=SECONDS with NAME one of {', '.join(sorted(names))}")
+        try:
+            updates[key] = float(value)
+        except ValueError:
+            raise ArenaError(f"--overhead {pair!r}: {value!r} is not a number") from None
+    return dataclasses.replace(base, **updates)
+
+
+def _sim_config(tick: float, horizon: Optional[float], seed: int, overhead: list[str]):
+    from libarena.schedule.config import SimulatorConfig
+
+    cfg = SimulatorConfig(tick_s=tick, horizon_s=horizon, seed=seed, overheads=_overheads(overhead))
+    cfg.validate()
+    return cfg
+
+
+def _policy_options(view, objective, no_hetero, no_elastic, no_pruning, queues, search_depth, promotion_time,
+                    max_gpus) -> dict:
+    from libarena.schedule.config import Objective
+
+    opts: dict = {"view": view, "max_gpus_per_job": max_gpus}
+    if objective is not None:
+        try:
+            opts["objective"] = Objective(objective)
+        except ValueError:
+            raise ArenaError(f"--objective {objective!r}: expected one of {', '.join(o.value for o in Objective)}") from None
+    if no_hetero:
+        opts["hetero"] = False
+    if no_elastic:
+        opts["elastic"] = False
+    if no_pruning:
+        opts["pruning"] = False
+    opts.update(num_queues=queues, search_depth=search_depth, promotion_time_s=promotion_time)
+    return opts
+
+
+def _summary_line(m: dict) -> str:
+    return (f"{m['policy']}: {m['finished_jobs']}/{m['submitted_jobs']} finished ({m['unfinished_jobs']} unfinished, "
+            f"{m['dropped_jobs']} dropped), avg JCT {m['avg_jct_s'] / 3600:.2f} h, avg queuing "
+            f"{m['avg_queuing_s'] / 3600:.2f} h, avg throughput {m['avg_throughput']:.1f} samples/s, peak "
+            f"{m['peak_throughput']:.1f}, {m['reschedules_per_job']:.2f} reschedules/job, simulated in "
+            f"{m['simulation_wall_s']:.1f} s")
+
+
+@app.command()
+def simulate(
+    trace: Path = TraceOpt,
+    perf: Path = PerfOpt,
+    cluster: Path = ClusterOpt,
+    policy: str = typer.Option("arena", "--policy", help="arena, fcfs, gavel, elasticflow, elasticflow-ls, sia"),
+    output: Path = typer.Option(..., "-o", "--output", help="output directory"),
+    view: Optional[str] = typer.Option(None, "--view", help="decision view: arena, dp, ap, dp-linear (default: the policy's)"),
+    objective: Optional[str] = typer.Option(None, "--objective", help="arena: throughput, deadline, fairness"),
+    no_hetero: bool = typer.Option(False, "--no-hetero", help="arena ablation: no GPU-type switching"),
+    no_elastic: bool = typer.Option(False, "--no-elastic", help="arena ablation: no GPU-count scaling"),
+    no_pruning: bool = typer.Option(False, "--no-pruning", help="arena ablation: full AP search at every (re)launch"),
+    queues: Optional[int] = typer.Option(None, "--queues", help="arena: number of priority queues P (3)"),
+    search_depth: Optional[int] = typer.Option(None, "--search-depth", help="arena: search depth D (3)"),
+    promotion_time: Optional[float] = typer.Option(None, "--promotion-time", help="arena: seconds before promotion"),
+    max_gpus: Optional[int] = typer.Option(None, "--max-gpus-per-job", help="largest GPU count per job (16)"),
+    tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds"),
+    horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
+    seed: int = typer.Option(0, "--seed", help="seed for trace adaptation"),
+    overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS (repeatable)"),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip bad trace rows, with a count"),
+    plot: bool = typer.Option(False, "--plot", help="also write PNG figures"),
+    as_json: bool = typer.Option(False, "--json", help="print the metrics as JSON on stdout"),
+) -> None:
+    """Simulate one policy; writes jobs.parquet, timeseries.parquet, decisions.msgpack, metrics.json."""
+    from libarena.artifacts import input_ref
+    from libarena.schedule.api import make_policy, prepare_workload, run_policy, write_run
+
+    cfg = _sim_config(tick, horizon, seed, overhead)
+    pol = make_policy(policy, **_policy_options(view, objective, no_hetero, no_elastic, no_pruning, queues,
+                                                search_depth, promotion_time, max_gpus))
+    workload = prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows)
+    _report_skipped(workload.skipped)
+    res = run_policy(workload, pol, cfg)
+    params = {"policy": policy, "view": pol.view, "tick_s": tick, "horizon_s": horizon, "seed": seed,
+              "overheads": cfg.overheads.__dict__, "policy_config": {k: str(v) for k, v in pol.config.__dict__.items()}}
+    metrics = write_run(output, res, workload, cfg, params, [input_ref(trace), input_ref(perf), input_ref(cluster)], plot)
+    stderr_console.print(_summary_line(metrics))
+    if as_json:
+        from libarena.schedule.metrics import json_safe
+
+        print(json.dumps(json_safe(metrics), indent=2, sort_keys=True))
+
+
+def _report_skipped(skipped: list[str]) -> None:
+    if skipped:
+        stderr_console.print(f"skipped {len(skipped)} bad row(s); first: {skipped[0]}")
+
+
+@app.command()
+def compare(
+    policies: str = typer.Option("arena,fcfs,elasticflow-ls,gavel,sia", "--policies", help="comma-separated policies"),
+    trace: Path = TraceOpt,
+    perf: Path = PerfOpt,
+    cluster: Path = ClusterOpt,
+    output: Path = typer.Option(..., "-o", "--output", help="output directory (one sub-directory per policy)"),
+    tick: float = typer.Option(300.0, "--tick"),
+    horizon: Optional[float] = typer.Option(None, "--horizon"),
+    seed: int = typer.Option(0, "--seed"),
+    overhead: list[str] = typer.Option([], "--overhead"),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
+    plot: bool = typer.Option(False, "--plot", help="write comparison PNGs"),
+    as_json: bool = typer.Option(False, "--json", help='print {"policies": {name: {...}}} on stdout'),
+) -> None:
+    """Run several policies on the same workload; print a table relative to Arena."""
+    from libarena.artifacts import input_ref, write_json
+    from libarena.schedule.api import make_policy, prepare_workload, run_policy, write_run
+    from libarena.schedule.compare import compare_json, compare_table
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names or len(set(names)) != len(names):
+        raise ArenaError(f"--policies {policies!r}: give distinct policy names separated by commas")
+    cfg = _sim_config(tick, horizon, seed, overhead)
+    pols = {name: make_policy(name) for name in names}
+    workload = prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows)
+    _report_skipped(workload.skipped)
+    output.mkdir(parents=True, exist_ok=True)
+    metrics, runs = {}, {}
+    inputs = [input_ref(trace), input_ref(perf), input_ref(cluster)]
+    for name, pol in pols.items():
+        res = run_policy(workload, pol, cfg)
+        params = {"policy": name, "view": pol.view, "tick_s": tick, "horizon_s": horizon, "seed": seed}
+        metrics[name] = write_run(output / name, res, workload, cfg, params, inputs)
+        runs[name] = res
+        stderr_console.print(_summary_line(metrics[name]))
+    doc = compare_json(metrics)
+    write_json(output / "compare.json", doc)
+    if plot:
+        from libarena.schedule.plots import plot_runs
+
+        plot_runs(runs, output)
+    if as_json:
+        print(json.dumps(doc, indent=2, sort_keys=True, default=lambda v: None))
+    else:
+        from rich.console import Console
+
+        Console(file=sys.stdout, width=160).print(compare_table(metrics))
+
+
+@app.command("policies")
+def list_policies() -> None:
+    """List the registered policies and their decision views."""
+    from libarena.schedule.policies import get_policy, policy_names
+
+    for name in policy_names():
+        cls = get_policy(name)
+        print(f"{name:16s} view={cls.default_view:10s} {cls.description}")
+
+
+@trace_app.command("stats")
+def trace_stats_cmd(
+    file: Path = typer.Argument(..., help="trace CSV"),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="adapt GPU types to this cluster's"),
+    seed: int = typer.Option(0, "--seed"),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Summarize a trace (jobs, span, arrival rate, GPU demand, models, GPU types)."""
+    from libarena.hardware import load_cluster
+    from libarena.schedule.traces import read_trace, trace_stats
+
+    types = load_cluster(cluster).gpu_types if cluster else None
+    tr = read_trace(file, gpu_types=types, seed=seed, skip_bad_rows=skip_bad_rows)
+    _report_skipped(tr.skipped)
+    stats = trace_stats(tr)
+    if as_json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{file} ({stats['format']}{', adapted' if stats['adapted'] else ''})", show_header=False)
+    for key in ("jobs", "skipped_rows", "span_days", "arrivals_per_hour", "jobs_with_deadline", "median_deadline_slack_s"):
+        v = stats[key]
+        table.add_row(key, f"{v:.2f}" if isinstance(v, float) else str(v))
+    rg = stats["requested_gpus"]
+    table.add_row("requested GPUs", f"total {rg['total']}, mean {rg['mean']:.2f}, max {rg['max']}, by count {rg['by_count']}")
+    table.add_row("iterations", f"mean {stats['iterations']['mean']:.0f}, median {stats['iterations']['median']:.0f}")
+    table.add_row("models", ", ".join(f"{k}: {v}" for k, v in stats["models"].items()))
+    table.add_row("GPU types", ", ".join(f"{k}: {v}" for k, v in stats["gpu_types"].items()))
+    table.add_row("global batches", ", ".join(f"{k}: {v}" for k, v in stats["global_batches"].items()))
+    Console(file=sys.stdout, width=160).print(table)
+
+
+@perf_app.command("build")
+def perf_build(
+    trace: Path = TraceOpt,
+    cluster: Path = ClusterOpt,
+    output: Path = typer.Option(..., "-o", "--output"),
+) -> None:
+    """Build the performance table a trace needs (analyze -> plan -> profile per (model, batch) and GPU type)."""
+    from libarena.schedule.perf_build import build_perf_table
+
+    build_perf_table(trace, cluster, output)
+
+
+def main() -> None:
+    run_app("arena-schedule", app)
+
+
+if __name__ == "__main__":
+    main()
