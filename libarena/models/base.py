@@ -84,6 +84,11 @@ class ModelDef(ABC):
         """Deterministic, learnable training samples by global sample index (so data loading can resume
         exactly where it stopped after a checkpoint, whatever the new parallel layout)."""
 
+    def expert_dispatch_shape(self, batch_size: int, seq_len: int | None = None) -> tuple[int, ...] | None:
+        """Shape of the tensor one expert all-to-all moves per MoE unit at ``batch_size`` (in the compute
+        dtype), e.g. ``(experts, groups, capacity, hidden)``; None for models without experts."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """A JSON-able record of the model for artifact metadata."""
         from dataclasses import asdict

@@ -18,12 +18,15 @@ Communication of a stage, split as eq. 4 needs it:
 * per micro-batch (``comm_mb``): per cluster, the TP all-reduces (``tp_allreduce_bytes / (B dp)`` over
   the tp group) and, for MoE, the expert all-to-all (``alltoall_bytes / (B dp)`` over the dp group);
   each cluster's volume is priced as one collective;
+* P2P between stages (``p2p_per_microbatch``), reported but, as in the paper, left out of l_comm;
 * once per iteration (``grad_sync``): the gradient all-reduce of the stage's ``param_bytes / tp`` over
   the dp group, or under ZeRO-1 a reduce-scatter of the gradients plus an all-gather of the updated
   weights (same bandwidth volume, twice the latency steps -- so ZeRO is chosen only when memory needs it).
 
-Known simplifications: layer norms and biases are counted as TP-sharded; MoE expert weights are counted
-as replicated across dp even though the all-to-all assumes expert parallelism (memory is pessimistic).
+Known simplifications: all weights and saved activations count as TP-sharded (Megatron keeps layer-norm
+inputs and dropout masks replicated, so TP memory is slightly optimistic); no activation recomputation;
+MoE expert weights are counted as replicated across dp even though the all-to-all assumes expert
+parallelism (memory is pessimistic there); the micro-batch size G / B may be fractional.
 """
 
 from __future__ import annotations
@@ -99,9 +102,10 @@ class StageCostModel:
             g = self.gpus_per_node
             name = self.gpu.name
             per_cluster = np.zeros(self.num_clusters)
-            if tp > 1:
+            # Only price collectives that move bytes (keeps a measured model's coverage report honest).
+            if tp > 1 and self._tp_bytes.any():
                 per_cluster = per_cluster + self.comm.time("all-reduce", self._tp_bytes / (B * dp), tp, name, tp > g)
-            if dp > 1:
+            if dp > 1 and self._a2a.any():
                 per_cluster = per_cluster + self.comm.time("all-to-all", self._a2a / (B * dp), dp, name, dp * tp > g)
             self._comm_prefix[key] = np.concatenate([[0.0], np.cumsum(per_cluster)])
         return self._comm_prefix[key]
@@ -109,6 +113,19 @@ class StageCostModel:
     def comm_per_microbatch(self, a, b, dp: int, tp: int, num_microbatches: int):
         pre = self.cluster_comm_prefix(dp, tp, num_microbatches)
         return pre[b] - pre[a]
+
+    def p2p_per_microbatch(self, ends, dp, gpus, offsets, num_microbatches: int) -> list[float]:
+        """One-direction P2P time per micro-batch across each stage boundary j -> j+1: the activation
+        leaving stage j, split over its dp replicas (tp ranks hold replicas and send in parallel). It
+        crosses nodes when the two stages sit on different nodes. Not part of l_comm (the paper leaves
+        P2P out: it overlaps with computation); reported for the profiler's 1F1B model."""
+        g = self.gpus_per_node
+        out = []
+        for j in range(len(ends) - 1):
+            volume = self._act[int(ends[j]) - 1] / (num_microbatches * int(dp[j]))
+            crosses = int(offsets[j]) // g != int(offsets[j + 1]) // g or int(gpus[j]) > g or int(gpus[j + 1]) > g
+            out.append(float(self.comm.time("p2p", volume, 2, self.gpu.name, bool(crosses))))
+        return out
 
     def _grad_sync_volume(self, volume, dp: int, tp: int, zero: bool):
         if dp <= 1:

@@ -42,6 +42,7 @@ def _plan_row(result: GridResult, plan: ParallelPlan) -> dict[str, Any]:
         "memory_per_stage_bytes": [st.memory_bytes for st in plan.stages],
         "comm_per_microbatch_s": [st.comm_per_microbatch_s for st in plan.stages],
         "grad_sync_s": [st.grad_sync_s for st in plan.stages],
+        "p2p_per_microbatch_s": list(plan.p2p_per_microbatch_s),
         "on_frontier": plan.on_frontier,
         "plans_considered": result.plans_considered,
         "plans_out_of_memory": result.plans_out_of_memory,
@@ -76,6 +77,7 @@ def _infeasible_row(result: GridResult) -> dict[str, Any]:
         "memory_per_stage_bytes": [],
         "comm_per_microbatch_s": [],
         "grad_sync_s": [],
+        "p2p_per_microbatch_s": [],
         "on_frontier": False,
         "plans_considered": result.plans_considered,
         "plans_out_of_memory": result.plans_out_of_memory,
@@ -192,6 +194,7 @@ def planset_from_artifact(artifact) -> PlanSet:
                     memory_per_gpu_bytes=row["memory_per_gpu_bytes"],
                     is_proxy=row["is_proxy"],
                     on_frontier=row["on_frontier"],
+                    p2p_per_microbatch_s=tuple(row["p2p_per_microbatch_s"]),
                 )
             )
         feasible_min = min(p.memory_per_gpu_bytes for p in plans)

@@ -3,7 +3,8 @@
 Roofline loads (eq. 2) are computed per HLO instruction and summed per cluster: for an instruction with
 F FLOPs and M bytes moved on a GPU with peak P (training dtype) and memory bandwidth W,
 ``L = F / R(F/M) = F / min(P, W F/M) = max(F/P, M/W)`` -- the same expression, which also charges
-zero-FLOP instructions (copies, transposes, collectives' local parts) ``M / W``.
+zero-FLOP instructions (copies, transposes, collectives' local parts) ``M / W``. Every phase counts
+(forward, backward and optimizer update all run on the stage's GPUs).
 """
 
 from __future__ import annotations

@@ -16,15 +16,15 @@ from itertools import combinations
 import numpy as np
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def partitions(num_clusters: int, stages: int) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) of every contiguous partition of ``num_clusters`` clusters into ``stages`` stages,
-    each an int64 array of shape (P, stages), in lexicographic order of the cut points."""
+    each an int16 array of shape (P, stages) (compact: cached), in lexicographic order of the cut points."""
     combos = list(combinations(range(1, num_clusters), stages - 1))
-    cuts = np.array(combos, dtype=np.int64).reshape(len(combos), stages - 1)
+    cuts = np.array(combos, dtype=np.int16).reshape(len(combos), stages - 1)
     count = cuts.shape[0]
-    starts = np.concatenate([np.zeros((count, 1), dtype=np.int64), cuts], axis=1)
-    ends = np.concatenate([cuts, np.full((count, 1), num_clusters, dtype=np.int64)], axis=1)
+    starts = np.concatenate([np.zeros((count, 1), dtype=np.int16), cuts], axis=1)
+    ends = np.concatenate([cuts, np.full((count, 1), num_clusters, dtype=np.int16)], axis=1)
     starts.flags.writeable = False
     ends.flags.writeable = False
     return starts, ends
@@ -57,12 +57,18 @@ def normalize_power_of_two(ideal: np.ndarray, num_gpus: int) -> tuple[np.ndarray
         new = np.full((n + 1, count), np.inf)
         choice = choices[j]
         col = ideal[:, j]
+        # Reachable states: after j stages at least j GPUs are used and at least (stages - j) remain.
+        prev_lo, prev_hi = j, n - (stages - j)
+        next_lo, next_hi = j + 1, n - (stages - j - 1)
         for k, p in enumerate(powers):
-            cand = cost[: n + 1 - p] + (p - col) ** 2
-            better = mask[: n + 1 - p]
-            np.less(cand, new[p:], out=better)  # strict: the smaller power wins ties
-            np.copyto(new[p:], cand, where=better)
-            np.copyto(choice[p:], k, where=better)
+            lo, hi = max(prev_lo + p, next_lo), min(prev_hi + p, next_hi)
+            if lo > hi:
+                continue
+            cand = cost[lo - p : hi - p + 1] + (p - col) ** 2
+            better = mask[: hi - lo + 1]
+            np.less(cand, new[lo : hi + 1], out=better)  # strict: the smaller power wins ties
+            np.copyto(new[lo : hi + 1], cand, where=better)
+            np.copyto(choice[lo : hi + 1], k, where=better)
         cost = new
     bias = np.sqrt(cost[n])
     assignment = np.empty((count, stages), dtype=np.int64)

@@ -2,8 +2,10 @@
 
 Per (GPU type, n, s):
 
-1. roofline loads per cluster (model.ModelProfile.loads) -> load-proportional D for every partition;
-2. power-of-two normalisation of D by DP (partition.normalize_power_of_two) -> assignment and b_comp;
+1. roofline loads per cluster (model.ModelProfile.loads) -> load-proportional D for every one of the
+   C(O-1, s-1) partitions (all enumerated: 6,435 at most for O = 16; processed in blocks for larger O);
+2. power-of-two normalisation of D by dynamic programming over (stage, GPUs used), vectorised across
+   partitions (partition.normalize_power_of_two) -> assignment and b_comp;
 3. intra-stage choice from a *stage table*: every distinct stage (first cluster a, end b, GPUs c,
    in-flight micro-batches k) is priced once for every (dp, tp, zero) -- at most O^2 * log2(n) * s
    entries -- keeping the cheapest option that fits in memory (objective B * comm_mb + grad_sync, the
@@ -19,11 +21,13 @@ synchronisation after the pipeline flush (stages synchronise concurrently). P2P 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+import os
+from dataclasses import asdict, replace
 from itertools import product
 
 import numpy as np
 
+from libarena.artifacts import read_table
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, GPUSpec, get_gpu
 from libarena.hardware.comm import SOURCE_ALPHA_BETA, SOURCE_MEASURED, AlphaBetaCommModel, CommModel, MeasuredCommModel
@@ -38,9 +42,13 @@ from libarena.plan.partition import (
     partitions,
     power_of_two_compositions,
 )
-from libarena.plan.types import GridResult, ParallelPlan, PlanSet, StagePlan, infeasible_plan_id, make_plan_id
+from libarena.plan.types import GridResult, ParallelPlan, PlanSet, StagePlan, make_plan_id
 
 GIB = 1024**3
+#: Partitions normalised per block (bounds the DP's (n+1) x block temporaries); O = 16 needs one block.
+PARTITION_CHUNK = 1 << 16
+#: C(O-1, s-1) beyond this per grid is refused: re-cluster the model (O = 16 gives at most 6,435).
+MAX_PARTITIONS = 2_000_000
 
 
 class StageTable:
@@ -79,31 +87,35 @@ class StageTable:
         comm = comm[:, :, :, None]
         grad = grad[:, :, :, None]
         obj = np.where(valid & (mem <= costs.capacity), B * comm + grad, np.inf)
-        mem_valid = np.where(valid, mem, np.inf)
-        shape = (O + 1, O + 1, levels, stages)
-        fields = {name: np.zeros(shape) for name in ("obj", "memory", "comm_mb", "grad", "min_memory")}
-        ints = {name: np.ones(shape, dtype=np.int64) for name in ("dp", "tp")}
-        zeros = np.zeros(shape, dtype=bool)
+        full = obj.shape
+        min_memory = np.empty((O + 1, O + 1, levels, stages))
+        best = np.empty((O + 1, O + 1, levels, stages))
+        chosen = np.empty((O + 1, O + 1, levels, stages), dtype=np.int64)
         for level in range(levels):
             sel = np.flatnonzero(lv == level)
             o = obj[sel]
-            best = o.min(axis=0)
+            best[:, :, level, :] = o.min(axis=0)
             # First option (least tp, no ZeRO) within a relative 1e-9 of the best: float noise must not
             # flip ties such as ZeRO's RS+AG against the equal-volume all-reduce.
-            pick = np.argmax(o <= best * (1 + 1e-9), axis=0)
-            chosen = sel[pick]
-            take = lambda arr: np.take_along_axis(np.broadcast_to(arr, obj.shape), chosen[None], axis=0)[0]  # noqa: E731
-            fields["obj"][:, :, level, :] = best
-            fields["memory"][:, :, level, :] = take(mem)
-            fields["comm_mb"][:, :, level, :] = take(comm)
-            fields["grad"][:, :, level, :] = take(grad)
-            fields["min_memory"][:, :, level, :] = mem_valid[sel].min(axis=0)
-            ints["dp"][:, :, level, :] = take(dp).astype(np.int64)
-            ints["tp"][:, :, level, :] = take(tp).astype(np.int64)
-            zeros[:, :, level, :] = take(zero)
-        self.fields = {name: arr.ravel() for name, arr in fields.items()}
-        self.fields.update({name: arr.ravel() for name, arr in ints.items()})
-        self.fields["zero"] = zeros.ravel()
+            chosen[:, :, level, :] = sel[np.argmax(o <= best[None, :, :, level, :] * (1 + 1e-9), axis=0)]
+            min_memory[:, :, level, :] = np.where(valid[0], mem[sel], np.inf).min(axis=0)
+        # One gather per field: flat index of (chosen option, a, b, k) in the (option, a, b, k) arrays.
+        ab_k = (np.arange(O + 1)[:, None, None, None] * (O + 1) + np.arange(O + 1)[None, :, None, None]) * stages
+        flat = chosen * ((O + 1) * (O + 1) * stages) + ab_k + np.arange(stages)[None, None, None, :]
+
+        def pick(arr: np.ndarray) -> np.ndarray:
+            return np.broadcast_to(arr, full).ravel().take(flat).ravel()
+
+        self.fields = {
+            "obj": best.ravel(),
+            "min_memory": min_memory.ravel(),
+            "memory": pick(mem),
+            "comm_mb": pick(comm),
+            "grad": pick(grad),
+            "dp": pick(dp).astype(np.int64),
+            "tp": pick(tp).astype(np.int64),
+            "zero": pick(zero),
+        }
 
     def flat_index(self, starts: np.ndarray, ends: np.ndarray, level: np.ndarray) -> np.ndarray:
         s = starts.shape[1]
@@ -133,6 +145,7 @@ def _oom_reason(grid: Grid, gpu: GPUSpec, min_memory: float, capacity: float) ->
 
 
 def _build_plan(
+    costs: StageCostModel,
     grid: Grid,
     B: int,
     starts: np.ndarray,
@@ -180,6 +193,7 @@ def _build_plan(
         computation_bias=float(bias),
         communication_load=float(l_comm),
         memory_per_gpu_bytes=float(memory.max()),
+        p2p_per_microbatch_s=tuple(costs.p2p_per_microbatch(ends, dp, gpus, offsets, B)),
     )
 
 
@@ -204,7 +218,6 @@ def _select(plans: list[ParallelPlan], config: PlannerConfig, mark_only: bool) -
         keep=front.index(proxy_pos),
     )
     frontier = {front[k] for k in kept}
-    from dataclasses import replace
 
     if mark_only:
         out = [replace(p, is_proxy=(i == proxy_pos), on_frontier=(i in frontier)) for i, p in enumerate(plans)]
@@ -225,45 +238,63 @@ def plan_grid(
     """All plans of one grid: one per partition (normalised assignment, best intra-stage choice)."""
     n, s = grid.num_gpus, grid.pipeline_degree
     B = config.microbatches(s)
+    if profile.global_batch < B:
+        reason = f"global batch {profile.global_batch} is smaller than the {B} micro-batches of {s} stages"
+        return GridResult(grid, (), B, 0, 0, reason)
     if config.exhaustive:
         return plan_grid_exhaustive(profile, grid, loads, costs, config)
     if table is None:
         table = StageTable(costs, n, s, B, profile.global_batch, config.allow_zero)
-    starts, ends = partitions(profile.num_clusters, s)
-    ideal = load_proportional_assignment(loads, n, starts, ends)
-    gpus, bias = normalize_power_of_two(ideal, n)
-    level = np.log2(gpus).round().astype(np.int64)
-    flat = table.flat_index(starts, ends, level)
-    obj = table.gather("obj", flat)
-    feasible = np.isfinite(obj).all(axis=1)
-    considered = int(starts.shape[0])
-    oom = considered - int(feasible.sum())
+    starts_all, ends_all = partitions(profile.num_clusters, s)
+    total = starts_all.shape[0]
+    if total > MAX_PARTITIONS:
+        raise ArenaError(
+            f"{profile.source}: {profile.num_clusters} clusters into {s} stages is {total:,} partitions per grid "
+            f"(limit {MAX_PARTITIONS:,}); cluster the model into fewer operators (O = 16 is the usual)"
+        )
+    bias = np.empty(total)
+    l_comm = np.full(total, np.inf)
+    # Peak memory per partition: of the chosen options when it fits, else the least any option needs.
+    need = np.empty(total)
+    for lo in range(0, total, PARTITION_CHUNK):  # chunks bound the DP's temporaries for large O
+        hi = min(lo + PARTITION_CHUNK, total)
+        gpus, bias[lo:hi], flat = _normalised_stages(table, loads, n, starts_all[lo:hi], ends_all[lo:hi])
+        fits = np.isfinite(table.gather("obj", flat)).all(axis=1)
+        need[lo:hi] = np.where(
+            fits, table.gather("memory", flat).max(axis=1), table.gather("min_memory", flat).max(axis=1)
+        )
+        load = communication_load(table.gather("comm_mb", flat), table.gather("grad", flat), B)
+        l_comm[lo:hi] = np.where(fits, load, np.inf)
+    feasible = np.isfinite(l_comm)
+    oom = total - int(feasible.sum())
     if not feasible.any():
-        min_mem = float(table.gather("min_memory", flat).max(axis=1).min())
-        return GridResult(grid, (), B, considered, oom, _oom_reason(grid, costs.gpu, min_mem, costs.capacity), min_mem)
+        min_mem = float(need.min())
+        return GridResult(grid, (), B, total, oom, _oom_reason(grid, costs.gpu, min_mem, costs.capacity), min_mem)
     rows = np.flatnonzero(feasible)
-    flat = flat[rows]
-    comm_mb = table.gather("comm_mb", flat)
-    grad = table.gather("grad", flat)
-    l_comm = communication_load(comm_mb, grad, B)
-    b = bias[rows]
-    front = pareto_front(b, l_comm)
-    # Plan objects only for the frontier (a few dozen per grid at most).
-    sub = flat[front]
-    mem = table.gather("memory", sub)
-    dp = table.gather("dp", sub)
-    tp = table.gather("tp", sub)
-    zero = table.gather("zero", sub)
-    offsets = stage_offsets(gpus[rows[front]])
+    front = rows[pareto_front(bias[rows], l_comm[rows])]
+    # Plan objects only for the frontier (a few dozen per grid at most): redo its rows in detail.
+    starts, ends = starts_all[front], ends_all[front]
+    gpus, _, flat = _normalised_stages(table, loads, n, starts, ends)
+    fields = {name: table.gather(name, flat) for name in ("memory", "dp", "tp", "zero", "comm_mb", "grad")}
+    offsets = stage_offsets(gpus)
     plans = [
         _build_plan(
-            grid, B, starts[rows[i]], ends[rows[i]], gpus[rows[i]], dp[pos], tp[pos], zero[pos], mem[pos],
-            comm_mb[i], grad[i], b[i], l_comm[i], offsets[pos],
+            costs, grid, B, starts[pos], ends[pos], gpus[pos], fields["dp"][pos], fields["tp"][pos], fields["zero"][pos],
+            fields["memory"][pos], fields["comm_mb"][pos], fields["grad"][pos], bias[i], l_comm[i], offsets[pos],
         )
         for pos, i in enumerate(front)
     ]
-    min_mem = float(table.gather("memory", flat).max(axis=1).min())
-    return GridResult(grid, _select(plans, config, mark_only=False), B, considered, oom, "", min_mem)
+    return GridResult(grid, _select(plans, config, mark_only=False), B, total, oom, "", float(need[rows].min()))
+
+
+def _normalised_stages(table: StageTable, loads: np.ndarray, n: int, starts: np.ndarray, ends: np.ndarray):
+    """Power-of-two assignment, b_comp and stage-table indices for a block of partitions."""
+    starts = starts.astype(np.int64)
+    ends = ends.astype(np.int64)
+    ideal = load_proportional_assignment(loads, n, starts, ends)
+    gpus, bias = normalize_power_of_two(ideal, n)
+    level = np.log2(gpus).round().astype(np.int64)
+    return gpus, bias, table.flat_index(starts, ends, level)
 
 
 def plan_grid_exhaustive(
@@ -322,7 +353,7 @@ def plan_grid_exhaustive(
                 l_comm = float(communication_load(comm_mb, grad, B)[0])
                 plans.append(
                     _build_plan(
-                        grid, B, starts, ends, gpus,
+                        costs, grid, B, starts, ends, gpus,
                         np.array([c[0] for c in combo]), np.array([c[1] for c in combo]), np.array([c[2] for c in combo]),
                         mems, comm_mb, grad, bias, l_comm, offsets,
                     )
@@ -341,13 +372,15 @@ def plan_job(
 ) -> PlanSet:
     """Plan every grid of a job on a cluster.
 
-    ``operator_table``: a TableArtifact of kind operator_table (see libarena.artifacts.read_table) or an
-    already loaded ModelProfile. ``comm``: the communication model (alpha-beta from the catalogue when
+    ``operator_table``: a path, a TableArtifact of kind operator_table (libarena.artifacts.read_table)
+    or an already loaded ModelProfile. ``comm``: the communication model (alpha-beta from the catalogue when
     None; a MeasuredCommModel from ``--comm``). With ``require_measured_comm`` a GPU type the measured
     table does not cover is an error instead of an alpha-beta fallback.
     """
     config = config or PlannerConfig()
     comm = comm or AlphaBetaCommModel()
+    if isinstance(operator_table, (str, os.PathLike)):
+        operator_table = read_table(operator_table, "operator_table")
     profile = operator_table if isinstance(operator_table, ModelProfile) else load_model_profile(operator_table)
     grids = enumerate_grids(profile.name, profile.global_batch, profile.num_clusters, cluster, config)
     if require_measured_comm:
@@ -373,7 +406,7 @@ def plan_job(
             loads_by_type[gpu_type] = profile.loads(gpu)
             costs_by_type[gpu_type] = StageCostModel(profile, gpu, grid.gpus_per_node, comm, config.usable_memory_fraction)
         table = None
-        if not config.exhaustive:
+        if not config.exhaustive and profile.global_batch >= config.microbatches(s):
             key = (gpu_type, s)
             if key not in tables:
                 tables[key] = StageTable(
@@ -382,8 +415,6 @@ def plan_job(
                 )
             table = tables[key]
         results.append(plan_grid(profile, grid, loads_by_type[gpu_type], costs_by_type[gpu_type], config, table))
-    from dataclasses import replace
-
     results = [replace(r, comm_model=_grid_comm_label(comm, r.grid.gpu_type)) for r in results]
     planner = asdict(config)
     return PlanSet(

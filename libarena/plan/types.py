@@ -43,6 +43,8 @@ class ParallelPlan:
     memory_per_gpu_bytes: float
     is_proxy: bool = False
     on_frontier: bool = True
+    #: One-direction P2P time per micro-batch across each stage boundary (s - 1 entries).
+    p2p_per_microbatch_s: tuple[float, ...] = ()
 
     @property
     def stage_boundaries(self) -> list[int]:

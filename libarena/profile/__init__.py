@@ -1,0 +1,70 @@
+"""arena-profile: disaggregated single-device profiling into the performance table (§3.4).
+
+Public API (the scheduler's ``perf build`` and the CLI call these)::
+
+    from libarena.profile import ProfileConfig, profile_plans, write_perf_table
+    result = profile_plans(read_table("plans.parquet", "plans"), ProfileConfig(selection="proxy"), comm=None)
+    result.table          # perf_table rows (views arena / ap / dp)
+    result.estimates      # PlanEstimate per profiled plan (stage breakdown, 1F1B terms, memory)
+    result.summary        # timer, comm model, stages needed / profiled / skipped
+    measure_estimates(plans_artifact, result)   # --measure: direct measurement side by side
+    write_perf_table("perf.parquet", result, Provenance("arena-profile"))
+
+Lower level: ``StageSpec`` + ``build_stage_executables`` / ``profile_stage`` (one worker of one stage on
+one device), ``one_f_one_b`` (the pipeline model), ``select_timer`` (host / cupti), ``ProfileCache``.
+Importing this package does not import JAX.
+"""
+
+from libarena.profile.api import format_perf_table, measure_estimates, write_comm_table
+from libarena.profile.cache import ProfileCache, default_cache_dir
+from libarena.profile.comm_bench import CommBenchConfig
+from libarena.profile.device import LocalDevice, RooflineSpec, local_roofline, resolve_device
+from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
+from libarena.profile.plans_input import GridKey, PlanInputs, PlanRecord, load_plan_inputs
+from libarena.profile.profiler import (
+    SELECTIONS,
+    PlanEstimate,
+    ProfileConfig,
+    ProfileResult,
+    estimate_plan,
+    profile_plans,
+    profile_stage,
+    write_perf_table,
+)
+from libarena.profile.stage import StageSpec, build_stage_executables, worker_view
+from libarena.profile.timers import Timer, Timing, select_timer, timer_names
+
+__all__ = [
+    "SELECTIONS",
+    "CommBenchConfig",
+    "GridKey",
+    "IterationEstimate",
+    "LocalDevice",
+    "PlanEstimate",
+    "PlanInputs",
+    "PlanRecord",
+    "ProfileCache",
+    "ProfileConfig",
+    "ProfileResult",
+    "RooflineSpec",
+    "StageSpec",
+    "StageTimes",
+    "Timer",
+    "Timing",
+    "build_stage_executables",
+    "default_cache_dir",
+    "estimate_plan",
+    "format_perf_table",
+    "load_plan_inputs",
+    "local_roofline",
+    "measure_estimates",
+    "one_f_one_b",
+    "profile_plans",
+    "profile_stage",
+    "resolve_device",
+    "select_timer",
+    "timer_names",
+    "worker_view",
+    "write_comm_table",
+    "write_perf_table",
+]

@@ -13,7 +13,9 @@ JSON_METRICS = ("avg_jct_s", "avg_throughput", "peak_throughput", "finished_jobs
 
 
 def compare_json(metrics: dict[str, dict[str, Any]]) -> dict:
-    return {"policies": {name: {k: m.get(k) for k in JSON_METRICS} for name, m in metrics.items()}}
+    from libarena.schedule.metrics import json_safe
+
+    return {"policies": {name: json_safe({k: m.get(k) for k in JSON_METRICS}) for name, m in metrics.items()}}
 
 
 def reference_policy(names: list[str]) -> str:
@@ -27,7 +29,7 @@ def compare_table(metrics: dict[str, dict[str, Any]]) -> Table:
     for col in ("policy", "avg JCT (h)", f"{ref_name} JCT reduction", "avg queuing (h)", "finished",
                 "unfinished", "avg thr (samples/s)", f"{ref_name} thr gain", "peak thr", "resched/job",
                 "decision ms (median)"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
     for name, m in metrics.items():
         jct, rjct = m["avg_jct_s"], ref["avg_jct_s"]
         red = f"{100 * (1 - rjct / jct):.1f}%" if jct > 0 and name != ref_name else "-"

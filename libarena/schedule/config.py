@@ -114,6 +114,8 @@ class ArenaPolicyConfig(PolicyConfig):
     hetero: bool = True
     elastic: bool = True
     pruning: bool = True
+    #: False = no disaggregated profiler: jobs pay full DP profiling before their first launch (§5.6)
+    profiler: bool = True
     #: Defragmenting migration every this many seconds (0 disables).
     defrag_interval_s: float = 3600.0
 

@@ -54,7 +54,10 @@ class PerfLookup:
         self.counts = np.array([1 << c for c in range(self.num_counts)], dtype=np.int64)
         self._models: dict[tuple[str, int], ModelPerf] = {}
         self._views_present: dict[tuple[str, int], set[str]] = {}
-        self._build(table)
+        from libarena.artifacts import get_kind
+        from libarena.artifacts.io import conform_table
+
+        self._build(conform_table(get_kind("perf_table"), table, source=source, fill_defaults=True))
 
     # ------------------------------------------------------------------------------------------------
     def _build(self, table: pa.Table) -> None:

@@ -12,7 +12,6 @@ import heapq
 import time as _time
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec
@@ -137,8 +136,9 @@ class Simulator:
         self.pending_arrivals -= 1
         self.queued_count += 1
         if not self.policy.runnable(job):
-            job.unschedulable = True
+            job.unschedulable = True  # reported apart, not counted as queued
             self.unschedulable_count += 1
+            self.queued_count -= 1
             return
         self.policy.on_arrival(job)
         self.dirty = True
@@ -149,9 +149,9 @@ class Simulator:
         thr = job.true_thr[alloc.type_index, alloc.count_index]
         if not thr > 0:
             raise AssertionError(f"job {job.spec.job_id} placed where it cannot run")
-        job.rate = thr / job.spec.global_batch
+        job.rate = float(thr) / job.spec.global_batch
         job.progress_time = self.now
-        self.push(CompletionEvent(self.now + job.remaining / job.rate, job, job.version))
+        self.push(CompletionEvent(float(self.now + job.remaining / job.rate), job, job.version))
         self.dirty = True
 
     def complete(self, job: Job) -> None:

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from libarena.cli import run_app, stderr_console
+from libarena.cli import run_app
 from libarena.errors import ArenaError
 
 app = typer.Typer(add_completion=False, help="AP-aware cluster scheduling: simulator, Arena and baselines.")
@@ -56,8 +56,8 @@ def _sim_config(tick: float, horizon: Optional[float], seed: int, overhead: list
     return cfg
 
 
-def _policy_options(view, objective, no_hetero, no_elastic, no_pruning, queues, search_depth, promotion_time,
-                    max_gpus) -> dict:
+def _policy_options(view, objective, no_hetero, no_elastic, no_pruning, no_profiler, queues, search_depth,
+                    promotion_time, max_gpus) -> dict:
     from libarena.schedule.config import Objective
 
     opts: dict = {"view": view, "max_gpus_per_job": max_gpus}
@@ -72,6 +72,8 @@ def _policy_options(view, objective, no_hetero, no_elastic, no_pruning, queues, 
         opts["elastic"] = False
     if no_pruning:
         opts["pruning"] = False
+    if no_profiler:
+        opts["profiler"] = False
     opts.update(num_queues=queues, search_depth=search_depth, promotion_time_s=promotion_time)
     return opts
 
@@ -96,6 +98,7 @@ def simulate(
     no_hetero: bool = typer.Option(False, "--no-hetero", help="arena ablation: no GPU-type switching"),
     no_elastic: bool = typer.Option(False, "--no-elastic", help="arena ablation: no GPU-count scaling"),
     no_pruning: bool = typer.Option(False, "--no-pruning", help="arena ablation: full AP search at every (re)launch"),
+    no_profiler: bool = typer.Option(False, "--no-profiler", help="arena ablation: full DP profiling before first launch"),
     queues: Optional[int] = typer.Option(None, "--queues", help="arena: number of priority queues P (3)"),
     search_depth: Optional[int] = typer.Option(None, "--search-depth", help="arena: search depth D (3)"),
     promotion_time: Optional[float] = typer.Option(None, "--promotion-time", help="arena: seconds before promotion"),
@@ -113,15 +116,15 @@ def simulate(
     from libarena.schedule.api import make_policy, prepare_workload, run_policy, write_run
 
     cfg = _sim_config(tick, horizon, seed, overhead)
-    pol = make_policy(policy, **_policy_options(view, objective, no_hetero, no_elastic, no_pruning, queues,
-                                                search_depth, promotion_time, max_gpus))
+    pol = make_policy(policy, **_policy_options(view, objective, no_hetero, no_elastic, no_pruning, no_profiler,
+                                                queues, search_depth, promotion_time, max_gpus))
     workload = prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows)
     _report_skipped(workload.skipped)
     res = run_policy(workload, pol, cfg)
     params = {"policy": policy, "view": pol.view, "tick_s": tick, "horizon_s": horizon, "seed": seed,
               "overheads": cfg.overheads.__dict__, "policy_config": {k: str(v) for k, v in pol.config.__dict__.items()}}
     metrics = write_run(output, res, workload, cfg, params, [input_ref(trace), input_ref(perf), input_ref(cluster)], plot)
-    stderr_console.print(_summary_line(metrics))
+    print(_summary_line(metrics), file=sys.stderr)
     if as_json:
         from libarena.schedule.metrics import json_safe
 
@@ -130,7 +133,7 @@ def simulate(
 
 def _report_skipped(skipped: list[str]) -> None:
     if skipped:
-        stderr_console.print(f"skipped {len(skipped)} bad row(s); first: {skipped[0]}")
+        print(f"skipped {len(skipped)} bad row(s); first: {skipped[0]}", file=sys.stderr)
 
 
 @app.command()
@@ -168,7 +171,7 @@ def compare(
         params = {"policy": name, "view": pol.view, "tick_s": tick, "horizon_s": horizon, "seed": seed}
         metrics[name] = write_run(output / name, res, workload, cfg, params, inputs)
         runs[name] = res
-        stderr_console.print(_summary_line(metrics[name]))
+        print(_summary_line(metrics[name]), file=sys.stderr, flush=True)
     doc = compare_json(metrics)
     write_json(output / "compare.json", doc)
     if plot:

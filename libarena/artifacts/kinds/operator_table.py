@@ -43,12 +43,12 @@ OPERATOR_TABLE = register_kind(
             Column("transcendentals", "float64", "transcendental operations (XLA cost analysis)"),
             Column("bytes_read", "float64", "bytes read by the instruction (XLA cost analysis)"),
             Column("bytes_written", "float64", "bytes written by the instruction (XLA cost analysis)"),
-            Column("layer", "string", "model unit (layer) the instruction belongs to, from its named scope"),
+            Column("layer", "string", "model unit (layer) the instruction belongs to, from its named scope ('' if unattributed)"),
             Column("unit_index", "int64", "index of that unit in model order (-1 if unattributed)"),
-            Column("cluster", "int64", "clustered-operator index the unit belongs to"),
+            Column("cluster", "int64", "clustered-operator index the unit belongs to (-1 if unattributed)"),
             Column("phase", "string", "forward, backward or optimizer"),
             Column("is_parameter_op", "bool", "reads or updates parameters / optimizer state"),
-            Column("param_bytes", "float64", "parameter bytes the instruction touches"),
+            Column("param_bytes", "float64", "parameter and optimizer-state bytes the instruction reads directly or writes as the step's new state"),
         ),
         fields=(
             Field("model", "dict", "model identifier, family, size, nominal and actual parameter counts, config"),
@@ -57,7 +57,16 @@ OPERATOR_TABLE = register_kind(
             Field("dtype", "str", "training compute dtype"),
             Field("num_clusters", "int", "O, the number of clustered operators"),
             Field("clusters", "list[dict]", "the layer-clustered view, fields: " + ", ".join(f.name for f in CLUSTER_FIELDS)),
-            Field("module_cost", "dict", "XLA's module-level cost_analysis() totals (flops, bytes accessed)"),
+            Field("module_cost", "dict", "XLA's module-level cost_analysis() totals, XLA's keys: flops, transcendentals, 'bytes accessed', 'bytes accessedout{}' (bytes written)"),
+            Field("units", "list[dict]", "per-unit totals the clusters are summed from: index, name, kind, cluster, num_ops, forward_flops, backward_flops, flops, bytes, optimizer_flops, optimizer_bytes, param_count, param_bytes, input_activation_bytes, activation_bytes, saved_activation_bytes, tp_allreduce_bytes, alltoall_bytes"),
+            Field("attribution", "dict", "instructions, unattributed_ops, unattributed_flops, unattributed_bytes (instructions with no unit: hoisted shared constants, Adam's step count and bias correction, the root tuple), cost_probes"),
+            Field("expert_dispatch_shape", "list[int] | None", "shape of the tensor one expert all-to-all moves (MoE), [experts, groups, capacity, hidden]"),
+        ),
+        notes=(
+            "Rows: every instruction of the entry computation with `call`s expanded in place (their bodies' instructions become rows named '<call>/<instruction>', once per call site; the call itself and the bodies' parameters give no row); computations applied by reduce/scatter/reduce-window/select-and-scatter/sort give no rows, their cost is in the applying instruction's row. So per-row costs sum to XLA's module totals.",
+            "Costs are XLA's HloCostAnalysis of each instruction (a probe module per distinct instruction), at the global batch, before any fusion or optimisation.",
+            "Phase: backward = under transpose(...) in the op_name path, optimizer = under the 'optimizer' named scope, otherwise forward; unscoped instructions take the latest phase of their operands.",
+            "Cluster records: flops/bytes are forward + backward; activation_bytes is the cluster's last unit's output at the global batch (the loss scalar for the last cluster); saved_activation_bytes sums forward results that depend on the batch and are read by a backward instruction (an upper bound: no rematerialisation or fusion); tp_allreduce_bytes = sum over units of tp_allreduces x 2 (fwd+bwd) x the unit's output bytes (its input for the loss unit); alltoall_bytes = sum over units of alltoalls x 2 x expert-dispatch tensor bytes.",
         ),
     )
 )

@@ -4,7 +4,7 @@ Importable: a CSV or Parquet measured elsewhere with at least the required colum
 optional columns take the defaults below.
 """
 
-from libarena.artifacts.registry import ArtifactKind, Column, register_kind
+from libarena.artifacts.registry import ArtifactKind, Column, Field, register_kind
 
 VIEWS = ("arena", "dp", "ap")
 
@@ -31,6 +31,34 @@ PERF_TABLE = register_kind(
             Column("timer", "string", "how the time was obtained: cupti, host, measured, estimated, imported", required=False, default="imported"),
             Column("estimated", "bool", "true for roofline-scaled estimates of GPU types not present", required=False, default=False),
             Column("profiling_cost_device_s", "float64", "device-seconds spent obtaining the row", required=False, default=0.0),
+            Column(
+                "measured_iter_time_s",
+                "float64",
+                "arena-profile --measure: iteration time of the same plan run for real on the local devices (null when not measured)",
+                required=False,
+            ),
+            Column(
+                "measured_cost_device_s",
+                "float64",
+                "arena-profile --measure: device-seconds the direct measurement took (null when not measured)",
+                required=False,
+            ),
+        ),
+        fields=(
+            Field("device", "dict", "the local device profiled on (label, platform, kind, the GPU type it counts as, memory)"),
+            Field("timer", "str", "timer of the stage executables: cupti (kernel time) or host (wall clock)"),
+            Field("comm_model", "str", "the communication model: measured comm table (log-log interpolation) or alpha-beta"),
+            Field("comm_sources", "list[str]", "per priced collective case, which model priced it"),
+            Field("stages_needed", "int", "stage profiles the plans needed"),
+            Field("stages_profiled", "int", "stages compiled and timed in this run"),
+            Field("stages_skipped", "int", "stages served from the content-addressed cache (identical stages, earlier runs)"),
+            Field("local_roofline", "dict", "peak FLOP/s and bandwidth of the local device, for roofline-scaled (estimated) rows"),
+            Field("plans", "list[dict]", "per profiled plan: stages (compute, collectives, P2P, gradient sync, optimizer, memory), 1F1B breakdown, measurement"),
+        ),
+        notes=(
+            "iter_time_s (1F1B) = sum_j T_j + (B-1) max_j (T_j - p2p_j) + max_j grad_sync_j + max_j optimizer_j, "
+            "T_j = compute_j + collectives_j + p2p_j of one micro-batch.",
+            "Rows with estimated = true (GPU types not present, roofline-scaled) must be kept out of accuracy figures.",
         ),
     )
 )

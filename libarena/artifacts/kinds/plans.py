@@ -37,6 +37,7 @@ PLANS = register_kind(
             Column("memory_per_stage_bytes", "list<float64>", "estimated peak memory per GPU of each stage"),
             Column("comm_per_microbatch_s", "list<float64>", "intra-stage communication per micro-batch of each stage (TP all-reduces, MoE all-to-all), seconds"),
             Column("grad_sync_s", "list<float64>", "once-per-iteration gradient synchronisation of each stage (DP all-reduce, or ZeRO reduce-scatter + all-gather), seconds"),
+            Column("p2p_per_microbatch_s", "list<float64>", "one-direction P2P time per micro-batch across each stage boundary (s-1 entries), seconds; not part of l_comm"),
             Column("on_frontier", "bool", "on the (capped) Pareto frontier; false only for extra rows of --exhaustive output"),
             Column("plans_considered", "int64", "candidate plans the planner assessed in this grid"),
             Column("plans_out_of_memory", "int64", "candidate plans of this grid dropped because they do not fit in memory"),

@@ -246,6 +246,15 @@ class TransformerModel(ModelDef):
         target_log_probs = jnp.take_along_axis(log_probs, batch["targets"][..., None], axis=-1)[..., 0]
         return -jnp.mean(target_log_probs)
 
+    def expert_dispatch_shape(self, batch_size: int, seq_len: int | None = None) -> tuple[int, ...] | None:
+        """``expert_inputs`` of :meth:`_moe` ([experts, groups, capacity, hidden]), the same grouping."""
+        c = self.config
+        if not c.num_experts:
+            return None
+        tokens = batch_size * (seq_len or c.seq_len)
+        group = math.gcd(tokens, c.expert_group_size)
+        return (c.num_experts, tokens // group, max(1, 2 * group // c.num_experts), c.hidden)
+
     # -- data --------------------------------------------------------------------------------------------
 
     def batch_shapes(self, batch_size: int, seq_len: int | None = None) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -39,12 +39,15 @@ class ArenaPolicy(Policy):
         super().__init__(config)
         if not self.config.pruning:
             self.ap_search = APSearch.FULL
+        if not self.config.profiler:
+            self.profiling = ProfilingKind.FULL
 
     def attach(self, sim) -> None:
         super().attach(sim)
         self.queue: list[Job] = []
         self.objective = OBJECTIVES[self.config.objective](sim)
         self.next_promotion = float("inf")
+        self._depth_exhausted = False  # the last in-flight handler stopped at depth D: try again next tick
         self.next_defrag = sim.now + self.config.defrag_interval_s if self.config.defrag_interval_s > 0 else float("inf")
 
     # -- configurations ------------------------------------------------------------------------------
@@ -74,7 +77,8 @@ class ArenaPolicy(Policy):
 
     def needs_schedule(self) -> bool:
         now = self.sim.now
-        return self.sim.dirty or (bool(self.queue) and (now >= self.next_promotion or now >= self.next_defrag))
+        return (self.sim.dirty or self._depth_exhausted
+                or (bool(self.queue) and (now >= self.next_promotion or now >= self.next_defrag)))
 
     # -- the scheduling round (Algorithm 1) ----------------------------------------------------------
     def schedule(self) -> None:
@@ -86,8 +90,12 @@ class ArenaPolicy(Policy):
         self._victims: list[tuple[float, int, Job]] | None = None
         blocked = self.config.num_queues + 1  # λ' in Algorithm 1
         launched: set[int] = set()
-        for job in sorted(self.queue, key=lambda j: (j.priority, j.enqueue_seq)):
+        order = sorted(self.queue, key=lambda j: (j.priority, j.enqueue_seq))
+        # GPUs the queued jobs need at their smallest configurations: a launch only grows into GPUs beyond that
+        self._reserve = sum(min((1 << c for _, c in self.configs(j)), default=0) for j in order)
+        for job in order:
             configs = self.configs(job)
+            self._reserve -= min((1 << c for _, c in configs), default=0)
             if not self.objective.admissible(job, configs):
                 sim.drop(job)
                 launched.add(job.index)
@@ -129,7 +137,7 @@ class ArenaPolicy(Policy):
         sim = self.sim
         cfg = self._best_placeable(job, configs)
         if cfg is not None:
-            return sim.launch(job, *cfg)
+            return sim.launch(job, *self._grow_at_launch(job, *cfg))
         if not may_scale_down or not configs:
             return False
         types = {t for t, _ in configs}
@@ -160,6 +168,18 @@ class ArenaPolicy(Policy):
             sim.rescale(victim, a.type_index, a.count_index - 1)
         self._victims = None
         return sim.launch(job, *cfg)
+
+    def _grow_at_launch(self, job: Job, t: int, c: int) -> tuple[int, int]:
+        """Scale a launching job up for free (it pays no rescale yet) into idle GPUs that the jobs queued
+        behind it do not need, while its view says each doubling still gains throughput."""
+        if not self.config.elastic or self.config.objective != self.config.objective.THROUGHPUT:
+            return t, c
+        pool = self.sim.pools[t]
+        v = job.view_thr
+        while (c + 1 < v.shape[1] and self.allowed[t, c + 1] and v[t, c + 1] > v[t, c]
+               and self.sim.cluster.free_gpus - (1 << (c + 1)) >= self._reserve and pool.can_place(1 << (c + 1))):
+            c += 1
+        return t, c
 
     def _victim_list(self) -> list[tuple[float, int, Job]]:
         if self._victims is None:
@@ -193,6 +213,7 @@ class ArenaPolicy(Policy):
         overhead = sim.rescale_overhead()
         failed: set[tuple[int, int, int]] = set()
         ops = 0
+        self._depth_exhausted = False
         while ops < self.config.search_depth:
             free = [p.free_total for p in pools]
             if not any(free):
@@ -218,6 +239,7 @@ class ArenaPolicy(Policy):
                 self._victims = None
             else:
                 failed.add((job.index, t2, c2))
+        self._depth_exhausted = True
 
     # -- defragmentation -----------------------------------------------------------------------------
     def _defragment(self) -> None:

@@ -1,0 +1,300 @@
+"""arena-analyze's library entry points: AnalyzeConfig -> OperatorTable, and reading tables back."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from libarena.artifacts import Provenance, read_table, write_table
+from libarena.artifacts.registry import get_kind
+from libarena.errors import ArenaError
+
+KIND = "operator_table"
+DEFAULT_NUM_CLUSTERS = 16
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class AnalyzeConfig:
+    """What to analyze: a zoo model's full training step at a global batch, in a training dtype."""
+
+    model: str
+    global_batch: int
+    #: Sequence length (image side for vision models); None = the model's own.
+    seq_len: int | None = None
+    dtype: str = "bf16"
+    num_clusters: int = DEFAULT_NUM_CLUSTERS
+
+    def validated(self) -> AnalyzeConfig:
+        """The config with the dtype normalised; ArenaError (one line) for anything out of range."""
+        from libarena.hardware.catalogue import normalize_dtype
+        from libarena.models import get_model
+
+        get_model(self.model)  # unknown family or size -> ArenaError
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
+            raise ArenaError(f"global batch must be a positive integer, got {self.global_batch!r}")
+        if self.seq_len is not None and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len <= 0):
+            raise ArenaError(f"seq_len must be a positive integer, got {self.seq_len!r}")
+        if isinstance(self.num_clusters, bool) or not isinstance(self.num_clusters, int) or self.num_clusters <= 0:
+            raise ArenaError(f"number of clusters must be a positive integer, got {self.num_clusters!r}")
+        return AnalyzeConfig(self.model, self.global_batch, self.seq_len, normalize_dtype(str(self.dtype)), self.num_clusters)
+
+    def parameters(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class OperatorTable:
+    """An operator_table artifact in memory: one row per HLO instruction, and its metadata (the model
+    record, the clustered view, XLA's module totals)."""
+
+    table: pa.Table
+    metadata: dict[str, Any]
+    provenance: Provenance | None = None
+    source: str = ""
+    #: Wall-clock seconds per analysis step (not stored: artifacts stay deterministic).
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.metadata["model"]["name"])
+
+    @property
+    def clusters(self) -> list[dict[str, Any]]:
+        return list(self.metadata["clusters"])
+
+    @property
+    def units(self) -> list[dict[str, Any]]:
+        return list(self.metadata.get("units", []))
+
+    @property
+    def num_rows(self) -> int:
+        return self.table.num_rows
+
+    def write(self, path: str | os.PathLike[str], provenance: Provenance | None = None) -> None:
+        """Parquet to a file, an Arrow IPC stream to ``-`` (stdout); atomic."""
+        prov = provenance or self.provenance or Provenance(tool="libarena.analyze", parameters={})
+        write_table(path, KIND, self.table, prov, self.metadata)
+
+
+def read_operator_table(path: str | os.PathLike[str]) -> OperatorTable:
+    """Read an operator_table artifact (Parquet file or Arrow stream, ``-`` = stdin)."""
+    artifact = read_table(path, KIND)
+    meta = artifact.metadata
+    for key in ("model", "clusters", "global_batch", "dtype"):
+        if key not in meta:
+            raise ArenaError(f"{artifact.source}: operator table metadata has no {key!r} entry")
+    return OperatorTable(artifact.table, meta, artifact.provenance, artifact.source)
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Fail early (before minutes of analysis) when ``path`` cannot be written; ``-`` is stdout."""
+    if str(path) == "-":
+        return
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ArenaError(f"cannot write {target}: it is a directory")
+    if not parent.is_dir():
+        raise ArenaError(f"cannot write {target}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ArenaError(f"cannot write {target}: directory {parent} is not writable")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ArenaError(f"cannot write {target}: permission denied")
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def _unit_activations(model: Any, params: list[Any], batch: dict[str, Any], dtype: Any) -> list[tuple[int, int]]:
+    """(input bytes, output bytes) of every unit at the analysed batch, by shape evaluation only."""
+    import jax
+
+    sizes = []
+    carry = None
+    for index in range(len(model.units)):
+        out = jax.eval_shape(lambda p, c, b, i=index: model.apply_unit(i, p, c, b, dtype), params[index], carry, batch)
+        sizes.append((_tree_bytes(carry), _tree_bytes(out)))
+        carry = out
+    return sizes
+
+
+def _tree_bytes(tree: Any) -> int:
+    import jax
+
+    return int(sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
+def analyze_model(
+    config: AnalyzeConfig | str,
+    global_batch: int | None = None,
+    *,
+    seq_len: int | None = None,
+    dtype: str = "bf16",
+    num_clusters: int = DEFAULT_NUM_CLUSTERS,
+    log: Log | None = None,
+) -> OperatorTable:
+    """Lower a model's training step abstractly and build its operator table.
+
+    ``analyze_model(AnalyzeConfig(...))`` or, equivalently, ``analyze_model("moe__2.4B", 256, dtype=...)``.
+    """
+    import jax
+
+    if isinstance(config, str):
+        if global_batch is None:
+            raise ArenaError(f"analyze_model({config!r}): the global batch size is missing")
+        config = AnalyzeConfig(config, global_batch, seq_len, dtype, num_clusters)
+    elif global_batch is not None:
+        raise TypeError("analyze_model: pass either an AnalyzeConfig or a model name with its settings, not both")
+
+    from libarena.analyze import operators, xla_cost
+    from libarena.analyze.clusters import UnitRecord, balanced_partition, cluster_records
+    from libarena.models import get_model
+    from libarena.models.training import abstract_params, batch_spec, compute_dtype
+
+    config = config.validated()
+    model = get_model(config.model)
+    say = log or (lambda _msg: None)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+
+    step = operators.lower_train_step(model, config.global_batch, config.seq_len, config.dtype)
+    timings["lower_s"] = time.perf_counter() - start
+    say(f"lowered {model.name} at global batch {config.global_batch} ({config.dtype}) in {timings['lower_s']:.1f}s")
+
+    t = time.perf_counter()
+    unit_specs = model.units
+    rows, counts = operators.build_rows(step, [u.name for u in unit_specs], log=say)
+    module_props = xla_cost.module_properties(step.hlo_module)
+    timings["costs_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    params = abstract_params(model)
+    batch = batch_spec(model, config.global_batch, config.seq_len)
+    cdtype = compute_dtype(config.dtype)
+    activations = _unit_activations(model, params, batch, cdtype)
+    seq_len = config.seq_len or model.config.seq_len
+    dispatch = model.expert_dispatch_shape(config.global_batch, seq_len)
+    dispatch_bytes = float(np.prod(dispatch, dtype=np.int64)) * np.dtype(cdtype).itemsize if dispatch else 0.0
+
+    unit = np.asarray(rows.unit, dtype=np.int64)
+    phase = np.asarray(rows.phase)
+    flops = np.asarray(rows.flops)
+    moved = np.asarray(rows.bytes_read) + np.asarray(rows.bytes_written)
+    saved = np.asarray(rows.saved_activation) * np.asarray(rows.result_bytes, dtype=np.float64)
+    num_units = len(unit_specs)
+
+    def per_unit(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        keep = mask & (unit >= 0)
+        return np.bincount(unit[keep], weights=values[keep], minlength=num_units)
+
+    fwd, bwd, opt = phase == "forward", phase == "backward", phase == "optimizer"
+    everything = np.ones(len(unit), dtype=bool)
+    fwd_flops, bwd_flops = per_unit(flops, fwd), per_unit(flops, bwd)
+    compute_bytes = per_unit(moved, fwd | bwd)
+    opt_flops, opt_bytes = per_unit(flops, opt), per_unit(moved, opt)
+    saved_bytes = per_unit(saved, everything)
+    num_ops = np.bincount(unit[unit >= 0], minlength=num_units)
+
+    records = []
+    last = num_units - 1
+    for i, spec in enumerate(unit_specs):
+        count = int(sum(int(np.prod(x.shape, dtype=np.int64)) for x in jax.tree.leaves(params[i])))
+        in_bytes, out_bytes = activations[i]
+        # The loss unit's output is a scalar; its tensor-parallel all-reduces act on its input (the
+        # hidden states: vocabulary-parallel logits statistics forward, the input gradient backward).
+        reduced = in_bytes if i == last else out_bytes
+        if spec.alltoalls and not dispatch_bytes:
+            raise ValueError(f"{model.name}: unit {spec.name} has all-to-alls but the model gives no expert dispatch shape")
+        records.append(
+            UnitRecord(
+                index=i,
+                name=spec.name,
+                kind=spec.kind,
+                num_ops=int(num_ops[i]),
+                forward_flops=float(fwd_flops[i]),
+                backward_flops=float(bwd_flops[i]),
+                flops=float(fwd_flops[i] + bwd_flops[i]),
+                bytes=float(compute_bytes[i]),
+                optimizer_flops=float(opt_flops[i]),
+                optimizer_bytes=float(opt_bytes[i]),
+                param_count=count,
+                param_bytes=float(_tree_bytes(params[i])),
+                input_activation_bytes=float(in_bytes),
+                activation_bytes=float(out_bytes),
+                saved_activation_bytes=float(saved_bytes[i]),
+                tp_allreduce_bytes=float(spec.tp_allreduces * reduced * 2),
+                alltoall_bytes=float(spec.alltoalls * dispatch_bytes * 2),
+            )
+        )
+    ranges = balanced_partition([r.flops for r in records], config.num_clusters)
+    clusters = cluster_records(records, ranges)
+    cluster_of_unit = np.empty(num_units, dtype=np.int64)
+    for index, (a, b) in enumerate(ranges):
+        cluster_of_unit[a:b] = index
+    cluster = np.where(unit >= 0, cluster_of_unit[np.maximum(unit, 0)], -1)
+    unit_names = [u.name for u in unit_specs]
+
+    n = len(unit)
+    table = pa.Table.from_arrays(
+        [
+            pa.array(np.arange(n, dtype=np.int64)),
+            pa.array(rows.name, pa.string()),
+            pa.array(rows.opcode, pa.string()),
+            pa.array(rows.computation, pa.string()),
+            pa.array(rows.shape, pa.string()),
+            pa.array(rows.operand_shapes, pa.list_(pa.string())),
+            pa.array(rows.dtype, pa.string()),
+            pa.array(flops, pa.float64()),
+            pa.array(rows.transcendentals, pa.float64()),
+            pa.array(rows.bytes_read, pa.float64()),
+            pa.array(rows.bytes_written, pa.float64()),
+            pa.array([unit_names[u] if u >= 0 else "" for u in rows.unit], pa.string()),
+            pa.array(unit, pa.int64()),
+            pa.array(cluster, pa.int64()),
+            pa.array(rows.phase, pa.string()),
+            pa.array(rows.is_parameter_op, pa.bool_()),
+            pa.array(rows.param_bytes, pa.float64()),
+        ],
+        schema=get_kind(KIND).arrow_schema(),
+    )
+    unattributed = unit < 0
+    model_record = dict(model.describe())
+    model_record["param_count"] = int(sum(r.param_count for r in records))
+    model_record["param_bytes"] = float(sum(r.param_bytes for r in records))
+    metadata = {
+        "model": model_record,
+        "global_batch": config.global_batch,
+        "seq_len": int(seq_len),
+        "dtype": config.dtype,
+        "num_clusters": len(clusters),
+        "clusters": clusters,
+        "units": [dict(r.as_dict(), cluster=int(cluster_of_unit[r.index])) for r in records],
+        "module_cost": {
+            key: float(module_props.get(key, 0.0))
+            for key in (xla_cost.FLOPS, xla_cost.TRANSCENDENTALS, xla_cost.BYTES_ACCESSED, xla_cost.BYTES_WRITTEN)
+        },
+        "attribution": {
+            "instructions": int(n),
+            "unattributed_ops": int(unattributed.sum()),
+            "unattributed_flops": float(flops[unattributed].sum()),
+            "unattributed_bytes": float(moved[unattributed].sum()),
+            "cost_probes": int(counts["cost_probes"]),
+        },
+        "expert_dispatch_shape": list(dispatch) if dispatch else None,
+    }
+    timings["assemble_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - start
+    say(
+        f"{n} instructions in {len(clusters)} clusters; {int(unattributed.sum())} unattributed "
+        f"({float(flops[unattributed].sum()):.3g} FLOPs); total {timings['total_s']:.1f}s"
+    )
+    return OperatorTable(table, metadata, None, model.name, timings)

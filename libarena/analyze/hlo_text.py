@@ -1,0 +1,262 @@
+"""A reader for XLA's HLO text (as printed by :func:`libarena.analyze.xla_cost.module_text`).
+
+jaxlib exposes no per-instruction accessors for shapes, attributes or metadata, so the operator table is
+built from the module's text. The printer's format is regular: computations in post-order (callees
+first, ``ENTRY`` last), one instruction per line::
+
+    [ROOT ]%name = SHAPE opcode(SHAPE %operand, ...), attr=value, ..., metadata={op_name="..." ...}
+
+Only what the analysis needs is parsed: names, shapes, opcode, operands, the called computations, the
+attribute text (to rebuild the instruction in a probe module) and the metadata's ``op_name``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from libarena.errors import ArenaError
+
+_INSTRUCTION = re.compile(r"^\s+(ROOT )?%([^\s=]+) = ")
+_COMPUTATION = re.compile(r"^(ENTRY )?%([^\s(]+) ")
+_OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\(")
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+_REFERENCE = re.compile(r"%([\w.\-]+)")
+_ARRAY_SHAPE = re.compile(r"^([a-z][a-z0-9]*)\[([0-9,]*)\]")
+#: Attributes that name other instructions: meaningless (and unparsable) in a one-instruction probe.
+_DROPPED_ATTRIBUTES = ("metadata", "control-predecessors")
+
+#: Bytes per element of XLA primitive types (sub-byte types rounded up, as XLA does for buffers).
+ELEMENT_BYTES = {
+    "pred": 1, "s2": 1, "s4": 1, "s8": 1, "s16": 2, "s32": 4, "s64": 8,
+    "u2": 1, "u4": 1, "u8": 1, "u16": 2, "u32": 4, "u64": 8,
+    "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
+    "f8e5m2": 1, "f8e4m3fn": 1, "f8e4m3b11fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "f8e4m3": 1,
+    "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 1, "token": 0,
+}
+
+
+@dataclass
+class Instruction:
+    name: str
+    shape: str
+    opcode: str
+    #: (shape, name) per operand, in order.
+    operands: list[tuple[str, str]]
+    #: The text between the parentheses when it is not a list of operands (constant literal, parameter number).
+    literal: str
+    #: Attribute text (``, a=b, c=d``) without the metadata and control dependencies.
+    attributes: str
+    op_name: str
+    called: list[str]
+    is_root: bool
+
+    def probe_line(self) -> str:
+        """The instruction as XLA parses it, without metadata (probe modules carry no stack frames)."""
+        args = ", ".join(f"{shape} %{name}" for shape, name in self.operands) if self.operands else self.literal
+        return f"  {'ROOT ' if self.is_root else ''}%{self.name} = {self.shape} {self.opcode}({args}){self.attributes}"
+
+
+@dataclass
+class Computation:
+    name: str
+    is_entry: bool
+    instructions: list[Instruction] = field(default_factory=list)
+    #: The computation's header line as printed (``%name (params) -> shape {``).
+    header: str = ""
+
+    @property
+    def root(self) -> Instruction:
+        for instr in self.instructions:
+            if instr.is_root:
+                return instr
+        return self.instructions[-1]
+
+
+@dataclass
+class HloModuleText:
+    computations: dict[str, Computation]
+    #: Computation names in module (post-)order.
+    order: list[str]
+    entry: str
+
+    def entry_computation(self) -> Computation:
+        return self.computations[self.entry]
+
+
+def _match_close(text: str, start: int) -> int:
+    """Index just past the bracket that closes the one at ``start`` (quotes and nesting respected)."""
+    depth = 0
+    i, n = start, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ValueError(f"unbalanced brackets in {text[start:start + 80]!r}")
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside brackets, quotes and ``/*...*/`` comments."""
+    parts, depth, start, i, n = [], 0, 0, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif ch == "/" and text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 1
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    tail = text[start:]
+    if tail.strip():
+        parts.append(tail)
+    return [p.strip() for p in parts]
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"/\*.*?\*/", "", text)
+
+
+def parse_instruction(line: str, computation_names: set[str] | frozenset[str] = frozenset()) -> Instruction:
+    head = _INSTRUCTION.match(line)
+    if head is None:
+        raise ValueError("not an instruction line")
+    pos = head.end()
+    if line[pos] == "(":
+        end = _match_close(line, pos)
+        shape = _strip_comments(line[pos:end])
+        pos = end + 1
+    else:
+        end = line.index(" ", pos)
+        shape = line[pos:end]
+        pos = end + 1
+    op = _OPCODE.match(line, pos)
+    if op is None:
+        raise ValueError(f"no opcode after the shape of %{head.group(2)}")
+    opcode = op.group(1)
+    open_paren = op.end() - 1
+    close = _match_close(line, open_paren)
+    inner = line[open_paren + 1 : close - 1]
+    operands: list[tuple[str, str]] = []
+    literal = ""
+    if "%" in inner:
+        for part in split_top_level(inner):
+            shape_text, _, name = part.rpartition(" %")
+            operands.append((_strip_comments(shape_text), name))
+    else:
+        literal = inner
+    op_name = ""
+    kept = []
+    for attr in split_top_level(line[close:]):
+        key = attr.partition("=")[0]
+        if not attr:
+            continue
+        if key == "metadata":
+            found = _OP_NAME.search(attr)
+            op_name = found.group(1).replace('\\"', '"').replace("\\'", "'") if found else ""
+        elif key not in _DROPPED_ATTRIBUTES:
+            kept.append(attr)
+    attributes = "".join(", " + a for a in kept)
+    called = [name for name in _REFERENCE.findall(attributes) if name in computation_names]
+    return Instruction(head.group(2), shape, opcode, operands, literal, attributes, op_name, called, bool(head.group(1)))
+
+
+def parse_module(text: str) -> HloModuleText:
+    """Parse a whole module. Raises ArenaError naming the line when the text is not what XLA prints."""
+    lines = text.splitlines()
+    # First pass: computation names (attributes refer to computations defined earlier, but a name set
+    # up front keeps the parser independent of the printing order).
+    names = set()
+    for line in lines:
+        if line and not line[0].isspace() and line.endswith("{"):
+            found = _COMPUTATION.match(line)
+            if found:
+                names.add(found.group(2))
+    computations: dict[str, Computation] = {}
+    order: list[str] = []
+    entry = ""
+    current: Computation | None = None
+    for number, line in enumerate(lines, 1):
+        if current is None:
+            if line and not line[0].isspace() and line.endswith("{"):
+                found = _COMPUTATION.match(line)
+                if found:
+                    current = Computation(found.group(2), bool(found.group(1)), header=line)
+            continue
+        if line == "}":
+            computations[current.name] = current
+            order.append(current.name)
+            if current.is_entry:
+                entry = current.name
+            current = None
+            continue
+        if not line.strip():
+            continue
+        try:
+            current.instructions.append(parse_instruction(line, names))
+        except ValueError as exc:
+            raise ArenaError(f"HLO text line {number}: cannot read instruction ({exc}): {line.strip()[:120]}") from None
+    if not entry:
+        raise ArenaError("HLO text has no ENTRY computation")
+    return HloModuleText(computations, order, entry)
+
+
+# --------------------------------------------------------------------------------------------------
+# Shapes
+
+
+def shape_leaves(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(element type, dimensions) of every array in a (possibly tuple) shape."""
+    shape = shape.strip()
+    if shape.startswith("("):
+        inner = shape[1 : _match_close(shape, 0) - 1]
+        leaves: list[tuple[str, tuple[int, ...]]] = []
+        for part in split_top_level(inner):
+            leaves.extend(shape_leaves(part))
+        return leaves
+    found = _ARRAY_SHAPE.match(shape)
+    if found is None:
+        return [] if shape.startswith("token") else [(shape, ())]
+    dims = tuple(int(d) for d in found.group(2).split(",") if d)
+    return [(found.group(1), dims)]
+
+
+def shape_bytes(shape: str) -> int:
+    total = 0
+    for element, dims in shape_leaves(shape):
+        count = 1
+        for d in dims:
+            count *= d
+        total += count * ELEMENT_BYTES.get(element, 4)
+    return total
+
+
+def element_type(shape: str) -> str:
+    """Element type of an array shape; ``tuple`` for tuples."""
+    shape = shape.strip()
+    if shape.startswith("("):
+        return "tuple"
+    found = _ARRAY_SHAPE.match(shape)
+    return found.group(1) if found else shape.partition("[")[0]
+
+
+def without_layout(shape: str) -> str:
+    """``bf16[8,1024]{1,0}`` -> ``bf16[8,1024]`` (also inside tuples)."""
+    return re.sub(r"\{[^{}]*\}", "", shape)

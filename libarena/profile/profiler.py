@@ -1,0 +1,568 @@
+"""Disaggregated single-device profiling of parallel plans into the performance table (§3.4).
+
+Per plan: every stage's worker executable is profiled on the one local device (content-addressed cache:
+identical stages across plans, grids and runs are profiled once), collectives are priced by the comm
+model, and the 1F1B model (libarena.profile.pipeline) gives the iteration time. Rows for GPU types
+other than the local one are roofline-scaled estimates (``estimated`` = true).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from libarena.artifacts import Provenance, content_digest, write_table
+from libarena.artifacts.registry import get_kind
+from libarena.errors import ArenaError
+from libarena.hardware.catalogue import get_gpu
+from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommModel
+from libarena.profile.cache import ProfileCache, default_cache_dir
+from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
+from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
+from libarena.profile.plans_input import GridKey, PlanInputs, PlanRecord, load_plan_inputs
+from libarena.profile.stage import StageSpec, build_stage_executables, worker_view
+from libarena.profile.timers import Timer, select_timer
+
+#: Which plans of each grid are profiled.
+SELECTIONS = ("proxy", "frontier", "exhaustive")
+#: What one profiled executable covers: a whole stage, or one unit (layer) -- identical units (the
+#: repeated blocks of a transformer) then share one profile across every stage partition.
+GRANULARITIES = ("stage", "unit")
+STAGE_RECORD_VERSION = 1
+
+
+@dataclass
+class ProfileConfig:
+    device: str = "local"
+    timer: str = "auto"
+    warmup: int = 2
+    repeats: int = 7
+    cache_dir: Path | None = None
+    #: proxy: each grid's proxy plan; frontier: every frontier plan; exhaustive: every plan in the table
+    selection: str = "proxy"
+    #: also profile each grid's pure data-parallel plan (the ``dp`` view)
+    include_dp: bool = True
+    #: fraction of the device memory a plan may use
+    memory_fraction: float = 0.9
+    seed: int = 0
+    granularity: str = "unit"
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise ArenaError(f"unknown granularity {self.granularity!r} (known: {', '.join(GRANULARITIES)})")
+        if self.selection not in SELECTIONS:
+            raise ArenaError(f"unknown plan selection {self.selection!r} (known: {', '.join(SELECTIONS)})")
+        if self.warmup < 0 or self.repeats < 1:
+            raise ArenaError("warmup must be >= 0 and repeats >= 1")
+
+
+@dataclass
+class PlanEstimate:
+    """The profiler's result for one plan of one grid."""
+
+    grid: GridKey
+    plan: PlanRecord
+    iteration: IterationEstimate
+    stages: list[dict[str, Any]]
+    fits_in_memory: bool
+    memory_per_stage_bytes: list[float]
+    timer: str
+    estimated: bool
+    profiling_cost_device_s: float
+    comm_sources: list[str]
+
+    @property
+    def iter_time_s(self) -> float:
+        return self.iteration.iter_time_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.grid.to_dict(),
+            "plan_id": self.plan.plan_id,
+            "pipeline_degree": self.plan.pipeline_degree,
+            "num_microbatches": self.plan.num_microbatches,
+            "is_proxy": self.plan.is_proxy,
+            "dp_per_stage": list(self.plan.dp_per_stage),
+            "tp_per_stage": list(self.plan.tp_per_stage),
+            "iter_time_s": self.iter_time_s,
+            "iteration": self.iteration.to_dict(),
+            "fits_in_memory": self.fits_in_memory,
+            "memory_per_stage_bytes": self.memory_per_stage_bytes,
+            "timer": self.timer,
+            "estimated": self.estimated,
+            "profiling_cost_device_s": self.profiling_cost_device_s,
+            "comm_sources": self.comm_sources,
+            "stages": self.stages,
+        }
+
+
+@dataclass
+class ProfileResult:
+    table: pa.Table
+    estimates: list[PlanEstimate]
+    summary: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------
+# One stage
+
+
+def stage_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) -> str:
+    import jax
+
+    from libarena.models import get_model
+
+    view = worker_view(spec)
+    return content_digest(
+        "stage-profile",
+        STAGE_RECORD_VERSION,
+        view.signature(get_model(spec.model)),
+        spec.dtype,
+        local.platform,
+        local.kind,
+        timer_name,
+        jax.__version__,
+    )
+
+
+def profile_stage(
+    spec: StageSpec,
+    local: LocalDevice,
+    timer: Timer,
+    cache: ProfileCache | None = None,
+    warmup: int = 2,
+    repeats: int = 7,
+    seed: int = 0,
+) -> tuple[dict[str, Any], bool]:
+    """Profile one worker of one stage on the local device; returns (record, served_from_cache)."""
+    import jax
+
+    key = stage_cache_key(spec, local, timer.name)
+    if cache is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            return hit, True
+    t0 = time.perf_counter()
+    execs = build_stage_executables(spec, device=local.device, seed=seed)
+    microbatch = timer.time(execs.run_microbatch, warmup, repeats)
+    optimizer = timer.time(execs.run_optimizer, warmup, repeats)
+    wall = time.perf_counter() - t0
+    view = execs.view
+    out = execs.forward(execs.inputs["params"], execs.inputs["carry_in"], execs.inputs["batch"])[0]
+    out_bytes = 0.0 if view.is_last(_model(spec)) else float(out.size * out.dtype.itemsize)
+    carry_in_bytes = 0.0 if view.carry_in is None else float(np.prod(view.carry_in.shape) * np.dtype(view.carry_in.dtype).itemsize)
+    # Activations travel at the worker's micro-batch; the batch-equivalent view runs micro_batch / tp.
+    scale = spec.micro_batch / view.local_batch
+    record = {
+        "key": key,
+        "spec": asdict(spec),
+        "tp_view": view.tp_view,
+        "local_batch": view.local_batch,
+        "timer": timer.name,
+        "device_kind": local.kind,
+        "jax_version": jax.__version__,
+        "microbatch": microbatch.to_dict(),
+        "optimizer": optimizer.to_dict(),
+        "compile_s": execs.compile_s,
+        "device_s": wall,
+        "cost": execs.cost,
+        "memory": execs.memory,
+        "state_bytes": execs.state_bytes(),
+        "param_bytes": float(sum(np.prod(s.shape) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(view.params))),
+        "activation_out_bytes": out_bytes * scale,
+        "activation_in_bytes": carry_in_bytes * scale,
+    }
+    if cache is not None:
+        cache.put(key, record)
+    return record, False
+
+
+def dispatch_overhead(local: LocalDevice, cache: ProfileCache | None, timer: Timer) -> float:
+    """Seconds one timed region pays besides its kernels (two executable launches and one sync), measured
+    once per device with trivial executables. A stage timed as a sum of per-unit regions pays it once per
+    unit; the fused stage once -- the difference is subtracted."""
+    import jax
+    import platform as host
+
+    if timer.name != "host":
+        return 0.0  # kernel timers see no launch overhead
+    key = content_digest("dispatch-overhead", 1, local.platform, local.kind, host.node(), jax.__version__)
+    hit = cache.get(key) if cache is not None else None
+    if hit is not None:
+        return float(hit["seconds"])
+    x = jax.device_put(np.ones((8,), np.float32), local.device)
+    first = jax.jit(lambda v: v * 2.0)
+    second = jax.jit(lambda v: v + 1.0)
+    seconds = timer.time(lambda: second(first(x)), 5, 51).median
+    if cache is not None:
+        cache.put(key, {"seconds": seconds})
+    return seconds
+
+
+def combine_unit_records(records: list[dict[str, Any]], spec: StageSpec, overhead_s: float) -> dict[str, Any]:
+    """A stage record from the records of its units (executed one after another)."""
+    n = len(records)
+
+    def timing(name: str) -> dict[str, Any]:
+        median = sum(r[name]["median_s"] for r in records) - (n - 1) * overhead_s
+        return {"median_s": max(median, 0.0), "spread_s": float(np.sqrt(sum(r[name]["spread_s"] ** 2 for r in records))), "samples_s": []}
+
+    cost = {
+        name: {k: float(sum((r["cost"].get(name) or {}).get(k, 0.0) for r in records)) for k in ("flops", "bytes")}
+        for name in ("forward", "backward", "optimizer")
+    }
+    memory = {
+        "forward": {"output": float(sum(r["memory"]["forward"].get("output", 0.0) for r in records))},
+        "backward": {"temp": float(max(r["memory"]["backward"].get("temp", 0.0) for r in records))},
+    }
+    return {
+        "key": content_digest("stage-of-units", [r["key"] for r in records], overhead_s),
+        "spec": asdict(spec),
+        "tp_view": records[0]["tp_view"],
+        "local_batch": records[0]["local_batch"],
+        "timer": records[0]["timer"],
+        "units": [r["key"] for r in records],
+        "microbatch": timing("microbatch"),
+        "optimizer": timing("optimizer"),
+        "compile_s": float(sum(r["compile_s"] for r in records)),
+        "device_s": float(sum(r["device_s"] for r in records)),
+        "cost": cost,
+        "memory": memory,
+        "state_bytes": float(sum(r["state_bytes"] for r in records)),
+        "param_bytes": float(sum(r["param_bytes"] for r in records)),
+        "activation_out_bytes": records[-1]["activation_out_bytes"],
+        "activation_in_bytes": records[0]["activation_in_bytes"],
+    }
+
+
+def _model(spec: StageSpec) -> Any:
+    from libarena.models import get_model
+
+    return get_model(spec.model)
+
+
+# --------------------------------------------------------------------------------------------------
+# Communication of a stage
+
+
+def _gpus_per_node(plan: PlanRecord) -> int:
+    if plan.gpus_per_node:
+        return plan.gpus_per_node
+    try:
+        return get_gpu(plan.grid.gpu_type).default_gpus_per_node
+    except ArenaError:
+        return max(1, plan.grid.num_gpus // max(1, plan.grid.num_nodes))
+
+
+def _price(comm: CommModel, primitive: str, volume: float, group: int, gpu_type: str, crosses: bool, used: list[str]) -> float:
+    if volume <= 0 or (group <= 1 and primitive != "p2p"):
+        return 0.0
+    try:
+        seconds = float(comm.time(primitive, volume, group, gpu_type, crosses))
+    except ArenaError as exc:
+        raise ArenaError(
+            f"no communication cost for {primitive} on {group} x {gpu_type}: {exc} "
+            "(measure one with 'arena-profile comm' and pass it with --comm)"
+        ) from None
+    used.append(f"{primitive}/{group}x{gpu_type}{'/inter-node' if crosses else ''}: {comm.source(primitive, group, gpu_type, crosses)}")
+    return seconds
+
+
+def stage_communication(
+    inputs: PlanInputs, plan: PlanRecord, j: int, records: list[dict[str, Any]], comm: CommModel, used: list[str]
+) -> tuple[float, float, float]:
+    """(per-micro-batch collectives, P2P, once-per-iteration gradient sync) of stage j, seconds."""
+    g = _gpus_per_node(plan)
+    gpu_type = plan.grid.gpu_type
+    s, B = plan.pipeline_degree, plan.num_microbatches
+    dp, tp, zero = plan.dp_per_stage[j], plan.tp_per_stage[j], bool(plan.zero_per_stage[j])
+    rec = records[j]
+    bounds = list(plan.stage_boundaries) + [len(inputs.clusters)]
+    clusters = inputs.cluster_records[bounds[j] : bounds[j + 1]]
+    comm_mb = 0.0
+    for c in clusters:
+        if tp > 1:
+            comm_mb += _price(comm, "all-reduce", float(c.get("tp_allreduce_bytes", 0.0)) / (B * dp), tp, gpu_type, tp > g, used)
+        if dp > 1:
+            comm_mb += _price(comm, "all-to-all", float(c.get("alltoall_bytes", 0.0)) / (B * dp), dp, gpu_type, dp * tp > g, used)
+    offsets = plan.offsets()
+    p2p = 0.0
+    if j + 1 < s:
+        crosses = offsets[j] // g != offsets[j + 1] // g
+        p2p += _price(comm, "p2p", rec["activation_out_bytes"], 2, gpu_type, crosses, used)
+    if j > 0:
+        crosses = offsets[j] // g != offsets[j - 1] // g
+        p2p += _price(comm, "p2p", rec["activation_in_bytes"], 2, gpu_type, crosses, used)
+    grad = 0.0
+    if dp > 1:
+        volume = rec["param_bytes"]
+        crosses = dp * tp > g
+        if zero:
+            grad = _price(comm, "reduce-scatter", volume, dp, gpu_type, crosses, used) + _price(
+                comm, "all-gather", volume, dp, gpu_type, crosses, used
+            )
+        else:
+            grad = _price(comm, "all-reduce", volume, dp, gpu_type, crosses, used)
+    return comm_mb, p2p, grad
+
+
+# --------------------------------------------------------------------------------------------------
+# Plans
+
+
+def _roofline_ratio(record: dict[str, Any], names: tuple[str, ...], local: RooflineSpec, target: RooflineSpec, dtype: str) -> float:
+    """Target / local roofline time of the stage's operator groups (forward, backward, optimizer)."""
+    t_local = t_target = 0.0
+    for name in names:
+        cost = record["cost"].get(name) or {}
+        flops, moved = float(cost.get("flops", 0.0)), float(cost.get("bytes", 0.0))
+        if flops <= 0 and moved <= 0:
+            continue
+        t_local += local.time(flops, moved, "fp32" if local.peaks == () else dtype)
+        t_target += target.time(flops, moved, dtype)
+    if t_local <= 0:
+        raise ArenaError(f"stage {record['spec']['start']}-{record['spec']['stop']}: no cost analysis to scale by the roofline")
+    return t_target / t_local
+
+
+def estimate_plan(
+    inputs: PlanInputs,
+    plan: PlanRecord,
+    records: list[dict[str, Any]],
+    new_cost_s: float,
+    local: LocalDevice,
+    local_spec: RooflineSpec | None,
+    comm: CommModel,
+    timer_name: str,
+    memory_fraction: float,
+) -> PlanEstimate:
+    """The 1F1B estimate of ``plan`` from its stages' profiles."""
+    estimated = plan.grid.gpu_type != local.gpu_type
+    target_spec = None
+    if estimated:
+        try:
+            target_spec = catalogue_roofline(plan.grid.gpu_type)
+        except ArenaError:
+            raise ArenaError(
+                f"GPU type {plan.grid.gpu_type!r} is neither the local device ({local.gpu_type}) nor in the hardware catalogue"
+            ) from None
+    used: list[str] = []
+    stage_times, stage_rows, memory = [], [], []
+    s, B = plan.pipeline_degree, plan.num_microbatches
+    for j, rec in enumerate(records):
+        compute = rec["microbatch"]["median_s"]
+        optimizer = rec["optimizer"]["median_s"]
+        if target_spec is not None:
+            compute *= _roofline_ratio(rec, ("forward", "backward"), local_spec, target_spec, inputs.dtype)
+            optimizer *= _roofline_ratio(rec, ("optimizer",), local_spec, target_spec, inputs.dtype)
+        comm_mb, p2p, grad = stage_communication(inputs, plan, j, records, comm, used)
+        st = StageTimes(compute, comm_mb, p2p, grad, optimizer)
+        stage_times.append(st)
+        inflight = min(s - j, B)
+        mem = rec["state_bytes"] + inflight * rec["memory"]["forward"].get("output", 0.0) + rec["memory"]["backward"].get("temp", 0.0)
+        memory.append(float(mem))
+        stage_rows.append(
+            {
+                "units": [rec["spec"]["start"], rec["spec"]["stop"]],
+                "micro_batch": rec["spec"]["micro_batch"],
+                "tp_view": rec["tp_view"],
+                "key": rec["key"],
+                **asdict(st),
+                "compute_spread_s": rec["microbatch"]["spread_s"],
+                "memory_bytes": float(mem),
+            }
+        )
+    iteration = one_f_one_b(stage_times, B)
+    try:
+        capacity = get_gpu(plan.grid.gpu_type).memory_bytes
+    except ArenaError:
+        capacity = local.memory_bytes
+    fits = max(memory) <= memory_fraction * capacity
+    return PlanEstimate(
+        grid=plan.grid,
+        plan=plan,
+        iteration=iteration,
+        stages=stage_rows,
+        fits_in_memory=bool(fits),
+        memory_per_stage_bytes=memory,
+        timer="estimated" if estimated else timer_name,
+        estimated=estimated,
+        profiling_cost_device_s=new_cost_s,
+        comm_sources=sorted(set(used)),
+    )
+
+
+def select_plans(inputs: PlanInputs, selection: str) -> list[PlanRecord]:
+    chosen = []
+    by_grid: dict[GridKey, list[PlanRecord]] = {}
+    for plan in inputs.plans:
+        by_grid.setdefault(plan.grid, []).append(plan)
+    for plans in by_grid.values():
+        if selection == "exhaustive":
+            chosen.extend(plans)
+        elif selection == "frontier":
+            chosen.extend(p for p in plans if p.on_frontier or p.is_proxy)
+        else:
+            proxies = [p for p in plans if p.is_proxy]
+            chosen.extend(proxies or plans[:1])
+    return chosen
+
+
+def check_comm_model(comm: CommModel, inputs: PlanInputs) -> None:
+    """A measured table must cover at least one of the planned GPU types (else it is for other hardware)."""
+    if isinstance(comm, MeasuredCommModel):
+        types = sorted({p.grid.gpu_type for p in inputs.plans} | {g.gpu_type for g in inputs.infeasible_grids})
+        if not any(comm.covers(t) for t in types):
+            raise ArenaError(
+                f"the communication table {comm.source_name} measures {', '.join(comm.gpu_types)}, "
+                f"not the planned GPU types ({', '.join(types)})"
+            )
+
+
+def profile_plans(
+    plans_artifact: Any,
+    config: ProfileConfig | None = None,
+    comm: CommModel | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ProfileResult:
+    """Profile a ``plans`` artifact into performance-table rows (and per-plan estimates)."""
+    config = config or ProfileConfig()
+    log = log or (lambda message: None)
+    inputs = load_plan_inputs(plans_artifact)
+    comm = comm or AlphaBetaCommModel()
+    check_comm_model(comm, inputs)
+    local = resolve_device(config.device)
+    timer = select_timer(config.timer, local.device)
+    cache = ProfileCache(config.cache_dir or default_cache_dir())
+    needs_scaling = any(p.grid.gpu_type != local.gpu_type for p in inputs.plans) or any(
+        g.gpu_type != local.gpu_type for g in inputs.infeasible_grids
+    )
+    local_spec = local_roofline(local, cache) if needs_scaling else None
+    log(f"device {local.label} ({local.kind}, counts as {local.gpu_type}); timer {timer.name}; comm {comm.describe()}")
+
+    selected = select_plans(inputs, config.selection)
+    grids = sorted({p.grid for p in inputs.plans} | set(inputs.infeasible_grids), key=lambda g: (g.gpu_type, g.num_gpus, g.num_nodes, g.global_batch))
+    dp_plans = {g: inputs.dp_plan(g) for g in grids} if config.include_dp else {}
+    work = [(p, False) for p in selected] + [(p, True) for p in dp_plans.values()]
+
+    stages_needed = stages_cached = stages_profiled = 0
+    seen_this_run: set[str] = set()
+    estimates: list[PlanEstimate] = []
+    dp_estimates: dict[GridKey, PlanEstimate] = {}
+    overhead = dispatch_overhead(local, cache, timer) if config.granularity == "unit" else 0.0
+    for plan, is_dp in work:
+        records, new_cost = [], 0.0
+        for stage_spec in inputs.stage_specs(plan):
+            if config.granularity == "unit":
+                pieces = [replace(stage_spec, start=i, stop=i + 1) for i in range(stage_spec.start, stage_spec.stop)]
+            else:
+                pieces = [stage_spec]
+            piece_records = []
+            for spec in pieces:
+                record, cached = profile_stage(spec, local, timer, cache, config.warmup, config.repeats, config.seed)
+                stages_needed += 1
+                if cached:
+                    stages_cached += 1
+                else:
+                    stages_profiled += 1
+                    new_cost += record["device_s"]
+                    log(
+                        f"profiled {spec.model} units [{spec.start}, {spec.stop}) mb {spec.micro_batch} tp {spec.tp}: "
+                        f"{record['microbatch']['median_s'] * 1e3:.2f} ms/micro-batch ({record['device_s']:.1f} device-s)"
+                    )
+                seen_this_run.add(record["key"])
+                piece_records.append(record)
+            if config.granularity == "unit":
+                records.append(combine_unit_records(piece_records, stage_spec, overhead))
+            else:
+                records.append(piece_records[0])
+        estimate = estimate_plan(inputs, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction)
+        if is_dp:
+            dp_estimates[plan.grid] = estimate
+        else:
+            estimates.append(estimate)
+    what = "units" if config.granularity == "unit" else "stages"
+    log(f"{stages_needed} {what}: {stages_profiled} profiled, {stages_cached} skipped (identical, served from the cache)")
+
+    rows = perf_rows(inputs, estimates, dp_estimates, grids)
+    kind = get_kind("perf_table")
+    table = pa.Table.from_pylist(rows, schema=kind.arrow_schema()) if rows else kind.arrow_schema().empty_table()
+    sources = sorted({src for e in [*estimates, *dp_estimates.values()] for src in e.comm_sources})
+    summary = {
+        "device": local.describe(),
+        "timer": timer.name,
+        "comm_model": comm.describe(),
+        "comm_sources": sources,
+        "selection": config.selection,
+        "granularity": config.granularity,
+        "dispatch_overhead_s": overhead,
+        "plans_profiled": len(estimates),
+        "stages_needed": stages_needed,
+        "stages_profiled": stages_profiled,
+        "stages_skipped": stages_cached,
+        "unique_stages": len(seen_this_run),
+        "local_roofline": local_spec.to_dict() if local_spec else None,
+    }
+    metadata = {
+        **summary,
+        "model": inputs.model.describe(),
+        "operator_table_sha256": inputs.operator_table_sha256,
+        "plans": [e.to_dict() for e in [*estimates, *dp_estimates.values()]],
+    }
+    return ProfileResult(table, [*estimates, *dp_estimates.values()], summary, metadata)
+
+
+def perf_rows(
+    inputs: PlanInputs, estimates: list[PlanEstimate], dp_estimates: dict[GridKey, PlanEstimate], grids: list[GridKey]
+) -> list[dict[str, Any]]:
+    """Rows of the performance table: per grid, ``arena`` (proxy), ``ap`` (best profiled), ``dp``."""
+    by_grid: dict[GridKey, list[PlanEstimate]] = {}
+    for e in estimates:
+        by_grid.setdefault(e.grid, []).append(e)
+
+    def row(e: PlanEstimate, view: str, cost: float) -> dict[str, Any]:
+        g = e.grid
+        return {
+            "model": g.model,
+            "global_batch": g.global_batch,
+            "gpu_type": g.gpu_type,
+            "num_gpus": g.num_gpus,
+            "num_nodes": g.num_nodes,
+            "pipeline_degree": e.plan.pipeline_degree,
+            "plan_id": e.plan.plan_id,
+            "view": view,
+            "iter_time_s": e.iter_time_s,
+            "throughput": g.global_batch / e.iter_time_s if e.iter_time_s > 0 else math.nan,
+            "fits_in_memory": e.fits_in_memory,
+            "timer": e.timer,
+            "estimated": e.estimated,
+            "profiling_cost_device_s": cost,
+            "measured_iter_time_s": None,
+            "measured_cost_device_s": None,
+        }
+
+    rows = []
+    for g in grids:
+        plans = by_grid.get(g, [])
+        if plans:
+            proxies = [e for e in plans if e.plan.is_proxy] or plans[:1]
+            rows.append(row(proxies[0], "arena", proxies[0].profiling_cost_device_s))
+            fitting = [e for e in plans if e.fits_in_memory] or plans
+            best = min(fitting, key=lambda e: e.iter_time_s)
+            rows.append(row(best, "ap", sum(e.profiling_cost_device_s for e in plans)))
+        if g in dp_estimates:
+            e = dp_estimates[g]
+            rows.append(row(e, "dp", e.profiling_cost_device_s))
+    return rows
+
+
+def write_perf_table(path: str, result: ProfileResult, provenance: Provenance) -> None:
+    write_table(path, "perf_table", result.table, provenance, result.metadata)

@@ -1,0 +1,383 @@
+"""Stage executables: one worker's training computation of one pipeline stage, on one device (§3.4).
+
+A worker of a stage with (dp, tp, ep, zero) processes ``micro_batch`` samples per micro-batch (the
+global batch / B / dp) and holds the tensor-parallel shard of the stage's parameters. Its computation
+is rebuilt here with per-worker shapes, so compiling it for one device gives the same kernels the
+worker runs in the parallel job (minus the communication, priced separately by the comm model):
+
+* ``sharded`` view: every parameter dimension whose logical axis is tensor-parallel (heads, mlp, vocab,
+  conv_out) is divided by tp, and the units run on those shapes (Megatron-style pairs of column- and
+  row-parallel matmuls reduce back to the full activation, so the stage type-checks);
+* ``batch-equivalent`` view, for models whose sharded shapes do not chain (a convolution's sharded
+  output channels feed the next convolution's full input): the worker runs the full-width units on
+  micro_batch / tp samples, the same FLOPs per worker;
+* expert parallelism (MoE, experts over the dp group) keeps the expert computation per worker
+  FLOP-equivalent (e/ep experts on ep x the tokens), and shards the experts' optimizer state by ep;
+* ZeRO-1 shards the optimizer update of every parameter by dp.
+
+Three executables per stage, as the runtime dispatches them: ``forward`` (returns the output and the
+vjp residuals), ``backward`` (gradient accumulation into the worker's gradient buffer, and the incoming
+activation's gradient for non-first stages), ``optimizer`` (AdamW on the worker's optimizer shard).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from libarena.errors import ArenaError
+from libarena.models import ModelDef, get_model
+
+#: Logical axes split by Megatron-style tensor parallelism (see libarena.models.base.LOGICAL_AXES).
+TP_AXES = ("heads", "mlp", "vocab", "conv_out")
+EXPERT_AXIS = "expert"
+
+VIEW_NONE = "none"
+VIEW_SHARDED = "sharded"
+VIEW_BATCH_EQUIVALENT = "batch-equivalent"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One worker of one stage: units [start, stop) of ``model`` under (tp, ep, zero_shards)."""
+
+    model: str
+    start: int
+    stop: int
+    micro_batch: int
+    tp: int = 1
+    #: expert-parallel degree (the dp group of an MoE stage): expert optimizer state is sharded by it.
+    ep: int = 1
+    #: ZeRO-1 optimizer-state shards (dp when the stage uses ZeRO, else 1).
+    zero_shards: int = 1
+    dtype: str = "fp32"
+    seq_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1:
+            raise ArenaError(f"stage {self.model}[{self.start}:{self.stop}]: micro-batch must be >= 1, got {self.micro_batch}")
+        if not 0 <= self.start < self.stop:
+            raise ArenaError(f"stage {self.model}: bad unit range [{self.start}, {self.stop})")
+        for name in ("tp", "ep", "zero_shards"):
+            if getattr(self, name) < 1:
+                raise ArenaError(f"stage {self.model}[{self.start}:{self.stop}]: {name} must be >= 1")
+
+
+@dataclass
+class WorkerView:
+    """Per-worker abstract shapes of a stage (jax.ShapeDtypeStruct pytrees)."""
+
+    spec: StageSpec
+    params: list[Any]
+    axes: list[Any]
+    carry_in: Any
+    batch: dict[str, Any]
+    tp_view: str
+    local_batch: int
+    #: Per parameter leaf (flattened order): elements of the worker's optimizer shard.
+    optimizer_elements: list[int]
+    #: When vocab is sharded, integer inputs index a vocab / tp table: keep them inside it.
+    int_modulo: int | None = None
+
+    @property
+    def is_first(self) -> bool:
+        return self.spec.start == 0
+
+    def is_last(self, model: ModelDef) -> bool:
+        return self.spec.stop == len(model.units)
+
+    def signature(self, model: ModelDef) -> dict[str, Any]:
+        """Everything the stage's kernels depend on (cache key material): unit kinds and per-worker shapes.
+
+        Unit names are left out on purpose: two stages of identical blocks share one profile.
+        """
+        import jax
+
+        def shapes(tree: Any) -> Any:
+            return jax.tree.map(lambda s: [list(s.shape), str(s.dtype)], tree)
+
+        units = model.units[self.spec.start : self.spec.stop]
+        return {
+            "model_family": model.family,
+            "model_config": asdict(model.config),
+            "units": [u.kind for u in units],
+            "first": self.is_first,
+            "last": self.is_last(model),
+            "params": shapes(self.params),
+            "carry_in": None if self.carry_in is None else shapes(self.carry_in),
+            "batch": shapes(self.batch),
+            "tp_view": self.tp_view,
+            "optimizer_elements": self.optimizer_elements,
+            "int_modulo": self.int_modulo,
+        }
+
+
+def _is_axes_leaf(x: Any) -> bool:
+    return x is None or (isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
+
+
+def _shard_shape(shape: tuple[int, ...], axes: tuple | None, tp: int) -> tuple[int, ...]:
+    if axes is None or tp == 1:
+        return tuple(shape)
+    out = []
+    for dim, axis in zip(shape, axes, strict=True):
+        out.append(dim // tp if axis in TP_AXES and dim % tp == 0 else dim)
+    return tuple(out)
+
+
+def _batch_abstract(model: ModelDef, batch_size: int, seq_len: int | None) -> dict[str, Any]:
+    from libarena.models.training import batch_spec
+
+    return batch_spec(model, batch_size, seq_len)
+
+
+def _carry_in_abstract(model: ModelDef, start: int, batch: dict[str, Any], dtype: Any) -> Any:
+    """Shape of the activation entering unit ``start`` (full width: TP stages exchange full activations)."""
+    import jax
+
+    from libarena.models.training import abstract_params, apply_units
+
+    if start == 0:
+        return None
+    params = abstract_params(model, range(start))
+    return jax.eval_shape(lambda p, b: apply_units(model, p, None, b, 0, start, dtype), params, batch)
+
+
+def worker_view(spec: StageSpec) -> WorkerView:
+    """Per-worker shapes of the stage (see the module docstring for the views)."""
+    import jax
+
+    from libarena.models.training import abstract_params, apply_units, compute_dtype
+
+    model = get_model(spec.model)
+    if spec.stop > len(model.units):
+        raise ArenaError(f"stage {spec.model}[{spec.start}:{spec.stop}]: the model has only {len(model.units)} units")
+    dtype = compute_dtype(spec.dtype)
+    indices = range(spec.start, spec.stop)
+    full = abstract_params(model, indices)
+    axes = [model.param_axes(i) for i in indices]
+
+    def build(tp_view: str) -> WorkerView:
+        local_batch = spec.micro_batch
+        params = full
+        int_modulo = None
+        if tp_view == VIEW_SHARDED:
+            params = [
+                jax.tree.map(lambda s, a: jax.ShapeDtypeStruct(_shard_shape(s.shape, a, spec.tp), s.dtype), p, ax)
+                for p, ax in zip(full, axes, strict=True)
+            ]
+            vocab_dims = [
+                s.shape[k]
+                for p, ax in zip(params, axes, strict=True)
+                for s, a in zip(jax.tree.leaves(p), jax.tree.leaves(ax, is_leaf=_is_axes_leaf), strict=True)
+                if a is not None
+                for k, name in enumerate(a)
+                if name == "vocab"
+            ]
+            int_modulo = min(vocab_dims) if vocab_dims else None
+        elif tp_view == VIEW_BATCH_EQUIVALENT:
+            local_batch = max(1, math.ceil(spec.micro_batch / spec.tp))
+        batch = _batch_abstract(model, local_batch, spec.seq_len)
+        carry = _carry_in_abstract(model, spec.start, batch, dtype)
+        # Type-check the stage on these shapes (raises for sharded views that do not chain).
+        jax.eval_shape(lambda p, c, b: apply_units(model, p, c, b, spec.start, spec.stop, dtype), params, carry, batch)
+        elements = []
+        for p, ax in zip(params, axes, strict=True):
+            for s, a in zip(jax.tree.leaves(p), jax.tree.leaves(ax, is_leaf=_is_axes_leaf), strict=True):
+                n = int(np.prod(s.shape))
+                if a is not None and EXPERT_AXIS in a:
+                    n = max(1, n // spec.ep)
+                elements.append(max(1, math.ceil(n / spec.zero_shards)))
+        return WorkerView(spec, params, axes, carry, batch, tp_view, local_batch, elements, int_modulo)
+
+    if spec.tp == 1:
+        return build(VIEW_NONE)
+    try:
+        return build(VIEW_SHARDED)
+    except (TypeError, ValueError):
+        return build(VIEW_BATCH_EQUIVALENT)
+
+
+# --------------------------------------------------------------------------------------------------
+# Executables
+
+
+@dataclass
+class StageExecutables:
+    """Compiled forward / backward / optimizer of one worker, with concrete inputs to run them on."""
+
+    view: WorkerView
+    forward: Any
+    backward: Any
+    optimizer: Any
+    inputs: dict[str, Any]
+    compile_s: float
+    #: XLA cost analysis of the per-worker computation (flops, bytes accessed) per executable.
+    cost: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: XLA memory analysis: bytes of arguments, outputs, temporaries per executable.
+    memory: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def run_microbatch(self) -> Any:
+        """Forward then backward of one micro-batch; returns the arrays to block on."""
+        x = self.inputs
+        out, residuals = self.forward(x["params"], x["carry_in"], x["batch"])
+        return self.backward(residuals, x["cotangent"], x["grad_acc"])
+
+    def run_optimizer(self) -> Any:
+        x = self.inputs
+        return self.optimizer(x["opt_params"], x["opt_grads"], x["opt_state"])
+
+    def state_bytes(self) -> float:
+        """Bytes the worker keeps for the whole iteration: weights, gradient buffer, optimizer shard."""
+        import jax
+
+        x = self.inputs
+        leaves = jax.tree.leaves((x["params"], x["grad_acc"], x["opt_state"], x["opt_params"]))
+        return float(sum(a.size * a.dtype.itemsize for a in leaves))
+
+
+def _concrete(tree: Any, seed: int, device: Any = None) -> Any:
+    """Small random values of the given shapes (numpy-generated: no per-shape JAX compilation)."""
+    import jax
+
+    leaves, treedef = jax.tree.flatten(tree)
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in leaves:
+        dtype = np.dtype(s.dtype)
+        if np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16":
+            value = (0.02 * rng.standard_normal(s.shape, dtype=np.float32)).astype(dtype)
+        else:
+            value = np.zeros(s.shape, dtype)
+        out.append(jax.device_put(value, device))
+    return jax.tree.unflatten(treedef, out)
+
+
+def _cost(compiled: Any) -> dict[str, float]:
+    try:
+        analysis = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - some backends have no cost model
+        return {}
+    if isinstance(analysis, list):
+        analysis = analysis[0] if analysis else {}
+    return {
+        "flops": float(analysis.get("flops", 0.0) or 0.0),
+        "bytes": float(analysis.get("bytes accessed", 0.0) or 0.0),
+    }
+
+
+def _memory(compiled: Any) -> dict[str, float]:
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001
+        return {}
+    if m is None:
+        return {}
+    return {
+        name: float(getattr(m, f"{name}_size_in_bytes", 0) or 0)
+        for name in ("argument", "output", "temp", "generated_code")
+    }
+
+
+def build_stage_executables(spec: StageSpec, device: Any = None, seed: int = 0, optimizer: Any = None) -> StageExecutables:
+    """Compile the worker's forward, backward and optimizer executables for ``device`` (default: first)."""
+    import time
+
+    import jax
+
+    from libarena.models.training import OptimizerConfig, apply_units, compute_dtype
+
+    model = get_model(spec.model)
+    view = worker_view(spec)
+    dtype = compute_dtype(spec.dtype)
+    device = device or jax.devices()[0]
+    first, last = view.is_first, view.is_last(model)
+    start, stop = spec.start, spec.stop
+
+    def forward(params: Any, carry: Any, batch: Any) -> Any:
+        if first:
+            return jax.vjp(lambda p: apply_units(model, p, None, batch, start, stop, dtype), params)
+        return jax.vjp(lambda p, c: apply_units(model, p, c, batch, start, stop, dtype), params, carry)
+
+    def backward(residuals: Any, cotangent: Any, grad_acc: Any) -> Any:
+        grads = residuals(cotangent)
+        accumulated = jax.tree.map(lambda acc, g: acc + g.astype(acc.dtype), grad_acc, grads[0])
+        return (accumulated,) if first else (accumulated, grads[1])
+
+    tx = (optimizer or OptimizerConfig()).build()
+
+    def update(params: Any, grads: Any, state: Any) -> Any:
+        import optax
+
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    with jax.default_device(device):
+        params = _concrete(view.params, seed, device)
+        batch_np = model.synthetic_samples(np.arange(view.local_batch), seed, spec.seq_len)
+        batch = {}
+        for name, spec_arr in view.batch.items():
+            value = np.asarray(batch_np[name]).astype(spec_arr.dtype)
+            if view.int_modulo and np.issubdtype(value.dtype, np.integer):
+                value = value % view.int_modulo
+            batch[name] = jax.device_put(value, device)
+        carry = None if view.carry_in is None else _concrete(view.carry_in, seed + 1, device)
+        grad_acc = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), device), view.params)
+        opt_params = [jax.device_put(np.full((n,), 0.01, np.float32), device) for n in view.optimizer_elements]
+        opt_grads = [jax.device_put(np.full((n,), 1e-3, np.float32), device) for n in view.optimizer_elements]
+        opt_state = jax.jit(tx.init)(opt_params)
+
+        t0 = time.perf_counter()
+        fwd = jax.jit(forward).lower(params, carry, batch).compile()
+        out, residuals = fwd(params, carry, batch)
+        cotangent = (
+            jax.device_put(np.ones((), out.dtype), device)
+            if last
+            else _concrete(jax.ShapeDtypeStruct(out.shape, out.dtype), seed + 2, device)
+        )
+        bwd = jax.jit(backward, donate_argnums=(2,)).lower(residuals, cotangent, grad_acc).compile()
+        opt = jax.jit(update, donate_argnums=(0, 2)).lower(opt_params, opt_grads, opt_state).compile()
+        compile_s = time.perf_counter() - t0
+
+    inputs = {
+        "params": params,
+        "carry_in": carry,
+        "batch": batch,
+        "cotangent": cotangent,
+        "grad_acc": grad_acc,
+        "opt_params": opt_params,
+        "opt_grads": opt_grads,
+        "opt_state": opt_state,
+    }
+    execs = StageExecutables(view, fwd, None, None, inputs, compile_s)
+    # Donated buffers are consumed by each call: keep the executables' outputs as the next inputs.
+    execs.backward = _Rebinding(bwd, inputs, "grad_acc", position=0)
+    execs.optimizer = _OptimizerRebinding(opt, inputs)
+    execs.cost = {"forward": _cost(fwd), "backward": _cost(bwd), "optimizer": _cost(opt)}
+    execs.memory = {"forward": _memory(fwd), "backward": _memory(bwd), "optimizer": _memory(opt)}
+    return execs
+
+
+class _Rebinding:
+    """Calls a compiled executable whose donated input is replaced by the matching output."""
+
+    def __init__(self, compiled: Any, inputs: dict[str, Any], name: str, position: int):
+        self.compiled, self.inputs, self.name, self.position = compiled, inputs, name, position
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.compiled(*args)
+        self.inputs[self.name] = out[self.position]
+        return out
+
+
+class _OptimizerRebinding:
+    def __init__(self, compiled: Any, inputs: dict[str, Any]):
+        self.compiled, self.inputs = compiled, inputs
+
+    def __call__(self, params: Any, grads: Any, state: Any) -> Any:
+        new_params, new_state = self.compiled(params, grads, state)
+        self.inputs["opt_params"], self.inputs["opt_state"] = new_params, new_state
+        return new_params, new_state

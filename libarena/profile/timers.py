@@ -1,0 +1,130 @@
+"""Timers for stage executables, registered by name: ``host`` (wall clock around the executable on the
+local JAX device, synchronised with block_until_ready) and ``cupti`` (sum of the GPU kernels' durations
+from CUPTI's activity records). ``auto`` picks cupti on an NVIDIA GPU where cupti-python is installed,
+host elsewhere; the chosen timer's name goes into every output row.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from libarena.errors import ArenaError
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Repeated timings of one region: median and spread (interquartile range), seconds."""
+
+    samples: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.samples))
+
+    @property
+    def spread(self) -> float:
+        if len(self.samples) < 4:
+            return float(max(self.samples) - min(self.samples))
+        q = statistics.quantiles(self.samples, n=4)
+        return float(q[2] - q[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median_s": self.median, "spread_s": self.spread, "samples_s": list(self.samples)}
+
+
+class Timer(ABC):
+    name: str
+
+    @abstractmethod
+    def time(self, region: Callable[[], Any], warmup: int, repeats: int) -> Timing:
+        """Run ``region`` warmup + repeats times; time each of the last ``repeats`` runs."""
+
+    @classmethod
+    def usable(cls, device: Any) -> bool:
+        return True
+
+
+def _block(value: Any) -> None:
+    import jax
+
+    jax.block_until_ready(value)
+
+
+class HostTimer(Timer):
+    name = "host"
+
+    def time(self, region, warmup, repeats):
+        for _ in range(warmup):
+            _block(region())
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            _block(region())
+            samples.append(time.perf_counter() - t0)
+        return Timing(tuple(samples))
+
+
+class CuptiTimer(Timer):
+    """Kernel time from CUPTI: the sum of the kernels launched by one run of the region."""
+
+    name = "cupti"
+
+    def __init__(self) -> None:
+        import arena_cupti.activity as arena_cupti
+
+        self._recorder = arena_cupti.KernelActivityRecorder()
+        self._kernel_seconds = arena_cupti.kernel_seconds
+
+    @classmethod
+    def usable(cls, device: Any) -> bool:
+        import arena_cupti.activity as arena_cupti
+
+        platform = str(getattr(device, "platform", "")).lower()
+        return platform in ("gpu", "cuda") and arena_cupti.available()
+
+    def time(self, region, warmup, repeats):
+        for _ in range(warmup):
+            _block(region())
+        samples = []
+        for _ in range(repeats):
+            _block(None)
+            self._recorder.start()
+            _block(region())
+            records = self._recorder.stop()
+            if not records:
+                raise ArenaError("cupti timer: CUPTI reported no kernels for the region (is the device a GPU?)")
+            samples.append(self._kernel_seconds(records))
+        return Timing(tuple(samples))
+
+
+_TIMERS: dict[str, type[Timer]] = {}
+
+
+def register_timer(cls: type[Timer]) -> type[Timer]:
+    _TIMERS[cls.name] = cls
+    return cls
+
+
+register_timer(HostTimer)
+register_timer(CuptiTimer)
+
+
+def timer_names() -> list[str]:
+    return ["auto", *sorted(_TIMERS)]
+
+
+def select_timer(name: str, device: Any) -> Timer:
+    """The timer called ``name`` (``auto``: cupti where usable on ``device``, else host)."""
+    if name == "auto":
+        return CuptiTimer() if CuptiTimer.usable(device) else HostTimer()
+    cls = _TIMERS.get(name)
+    if cls is None:
+        raise ArenaError(f"unknown timer {name!r} (known: {', '.join(timer_names())})")
+    if not cls.usable(device):
+        raise ArenaError(f"timer {name!r} cannot time device {device} (needs an NVIDIA GPU and cupti-python)")
+    return cls()

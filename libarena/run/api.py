@@ -1,0 +1,235 @@
+"""arena-run's library entry point: plans file + grid -> chosen plan (proxy, a plan id, or a pruned/full
+search) -> checkpointed training, in-process or on Ray."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from libarena.errors import ArenaError
+from libarena.models.training import OptimizerConfig
+from libarena.run.cluster import JobSpec, LocalClusterConfig
+from libarena.run.plan import RunPlan, plan_from_parallel_plan
+from libarena.run.search import SearchConfig, SearchSpace
+
+SELECTIONS = ("proxy", "pruned", "full")
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    gpu_type: str
+    num_gpus: int
+    pipeline_degree: int | None = None
+
+
+def parse_grid(text: str) -> GridSpec:
+    """'a100,8,2' -> (GPU type, GPU count, pipeline degree); the pipeline degree may be left out."""
+    from libarena.hardware import get_gpu
+
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ArenaError(f"--grid {text!r}: expected GPU_TYPE,NUM_GPUS[,PIPELINE_DEGREE], e.g. a100,8,2")
+    try:
+        numbers = [int(p) for p in parts[1:]]
+    except ValueError:
+        raise ArenaError(f"--grid {text!r}: GPU count and pipeline degree must be integers") from None
+    if any(v < 1 for v in numbers):
+        raise ArenaError(f"--grid {text!r}: GPU count and pipeline degree must be at least 1")
+    return GridSpec(get_gpu(parts[0]).name, numbers[0], numbers[1] if len(numbers) > 1 else None)
+
+
+def load_plans(path: str, model: str, global_batch: int) -> Any:
+    """The plans artifact as an arena-plan PlanSet, checked against the job."""
+    from libarena.plan import read_plans
+
+    planset = read_plans(path)
+    if planset.model_name != model:
+        raise ArenaError(f"{path} holds plans for model {planset.model_name!r}, not {model!r}")
+    if planset.global_batch != global_batch:
+        raise ArenaError(f"{path} was planned for global batch {planset.global_batch}, not {global_batch}")
+    return planset
+
+
+def select_plan(planset: Any, grid: GridSpec | None, plan_id: str | None) -> Any:
+    """A ParallelPlan: ``plan_id`` if given, else the proxy plan of the grid."""
+    if plan_id:
+        try:
+            plan = planset.plan(plan_id)
+        except KeyError:
+            raise ArenaError(f"no plan {plan_id!r} in the plans file") from None
+        if grid is not None and (plan.grid.gpu_type, plan.grid.num_gpus) != (grid.gpu_type, grid.num_gpus):
+            raise ArenaError(f"plan {plan_id} is for {plan.grid.gpu_type} x{plan.grid.num_gpus}, not the grid {grid.gpu_type} x{grid.num_gpus}")
+        return plan
+    if grid is None:
+        raise ArenaError("give --grid GPU_TYPE,NUM_GPUS,PIPELINE_DEGREE or --plan-id")
+    if grid.pipeline_degree is None:
+        raise ArenaError("--grid needs a pipeline degree (GPU_TYPE,NUM_GPUS,S) to run its proxy plan; or use --search")
+    try:
+        result = planset.grid(grid.gpu_type, grid.num_gpus, grid.pipeline_degree)
+    except KeyError:
+        raise ArenaError(f"the plans file has no grid {grid.gpu_type} x{grid.num_gpus} with {grid.pipeline_degree} stages") from None
+    if not result.feasible:
+        raise ArenaError(f"grid {result.grid.label} is infeasible: {result.infeasible_reason}")
+    return result.proxy
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    plans_path: str
+    model: str
+    global_batch: int
+    steps: int
+    checkpoint_dir: str
+    grid: GridSpec | None = None
+    plan_id: str | None = None
+    #: "proxy" (zero search), "pruned" or "full" (runtime search before training).
+    selection: str = "proxy"
+    search: SearchConfig = field(default_factory=SearchConfig)
+    #: Ray: None = embedded local cluster; "host:port" / "ray://host:port" joins one; use_ray=False runs in-process.
+    address: str | None = None
+    use_ray: bool = True
+    local: LocalClusterConfig = field(default_factory=LocalClusterConfig)
+    checkpoint_every: int = 10
+    seed: int = 0
+    data_seed: int = 0
+    dtype: str = "fp32"
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+
+def ensure_host_devices(count: int) -> list[Any]:
+    """This process's JAX devices, presenting ``count`` host CPU devices when JAX is not started yet and
+    no accelerator is configured (the tool's process is the only place that sets XLA_FLAGS)."""
+    if "jax" not in sys.modules:
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_force_host_platform_device_count" not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    import jax
+
+    return list(jax.devices())
+
+
+def _prepare(request: RunRequest) -> tuple[Any, Any, GridSpec | None]:
+    from libarena.models import get_model
+
+    if request.selection not in SELECTIONS:
+        raise ArenaError(f"unknown selection {request.selection!r} (one of {', '.join(SELECTIONS)})")
+    if request.steps < 1:
+        raise ArenaError(f"--steps must be at least 1, got {request.steps}")
+    if request.global_batch < 1:
+        raise ArenaError(f"--global-batch must be at least 1, got {request.global_batch}")
+    model = get_model(request.model)
+    planset = load_plans(request.plans_path, request.model, request.global_batch)
+    return model, planset, request.grid
+
+
+def _check_checkpoint(request: RunRequest, model: Any) -> int | None:
+    """Validate an existing checkpoint before anything runs (bad one -> one-line error, left untouched)."""
+    from libarena.run.checkpoint import CheckpointStore
+
+    store = CheckpointStore(request.checkpoint_dir)
+    meta = store.read_meta()
+    if meta is None:
+        return None
+    store.check_compatible(meta, model, request.global_batch, request.data_seed, request.optimizer)
+    return meta.step
+
+
+def run(request: RunRequest) -> dict[str, Any]:
+    """Choose the plan and train; returns the run report (JSON-able)."""
+    from libarena.run.cluster import available_gpus, connect, run_job
+    from libarena.run.search import full_search, measure_in_process, pruned_search
+
+    if not request.use_ray:
+        ensure_host_devices(request.local.num_devices)  # before anything imports JAX
+    model, planset, grid = _prepare(request)
+    resumed_from = _check_checkpoint(request, model)
+    searching = request.selection in ("pruned", "full") and not request.plan_id
+    if searching and grid is None:
+        raise ArenaError("--search needs --grid GPU_TYPE,NUM_GPUS[,S]: the allocated resources")
+    chosen = None if searching else plan_from_parallel_plan(select_plan(planset, grid, request.plan_id), model, planset.clusters)
+    gpu_type = chosen.gpu_type if chosen else grid.gpu_type
+    need = chosen.num_gpus if chosen else grid.num_gpus
+    started_ray = False
+    report: dict[str, Any] = {"model": model.name, "global_batch": request.global_batch, "selection": request.selection,
+                              "resumed_from": resumed_from}
+    try:
+        if request.use_ray:
+            local = LocalClusterConfig(request.local.num_cpus, request.local.num_devices, gpu_type)
+            started_ray = connect(request.address, local)
+            have = available_gpus(gpu_type)
+            if need > have:
+                raise ArenaError(f"the job needs {need} {gpu_type} GPUs but the Ray cluster has {have}")
+        elif need > request.local.num_devices:
+            raise ArenaError(f"the job needs {need} {gpu_type} GPUs but only {request.local.num_devices} devices exist")
+        if searching:
+            space_devices = None if request.use_ray else ensure_host_devices(request.local.num_devices)
+            if request.use_ray:
+                result = _search_on_ray(request, gpu_type, need)
+            else:
+                space = SearchSpace(model, request.global_batch, gpu_type, need, tuple(planset.clusters), request.dtype)
+                measure = measure_in_process(model, request.search, request.dtype, space_devices)
+                if request.selection == "full":
+                    result = full_search(space, measure, request.search)
+                else:
+                    result = pruned_search(space, planset, measure, request.search, grid.pipeline_degree)
+            chosen = result.best.plan
+            report["search"] = result.to_dict()
+        report["plan"] = chosen.describe()
+        if request.use_ray:
+            spec = JobSpec(model.name, chosen, request.global_batch, request.steps, os.path.abspath(request.checkpoint_dir),
+                           request.checkpoint_every, request.seed, request.data_seed, request.dtype, request.optimizer)
+            report["job"] = run_job(spec).to_dict()
+        else:
+            from libarena.run.train import TrainConfig, train
+
+            devices = ensure_host_devices(request.local.num_devices)
+            if len(devices) < chosen.num_gpus:
+                raise ArenaError(f"plan {chosen.plan_id} needs {chosen.num_gpus} devices but this process has {len(devices)}")
+            config = TrainConfig(request.global_batch, request.steps, request.seed, request.data_seed, request.dtype, request.optimizer,
+                                 request.checkpoint_dir, request.checkpoint_every)
+            report["train"] = train(model, chosen, config, devices).to_dict()
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+    return report
+
+
+def _search_on_ray(request: RunRequest, gpu_type: str, num_gpus: int) -> Any:
+    """Run the search inside one actor holding the allocated devices."""
+    import ray
+
+    from libarena.run.cluster import gpu_type_resource
+
+    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={num_gpus}", "JAX_PLATFORMS": "cpu",
+           "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    searcher = ray.remote(_search_task).options(
+        num_cpus=1, num_gpus=num_gpus, resources={gpu_type_resource(gpu_type): num_gpus}, runtime_env={"env_vars": env}, max_retries=0,
+    )
+    return ray.get(searcher.remote(asdict_request(request), gpu_type, num_gpus))
+
+
+def asdict_request(request: RunRequest) -> dict[str, Any]:
+    return {"plans_path": os.path.abspath(request.plans_path), "model": request.model, "global_batch": request.global_batch,
+            "selection": request.selection, "search": request.search, "dtype": request.dtype,
+            "pipeline_degree": request.grid.pipeline_degree if request.grid else None}
+
+
+def _search_task(req: dict[str, Any], gpu_type: str, num_gpus: int) -> Any:
+    from libarena.models import get_model
+    from libarena.run.search import full_search, measure_in_process, pruned_search
+
+    model = get_model(req["model"])
+    planset = load_plans(req["plans_path"], req["model"], req["global_batch"])
+    space = SearchSpace(model, req["global_batch"], gpu_type, num_gpus, tuple(planset.clusters), req["dtype"])
+    measure = measure_in_process(model, req["search"], req["dtype"])
+    if req["selection"] == "full":
+        return full_search(space, measure, req["search"])
+    return pruned_search(space, planset, measure, req["search"], req["pipeline_degree"])
+
+
+def describe_request(request: RunRequest) -> dict[str, Any]:
+    return asdict(request)

@@ -1,0 +1,169 @@
+"""Plan-independent training checkpoints (orbax): per-unit parameters and Adam state, the step and the
+data position, so a job resumes onto any other plan and device count with the same global batch.
+
+Orbax writes each step into a temporary directory and renames it when complete, so a crash mid-save never
+leaves a half-written checkpoint behind; restoring never writes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from libarena.errors import ArenaError
+from libarena.models import ModelDef
+from libarena.models.training import OptimizerConfig
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    model: str
+    global_batch: int
+    #: Steps completed; the next step to run is ``step`` (0-based).
+    step: int
+    #: Global index of the next training sample: samples are consumed in order, ``global_batch`` per step.
+    data_position: int
+    data_seed: int
+    dtype: str
+    optimizer: dict[str, Any]
+    #: Shapes of every unit's parameters (detects a checkpoint of another model configuration).
+    param_signature: str
+    #: The plan and device count that wrote it (informational: any plan can resume it).
+    plan_id: str = ""
+    num_devices: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str) -> CheckpointMeta:
+        try:
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        except TypeError as exc:
+            raise ArenaError(f"checkpoint {where} has incomplete metadata: {exc}") from None
+
+
+def param_signature(model: ModelDef) -> str:
+    import jax
+
+    from libarena.artifacts import content_digest
+    from libarena.models.training import abstract_params
+
+    shapes = [[list(leaf.shape) + [str(leaf.dtype)] for leaf in jax.tree.leaves(unit)] for unit in abstract_params(model)]
+    return content_digest(model.name, shapes)[:16]
+
+
+def _state_template(model: ModelDef, optimizer: OptimizerConfig) -> dict[str, Any]:
+    import jax
+
+    from libarena.models.training import abstract_params
+
+    tx = optimizer.build()
+    params = abstract_params(model)
+    opt = [jax.tree.leaves(jax.eval_shape(tx.init, p)) for p in params]
+    zeros = lambda s: np.zeros(s.shape, s.dtype)  # noqa: E731
+    return {"params": jax.tree.map(zeros, params), "opt": jax.tree.map(zeros, opt)}
+
+
+class CheckpointStore:
+    """Checkpoints of one job in ``directory`` (one orbax step directory per save, the newest few kept)."""
+
+    def __init__(self, directory: str | os.PathLike[str], max_to_keep: int = 2):
+        self.directory = Path(directory).absolute()
+        self.max_to_keep = max_to_keep
+        self._manager: Any = None
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ArenaError(f"checkpoint directory {directory} is not a directory")
+
+    def _open(self, create: bool) -> Any:
+        import orbax.checkpoint as ocp
+
+        if self._manager is None:
+            if not create and not self.directory.exists():
+                return None
+            options = ocp.CheckpointManagerOptions(max_to_keep=self.max_to_keep, enable_async_checkpointing=False, create=create)
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        return self._manager
+
+    def latest_step(self) -> int | None:
+        manager = self._open(create=False)
+        return None if manager is None else manager.latest_step()
+
+    def steps(self) -> list[int]:
+        manager = self._open(create=False)
+        return [] if manager is None else list(manager.all_steps())
+
+    def read_meta(self, step: int | None = None) -> CheckpointMeta | None:
+        import orbax.checkpoint as ocp
+
+        manager = self._open(create=False)
+        step = self.latest_step() if step is None else step
+        if manager is None or step is None:
+            return None
+        where = f"{self.directory / str(step)}"
+        try:
+            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        except Exception as exc:  # noqa: BLE001 - any failure to read is a corrupt checkpoint
+            raise ArenaError(f"checkpoint {where} is corrupt or unreadable: {type(exc).__name__}: {exc}") from None
+        if not isinstance(meta, dict):
+            raise ArenaError(f"checkpoint {where} is corrupt: metadata is not a JSON object")
+        return CheckpointMeta.from_dict(meta, where)
+
+    def check_compatible(self, meta: CheckpointMeta, model: ModelDef, global_batch: int, data_seed: int, optimizer: OptimizerConfig) -> None:
+        where = f"checkpoint {self.directory / str(meta.step)}"
+        if meta.model != model.name:
+            raise ArenaError(f"{where} is for model {meta.model!r}, not {model.name!r}")
+        if meta.global_batch != global_batch:
+            raise ArenaError(f"{where} was trained with global batch {meta.global_batch}, not {global_batch} (resuming keeps the global batch)")
+        if meta.data_seed != data_seed:
+            raise ArenaError(f"{where} was trained on data seed {meta.data_seed}, not {data_seed}")
+        if meta.param_signature != param_signature(model):
+            raise ArenaError(f"{where} holds parameters of a different {model.name} configuration")
+        if meta.optimizer != asdict(optimizer):
+            raise ArenaError(f"{where} was trained with optimizer {meta.optimizer}, not {asdict(optimizer)}")
+        if meta.data_position != meta.step * meta.global_batch:
+            raise ArenaError(f"{where} is inconsistent: data position {meta.data_position} after {meta.step} steps of {meta.global_batch}")
+
+    def restore(self, model: ModelDef, optimizer: OptimizerConfig, step: int | None = None) -> tuple[list[Any], list[Any], CheckpointMeta]:
+        """(per-unit params, per-unit optimizer state, meta) as host numpy arrays."""
+        import jax
+        import orbax.checkpoint as ocp
+
+        meta = self.read_meta(step)
+        if meta is None:
+            raise ArenaError(f"no checkpoint in {self.directory}")
+        step = meta.step if step is None else step
+        where = f"{self.directory / str(step)}"
+        template = _state_template(model, optimizer)
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), template)
+        try:
+            state = self._manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(item=template, restore_args=restore_args))
+            ).state
+        except Exception as exc:  # noqa: BLE001
+            raise ArenaError(f"checkpoint {where} is corrupt or does not match {model.name}: {type(exc).__name__}: {exc}") from None
+        for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(template)):
+            if np.shape(got) != want.shape:
+                raise ArenaError(f"checkpoint {where} does not match {model.name}: array of shape {np.shape(got)}, expected {want.shape}")
+        tx = optimizer.build()
+        opt = [
+            jax.tree.unflatten(jax.tree.structure(jax.eval_shape(tx.init, p)), [np.asarray(x) for x in leaves])
+            for p, leaves in zip(state["params"], state["opt"])
+        ]
+        return list(state["params"]), opt, meta
+
+    def save(self, unit_params: list[Any], unit_opt: list[Any], meta: CheckpointMeta) -> Path:
+        import jax
+        import orbax.checkpoint as ocp
+
+        manager = self._open(create=True)
+        state = {"params": list(unit_params), "opt": [jax.tree.leaves(s) for s in unit_opt]}
+        manager.save(meta.step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(asdict(meta))), force=True)
+        manager.wait_until_finished()
+        return self.directory / str(meta.step)
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None

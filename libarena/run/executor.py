@@ -1,0 +1,390 @@
+"""The pipeline executor: one plan, real training steps.
+
+Each stage owns a disjoint slice of the job's devices arranged as a ``(dp, tp)`` mesh. Its parameters
+are placed with ``NamedSharding``: the first parameter dimension whose logical axis is tensor-parallel
+(heads, mlp, vocab, expert, conv_out) goes on mesh axis ``tp``; batch dimensions go on ``dp``. Each stage's
+forward (returning its ``jax.vjp`` closure, so activations are kept rather than recomputed) and backward
+(which also accumulates the parameter gradients) are jitted; GSPMD inserts the tensor-parallel
+collectives and the data-parallel gradient reduction (gradients leave the backward replicated over ``dp``).
+A 1F1B schedule drives the micro-batches; activations and their gradients move between stage meshes with
+``jax.device_put``. The optimizer updates each stage in place; with ZeRO the Adam moments are sharded over
+``dp`` as well.
+
+The optimizer state is kept per model unit (Adam is element-wise, so per-unit state is the same as one
+state for the whole model): a checkpoint is then independent of the plan and resumes onto any other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from libarena.errors import ArenaError
+from libarena.models import ModelDef
+from libarena.models.training import OptimizerConfig, apply_units, compute_dtype, init_params
+from libarena.run.plan import RunPlan, RunStage
+
+#: Logical parameter axes split by tensor (and expert) parallelism.
+TP_LOGICAL_AXES = ("heads", "mlp", "vocab", "expert", "conv_out")
+DP_AXIS = "dp"
+TP_AXIS = "tp"
+
+
+def param_partition(axes: Sequence[str | None] | None, shape: Sequence[int], tp: int) -> tuple[str | None, ...]:
+    """Mesh axis per parameter dimension: the first tensor-parallel logical axis divisible by ``tp``."""
+    spec: list[str | None] = [None] * len(shape)
+    if tp > 1 and axes is not None:
+        for d, (name, size) in enumerate(zip(axes, shape)):
+            if name in TP_LOGICAL_AXES and size % tp == 0:
+                spec[d] = TP_AXIS
+                break
+    return tuple(spec)
+
+
+def zero_partition(spec: tuple[str | None, ...], shape: Sequence[int], dp: int) -> tuple[str | None, ...]:
+    """ZeRO-1: additionally shard an optimizer-state leaf over ``dp`` on its first free divisible dimension."""
+    if dp <= 1:
+        return spec
+    out = list(spec)
+    for d, size in enumerate(shape):
+        if out[d] is None and size % dp == 0 and size >= dp:
+            out[d] = DP_AXIS
+            break
+    return tuple(out)
+
+
+def _is_axes_leaf(x: Any) -> bool:
+    return x is None or (isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
+
+
+class StageRuntime:
+    """Meshes, shardings and compiled functions of one pipeline stage (cached: plans share stages)."""
+
+    def __init__(self, model: ModelDef, stage: RunStage, devices: Sequence[Any], microbatch: int, dtype: str,
+                 optimizer: OptimizerConfig, first: bool, last: bool):
+        import jax
+        import jax.numpy as jnp
+        import optax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        self.stage = stage
+        self.first, self.last = first, last
+        self.devices = list(devices)
+        self.mesh = Mesh(np.array(self.devices, dtype=object).reshape(stage.dp, stage.tp), (DP_AXIS, TP_AXIS))
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.carry_sharding = NamedSharding(self.mesh, PartitionSpec(DP_AXIS))
+        self.batch_sharding = self.carry_sharding
+        self.uses_batch = first or last
+        start, stop = stage.first_unit, stage.end_unit
+        dtype_ = compute_dtype(dtype)
+        tx = optimizer.build()
+
+        from libarena.models.training import unit_key
+
+        shapes = [jax.eval_shape(lambda i=i: model.init_unit(i, unit_key(0, i))) for i in stage.units]
+        self.param_shardings = []
+        for i, shape_tree in zip(stage.units, shapes):
+            axes = model.param_axes(i)
+            specs = jax.tree.map(
+                lambda ax, leaf: param_partition(ax, leaf.shape, stage.tp), axes, shape_tree, is_leaf=_is_axes_leaf
+            )
+            self.param_shardings.append(
+                jax.tree.map(lambda sp: NamedSharding(self.mesh, PartitionSpec(*sp)), specs, is_leaf=lambda x: isinstance(x, tuple))
+            )
+        self.opt_shardings = []
+        for shape_tree, shard_tree in zip(shapes, self.param_shardings):
+            state_shape = jax.eval_shape(tx.init, shape_tree)
+
+            def moment_sharding(leaf, sharding):
+                spec = tuple(sharding.spec) + (None,) * (len(leaf.shape) - len(sharding.spec))
+                if stage.zero:
+                    spec = zero_partition(spec, leaf.shape, stage.dp)
+                return NamedSharding(self.mesh, PartitionSpec(*spec))
+
+            self.opt_shardings.append(
+                optax.tree_map_params(tx, moment_sharding, state_shape, shard_tree, transform_non_params=lambda _: self.replicated)
+            )
+
+        def run(params, carry, batch):
+            return apply_units(model, params, carry, batch, start, stop, dtype_)
+
+        constrain = jax.lax.with_sharding_constraint
+        out_sharding = self.replicated if last else self.carry_sharding
+
+        if first:
+            def forward(params, batch):
+                out, vjp = jax.vjp(lambda p: constrain(run(p, None, batch), out_sharding), params)
+                return out, vjp
+
+            def backward(vjp, cotangent, accumulated):
+                (grads,) = vjp(cotangent)
+                return constrain(jax.tree.map(jnp.add, accumulated, grads), self.param_shardings)
+
+            self.forward = jax.jit(forward)
+            self.backward = jax.jit(backward, donate_argnums=(2,))
+        else:
+            def forward(params, carry, batch):
+                out, vjp = jax.vjp(lambda p, c: constrain(run(p, c, batch), out_sharding), params, carry)
+                return out, vjp
+
+            def backward(vjp, cotangent, accumulated):
+                grads, carry_grad = vjp(cotangent)
+                return constrain(jax.tree.map(jnp.add, accumulated, grads), self.param_shardings), constrain(carry_grad, self.carry_sharding)
+
+            self.forward = jax.jit(forward)
+            self.backward = jax.jit(backward, donate_argnums=(2,))
+
+        # Adam's initial state and the gradient accumulators are zeros: built on the host and placed, which
+        # saves two compilations per stage.
+        self._param_shapes = shapes
+        self._opt_shapes = [jax.eval_shape(tx.init, t) for t in shapes]
+
+        def update(params, opt_state, grads):
+            new_params, new_state = [], []
+            for p, s, g in zip(params, opt_state, grads):
+                u, s = tx.update(g, s, p)
+                new_params.append(optax.apply_updates(p, u))
+                new_state.append(s)
+            return new_params, new_state
+
+        self.update = jax.jit(update, out_shardings=(self.param_shardings, self.opt_shardings), donate_argnums=(0, 1))
+        self.loss_cotangent: Any = None
+
+    def zero_grads(self) -> list[Any]:
+        import jax
+
+        return jax.device_put(_host_zeros(self._param_shapes), self.param_shardings)
+
+    def init_opt(self, params: list[Any]) -> list[Any]:
+        """Adam's initial state (zero moments, zero count) for this stage's units."""
+        import jax
+
+        return jax.device_put(_host_zeros(self._opt_shapes), self.opt_shardings)
+
+    def place_params(self, params: list[Any]) -> list[Any]:
+        import jax
+
+        return [jax.device_put(p, s) for p, s in zip(params, self.param_shardings)]
+
+    def place_opt_state(self, state: list[Any]) -> list[Any]:
+        import jax
+
+        return [jax.device_put(s, sh) for s, sh in zip(state, self.opt_shardings)]
+
+
+def _host_zeros(shapes: Any) -> Any:
+    import jax
+
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
+_STAGE_CACHE: dict[tuple, StageRuntime] = {}
+
+
+def stage_runtime(model: ModelDef, stage: RunStage, devices: Sequence[Any], microbatch: int, dtype: str,
+                  optimizer: OptimizerConfig, first: bool, last: bool) -> StageRuntime:
+    key = (model.name, stage.first_unit, stage.end_unit, stage.dp, stage.tp, stage.zero, microbatch, dtype, optimizer,
+           tuple(d.id for d in devices), first, last)
+    if key not in _STAGE_CACHE:
+        _STAGE_CACHE[key] = StageRuntime(model, stage, devices, microbatch, dtype, optimizer, first, last)
+    return _STAGE_CACHE[key]
+
+
+def one_f_one_b(num_stages: int, num_microbatches: int) -> list[tuple[int, str, int]]:
+    """A dispatch order of (stage, "F"|"B", micro-batch) that follows each stage's 1F1B order:
+    ``min(S - 1 - j, B)`` warm-up forwards, then alternating forward/backward, then the remaining backwards."""
+    S, B = num_stages, num_microbatches
+    queues = []
+    for j in range(S):
+        warm = min(S - 1 - j, B)
+        q: list[tuple[str, int]] = [("F", i) for i in range(warm)]
+        for i in range(B - warm):
+            q += [("F", warm + i), ("B", i)]
+        q += [("B", i) for i in range(B - warm, B)]
+        queues.append(q)
+    done: set[tuple[int, str, int]] = set()
+    order = []
+    heads = [0] * S
+    while len(order) < 2 * S * B:
+        progressed = False
+        for j in range(S):
+            while heads[j] < len(queues[j]):
+                kind, i = queues[j][heads[j]]
+                if kind == "F":
+                    ready = j == 0 or (j - 1, "F", i) in done
+                else:
+                    ready = (j, "F", i) in done and (j == S - 1 or (j + 1, "B", i) in done)
+                if not ready:
+                    break
+                done.add((j, kind, i))
+                order.append((j, kind, i))
+                heads[j] += 1
+                progressed = True
+        if not progressed:  # cannot happen for a valid 1F1B schedule; guards against an endless loop
+            raise RuntimeError("1F1B schedule deadlocked")
+    return order
+
+
+@dataclass
+class StepStats:
+    step: int
+    loss: float
+    step_time_s: float
+    #: Busy seconds of each stage (forwards, backwards, transfers out, optimizer update); only measured on
+    #: steps run with ``profile_stages`` (each task is waited for, so stages do not overlap).
+    stage_time_s: list[float] = field(default_factory=list)
+    #: Peak bytes of live arrays on the most loaded device of each stage, sampled after every task of a
+    #: ``profile_stages`` step (params, optimizer state, gradients, kept activations, in-flight transfers).
+    stage_peak_memory_bytes: list[int] = field(default_factory=list)
+
+
+class PipelineExecutor:
+    """Runs training steps of ``model`` under ``plan`` on ``devices`` (default: the first devices of JAX)."""
+
+    def __init__(self, model: ModelDef, plan: RunPlan, devices: Sequence[Any] | None = None, dtype: str = "fp32",
+                 optimizer: OptimizerConfig | None = None):
+        import jax
+
+        all_devices = list(jax.devices()) if devices is None else list(devices)
+        plan.validate(model, len(all_devices))
+        self.model, self.plan, self.dtype = model, plan, dtype
+        self.optimizer = optimizer or OptimizerConfig()
+        offsets = plan.offsets()
+        S = plan.pipeline_degree
+        self.stages = [
+            stage_runtime(model, st, all_devices[off: off + st.num_gpus], plan.microbatch_size, dtype, self.optimizer, j == 0, j == S - 1)
+            for j, (st, off) in enumerate(zip(plan.stages, offsets))
+        ]
+        self.order = one_f_one_b(S, plan.num_microbatches)
+        self.params: list[list[Any]] = []
+        self.opt_state: list[list[Any]] = []
+        self.step_count = 0
+
+    # -- state ------------------------------------------------------------------------------------------
+
+    def init_state(self, seed: int) -> None:
+        """Fresh parameters (unit i's depend on (seed, i) only: identical under every plan) and Adam state."""
+        import jax
+
+        # Compiled per stage and written straight into the stage's shardings.
+        self.params = [
+            jax.jit(lambda units=tuple(rt.stage.units): init_params(self.model, seed, units), out_shardings=rt.param_shardings)()
+            for rt in self.stages
+        ]
+        self.opt_state = [rt.init_opt(p) for rt, p in zip(self.stages, self.params)]
+        self.step_count = 0
+
+    def load_state(self, unit_params: Sequence[Any], unit_opt_state: Sequence[Any], step: int) -> None:
+        """Place per-unit host state (from a checkpoint or another plan) onto this plan's stages."""
+        import jax
+
+        if len(unit_params) != len(self.model.units) or len(unit_opt_state) != len(self.model.units):
+            raise ArenaError(f"state has {len(unit_params)} units, model {self.model.name} has {len(self.model.units)}")
+        # Host copies first: placing fresh buffers means the donating update never deletes the caller's arrays.
+        unit_params, unit_opt_state = jax.device_get((list(unit_params), list(unit_opt_state)))
+        self.params = [rt.place_params([unit_params[i] for i in rt.stage.units]) for rt in self.stages]
+        self.opt_state = [rt.place_opt_state([unit_opt_state[i] for i in rt.stage.units]) for rt in self.stages]
+        self.step_count = int(step)
+
+    def host_state(self) -> tuple[list[Any], list[Any]]:
+        """Per-unit parameters and optimizer state as host numpy arrays (plan-independent)."""
+        import jax
+
+        params = [u for stage in jax.device_get(self.params) for u in stage]
+        opt = [u for stage in jax.device_get(self.opt_state) for u in stage]
+        return params, opt
+
+    # -- one step ----------------------------------------------------------------------------------------
+
+    def microbatches(self, batch: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        mb = self.plan.microbatch_size
+        for name, value in batch.items():
+            if value.shape[0] != self.plan.global_batch:
+                raise ArenaError(f"batch entry {name!r} has {value.shape[0]} samples, the plan's global batch is {self.plan.global_batch}")
+        return [{k: v[i * mb:(i + 1) * mb] for k, v in batch.items()} for i in range(self.plan.num_microbatches)]
+
+    def step(self, batch: dict[str, np.ndarray], profile_stages: bool = False) -> StepStats:
+        """One training step on the global batch ``batch`` (host arrays); returns the mean loss."""
+        import jax
+        import jax.numpy as jnp
+
+        if not self.params:
+            raise RuntimeError("init_state() or load_state() first")
+        t0 = time.perf_counter()
+        S, B = self.plan.pipeline_degree, self.plan.num_microbatches
+        pieces = self.microbatches(batch)
+        stage_time = [0.0] * S
+        stage_peak = [0] * S
+        stage_batches = []
+        for rt in self.stages:
+            stage_batches.append([jax.device_put(p, rt.batch_sharding) for p in pieces] if rt.uses_batch else [{}] * B)
+        last = self.stages[-1]
+        if last.loss_cotangent is None:
+            last.loss_cotangent = jax.device_put(jnp.asarray(1.0 / B, jnp.float32), last.replicated)
+        grads = [rt.zero_grads() for rt in self.stages]
+        activations: dict[tuple[int, int], Any] = {}
+        cotangents: dict[tuple[int, int], Any] = {}
+        vjps: dict[tuple[int, int], Any] = {}
+        losses = []
+        for j, kind, i in self.order:
+            rt = self.stages[j]
+            t_task = time.perf_counter()
+            if kind == "F":
+                if rt.first:
+                    out, vjp = rt.forward(self.params[j], stage_batches[j][i])
+                else:
+                    out, vjp = rt.forward(self.params[j], activations.pop((j - 1, i)), stage_batches[j][i])
+                vjps[(j, i)] = vjp
+                if rt.last:
+                    losses.append(out)
+                else:
+                    out = jax.device_put(out, self.stages[j + 1].carry_sharding)
+                    activations[(j, i)] = out
+            else:
+                cotangent = last.loss_cotangent if rt.last else cotangents.pop((j, i))
+                if rt.first:
+                    grads[j] = rt.backward(vjps.pop((j, i)), cotangent, grads[j])
+                    out = grads[j]
+                else:
+                    grads[j], carry_grad = rt.backward(vjps.pop((j, i)), cotangent, grads[j])
+                    out = cotangents[(j - 1, i)] = jax.device_put(carry_grad, self.stages[j - 1].carry_sharding)
+            if profile_stages:
+                jax.block_until_ready(out)
+                stage_time[j] += time.perf_counter() - t_task
+                memory = self.stage_memory_bytes()
+                stage_peak = [max(a, b) for a, b in zip(stage_peak, memory)]
+        for j, rt in enumerate(self.stages):
+            t_task = time.perf_counter()
+            self.params[j], self.opt_state[j] = rt.update(self.params[j], self.opt_state[j], grads[j])
+            if profile_stages:
+                jax.block_until_ready(self.params[j])
+                stage_time[j] += time.perf_counter() - t_task
+        loss = float(np.mean([float(v) for v in losses]))  # waits for the last stage
+        jax.block_until_ready(self.params)
+        self.step_count += 1
+        return StepStats(self.step_count, loss, time.perf_counter() - t0, stage_time if profile_stages else [],
+                         stage_peak if profile_stages else [])
+
+    # -- memory -------------------------------------------------------------------------------------------
+
+    def stage_memory_bytes(self) -> list[int]:
+        """Bytes of live JAX arrays on the most loaded device of each stage (all live arrays of the process)."""
+        per_device = live_bytes_per_device()
+        return [max(per_device.get(d.id, 0) for d in rt.devices) for rt in self.stages]
+
+
+def live_bytes_per_device() -> dict[int, int]:
+    import jax
+
+    out: dict[int, int] = defaultdict(int)
+    for array in jax.live_arrays():
+        if array.is_deleted():
+            continue
+        for shard in array.addressable_shards:
+            out[shard.device.id] += int(np.prod(shard.data.shape)) * array.dtype.itemsize
+    return dict(out)

@@ -1,0 +1,317 @@
+"""Runtime adaptive-parallelism search (§3.6): the full space (Alpa-style baseline) and the pruned space.
+
+For allocated resources (GPU type m, GPU count n) the full space is every plan of every grid: pipeline
+degree s, contiguous partition of the O clusters into s stages, power-of-two GPU assignment summing to n
+and per-stage (dp, tp, ZeRO). Each candidate is *measured* (a few real training steps); search cost is the
+measurement wall time times the n devices held.
+
+Pruning rules, from arena-plan's Pareto frontiers of the grids:
+  1. take the best grid's pipeline degree s_b (given, or the grid whose proxy plan measures fastest);
+  2. drop (partition, assignment) pairs more imbalanced than the most imbalanced Pareto plan of G_b;
+  3. a stage whose cluster range matches a stage of a Pareto plan of G_b takes that stage's GPU count and
+     intra-stage parallelism (dp, tp, ZeRO) instead of trying all.
+
+Imbalance is the paper's computation bias b_comp (eq. 3): Euclidean distance of the GPU assignment from
+the load-proportional one, with cluster loads from the plans metadata (roofline of each cluster's FLOPs
+and bytes on the GPU type), computed the same way for the frontier plans and the candidates.
+Planning and pruning are numpy only; ``measure`` is whatever times a plan (``measure_plan`` in-process, or
+a Ray actor).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from libarena.errors import ArenaError
+from libarena.models import ModelDef
+from libarena.run.plan import RunPlan, RunStage, cluster_unit_ranges, plan_from_parallel_plan
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    #: Measure at most this many candidates per search (a seeded uniform sample beyond it); 0 = all.
+    max_candidates: int = 0
+    sample_seed: int = 0
+    #: Untimed steps (the first compiles) and timed steps per candidate.
+    warmup_steps: int = 1
+    timed_steps: int = 2
+    #: Micro-batches B = microbatches_per_stage x s, as arena-plan does, reduced until B divides the batch.
+    microbatches_per_stage: int = 4
+    allow_zero: bool = True
+
+
+@dataclass
+class Trial:
+    plan: RunPlan
+    step_time_s: float
+    cost_device_s: float
+    error: str = ""
+
+
+@dataclass
+class SearchResult:
+    mode: str
+    gpu_type: str
+    num_gpus: int
+    candidates_total: int
+    candidates_measured: int
+    trials: list[Trial] = field(default_factory=list)
+    #: Pipeline degree used (pruned search: rule 1); None for the full search.
+    pipeline_degree: int | None = None
+    #: Device-seconds spent choosing the pipeline degree (rule 1 measuring proxies), included in cost.
+    grid_selection_cost_device_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def best(self) -> Trial:
+        ok = [t for t in self.trials if not t.error and math.isfinite(t.step_time_s)]
+        if not ok:
+            raise ArenaError(f"{self.mode} search: no candidate plan ran ({self.trials[0].error if self.trials else 'no candidates'})")
+        return min(ok, key=lambda t: (t.step_time_s, t.plan.plan_id))
+
+    @property
+    def cost_device_s(self) -> float:
+        return self.grid_selection_cost_device_s + sum(t.cost_device_s for t in self.trials)
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {
+            "mode": self.mode, "gpu_type": self.gpu_type, "num_gpus": self.num_gpus, "pipeline_degree": self.pipeline_degree,
+            "candidates_total": self.candidates_total, "candidates_measured": self.candidates_measured,
+            "cost_device_s": self.cost_device_s, "grid_selection_cost_device_s": self.grid_selection_cost_device_s,
+            "best_plan": best.plan.describe(), "best_step_time_s": best.step_time_s, "wall_s": self.wall_s,
+            "trials": [{"plan_id": t.plan.plan_id, "step_time_s": t.step_time_s, "cost_device_s": t.cost_device_s, "error": t.error}
+                       for t in self.trials],
+        }
+
+
+# -- the space -------------------------------------------------------------------------------------------
+
+
+def cluster_loads(clusters: Sequence[Mapping[str, Any]], gpu_type: str, dtype: str) -> np.ndarray:
+    """Roofline seconds of each cluster's forward+backward on one GPU: max(F / peak, M / bandwidth)."""
+    from libarena.hardware import get_gpu
+
+    gpu = get_gpu(gpu_type)
+    flops = np.array([float(c.get("flops", 0.0)) for c in clusters])
+    moved = np.array([float(c.get("bytes", 0.0)) for c in clusters])
+    loads = np.maximum(flops / gpu.peak(dtype or "fp32"), moved / gpu.hbm_bandwidth)
+    if not np.all(loads > 0):
+        loads = np.where(loads > 0, loads, max(float(loads.max(initial=0.0)), 1.0) * 1e-6)
+    return loads
+
+
+def computation_bias(loads: np.ndarray, bounds: Sequence[int], gpus: Sequence[int]) -> float:
+    """b_comp (eq. 3) of GPU assignment ``gpus`` to the stages starting at clusters ``bounds``."""
+    n = sum(gpus)
+    ends = list(bounds[1:]) + [len(loads)]
+    share = loads / loads.sum() * n
+    ideal = np.array([share[a:b].sum() for a, b in zip(bounds, ends)])
+    return float(np.sqrt(((np.asarray(gpus, dtype=float) - ideal) ** 2).sum()))
+
+
+def _compositions(n: int, s: int) -> list[tuple[int, ...]]:
+    from libarena.plan.partition import power_of_two_compositions
+
+    return list(power_of_two_compositions(n, s))
+
+
+def _intra_options(g: int, allow_zero: bool) -> list[tuple[int, int, bool]]:
+    from libarena.plan.costs import intra_stage_options
+
+    return list(intra_stage_options(g, allow_zero))
+
+
+def microbatches(global_batch: int, stages: int, per_stage: int) -> int:
+    b = max(1, per_stage * stages)
+    while b > 1 and global_batch % b:
+        b -= 1
+    return b
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The allocated resources of one job and the model's clusters (from the plans metadata)."""
+
+    model: ModelDef
+    global_batch: int
+    gpu_type: str
+    num_gpus: int
+    clusters: tuple[Mapping[str, Any], ...]
+    dtype: str = "fp32"
+
+    @property
+    def num_clusters(self) -> int:
+        return len(self.clusters)
+
+    def make_plan(self, bounds: Sequence[int], choices: Sequence[tuple[int, int, int, bool]], num_microbatches: int, tag: str) -> RunPlan:
+        ranges = cluster_unit_ranges(self.model, self.clusters)
+        ends = list(bounds[1:]) + [len(ranges)]
+        stages = tuple(
+            RunStage(ranges[a][0], ranges[b - 1][1], g, dp, tp, zero, None, a, b)
+            for (a, b), (g, dp, tp, zero) in zip(zip(bounds, ends), choices)
+        )
+        spec = "_".join(f"{a}:{g}g{dp}x{tp}{'z' if z else ''}" for a, (g, dp, tp, z) in zip(bounds, choices))
+        return RunPlan(self.model.name, self.global_batch, num_microbatches, stages, f"{tag}-s{len(bounds)}-{spec}", self.gpu_type)
+
+    def valid(self, plan: RunPlan) -> bool:
+        return all(plan.microbatch_size % st.dp == 0 for st in plan.stages)
+
+
+def full_space(space: SearchSpace, config: SearchConfig) -> list[RunPlan]:
+    """Every plan of every grid of the resources."""
+    from libarena.plan.partition import partitions
+
+    out = []
+    n, O = space.num_gpus, space.num_clusters
+    for s in range(1, min(n, O) + 1):
+        B = microbatches(space.global_batch, s, config.microbatches_per_stage)
+        starts, _ = partitions(O, s)
+        for bounds in starts.tolist():
+            for gpus in _compositions(n, s):
+                for intra in itertools.product(*[_intra_options(g, config.allow_zero) for g in gpus]):
+                    choices = [(g, dp, tp, z) for g, (dp, tp, z) in zip(gpus, intra)]
+                    plan = space.make_plan(bounds, choices, B, "full")
+                    if space.valid(plan):
+                        out.append(plan)
+    return out
+
+
+def pruned_space(space: SearchSpace, frontier: Sequence[Any], pipeline_degree: int, config: SearchConfig) -> list[RunPlan]:
+    """Rules 2 and 3 inside the grid of pipeline degree ``pipeline_degree`` (``frontier``: its Pareto
+    ParallelPlans from arena-plan)."""
+    from libarena.plan.partition import partitions
+
+    if not frontier:
+        raise ArenaError(f"no Pareto plans for {space.gpu_type} x{space.num_gpus} with {pipeline_degree} stages in the plans file")
+    loads = cluster_loads(space.clusters, space.gpu_type, space.dtype)
+    # Rule 2: the most imbalanced Pareto plan bounds the imbalance we try.
+    threshold = max(computation_bias(loads, p.stage_boundaries, p.gpus_per_stage) for p in frontier) + 1e-9
+    # Rule 3: stage compositions (cluster ranges) seen on the frontier, with their intra-stage choices.
+    fixed: dict[tuple[int, int], set[tuple[int, int, int, bool]]] = {}
+    for p in frontier:
+        for st in p.stages:
+            fixed.setdefault((st.first_cluster, st.end_cluster), set()).add((st.num_gpus, st.dp, st.tp, bool(st.zero)))
+    s, n, O = pipeline_degree, space.num_gpus, space.num_clusters
+    B = microbatches(space.global_batch, s, config.microbatches_per_stage)
+    out, seen = [], set()
+    starts, _ = partitions(O, s)
+    for bounds in starts.tolist():
+        ends = bounds[1:] + [O]
+        for gpus in _compositions(n, s):
+            if computation_bias(loads, bounds, gpus) > threshold:
+                continue
+            per_stage = []
+            for a, b, g in zip(bounds, ends, gpus):
+                if (a, b) in fixed:
+                    per_stage.append(sorted(c for c in fixed[(a, b)] if c[0] == g))
+                else:
+                    per_stage.append([(g, dp, tp, z) for dp, tp, z in _intra_options(g, config.allow_zero)])
+            for choices in itertools.product(*per_stage):
+                key = (tuple(bounds), choices)
+                if key in seen:
+                    continue
+                seen.add(key)
+                plan = space.make_plan(bounds, choices, B, "pruned")
+                if space.valid(plan):
+                    out.append(plan)
+    # The frontier plans themselves always belong to the pruned space.
+    for p in frontier:
+        plan = space.make_plan(p.stage_boundaries, [(st.num_gpus, st.dp, st.tp, bool(st.zero)) for st in p.stages], B, "pruned")
+        key = (tuple(p.stage_boundaries), tuple((st.num_gpus, st.dp, st.tp, bool(st.zero)) for st in p.stages))
+        if key not in seen and space.valid(plan):
+            seen.add(key)
+            out.append(plan)
+    return out
+
+
+def _sample(plans: list[RunPlan], config: SearchConfig) -> list[RunPlan]:
+    if config.max_candidates <= 0 or len(plans) <= config.max_candidates:
+        return plans
+    rng = random.Random(config.sample_seed)
+    return sorted(rng.sample(plans, config.max_candidates), key=plans.index)
+
+
+MeasureFn = Callable[[RunPlan], float]
+
+
+def _run_trials(plans: list[RunPlan], measure: MeasureFn, num_gpus: int) -> list[Trial]:
+    trials = []
+    for plan in plans:
+        t0 = time.perf_counter()
+        try:
+            step_time = float(measure(plan))
+            error = ""
+        except ArenaError as exc:
+            step_time, error = math.inf, exc.message
+        trials.append(Trial(plan, step_time, (time.perf_counter() - t0) * num_gpus, error))
+    return trials
+
+
+def full_search(space: SearchSpace, measure: MeasureFn, config: SearchConfig) -> SearchResult:
+    t0 = time.perf_counter()
+    plans = full_space(space, config)
+    chosen = _sample(plans, config)
+    result = SearchResult("full", space.gpu_type, space.num_gpus, len(plans), len(chosen), _run_trials(chosen, measure, space.num_gpus))
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def grid_frontiers(planset: Any, gpu_type: str, num_gpus: int) -> dict[int, Any]:
+    """Feasible grids (pipeline degree -> GridResult) of the resources in an arena-plan PlanSet."""
+    out = {}
+    for g in planset.grids:
+        if g.grid.gpu_type == gpu_type and g.grid.num_gpus == num_gpus and g.feasible:
+            out[g.grid.pipeline_degree] = g
+    if not out:
+        raise ArenaError(f"the plans file has no feasible grid for {gpu_type} x{num_gpus}")
+    return out
+
+
+def pruned_search(space: SearchSpace, planset: Any, measure: MeasureFn, config: SearchConfig,
+                  pipeline_degree: int | None = None) -> SearchResult:
+    """Rules 1-3. Without ``pipeline_degree`` the best grid is found by measuring each grid's proxy plan
+    (counted in the search cost)."""
+    t0 = time.perf_counter()
+    grids = grid_frontiers(planset, space.gpu_type, space.num_gpus)
+    selection_cost = 0.0
+    selection_trials: list[Trial] = []
+    if pipeline_degree is None:
+        proxies = [plan_from_parallel_plan(g.proxy, space.model, space.clusters) for g in grids.values() if g.proxy is not None]
+        selection_trials = _run_trials(proxies, measure, space.num_gpus)
+        selection_cost = sum(t.cost_device_s for t in selection_trials)
+        ok = [t for t in selection_trials if not t.error]
+        if not ok:
+            raise ArenaError(f"no proxy plan of {space.gpu_type} x{space.num_gpus} ran: {selection_trials[0].error}")
+        pipeline_degree = min(ok, key=lambda t: t.step_time_s).plan.pipeline_degree
+    if pipeline_degree not in grids:
+        raise ArenaError(f"the plans file has no feasible {space.gpu_type} x{space.num_gpus} grid with {pipeline_degree} stages")
+    plans = pruned_space(space, grids[pipeline_degree].frontier, pipeline_degree, config)
+    chosen = _sample(plans, config)
+    result = SearchResult("pruned", space.gpu_type, space.num_gpus, len(plans), len(chosen), _run_trials(chosen, measure, space.num_gpus),
+                          pipeline_degree, selection_cost)
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def measure_in_process(model: ModelDef, config: SearchConfig, dtype: str = "fp32", devices: Sequence[Any] | None = None) -> MeasureFn:
+    """A MeasureFn timing candidates with :func:`libarena.run.train.measure_plan` on this process's devices."""
+    from libarena.run.train import measure_plan
+
+    def measure(plan: RunPlan) -> float:
+        return measure_plan(model, plan, warmup=config.warmup_steps, steps=config.timed_steps, devices=devices, dtype=dtype,
+                            profile_stages=False).step_time_s
+
+    return measure
+
+
+def describe_config(config: SearchConfig) -> dict[str, Any]:
+    return asdict(config)

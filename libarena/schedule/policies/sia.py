@@ -1,0 +1,109 @@
+"""``sia``: heterogeneity- and elasticity-aware ILP scheduling (Jayaram Subramanya et al., SOSP'23).
+
+Sia's view is its bootstrapped estimate: 1-GPU (smallest fitting count) data-parallel throughput per GPU type,
+extrapolated linearly with the GPU count (the ``dp-linear`` view, §2.3 of the Arena paper). Every round with a
+change, an ILP chooses one (GPU type, count) per job, maximising the sum of job utilities under per-type capacity:
+
+    utility(job, config) = sqrt(estimate(config) / estimate(job's smallest config)) x (1 - restart share)
+
+The square root is our concave speedup valuation, standing in for Sia's fairness knob (admitting a job is worth more
+than speeding up one already running); the restart share (checkpoint-resume + AP search over the job's
+estimated remaining time, capped at 1) discounts a config change of an in-flight job, like Sia's restart
+factor. In-flight jobs must keep a config (no preemption); they are offered their current config, one count up
+on the same type, one count down (only while jobs queue: shrinking can only help to admit them), and the same
+count on every type it estimates faster. Queued jobs (the oldest
+PolicyConfig.ilp_max_queued) are offered every config up to PolicyConfig.max_gpus_per_job. This bounds the ILP
+to about 6 x (in-flight jobs) + (GPU types x counts) x (queued jobs) binaries; each solve is limited to
+PolicyConfig.ilp_time_limit_s.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from libarena.schedule.config import APSearch, ProfilingKind
+from libarena.schedule.entities import Job, JobState
+from libarena.schedule.policies.base import Policy, register_policy
+from libarena.schedule.policies.ilp import solve_assignment
+
+
+@register_policy
+class SiaPolicy(Policy):
+    name = "sia"
+    description = "Sia: ILP over GPU type and count per round, from 1-GPU bootstrapped linear estimates"
+    default_view = "dp-linear"
+    profiling = ProfilingKind.BOOTSTRAP
+    ap_search = APSearch.FULL
+
+    def attach(self, sim) -> None:
+        super().attach(sim)
+        self.queue: list[Job] = []
+
+    def _configs(self, job: Job) -> list[tuple[int, int]]:
+        cached = job.policy_state.get("sia_configs")
+        if cached is None:
+            ok = (job.view_thr > 0) & self.allowed
+            cached = job.policy_state["sia_configs"] = [(int(t), int(c)) for t, c in zip(*np.nonzero(ok))]
+            job.policy_state["sia_base"] = min(job.view_thr[t, c] for t, c in cached) if cached else 1.0
+        return cached
+
+    def runnable(self, job: Job) -> bool:
+        return bool(self._configs(job))
+
+    def on_arrival(self, job: Job) -> None:
+        self.queue.append(job)
+
+    def _utility(self, job: Job, t: int, c: int) -> float:
+        return math.sqrt(job.view_thr[t, c] / job.policy_state["sia_base"])
+
+    def schedule(self) -> None:
+        sim = self.sim
+        if not self.queue and sim.cluster.free_gpus == 0:
+            return  # nothing to admit and no GPU to grow into: a solve could only shrink or swap, never gain
+        capacity = np.array([p.capacity for p in sim.pools], dtype=np.int64)
+        overhead = sim.rescale_overhead()
+        groups, must, jobs, configs = [], [], [], []
+        for job in sim.active.values():
+            a = job.alloc
+            t0, c0 = a.type_index, a.count_index
+            if job.state == JobState.STARTING:
+                capacity[t0] -= a.num_gpus
+                continue
+            self._configs(job)
+            remaining_s = job.remaining_at(sim.now) * job.spec.global_batch / job.view_thr[t0, c0]
+            discount = max(0.0, 1.0 - overhead / max(remaining_s, 1e-9))
+            v = job.view_thr
+            cand = [(t0, c0)] + [(t, c) for t, c in self._configs(job)
+                                 if (t == t0 and c == c0 + 1) or (t == t0 and c == c0 - 1 and self.queue)
+                                 or (t != t0 and c == c0 and v[t, c] > v[t0, c0])]
+            opts = [(t0, 1 << c0, self._utility(job, t0, c0))]
+            opts += [(t, 1 << c, self._utility(job, t, c) * discount) for t, c in cand[1:]]
+            groups.append(opts)
+            must.append(True)
+            jobs.append(job)
+            configs.append(cand)
+        for job in self.queue[: self.config.ilp_max_queued]:
+            cand = self._configs(job)
+            groups.append([(t, 1 << c, self._utility(job, t, c)) for t, c in cand])
+            must.append(False)
+            jobs.append(job)
+            configs.append(cand)
+        if not groups:
+            return
+        choice = solve_assignment(groups, must, np.maximum(capacity, 0), self.config.ilp_time_limit_s)
+        chosen = [(job, cand[k]) for job, cand, k in zip(jobs, configs, choice) if k is not None]
+        # shrinks first, then moves and growths, then launches
+        for job, (t, c) in chosen:
+            if job.state == JobState.RUNNING and t == job.alloc.type_index and c < job.alloc.count_index:
+                sim.rescale(job, t, c)
+        for job, (t, c) in chosen:
+            if job.state == JobState.RUNNING and (t, c) != (job.alloc.type_index, job.alloc.count_index):
+                sim.rescale(job, t, c)
+        launched = set()
+        for job, (t, c) in chosen:
+            if job.state == JobState.QUEUED and sim.launch(job, t, c):
+                launched.add(job.index)
+        if launched:
+            self.queue = [j for j in self.queue if j.index not in launched]

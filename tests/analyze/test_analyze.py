@@ -1,0 +1,242 @@
+"""arena-analyze on the tiny zoo models (all four families): XLA totals, 6ND, attribution, clusters,
+determinism, the artifact round trip and the planner contract."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from libarena.analyze import AnalyzeConfig, analyze_model, read_operator_table
+from libarena.artifacts import Provenance
+from libarena.artifacts.kinds.operator_table import CLUSTER_FIELDS
+from libarena.errors import ArenaError
+from libarena.models import get_model
+
+FAMILIES = ("gpt", "bert", "moe", "wide_resnet")
+BATCH = {"gpt": 8, "bert": 8, "moe": 8, "wide_resnet": 4}
+
+_CACHE: dict[str, object] = {}
+
+
+def analyzed(family: str):
+    """One analysis per family per test session (lowering costs a few seconds)."""
+    if family not in _CACHE:
+        _CACHE[family] = analyze_model(AnalyzeConfig(f"{family}__tiny", BATCH[family]))
+    return _CACHE[family]
+
+
+def col(ops, name):
+    return np.asarray(ops.table.column(name).to_pylist())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_per_op_costs_sum_to_xla_module_totals(family):
+    ops = analyzed(family)
+    module = ops.metadata["module_cost"]
+    flops = col(ops, "flops").sum()
+    moved = col(ops, "bytes_read").sum() + col(ops, "bytes_written").sum()
+    assert flops > 0 and moved > 0
+    assert flops == pytest.approx(module["flops"], rel=0.01)
+    assert moved == pytest.approx(module["bytes accessed"], rel=0.01)
+    assert col(ops, "bytes_written").sum() == pytest.approx(module["bytes accessedout{}"], rel=0.01)
+    assert col(ops, "transcendentals").sum() == pytest.approx(module["transcendentals"], rel=0.01)
+    # No double counting: calls are expanded (their rows named <call>/<instruction>, no call rows);
+    # computations applied by reduce & co. give no rows of their own.
+    names, opcodes = col(ops, "name"), col(ops, "opcode")
+    assert "call" not in set(opcodes) and any("/" in n for n in names)
+    assert len(set(names)) == len(names)
+    applied = {c for c in col(ops, "computation") if c.startswith("region_")}
+    assert not applied
+
+
+def test_scope_paths_give_units_and_phases():
+    from libarena.analyze.operators import _Scopes
+
+    scopes = _Scopes(["embed", "block_00", "head"])
+    assert scopes.read("jit(train_step)/jvp(block_00)/bsh,hknd->kbsnd/dot_general") == (1, 0)
+    assert scopes.read("jit(train_step)/transpose(jvp(block_00))/dot_general") == (1, 1)
+    assert scopes.read("jit(train_step)/optimizer/mul") == (-1, 2)
+    assert scopes.read("jit(train_step)/jvp(head)/jit(log_softmax)") == (2, 0)
+    assert scopes.read("block_00/dot_general") == (1, None)  # not differentiated: phase from data flow
+    assert scopes.read("reduce_sum") == (-1, None)
+
+
+def test_module_totals_are_jaxs_public_cost_analysis():
+    import jax
+
+    from libarena.models.training import abstract_optimizer_state, abstract_params, batch_spec, make_train_step
+
+    model = get_model("gpt__tiny")
+    params = abstract_params(model)
+    lowered = jax.jit(make_train_step(model, "bf16"), keep_unused=True).lower(
+        params, abstract_optimizer_state(params), batch_spec(model, BATCH["gpt"])
+    )
+    public = lowered.cost_analysis()
+    module = analyzed("gpt").metadata["module_cost"]
+    assert module["flops"] == public["flops"] and module["bytes accessed"] == public["bytes accessed"]
+
+
+def test_gpt_total_flops_match_six_n_tokens():
+    from libarena.models.training import param_count
+
+    ops = analyzed("gpt")
+    model = get_model("gpt__tiny")
+    tokens = BATCH["gpt"] * model.config.seq_len
+    analytic = 6 * param_count(model) * tokens
+    assert col(ops, "flops").sum() == pytest.approx(analytic, rel=0.10)
+    # Backward costs about twice the forward.
+    phase, flops = col(ops, "phase"), col(ops, "flops")
+    assert 1.7 < flops[phase == "backward"].sum() / flops[phase == "forward"].sum() < 2.3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_op_is_attributed_or_explicitly_not(family):
+    ops = analyzed(family)
+    model = get_model(f"{family}__tiny")
+    names = [u.name for u in model.units]
+    unit, layer, cluster, phase = col(ops, "unit_index"), col(ops, "layer"), col(ops, "cluster"), col(ops, "phase")
+    assert set(phase) == {"forward", "backward", "optimizer"}
+    assert ((unit >= -1) & (unit < len(names))).all()
+    assert all(layer[i] == (names[u] if u >= 0 else "") for i, u in enumerate(unit))
+    assert ((cluster == -1) == (unit == -1)).all()
+    unattributed = unit == -1
+    info = ops.metadata["attribution"]
+    assert info["unattributed_ops"] == int(unattributed.sum()) and info["instructions"] == len(unit)
+    # Few, and practically free: hoisted shared constants, Adam's step count, the root tuple.
+    assert unattributed.sum() <= 0.1 * len(unit)
+    flops = col(ops, "flops")
+    assert flops[unattributed].sum() <= 1e-6 * flops.sum()
+    moved = col(ops, "bytes_read") + col(ops, "bytes_written")
+    assert moved[unattributed].sum() <= 0.05 * moved.sum()
+    # Every unit computes forward and backward, and every unit's weights get an optimizer update.
+    for u in range(len(names)):
+        mine = unit == u
+        assert flops[mine & (phase == "forward")].sum() > 0, names[u]
+        assert (mine & (phase == "backward")).any(), names[u]
+        assert flops[mine & (phase == "optimizer")].sum() > 0, names[u]
+    # Units follow the named scopes: block_01's dots are block_01's.
+    dots = (col(ops, "opcode") == "dot") | (col(ops, "opcode") == "convolution")
+    assert (unit[dots] >= 0).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_clusters_are_contiguous_cover_all_units_and_sum_the_rows(family):
+    ops = analyzed(family)
+    model = get_model(f"{family}__tiny")
+    meta = ops.metadata
+    clusters = meta["clusters"]
+    assert meta["num_clusters"] == len(clusters) == min(16, len(model.units))
+    assert [u for c in clusters for u in c["units"]] == [u.name for u in model.units]
+    assert [c["index"] for c in clusters] == list(range(len(clusters)))
+    for c in clusters:
+        assert {f.name for f in CLUSTER_FIELDS} <= set(c)
+    unit, cluster, phase = col(ops, "unit_index"), col(ops, "cluster"), col(ops, "phase")
+    flops = col(ops, "flops")
+    compute = (phase != "optimizer") & (cluster >= 0)
+    for c in clusters:
+        mine = cluster == c["index"]
+        assert c["num_ops"] == int(mine.sum())
+        assert c["flops"] == pytest.approx(flops[mine & compute].sum())
+        assert c["optimizer_flops"] == pytest.approx(flops[mine & (phase == "optimizer")].sum())
+    from libarena.models.training import param_count
+
+    assert sum(c["param_count"] for c in clusters) == param_count(model) == meta["model"]["param_count"]
+    assert sum(c["param_bytes"] for c in clusters) == 4 * param_count(model)  # float32 master weights
+    assert [u["cluster"] for u in meta["units"]] == [int(cluster[unit == i][0]) for i in range(len(model.units))]
+
+
+def test_transformer_boundary_and_communication_bytes():
+    for family in ("gpt", "moe"):
+        ops = analyzed(family)
+        c = get_model(f"{family}__tiny").config
+        tokens = BATCH[family] * c.seq_len
+        act = tokens * c.hidden * 2  # bf16
+        blocks = [r for r in ops.metadata["clusters"] if r["units"][0].startswith("block_")]
+        assert blocks
+        for r in blocks:
+            assert r["activation_bytes"] == act
+            assert r["tp_allreduce_bytes"] == 2 * 2 * act  # two all-reduces, forward and backward
+            assert r["saved_activation_bytes"] >= act
+            assert r["param_count"] > 0
+        expected_a2a = 0.0
+        if family == "moe":
+            shape = ops.metadata["expert_dispatch_shape"]
+            expected_a2a = 2 * 2 * float(np.prod(shape)) * 2
+            # The hook's shape is the dispatch einsum's output in the module itself.
+            shapes = col(ops, "shape")[(col(ops, "opcode") == "dot") & (col(ops, "layer") == "block_00")]
+            assert f"bf16[{','.join(map(str, shape))}]" in set(shapes)
+        assert all(r["alltoall_bytes"] == expected_a2a for r in blocks)
+    wrn = analyzed("wide_resnet")
+    assert all(r["alltoall_bytes"] == 0 for r in wrn.metadata["clusters"])
+    assert all(r["activation_bytes"] > 0 and r["tp_allreduce_bytes"] > 0 for r in wrn.metadata["clusters"])
+
+
+def test_parameter_ops_touch_parameter_bytes():
+    ops = analyzed("gpt")
+    is_param, pbytes, opcode, phase = col(ops, "is_parameter_op"), col(ops, "param_bytes"), col(ops, "opcode"), col(ops, "phase")
+    assert ((pbytes > 0) <= is_param).all()
+    assert (is_param[phase == "optimizer"]).all()
+    total_params = ops.metadata["model"]["param_bytes"]
+    # The forward casts of the weights read every parameter once.
+    casts = (opcode == "convert") & (phase == "forward") & (pbytes > 0)
+    assert pbytes[casts].sum() == pytest.approx(total_params)
+
+
+def test_analysis_is_deterministic_and_round_trips(tmp_path):
+    first = analyzed("gpt")
+    second = analyze_model(AnalyzeConfig("gpt__tiny", BATCH["gpt"]))
+    assert first.table.equals(second.table) and first.metadata == second.metadata
+    path = tmp_path / "ops.parquet"
+    first.write(path, Provenance(tool="tests", parameters=AnalyzeConfig("gpt__tiny", 8).parameters()))
+    back = read_operator_table(path)
+    assert back.table.equals(first.table) and back.metadata == first.metadata
+    assert back.provenance.parameters["model"] == "gpt__tiny"
+    # The planner's contract: it loads our table as is.
+    from libarena.artifacts import read_table
+    from libarena.plan.model import load_model_profile
+
+    profile = load_model_profile(read_table(path, "operator_table"))
+    assert profile.num_clusters == first.metadata["num_clusters"]
+    assert profile.arrays["flops"].sum() == pytest.approx(sum(c["flops"] for c in first.metadata["clusters"]))
+
+
+def test_dtype_and_cluster_count_are_honoured():
+    ops = analyze_model(AnalyzeConfig("gpt__tiny", 4, seq_len=16, dtype="fp32", num_clusters=3))
+    meta = ops.metadata
+    assert meta["dtype"] == "fp32" and meta["seq_len"] == 16 and meta["global_batch"] == 4
+    assert meta["num_clusters"] == 3 and len(meta["clusters"]) == 3
+    dots = col(ops, "shape")[col(ops, "opcode") == "dot"]
+    assert len(dots) and all(s.startswith("f32[") for s in dots)
+    sums = [c["flops"] for c in meta["clusters"]]
+    assert max(sums) < 0.5 * sum(sums)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (AnalyzeConfig("nope__1B", 8), "unknown model"),
+        (AnalyzeConfig("gpt__3B", 8), "unknown size"),
+        (AnalyzeConfig("gpt__tiny", 0), "global batch"),
+        (AnalyzeConfig("gpt__tiny", -3), "global batch"),
+        (AnalyzeConfig("gpt__tiny", 8, dtype="int3"), "unknown dtype"),
+        (AnalyzeConfig("gpt__tiny", 8, seq_len=0), "seq_len"),
+        (AnalyzeConfig("gpt__tiny", 8, num_clusters=0), "clusters"),
+    ],
+)
+def test_bad_configs_are_one_line_errors(config, message):
+    with pytest.raises(ArenaError, match=message):
+        config.validated()
+
+
+def test_analyze_model_takes_a_model_name_too():
+    with pytest.raises(ArenaError, match="global batch size is missing"):
+        analyze_model("gpt__tiny")
+    with pytest.raises(ArenaError, match="unknown model"):
+        analyze_model("nope__1B", 8)
+    with pytest.raises(TypeError):
+        analyze_model(AnalyzeConfig("gpt__tiny", 8), 8)
+
+
+def test_a_sequence_longer_than_the_model_supports_is_a_clear_error():
+    with pytest.raises(ArenaError, match="cannot be built"):
+        analyze_model(AnalyzeConfig("gpt__tiny", 2, seq_len=64))

@@ -1,0 +1,64 @@
+"""Reading XLA's HLO text: instructions, tuple shapes, quoted metadata, called computations."""
+
+from __future__ import annotations
+
+import pytest
+
+from libarena.analyze import hlo_text
+from libarena.errors import ArenaError
+
+MODULE = """HloModule jit_f, entry_computation_layout={(f32[8,4]{1,0})->(f32[8]{0}, s32[8]{0})}
+
+%region_0.1 (a.1: f32[], b.1: f32[]) -> f32[] {
+  %a.1 = f32[] parameter(0), metadata={op_name="reduce_sum"}
+  %b.1 = f32[] parameter(1), metadata={op_name="reduce_sum"}
+  ROOT %add.1 = f32[] add(f32[] %a.1, f32[] %b.1), metadata={op_name="reduce_sum"}
+}
+
+ENTRY %main.2 (x.1: f32[8,4]) -> (f32[8], s32[8]) {
+  %x.1 = f32[8,4]{1,0} parameter(0), metadata={op_name="x"}
+  %c.1 = f32[] constant(0)
+  %r.1 = f32[8]{0} reduce(f32[8,4]{1,0} %x.1, f32[] %c.1), dimensions={1}, to_apply=%region_0.1, metadata={op_name="jit(f)/jvp(block_01)/bsh,hknd->kbsnd/reduce_sum" stack_frame_id=3}
+  %i.1 = s32[8]{0} iota(), iota_dimension=0
+  ROOT %t.1 = (f32[8]{0}, /*index=1*/s32[8]{0}) tuple(f32[8]{0} %r.1, s32[8]{0} %i.1)
+}
+"""
+
+
+def test_parse_module_reads_computations_and_instructions():
+    module = hlo_text.parse_module(MODULE)
+    assert module.order == ["region_0.1", "main.2"] and module.entry == "main.2"
+    entry = module.entry_computation()
+    assert [i.opcode for i in entry.instructions] == ["parameter", "constant", "reduce", "iota", "tuple"]
+    reduce = entry.instructions[2]
+    assert reduce.operands == [("f32[8,4]{1,0}", "x.1"), ("f32[]", "c.1")]
+    assert reduce.called == ["region_0.1"]
+    # A comma inside the quoted op_name must not split the attributes.
+    assert reduce.op_name == "jit(f)/jvp(block_01)/bsh,hknd->kbsnd/reduce_sum"
+    assert "metadata" not in reduce.attributes and "to_apply=%region_0.1" in reduce.attributes
+    assert entry.instructions[1].literal == "0" and entry.instructions[0].literal == "0"
+    root = entry.root
+    assert root.is_root and root.shape == "(f32[8]{0}, s32[8]{0})"
+    assert module.computations["region_0.1"].root.name == "add.1"
+
+
+def test_probe_line_is_parseable_without_metadata():
+    entry = hlo_text.parse_module(MODULE).entry_computation()
+    line = entry.instructions[2].probe_line()
+    assert line.startswith("  %r.1 = f32[8]{0} reduce(") and "stack_frame_id" not in line
+
+
+def test_shapes():
+    assert hlo_text.shape_bytes("bf16[8,1024]{1,0}") == 8 * 1024 * 2
+    assert hlo_text.shape_bytes("(f32[8]{0}, s32[2,2]{1,0}, pred[])") == 32 + 16 + 1
+    assert hlo_text.element_type("bf16[2]{0}") == "bf16" and hlo_text.element_type("(f32[], f32[])") == "tuple"
+    assert hlo_text.without_layout("(f32[8,4]{1,0}, s32[])") == "(f32[8,4], s32[])"
+    assert hlo_text.split_top_level('a={1,2}, b="x,y", c=(1, 2)') == ["a={1,2}", 'b="x,y"', "c=(1, 2)"]
+
+
+def test_garbage_is_an_arena_error_naming_the_line():
+    bad = "HloModule m\n\nENTRY %e {\n  %x = f32[] \n}\n"
+    with pytest.raises(ArenaError, match="line 4"):
+        hlo_text.parse_module(bad)
+    with pytest.raises(ArenaError, match="no ENTRY"):
+        hlo_text.parse_module("HloModule m\n")

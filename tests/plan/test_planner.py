@@ -1,0 +1,278 @@
+"""Planner properties on random operator tables and known answers on hand-made ones."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from libarena.errors import ArenaError
+from libarena.hardware import cluster_from_dict, get_gpu
+from libarena.hardware.comm import AlphaBetaCommModel
+from libarena.plan import PlannerConfig, load_model_profile, plan_job
+from libarena.plan.planner import communication_load
+from tests.plan.optables import cluster_record, gpt_like, operator_table, transformer_cluster
+from tests.plan.strategies import clusters, operator_tables
+
+
+def _single(gpu_type: str, nodes: int, per_node: int):
+    return cluster_from_dict({"name": "test", "node_groups": [{"gpu_type": gpu_type, "nodes": nodes, "gpus_per_node": per_node}]})
+
+
+def _check_planset(planset, config: PlannerConfig, num_clusters: int):
+    for result in planset.grids:
+        grid = result.grid
+        if not result.feasible:
+            if result.infeasible_reason.startswith("global batch"):
+                assert planset.global_batch < config.microbatches(grid.pipeline_degree)
+                continue
+            assert result.infeasible_reason.startswith("out of memory")
+            assert result.plans_out_of_memory == result.plans_considered > 0
+            continue
+        capacity = get_gpu(grid.gpu_type).memory_bytes * config.usable_memory_fraction
+        proxies = [p for p in result.plans if p.is_proxy]
+        assert len(proxies) == 1
+        front = result.frontier
+        assert proxies[0] in front
+        assert proxies[0].computation_bias <= min(p.computation_bias for p in front) + 1e-9
+        if config.frontier_cap:
+            assert len(front) <= config.frontier_cap
+        for plan in result.plans:
+            assert sum(plan.gpus_per_stage) == grid.num_gpus
+            assert all(c > 0 and c & (c - 1) == 0 for c in plan.gpus_per_stage)
+            assert len(plan.stages) == grid.pipeline_degree
+            assert plan.stages[0].first_cluster == 0 and plan.stages[-1].end_cluster == num_clusters
+            for a, b in zip(plan.stages, plan.stages[1:]):
+                assert a.end_cluster == b.first_cluster and a.first_cluster < a.end_cluster
+            for st in plan.stages:
+                assert st.dp * st.tp == st.num_gpus
+                assert st.gpu_offset % st.num_gpus == 0
+                assert st.memory_bytes <= capacity
+            assert plan.memory_per_gpu_bytes <= capacity
+            assert sorted(st.gpu_offset for st in plan.stages) == sorted(
+                set(st.gpu_offset for st in plan.stages)
+            )
+            expected = communication_load(
+                np.array([[st.comm_per_microbatch_s for st in plan.stages]]),
+                np.array([[st.grad_sync_s for st in plan.stages]]),
+                plan.num_microbatches,
+            )[0]
+            assert plan.communication_load == pytest.approx(expected)
+        for p in front:  # mutually non-dominated
+            for q in front:
+                if p is not q:
+                    dominated = (
+                        q.computation_bias <= p.computation_bias
+                        and q.communication_load <= p.communication_load
+                        and (q.computation_bias < p.computation_bias or q.communication_load < p.communication_load)
+                    )
+                    assert not dominated
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operator_tables(), cluster=clusters())
+def test_random_tables_give_valid_frontiers(ops, cluster):
+    config = PlannerConfig(max_gpus=8, frontier_cap=3)
+    planset = plan_job(ops, cluster, config)
+    assert planset.grids
+    _check_planset(planset, config, len(ops.metadata["clusters"]))
+    again = plan_job(ops, cluster, config)
+    assert [p.plan_id for g in again.grids for p in g.plans] == [p.plan_id for g in planset.grids for p in g.plans]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operator_tables(max_clusters=5))
+def test_vectorised_plans_match_the_exhaustive_reference(ops):
+    cluster = _single("a40", 2, 2)
+    fast = plan_job(ops, cluster, PlannerConfig(max_gpus=4, frontier_cap=0))
+    slow = plan_job(ops, cluster, PlannerConfig(max_gpus=4, frontier_cap=0, exhaustive=True))
+    for quick, full in zip(fast.grids, slow.grids):
+        assert quick.grid == full.grid
+        by_structure = {
+            (tuple(p.stage_boundaries), tuple(p.gpus_per_stage), tuple(p.dp_per_stage), tuple(p.tp_per_stage), tuple(p.zero_per_stage)): p
+            for p in full.plans
+        }
+        for plan in quick.plans:
+            twin = by_structure[
+                (tuple(plan.stage_boundaries), tuple(plan.gpus_per_stage), tuple(plan.dp_per_stage), tuple(plan.tp_per_stage), tuple(plan.zero_per_stage))
+            ]
+            assert twin.plan_id == plan.plan_id
+            assert twin.computation_bias == pytest.approx(plan.computation_bias, abs=1e-9)
+            assert twin.communication_load == pytest.approx(plan.communication_load, rel=1e-9, abs=1e-15)
+            assert twin.memory_per_gpu_bytes == pytest.approx(plan.memory_per_gpu_bytes)
+        if quick.feasible:
+            # The proxy's b_comp is the smallest any feasible plan of the grid reaches with its partition's
+            # normalised assignment; exhaustive plans can only tie or beat it by using other assignments.
+            assert full.feasible
+            assert min(p.computation_bias for p in full.plans) <= quick.proxy.computation_bias + 1e-9
+        assert quick.plans_out_of_memory <= quick.plans_considered
+
+
+def test_balanced_model_gets_an_even_split():
+    ops = gpt_like(num_clusters=16, hidden=1024, seq_len=512, batch=256)
+    planset = plan_job(ops, _single("a100", 4, 4), PlannerConfig(gpu_types=("a100",), num_gpus=(16,), pipeline_degrees=(4,)))
+    (result,) = planset.grids
+    proxy = result.proxy
+    assert proxy.gpus_per_stage == [4, 4, 4, 4]
+    assert proxy.stage_boundaries == [0, 4, 8, 12]
+    assert proxy.computation_bias == pytest.approx(0.0, abs=1e-12)
+    # Each 4-GPU stage is one whole node: every P2P crosses nodes (ConnectX), one micro-batch's activation
+    # split over the sending stage's dp replicas.
+    act = ops.metadata["clusters"][0]["activation_bytes"]
+    expected = AlphaBetaCommModel().time("p2p", act / (16 * proxy.dp_per_stage[0]), 2, "a100", crosses_nodes=True)
+    assert proxy.p2p_per_microbatch_s == pytest.approx((expected,) * 3)
+    assert sorted(st.gpu_offset for st in proxy.stages) == [0, 4, 8, 12]
+
+
+def test_heavy_last_layer_gets_more_gpus():
+    records = [transformer_cluster(i, 1024, 512, 64) for i in range(7)]
+    heavy = transformer_cluster(7, 1024, 512, 64, layers=7)
+    heavy["index"] = 7
+    ops = operator_table(records + [heavy], global_batch=64, seq_len=512)
+    planset = plan_job(ops, _single("a100", 2, 4), PlannerConfig(num_gpus=(8,), pipeline_degrees=(3,)))
+    proxy = planset.grids[0].proxy
+    assert proxy.gpus_per_stage[-1] > max(proxy.gpus_per_stage[:-1])
+    assert proxy.stage_boundaries[-1] == 7  # the heavy layer alone in the last stage
+
+
+def test_over_large_model_gets_tp_or_pp_but_no_dp_only_plan():
+    # ~9.7B parameters (16 B/param with Adam: 155 GB): pure DP cannot fit on 24 GB A10s, even with ZeRO-1
+    # (weights + gradients alone are 38.6 GB per GPU); TP or PP spread the weights (the paper's Case 2).
+    ops = gpt_like(num_clusters=16, hidden=8192, seq_len=256, batch=32, layers_per_cluster=1)
+    planset = plan_job(ops, _single("a10", 8, 2), PlannerConfig(num_gpus=(16,)))
+    plans = [p for g in planset.grids for p in g.plans]
+    assert plans, "some TP or PP plan must fit"
+    dp_only = [p for p in plans if p.grid.pipeline_degree == 1 and all(t == 1 for t in p.tp_per_stage)]
+    assert dp_only == []
+    s1 = planset.grid("a10", 16, 1)
+    assert not s1.feasible or all(t > 1 for p in s1.plans for t in p.tp_per_stage)
+    assert any(p.grid.pipeline_degree > 1 or max(p.tp_per_stage) > 1 for p in plans)
+
+
+def test_zero_is_chosen_only_when_memory_needs_it():
+    ops = gpt_like(num_clusters=4, hidden=4096, seq_len=128, batch=64)
+    roomy = plan_job(ops, _single("h100", 1, 8), PlannerConfig(num_gpus=(8,), pipeline_degrees=(1,)))
+    assert roomy.grids[0].proxy.zero_per_stage == [0]
+    tight = plan_job(ops, _single("a10", 4, 2), PlannerConfig(num_gpus=(8,), pipeline_degrees=(1,)))
+    proxy = tight.grids[0].proxy
+    assert proxy is not None and (proxy.zero_per_stage == [1] or proxy.tp_per_stage[0] > 1)
+    no_zero = plan_job(ops, _single("a10", 4, 2), PlannerConfig(num_gpus=(8,), pipeline_degrees=(1,), allow_zero=False))
+    assert all(z == 0 for g in no_zero.grids for p in g.plans for z in p.zero_per_stage)
+
+
+def test_moe_all_to_all_is_charged_under_data_parallelism():
+    dense = [transformer_cluster(i, 1024, 1024, 256) for i in range(4)]
+    moe = [transformer_cluster(i, 1024, 1024, 256, moe_experts=4) for i in range(4)]
+    cfg = PlannerConfig(num_gpus=(4,), pipeline_degrees=(1,))
+    cluster = _single("a100", 2, 4)
+    p_dense = plan_job(operator_table(dense), cluster, cfg).grids[0].proxy
+    p_moe = plan_job(operator_table(moe), cluster, cfg).grids[0].proxy
+    assert p_moe.dp_per_stage[0] > 1 and p_moe.stages[0].comm_per_microbatch_s > 0
+    assert p_moe.communication_load > p_dense.communication_load
+
+
+def test_model_that_fits_nowhere_lists_every_grid_infeasible():
+    ops = gpt_like(num_clusters=4, hidden=16384, seq_len=128, batch=16)
+    planset = plan_job(ops, _single("t4", 2, 2), PlannerConfig())
+    assert planset.grids and not any(g.feasible for g in planset.grids)
+    for g in planset.grids:
+        assert "out of memory" in g.infeasible_reason and "t4" in g.infeasible_reason
+        assert g.min_memory_bytes > get_gpu("t4").memory_bytes * 0.9
+    table = planset.to_table()
+    assert table.num_rows == len(planset.grids) and not any(table.column("feasible").to_pylist())
+
+
+def test_frontier_cap_keeps_the_proxy():
+    rng = np.random.default_rng(3)
+    records = [
+        cluster_record(i, flops=float(rng.uniform(1e13, 1e15)), bytes_=1e10, param_count=int(rng.uniform(1e7, 2e8)),
+                       activation_bytes=1e8, saved_activation_bytes=1e9, tp_allreduce_bytes=4e8)
+        for i in range(12)
+    ]
+    ops = operator_table(records, global_batch=256)
+    cluster = _single("v100", 1, 16)
+    full = plan_job(ops, cluster, PlannerConfig(num_gpus=(16,), pipeline_degrees=(5,), frontier_cap=0)).grids[0]
+    capped = plan_job(ops, cluster, PlannerConfig(num_gpus=(16,), pipeline_degrees=(5,), frontier_cap=2)).grids[0]
+    assert len(capped.plans) == min(2, len(full.plans))
+    assert capped.proxy.plan_id == full.proxy.plan_id
+    assert {p.plan_id for p in capped.plans} <= {p.plan_id for p in full.plans}
+
+
+def test_roofline_loads_charge_zero_flop_ops_bytes_over_bandwidth():
+    records = [cluster_record(0, flops=0.0, bytes_=1e9), cluster_record(1, flops=1e12, bytes_=1e6)]
+    profile = load_model_profile(operator_table(records))
+    gpu = get_gpu("a100")
+    loads = profile.loads(gpu)
+    # cluster 0: only bytes (the optimizer op has no params here): 1e9 / HBM bandwidth
+    assert loads[0] == pytest.approx(1e9 / gpu.hbm_bandwidth)
+    # cluster 1: compute bound: FLOPs / peak (bf16)
+    assert loads[1] == pytest.approx(1e12 / gpu.peak("bf16"), rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda m: m.pop("clusters"), "no 'clusters'"),
+        (lambda m: m.update(clusters=[]), "no clusters"),
+        (lambda m: m["clusters"][0].pop("param_count"), "missing field"),
+        (lambda m: m["clusters"][1].update(index=5), "index is 5"),
+        (lambda m: m["clusters"][0].update(flops=-1.0), "non-negative"),
+        (lambda m: m.update(dtype="int3"), "unknown dtype"),
+        (lambda m: m.update(global_batch=0), "global_batch"),
+    ],
+)
+def test_bad_operator_tables_are_one_line_errors(mutate, message):
+    ops = gpt_like(num_clusters=3, hidden=256, seq_len=64, batch=8)
+    mutate(ops.metadata)
+    with pytest.raises(ArenaError, match=message):
+        load_model_profile(ops)
+
+
+def test_empty_operator_table_is_an_error():
+    ops = gpt_like(num_clusters=3, hidden=256, seq_len=64, batch=8)
+    ops.table = ops.table.slice(0, 0)
+    with pytest.raises(ArenaError, match="empty"):
+        load_model_profile(ops)
+
+
+def test_plan_set_round_trips_through_the_artifact(tmp_path):
+    from libarena.artifacts import Provenance, read_table
+    from libarena.plan import read_plans, write_plans
+
+    ops = gpt_like(num_clusters=6, hidden=1024, seq_len=256, batch=64)
+    planset = plan_job(ops, _single("a40", 4, 2), PlannerConfig())
+    path = tmp_path / "plans.parquet"
+    write_plans(path, planset, Provenance(tool="tests"))
+    back = read_plans(path)
+    assert back.operator_table_sha256 == planset.operator_table_sha256
+    assert back.clusters == planset.clusters and back.model == planset.model
+    assert [p.plan_id for p in back.proxy_plans()] == [p.plan_id for p in planset.proxy_plans()]
+    for a, b in zip(back.grids, planset.grids):
+        assert a.grid == b.grid and a.infeasible_reason == b.infeasible_reason
+        assert [p.stages for p in a.plans] == [p.stages for p in b.plans]
+    meta = read_table(path, "plans").metadata
+    assert meta["cluster"] == "test" and len(meta["clusters"]) == 6
+    assert math.isfinite(meta["planner"]["usable_memory_fraction"])
+
+
+def test_plan_job_reads_a_path_and_prices_with_a_measured_table(tmp_path):
+    from libarena.hardware.comm import MeasuredCommModel
+    from tests.plan.optables import write_operator_table
+
+    path = write_operator_table(tmp_path / "ops.parquet", [transformer_cluster(i, 2048, 512, 64) for i in range(4)])
+    cluster = _single("a100", 1, 4)
+    config = PlannerConfig(num_gpus=(4,), pipeline_degrees=(1,), allow_zero=False)
+    alpha_beta = plan_job(str(path), cluster, config).grids[0]
+    # A measured table 100x slower than the alpha-beta model for every all-reduce on 4 A100s.
+    reference = AlphaBetaCommModel()
+    rows = [("all-reduce", "a100", p, False, v, 100 * reference.time("all-reduce", v, p, "a100", False))
+            for p in (2, 4) for v in (1e3, 1e6, 1e9, 1e11)]
+    measured = plan_job(path, cluster, config, comm=MeasuredCommModel.from_rows(rows)).grids[0]
+    assert measured.comm_model == "measured" and alpha_beta.comm_model == "alpha-beta"
+    # Log-log interpolation between the sampled volumes approximates alpha + beta * bytes within ~10%.
+    ratio = measured.proxy.communication_load / alpha_beta.proxy.communication_load
+    assert 90 < ratio < 110
+    with pytest.raises(ArenaError, match="no measurements for v100"):
+        plan_job(path, _single("v100", 1, 4), config, comm=MeasuredCommModel.from_rows(rows), require_measured_comm=True)

@@ -1,0 +1,199 @@
+"""End-to-end profiling of tiny plans: stage executables, cache reuse across grids, views, estimates,
+and the arena-profile CLI (bad input: one line, exit 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from libarena.artifacts import read_table
+from libarena.errors import ArenaError
+
+MODEL = "gpt__tiny"
+BATCH = 8
+
+
+def _cpu_comm():
+    from libarena.hardware.comm import MeasuredCommModel
+
+    rows = [
+        (p, "cpu", 2, False, float(b), 2e-5 + b / 4e9)
+        for p in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
+        for b in (1e3, 1e5, 1e7)
+    ]
+    return MeasuredCommModel.from_rows(rows, source_name="test comm table")
+
+
+@pytest.fixture(scope="module")
+def plans_path(tmp_path_factory):
+    """One-GPU grids on the local CPU and on an A100 (same stages: the A100 rows reuse the profiles)."""
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+
+    rows = enumerate_grid_plans(MODEL, BATCH, 1, "cpu", 2) + enumerate_grid_plans(MODEL, BATCH, 1, "a100", 2)
+    path = tmp_path_factory.mktemp("plans") / "plans.parquet"
+    write_plans_table(str(path), MODEL, BATCH, rows, model_clusters(MODEL, BATCH, num_clusters=2))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("profile-cache")
+
+
+@pytest.fixture(scope="module")
+def first_run(plans_path, cache_dir):
+    from libarena.profile import ProfileConfig, profile_plans
+
+    config = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3)
+    return profile_plans(read_table(plans_path, "plans"), config, comm=_cpu_comm())
+
+
+def test_profile_rows_views_and_timer(first_run):
+    rows = first_run.table.to_pylist()
+    local = [r for r in rows if r["gpu_type"] == "cpu"]
+    assert sorted(r["view"] for r in local) == ["ap", "arena", "dp"]
+    for r in local:
+        assert r["timer"] == "host" and not r["estimated"] and r["fits_in_memory"]
+        assert r["iter_time_s"] > 0 and r["throughput"] == pytest.approx(BATCH / r["iter_time_s"])
+    arena = next(r for r in local if r["view"] == "arena")
+    assert arena["plan_id"] == "s1-b0-g1-1x1" and arena["profiling_cost_device_s"] > 0
+    dp = next(r for r in local if r["view"] == "dp")
+    assert dp["plan_id"] == "dp" and dp["pipeline_degree"] == 1
+    assert first_run.summary["timer"] == "host"
+
+
+def test_identical_stages_across_grids_are_profiled_once(first_run):
+    s = first_run.summary
+    # cpu and a100 grids need the same two stage executables (proxy at mb 2, dp at mb 8).
+    assert s["stages_needed"] == 4 and s["stages_profiled"] == 2 and s["stages_skipped"] == 2
+
+
+def test_other_gpu_types_are_roofline_scaled_estimates(first_run):
+    rows = first_run.table.to_pylist()
+    a100 = {r["view"]: r for r in rows if r["gpu_type"] == "a100"}
+    cpu = {r["view"]: r for r in rows if r["gpu_type"] == "cpu"}
+    assert set(a100) == {"arena", "ap", "dp"}
+    for view, r in a100.items():
+        assert r["estimated"] and r["timer"] == "estimated"
+        # An A100 is far faster than one host core: the estimate must be much smaller.
+        assert r["iter_time_s"] < cpu[view]["iter_time_s"] / 5
+    assert first_run.summary["local_roofline"]["peak_flops"] > 0
+
+
+def test_stage_breakdown_follows_the_1f1b_model(first_run):
+    from libarena.profile.pipeline import StageTimes, one_f_one_b
+
+    estimate = next(e for e in first_run.estimates if e.plan.plan_id == "s1-b0-g1-1x1" and not e.estimated)
+    (stage,) = estimate.stages
+    times = StageTimes(stage["compute_s"], stage["comm_s"], stage["p2p_s"], stage["grad_sync_s"], stage["optimizer_s"])
+    assert estimate.iter_time_s == pytest.approx(one_f_one_b([times], 4).iter_time_s)
+    assert stage["compute_s"] > 0 and stage["optimizer_s"] > 0 and stage["p2p_s"] == 0
+
+
+def test_second_run_is_served_from_the_cache(plans_path, cache_dir, first_run):
+    from libarena.profile import ProfileConfig, profile_plans
+
+    again = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache_dir), comm=_cpu_comm())
+    assert again.summary["stages_profiled"] == 0 and again.summary["stages_skipped"] == 4
+    before = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in first_run.table.to_pylist()}
+    after = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in again.table.to_pylist()}
+    assert before == pytest.approx(after)
+    assert all(r["profiling_cost_device_s"] == 0 for r in again.table.to_pylist())
+
+
+def test_cpu_plans_without_a_comm_table_need_one(tmp_path, cache_dir):
+    """The alpha-beta model knows catalogue GPUs only: a 2-device CPU plan without --comm is an error."""
+    from libarena.profile import ProfileConfig, load_plan_inputs
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+    from libarena.profile.profiler import stage_communication
+
+    rows = enumerate_grid_plans(MODEL, BATCH, 2, "cpu", 2)
+    path = tmp_path / "p.parquet"
+    write_plans_table(str(path), MODEL, BATCH, rows, model_clusters(MODEL, BATCH, num_clusters=2))
+    inputs = load_plan_inputs(read_table(path, "plans"))
+    from libarena.hardware.comm import AlphaBetaCommModel
+
+    plan = inputs.plans[0]  # dp 2
+    fake = [{"activation_out_bytes": 0.0, "activation_in_bytes": 0.0, "param_bytes": 1e6}]
+    with pytest.raises(ArenaError, match="arena-profile comm"):
+        stage_communication(inputs, plan, 0, fake, AlphaBetaCommModel(), [])
+    used: list[str] = []
+    seconds = stage_communication(inputs, plan, 0, fake, _cpu_comm(), used)[2]
+    assert seconds > 0 and used == ["all-reduce/2xcpu: measured"]
+    del ProfileConfig
+
+
+# -- CLI ----------------------------------------------------------------------------------------------
+
+
+def _cli(*args, stdin=None):
+    return subprocess.run(
+        [sys.executable, "-m", "arena_profile.main", *map(str, args)], input=stdin, capture_output=True, timeout=300
+    )
+
+
+def _one_line_error(proc):
+    err = proc.stderr.decode().strip()
+    assert proc.returncode == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("arena-profile: error:"), err
+    return err
+
+
+@pytest.fixture(scope="module")
+def comm_table_path(tmp_path_factory):
+    import pyarrow as pa
+
+    from libarena.artifacts import Provenance, write_table
+    from libarena.artifacts.registry import get_kind
+
+    rows = [
+        {"primitive": p, "gpu_type": "cpu", "num_devices": 2, "crosses_nodes": False, "bytes": b, "latency_s": 1e-5 + b / 4e9}
+        for p in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
+        for b in (1e3, 1e6)
+    ]
+    kind = get_kind("comm_table")
+    table = pa.Table.from_pylist([{c.name: r.get(c.name, c.default) for c in kind.columns} for r in rows], schema=kind.arrow_schema())
+    path = tmp_path_factory.mktemp("comm") / "comm.parquet"
+    write_table(path, "comm_table", table, Provenance("test"), {"hardware": {}})
+    return path
+
+
+def test_cli_stdin_plans_to_perf_table_and_show(plans_path, cache_dir, comm_table_path, tmp_path, first_run):
+    out = tmp_path / "perf.parquet"
+    proc = _cli("--device", "local", "--cache-dir", cache_dir, "--comm", comm_table_path, "-o", out, stdin=plans_path.read_bytes())
+    assert proc.returncode == 0, proc.stderr.decode()
+    log = proc.stderr.decode()
+    assert "timer host" in log and "4 skipped" in log and "measured" in log
+    perf = read_table(out, "perf_table")
+    assert perf.metadata["stages_skipped"] == 4 and len(perf.table) == 6
+    shown = _cli("show", out)
+    assert shown.returncode == 0 and "arena" in shown.stdout.decode() and "estimated" in shown.stdout.decode()
+
+
+def test_cli_bad_device(plans_path, cache_dir):
+    err = _one_line_error(_cli("-i", plans_path, "--device", "gpu:3", "--cache-dir", cache_dir, "-o", "/dev/null"))
+    assert "does not exist" in err
+
+
+def test_cli_comm_table_for_other_hardware(plans_path, cache_dir, tmp_path):
+    import pyarrow.csv as pacsv
+    import pyarrow as pa
+
+    other = tmp_path / "nccl.csv"
+    pacsv.write_csv(
+        pa.table({"primitive": ["all-reduce"], "gpu_type": ["v100"], "num_devices": [2], "crosses_nodes": [False], "bytes": [1e6], "latency_s": [1e-4]}),
+        other,
+    )
+    err = _one_line_error(_cli("-i", plans_path, "--comm", other, "--cache-dir", cache_dir, "-o", tmp_path / "x.parquet"))
+    assert "v100" in err and not (tmp_path / "x.parquet").exists()
+
+
+def test_cli_plans_without_matching_operator_table(tmp_path, cache_dir):
+    from libarena.profile.local_plans import enumerate_grid_plans, write_plans_table
+
+    path = tmp_path / "noclusters.parquet"
+    write_plans_table(str(path), MODEL, BATCH, enumerate_grid_plans(MODEL, BATCH, 1, "cpu", 2), [])
+    err = _one_line_error(_cli("-i", path, "--cache-dir", cache_dir, "-o", tmp_path / "perf.parquet"))
+    assert "operator table" in err

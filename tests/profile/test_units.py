@@ -1,0 +1,270 @@
+"""Fast tests of the profiler's pieces: 1F1B model, cache, plan parsing, worker shapes, timers, import."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from libarena.artifacts import read_table
+from libarena.errors import ArenaError
+from libarena.profile.cache import ProfileCache
+from libarena.profile.pipeline import StageTimes, one_f_one_b
+
+
+# -- 1F1B model ---------------------------------------------------------------------------------------
+
+
+def test_one_stage_pipeline_is_gradient_accumulation():
+    est = one_f_one_b([StageTimes(compute_s=0.1, comm_s=0.02, grad_sync_s=0.3, optimizer_s=0.05)], 4)
+    assert est.iter_time_s == pytest.approx(4 * 0.12 + 0.3 + 0.05)
+    assert est.bottleneck_stage == 0
+
+
+def test_pipeline_first_microbatch_plus_slowest_stage_minus_overlapped_p2p():
+    # The paper's Fig. 8 shape: T1..T4, stage 3 the slowest; P2P overlapped in the steady state.
+    stages = [StageTimes(1.0, p2p_s=0.1), StageTimes(1.5, p2p_s=0.2), StageTimes(3.0, p2p_s=0.2), StageTimes(2.0, p2p_s=0.1)]
+    est = one_f_one_b(stages, 8)
+    first = 1.1 + 1.7 + 3.2 + 2.1
+    assert est.first_microbatch_s == pytest.approx(first)
+    assert est.iter_time_s == pytest.approx(first + 7 * 3.0)
+    assert est.bottleneck_stage == 2
+
+
+# -- cache --------------------------------------------------------------------------------------------
+
+
+def test_cache_round_trip_and_corrupt_entries_are_misses(tmp_path):
+    cache = ProfileCache(tmp_path)
+    assert cache.get("ab" * 32) is None
+    cache.put("ab" * 32, {"x": 1.5})
+    fresh = ProfileCache(tmp_path)
+    assert fresh.get("ab" * 32) == {"x": 1.5}
+    # A truncated entry (e.g. from a killed writer without atomic rename) is a miss, not a crash.
+    path = fresh.path("cd" * 32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"format": 1, "key": "cdcd')
+    assert fresh.get("cd" * 32) is None
+    # An entry stored under the wrong key is rejected too.
+    path.write_text(json.dumps({"format": 1, "key": "ef", "value": {}}))
+    assert fresh.get("cd" * 32) is None
+
+
+def test_interrupted_cache_write_leaves_no_entry(tmp_path):
+    cache = ProfileCache(tmp_path)
+
+    class Boom:
+        def __float__(self):
+            raise KeyboardInterrupt
+
+    with pytest.raises(TypeError):
+        cache.put("12" * 32, {"value": object()})  # not JSON-serialisable: fails mid-write
+    assert not cache.path("12" * 32).exists()
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    assert ProfileCache(tmp_path).get("12" * 32) is None
+
+
+# -- perf table import --------------------------------------------------------------------------------
+
+
+def _foreign_rows():
+    return {
+        "model": ["gpt__1.3B", "gpt__1.3B"],
+        "global_batch": [128, 128],
+        "gpu_type": ["a100", "a100"],
+        "num_gpus": [4, 4],
+        "iter_time_s": [1.25, 2.0],
+        "view": ["arena", "dp"],
+    }
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_perf_table_measured_elsewhere_imports_with_defaults(tmp_path, fmt):
+    table = pa.table(_foreign_rows())
+    path = tmp_path / f"perf.{fmt}"
+    if fmt == "csv":
+        pacsv.write_csv(table, path)
+    else:
+        pq.write_table(table, path)
+    art = read_table(path, "perf_table")
+    assert not art.native
+    rows = art.table.to_pylist()
+    assert rows[0]["num_nodes"] == 0 and rows[0]["fits_in_memory"] is True and rows[0]["timer"] == "imported"
+    assert rows[1]["iter_time_s"] == 2.0 and rows[1]["estimated"] is False
+    assert rows[0]["measured_iter_time_s"] is None
+
+
+def test_perf_table_import_missing_required_column_is_an_error(tmp_path):
+    rows = _foreign_rows()
+    del rows["iter_time_s"]
+    path = tmp_path / "perf.csv"
+    pacsv.write_csv(pa.table(rows), path)
+    with pytest.raises(ArenaError, match="iter_time_s"):
+        read_table(path, "perf_table")
+
+
+# -- plans input --------------------------------------------------------------------------------------
+
+
+def _plans(tmp_path, clusters=None, model="gpt__tiny", **overrides):
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+
+    rows = enumerate_grid_plans("gpt__tiny", 8, 2, "cpu", 2)
+    for r in rows:
+        r.update(overrides)
+        r["model"] = model
+    path = tmp_path / "plans.parquet"
+    write_plans_table(str(path), "gpt__tiny", 8, rows, model_clusters("gpt__tiny", 8, num_clusters=2) if clusters is None else clusters)
+    return read_table(path, "plans")
+
+
+def test_plans_parse_into_stage_specs(tmp_path):
+    from libarena.profile.plans_input import load_plan_inputs
+
+    inputs = load_plan_inputs(_plans(tmp_path))
+    ids = [p.plan_id for p in inputs.plans]
+    assert ids == ["s1-b0-g2-2x1", "s1-b0-g2-1x2", "s2-b0.1-g1.1-1x1.1x1"]
+    pipeline = inputs.plans[2]
+    specs = inputs.stage_specs(pipeline)
+    assert [(s.start, s.stop) for s in specs] == [(0, 3), (3, 6)]
+    assert all(s.micro_batch == 1 for s in specs)  # 8 samples / (4 x 2 micro-batches)
+    tp_plan = inputs.stage_specs(inputs.plans[1])[0]
+    assert (tp_plan.tp, tp_plan.micro_batch) == (2, 2)
+    dp = inputs.dp_plan(inputs.plans[0].grid)
+    assert inputs.stage_specs(dp)[0].micro_batch == 4
+
+
+def test_plans_without_clusters_or_with_foreign_units_are_rejected(tmp_path):
+    from libarena.profile.plans_input import load_plan_inputs
+
+    with pytest.raises(ArenaError, match="clusters"):
+        load_plan_inputs(_plans(tmp_path, clusters=[]))
+    bad = [{"index": 0, "units": ["layer0"]}, {"index": 1, "units": ["layer1"]}]
+    with pytest.raises(ArenaError, match="do not match"):
+        load_plan_inputs(_plans(tmp_path, clusters=bad))
+
+
+def test_plans_for_an_unknown_model_are_rejected(tmp_path):
+    from libarena.profile.plans_input import load_plan_inputs
+
+    with pytest.raises(ArenaError, match="unknown"):
+        load_plan_inputs(_plans(tmp_path, model="gpt__nonexistent"))
+
+
+def test_every_plan_of_a_two_device_grid_is_enumerated():
+    from libarena.profile.local_plans import enumerate_grid_plans
+
+    rows = enumerate_grid_plans("gpt__tiny", 16, 2, "cpu", 3)
+    # s=1: dp2, tp2; s=2: two cut points x (1, 1) GPUs.
+    assert len(rows) == 4 and sum(r["is_proxy"] for r in rows) == 1
+    assert {tuple(r["stage_boundaries"]) for r in rows if r["pipeline_degree"] == 2} == {(0, 1), (0, 2)}
+
+
+# -- per-worker shapes --------------------------------------------------------------------------------
+
+
+def test_tensor_parallel_worker_shapes_divide_sharded_axes():
+    from libarena.profile.stage import VIEW_SHARDED, StageSpec, worker_view
+
+    full = worker_view(StageSpec("gpt__tiny", 1, 6, 4))
+    half = worker_view(StageSpec("gpt__tiny", 1, 6, 4, tp=2))
+    assert half.tp_view == VIEW_SHARDED
+    assert full.params[0]["w_qkv"].shape == (64, 3, 4, 16) and half.params[0]["w_qkv"].shape == (64, 3, 2, 16)
+    assert half.params[0]["w_mlp_in"].shape == (64, 128)
+    assert half.params[-1]["w_out"].shape == (64, 128)  # vocab 256 / 2
+    assert half.int_modulo == 128 and half.carry_in.shape == (4, 32, 64)
+    assert sum(half.optimizer_elements) < sum(full.optimizer_elements)
+
+
+def test_convolutions_fall_back_to_the_batch_equivalent_view():
+    from libarena.profile.stage import VIEW_BATCH_EQUIVALENT, StageSpec, worker_view
+
+    view = worker_view(StageSpec("wide_resnet__tiny", 1, 4, 4, tp=2))
+    assert view.tp_view == VIEW_BATCH_EQUIVALENT and view.local_batch == 2
+
+
+def test_expert_and_zero_sharding_shrink_the_optimizer_shard():
+    from libarena.profile.stage import StageSpec, worker_view
+
+    base = worker_view(StageSpec("moe__tiny", 1, 2, 4))
+    ep = worker_view(StageSpec("moe__tiny", 1, 2, 4, ep=2))
+    zero = worker_view(StageSpec("moe__tiny", 1, 2, 4, zero_shards=2))
+    assert sum(ep.optimizer_elements) < sum(base.optimizer_elements)
+    assert sum(zero.optimizer_elements) == pytest.approx(sum(base.optimizer_elements) / 2, rel=0.01)
+    # Identical blocks of a model share one signature (profiled once).
+    from libarena.models import get_model
+
+    m = get_model("moe__tiny")
+    assert worker_view(StageSpec("moe__tiny", 2, 3, 4)).signature(m) == base.signature(m)
+
+
+# -- timers and CUPTI ---------------------------------------------------------------------------------
+
+
+def test_timer_selection_on_a_host():
+    import jax
+
+    import arena_cupti.activity as arena_cupti
+    from libarena.profile.timers import HostTimer, select_timer
+
+    cpu = jax.devices("cpu")[0]
+    assert isinstance(select_timer("auto", cpu), HostTimer)
+    assert not arena_cupti.available()
+    with pytest.raises(ArenaError, match="cupti"):
+        select_timer("cupti", cpu)
+    with pytest.raises(ArenaError, match="unknown timer"):
+        select_timer("stopwatch", cpu)
+
+
+def test_cupti_recorder_sums_kernel_activity_records(monkeypatch):
+    """The recorder against a stand-in of cupti-python's activity API (the real one needs a GPU)."""
+    import arena_cupti.activity as arena_cupti
+
+    class Kind:
+        CONCURRENT_KERNEL = 10
+        MEMCPY = 1
+
+    calls = []
+
+    def rec(kind, start, end, name="k"):
+        return types.SimpleNamespace(kind=kind, start=start, end=end, name=name, device_id=0, stream_id=7)
+
+    class FakeCupti:
+        ActivityKind = Kind
+
+        def activity_register_callbacks(self, requested, completed):
+            calls.append("register")
+            self.completed = completed
+            assert requested() == (arena_cupti.BUFFER_BYTES, 0)
+
+        def activity_enable(self, kind):
+            calls.append(("enable", kind))
+
+        def activity_flush_all(self, flag):
+            calls.append(("flush", flag))
+            self.completed([rec(10, 1000, 4000), rec(1, 0, 10**9), rec(10, 5000, 6000, "gemm")])
+
+        def activity_disable(self, kind):
+            calls.append(("disable", kind))
+
+    fake = FakeCupti()
+    monkeypatch.setattr(arena_cupti, "_load", lambda: fake)
+    monkeypatch.setattr(arena_cupti.KernelActivityRecorder, "_registered", False)
+    recorder = arena_cupti.KernelActivityRecorder()
+    recorder.start()
+    kernels = recorder.stop()
+    assert [k.name for k in kernels] == ["k", "gemm"]
+    assert arena_cupti.kernel_seconds(kernels) == pytest.approx(4e-6)
+    assert calls == ["register", ("enable", 10), ("flush", 1), ("disable", 10)]
+
+
+def test_profile_package_does_not_import_jax():
+    import subprocess
+
+    code = "import sys, libarena.profile, arena_cupti.activity; assert 'jax' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

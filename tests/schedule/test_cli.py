@@ -1,0 +1,125 @@
+"""arena-schedule end to end, by subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from libarena.artifacts import read_document, read_table
+from tests.schedule.perf_fixtures import write_perf, zoo_pairs
+
+HEADER = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type\n"
+ROWS = [f"j{i},{300 * i},{2000 + 100 * i},{m},{300 * i + 90000},{b},{g},{t}"
+        for i, (m, b, g, t) in enumerate([("gpt__1.3B", 256, 2, "a100"), ("moe__2.4B", 512, 4, "a40"),
+                                           ("bert__760M", 128, 1, "v100"), ("wide_resnet__1B", 512, 8, "a10"),
+                                           ("gpt__760M", 128, 1, "a40"), ("moe__1.3B", 256, 2, "a100")] * 3)]
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("arena-schedule")
+    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, repo_root):
+    d = tmp_path_factory.mktemp("cli")
+    write_perf(d / "perf.parquet", zoo_pairs(), ["a100", "v100", "a40", "a10"])
+    (d / "trace.csv").write_text(HEADER + "\n".join(ROWS) + "\n")
+    (d / "bad.csv").write_text(HEADER + ROWS[0] + "\n" + "x,0,100,gpt__1.3B,5000,256,0,a100\n" + ROWS[1] + "\n")
+    return d, repo_root / "examples" / "clusters" / "paper-sim-1280.yaml"
+
+
+def test_simulate_writes_artifacts(inputs):
+    d, cluster = inputs
+    r = cli("simulate", "--trace", "trace.csv", "--perf", "perf.parquet", "--cluster", str(cluster), "--policy", "arena",
+            "-o", "run", "--json", "--plot", cwd=d)
+    assert r.returncode == 0, r.stderr
+    metrics = json.loads(r.stdout)
+    assert metrics["submitted_jobs"] == 18 and metrics["finished_jobs"] == 18
+    assert "arena: 18/18 finished" in r.stderr
+    jobs = read_table(d / "run" / "jobs.parquet", "job_records")
+    assert jobs.table.num_rows == 18 and jobs.metadata["policy"] == "arena"
+    ts = read_table(d / "run" / "timeseries.parquet", "timeseries")
+    assert ts.table.num_rows == metrics["ticks"]
+    dec = read_document(d / "run" / "decisions.msgpack", "decisions")
+    assert dec.data["action"].count("finish") == 18 and len(dec.data["job_ids"]) == 18
+    assert json.loads((d / "run" / "metrics.json").read_text())["avg_jct_s"] == pytest.approx(metrics["avg_jct_s"])
+    for png in ("throughput.png", "jct_cdf.png", "queue_length.png"):
+        assert (d / "run" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_row_is_one_line_exit_2_and_no_output(inputs):
+    d, cluster = inputs
+    r = cli("simulate", "--trace", "bad.csv", "--perf", "perf.parquet", "--cluster", str(cluster), "-o", "badrun", cwd=d)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.csv: row 2, column 'num_gpu'" in lines[0] and "Traceback" not in r.stderr
+    assert not (d / "badrun").exists()
+    r = cli("simulate", "--trace", "bad.csv", "--perf", "perf.parquet", "--cluster", str(cluster), "-o", "skiprun",
+            "--skip-bad-rows", "--policy", "fcfs", cwd=d)
+    assert r.returncode == 0, r.stderr
+    assert "skipped 1 bad row(s)" in r.stderr
+    assert json.loads((d / "skiprun" / "metrics.json").read_text())["skipped_rows"] == 1
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--policy", "nope"], "unknown policy 'nope'"),
+    (["--policy", "fcfs", "--no-hetero"], "policy 'fcfs' has no option hetero"),
+    (["--overhead", "bogus=1"], "--overhead 'bogus=1'"),
+    (["--tick", "0"], "tick must be > 0"),
+])
+def test_bad_options(inputs, args, needle):
+    d, cluster = inputs
+    r = cli("simulate", "--trace", "trace.csv", "--perf", "perf.parquet", "--cluster", str(cluster), "-o", "x", *args, cwd=d)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_compare_json_and_table(inputs):
+    d, cluster = inputs
+    r = cli("compare", "--policies", "arena,fcfs,elasticflow-ls,gavel,sia", "--trace", "trace.csv", "--perf",
+            "perf.parquet", "--cluster", str(cluster), "-o", "cmp", "--json", "--plot", cwd=d)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc["policies"]) == {"arena", "fcfs", "elasticflow-ls", "gavel", "sia"}
+    for m in doc["policies"].values():
+        assert {"avg_jct_s", "avg_throughput", "peak_throughput", "finished_jobs", "avg_queuing_s"} <= set(m)
+    assert (d / "cmp" / "gavel" / "jobs.parquet").is_file() and (d / "cmp" / "throughput.png").is_file()
+    r = cli("compare", "--policies", "arena,fcfs", "--trace", "trace.csv", "--perf", "perf.parquet", "--cluster",
+            str(cluster), "-o", "cmp2", cwd=d)
+    assert r.returncode == 0 and "reduction" in r.stdout and "fcfs" in r.stdout
+
+
+def test_trace_stats_and_perf_build(inputs, traces_dir):
+    d, cluster = inputs
+    r = cli("trace", "stats", str(traces_dir / "arena-ae" / "simulate_trace_venus.csv"), "--json", cwd=d)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["jobs"] == 438
+    r = cli("trace", "stats", "trace.csv", cwd=d)
+    assert r.returncode == 0 and "jobs" in r.stdout
+    r = cli("perf", "build", "--trace", "trace.csv", "--cluster", str(cluster), "-o", "p.parquet", cwd=d)
+    assert r.returncode == 2 and "perf build is not available yet" in r.stderr
+
+
+def test_scheduler_does_not_import_jax(repo_root):
+    code = ("import sys, libarena.schedule.api, libarena.schedule.plots, libarena.schedule.compare;"
+            "from libarena.schedule.policies import policy_names; policy_names();"
+            "assert not any(m == 'jax' or m.startswith('jax.') for m in sys.modules), 'jax imported'")
+    r = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.slow
+def test_full_philly_trace_with_arena(inputs, traces_dir):
+    d, cluster = inputs
+    r = cli("simulate", "--trace", str(traces_dir / "arena-ae" / "simulate_trace_philly.csv"), "--perf", "perf.parquet",
+            "--cluster", str(cluster), "--policy", "arena", "-o", "philly", "--json", cwd=d)
+    assert r.returncode == 0, r.stderr
+    m = json.loads(r.stdout)
+    assert m["submitted_jobs"] == 1938
+    assert m["finished_jobs"] + m["unfinished_jobs"] == 1938 and m["stopped_by"] == "completion"
+    assert m["decision_time_per_tick_median_s"] < 0.05

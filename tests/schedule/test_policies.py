@@ -1,0 +1,127 @@
+"""Every policy on a slice of a real trace (../shared) and on generated traces; perf-table coverage rules."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from libarena.errors import ArenaError
+from libarena.schedule.api import Workload, make_policy, prepare_workload, run_policy
+from libarena.schedule.config import Objective, SimulatorConfig
+from libarena.schedule.metrics import job_records, summarize
+from libarena.schedule.perf import PerfLookup
+from libarena.schedule.policies import policy_names
+from libarena.schedule.traces import Trace, read_trace
+from tests.schedule.helpers import cluster, job
+from tests.schedule.perf_fixtures import synthetic_perf_table, zoo_pairs
+
+PAPER_TYPES = ["a100", "v100", "a40", "a10"]
+ALL = ["arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia"]
+
+
+def test_all_policies_registered():
+    assert sorted(ALL) == policy_names()
+
+
+@pytest.fixture(scope="module")
+def philly_slice(traces_dir, paper_cluster):
+    tr = read_trace(traces_dir / "arena-ae" / "simulate_trace_philly.csv")
+    jobs = sorted(tr.jobs, key=lambda j: j.submit_time)[:150]
+    table = synthetic_perf_table(zoo_pairs(), PAPER_TYPES)
+    return Workload(Trace(tr.source, tr.format, jobs), PerfLookup(table, paper_cluster), paper_cluster, jobs)
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_policy_on_real_trace_slice(philly_slice, policy):
+    res = run_policy(philly_slice, make_policy(policy), SimulatorConfig())
+    m = summarize(res)
+    assert m["submitted_jobs"] == 150
+    assert m["finished_jobs"] + m["unfinished_jobs"] + m["dropped_jobs"] == 150
+    if policy != "elasticflow":
+        assert m["dropped_jobs"] == 0
+        assert m["finished_jobs"] == 150 - m["unschedulable_jobs"]
+    assert m["finished_jobs"] > 0 and m["avg_throughput"] > 0
+    assert m["peak_throughput"] >= m["avg_throughput"]
+    rec = job_records(res)
+    # homogeneous allocations on types of the cluster only
+    assert set(rec.column("final_gpu_type").to_pylist()) <= set(PAPER_TYPES) | {""}
+    if policy == "fcfs":
+        fin = pc.equal(rec.column("status"), "finished")
+        assert rec.filter(fin).column("reschedules").to_pylist() == [0] * pc.sum(fin).as_py()
+
+
+def test_arena_objectives_and_ablations_run(philly_slice):
+    base = summarize(run_policy(philly_slice, make_policy("arena"), SimulatorConfig()))
+    for opts in ({"objective": Objective.DEADLINE}, {"objective": Objective.FAIRNESS}, {"hetero": False},
+                 {"elastic": False}, {"pruning": False}, {"profiler": False}, {"view": "dp"}, {"search_depth": 1, "num_queues": 1}):
+        m = summarize(run_policy(philly_slice, make_policy("arena", **opts), SimulatorConfig()))
+        assert m["finished_jobs"] + m["unfinished_jobs"] + m["dropped_jobs"] == 150, opts
+    nohet = run_policy(philly_slice, make_policy("arena", hetero=False), SimulatorConfig())
+    for j in nohet.jobs:
+        if j.alloc is not None:
+            assert j.alloc.type_index == j.requested_type_index
+    assert base["finished_jobs"] > 0
+
+
+def test_elastic_policies_rescale_and_rigid_do_not():
+    spec = cluster([("a100", 2, 4), ("a40", 2, 2)])
+    table = synthetic_perf_table([("gpt__760M", 256), ("gpt__1.3B", 256)], ["a100", "a40"])
+    jobs = [job(f"j{i}", "gpt__760M" if i % 2 else "gpt__1.3B", 20000, 1, "a100" if i % 3 else "a40",
+                submit=600.0 * i, row=i + 1, deadline=600.0 * i + 400000) for i in range(8)]
+    w = Workload(Trace("gen", "arena-ae", jobs), PerfLookup(table, spec), spec, jobs)
+    for policy in ALL:
+        res = run_policy(w, make_policy(policy), SimulatorConfig())
+        m = summarize(res)
+        assert m["finished_jobs"] == 8, policy
+        actions = set(res.decisions["action"])
+        if policy in ("fcfs",):
+            assert actions == {"launch", "finish"}
+        if policy in ("arena", "elasticflow-ls", "sia"):
+            assert "rescale" in actions or any(n > 1 for n in res.decisions["num_gpus"]), policy
+
+
+def test_missing_model_is_an_error_listing_everything(tmp_path, paper_cluster):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type\n"
+                     "a,0,10,gpt__1.3B,,256,1,a100\nb,0,10,moe__10B,,512,1,a40\nc,0,10,bert__760M,,128,1,a10\n")
+    table = synthetic_perf_table([("gpt__1.3B", 256)], PAPER_TYPES)
+    lookup = PerfLookup(table, paper_cluster, source="perf.parquet")
+    with pytest.raises(ArenaError) as err:
+        prepare_workload(trace, lookup, paper_cluster)
+    assert "moe__10B (batch 512; rows 2)" in str(err.value) and "bert__760M (batch 128; rows 3)" in str(err.value)
+    w = prepare_workload(trace, lookup, paper_cluster, skip_bad_rows=True)
+    assert len(w.jobs) == 1 and len(w.skipped) == 2
+
+
+def test_absent_configuration_means_cannot_run_that_way(paper_cluster):
+    table = synthetic_perf_table([("gpt__1.3B", 256)], PAPER_TYPES)
+    no_a100 = table.filter(pc.invert(pc.equal(table.column("gpu_type"), "a100")))
+    jobs = [job(f"j{i}", "gpt__1.3B", 500, 4, "a100", submit=10.0 * i, row=i + 1) for i in range(6)]
+    w = Workload(Trace("gen", "arena-ae", jobs), PerfLookup(no_a100, paper_cluster), paper_cluster, jobs)
+    res = run_policy(w, make_policy("arena"), SimulatorConfig())
+    assert "a100" not in set(res.decisions["gpu_type"]) and summarize(res)["finished_jobs"] == 6
+    # rigid FCFS asked for a100, which the table cannot run: the jobs are unschedulable
+    m = summarize(run_policy(w, make_policy("fcfs"), SimulatorConfig()))
+    assert m["unschedulable_jobs"] == 6 and m["finished_jobs"] == 0
+
+
+def test_cluster_too_small_names_the_row(tmp_path):
+    spec = cluster([("a10", 1, 2)])
+    table = synthetic_perf_table([("moe__27B", 1024)], ["a10"])
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type\n"
+                     "a,0,10,moe__27B,,1024,1,a10\n")
+    with pytest.raises(ArenaError, match=r"row 1, column 'model_name': moe__27B .* cannot run on any configuration"):
+        prepare_workload(trace, PerfLookup(table, spec), spec)
+
+
+def test_horizon_reports_unfinished(philly_slice):
+    res = run_policy(philly_slice, make_policy("fcfs"), SimulatorConfig(horizon_s=6 * 3600))
+    m = summarize(res)
+    assert res.stopped_by == "horizon" and m["unfinished_jobs"] > 0
+    assert m["makespan_s"] == pytest.approx(6 * 3600)
+    rec = job_records(res)
+    unf = rec.filter(pc.equal(rec.column("status"), "unfinished"))
+    ends = pa.compute.add(unf.column("submit_time_s"), unf.column("jct_s")).to_pylist()
+    assert all(e == pytest.approx(res.end_time) for e in ends)

@@ -1,0 +1,95 @@
+"""Trace readers: real files from ../shared, bad rows, adaptation rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from libarena.errors import ArenaError
+from libarena.schedule.traces import ZOO, is_zoo_model, read_trace, trace_stats
+
+HEADER = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type\n"
+GOOD = "a,0,100,gpt__1.3B,5000,256,2,a100\n"
+
+
+def test_reads_the_paper_philly_trace(traces_dir):
+    tr = read_trace(traces_dir / "arena-ae" / "simulate_trace_philly.csv")
+    assert tr.format == "arena-ae" and not tr.adapted
+    assert len(tr.jobs) == 1938
+    assert {j.requested_type for j in tr.jobs} == {"a100", "a40", "a10", "v100"}
+    assert all(is_zoo_model(j.model) for j in tr.jobs)
+    stats = trace_stats(tr)
+    assert stats["jobs"] == 1938 and stats["span_days"] > 19
+
+
+@pytest.mark.parametrize("path,fmt", [("elasticflow/195job.csv", "elasticflow"), ("itp-raw/cluster01.csv", "itp-raw")])
+def test_adapts_elasticflow_and_raw_traces(traces_dir, path, fmt):
+    tr = read_trace(traces_dir / path, gpu_types=["a40", "a10"], seed=3)
+    assert tr.format == fmt and tr.adapted
+    for j in tr.jobs:
+        family, size = j.model.split("__")
+        assert size in ZOO[family][0] and j.global_batch in ZOO[family][1]
+        assert j.requested_type in ("a40", "a10")
+        assert j.requested_gpus & (j.requested_gpus - 1) == 0 and j.requested_gpus <= 16
+        assert j.num_iterations >= 1 and j.deadline is not None
+    again = read_trace(traces_dir / path, gpu_types=["a40", "a10"], seed=3)
+    assert again.jobs == tr.jobs
+    other = read_trace(traces_dir / path, gpu_types=["a40", "a10"], seed=4)
+    assert [j.model for j in other.jobs] != [j.model for j in tr.jobs]
+
+
+def test_adaptation_does_not_depend_on_row_order(tmp_path):
+    rows = ["x1,10,100,1", "x2,20,200,2", "x3,30,300,3"]
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("job_id,submission_time,duration,num_gpu\n" + "\n".join(rows) + "\n")
+    b.write_text("job_id,submission_time,duration,num_gpu\n" + "\n".join(reversed(rows)) + "\n")
+    ja = {j.job_id: (j.model, j.global_batch, j.requested_type, j.requested_gpus) for j in read_trace(a).jobs}
+    jb = {j.job_id: (j.model, j.global_batch, j.requested_type, j.requested_gpus) for j in read_trace(b).jobs}
+    assert ja == jb
+    assert ja["x3"][3] == 4  # 3 GPUs rounded up to a power of two
+
+
+def test_adapted_iterations_follow_the_execution_rate(tmp_path):
+    p = tmp_path / "raw.csv"
+    p.write_text("job_id,submission_time,duration,num_gpu\nx,0,1000,2\n")
+    tr = read_trace(p, rate=lambda m, b, t, n: 0.5)
+    assert tr.jobs[0].num_iterations == 500
+    assert 500 <= tr.jobs[0].deadline <= 1500
+
+
+@pytest.mark.parametrize("row,column,problem", [
+    ("a,-5,100,gpt__1.3B,5000,256,2,a100", "submission_time", "negative"),
+    ("a,0,100,gpt__1.3B,5000,256,0,a100", "num_gpu", "> 0"),
+    ("a,0,100,llama__7B,5000,256,2,a100", "model_name", "unknown model"),
+    ("a,0,100,gpt__1.3B,5000,256,2,tpu9", "gpu_type", "unknown GPU type"),
+    ("a,0,abc,gpt__1.3B,5000,256,2,a100", "num_iteration", "not a number"),
+    ("a,0,100,gpt__1.3B,5000,256", "num_gpu", "missing value"),
+])
+def test_bad_rows_name_file_row_and_column(tmp_path, row, column, problem):
+    p = tmp_path / "t.csv"
+    p.write_text(HEADER + GOOD + row + "\n")
+    with pytest.raises(ArenaError) as err:
+        read_trace(p)
+    msg = str(err.value)
+    assert str(p) in msg and "row 2" in msg and repr(column) in msg and problem in msg
+    assert "\n" not in msg
+    tr = read_trace(p, skip_bad_rows=True)
+    assert len(tr.jobs) == 1 and len(tr.skipped) == 1
+
+
+def test_missing_column_and_duplicate_ids(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("job_id,submission_time,num_gpu,gpu_type\na,0,1,a100\n")
+    with pytest.raises(ArenaError, match="column 'num_iteration' is missing"):
+        read_trace(p)
+    p.write_text(HEADER + GOOD + GOOD)
+    with pytest.raises(ArenaError, match="row 2, column 'job_id': duplicate"):
+        read_trace(p)
+
+
+def test_adaptation_zoo_matches_the_model_registry():
+    # the scheduler keeps its own copy of the zoo's names so that it never imports the (JAX) model code
+    from libarena.models import list_models
+
+    registry = {e.name for e in list_models(include_test_sizes=False)}
+    ours = {f"{f}__{s}" for f, (sizes, _) in ZOO.items() for s in sizes}
+    assert ours == registry

@@ -1,0 +1,94 @@
+"""arena-analyze: a zoo model's training step -> HLO operator table (thin CLI over libarena.analyze).
+
+    arena-analyze --model moe__2.4B --global-batch 256 [--seq-len 1024] [--dtype bf16] [--num-clusters 16] -o ops.parquet
+    arena-analyze --model gpt__1.3B --global-batch 512 -o - | arena-plan --cluster c.yaml -o plans.parquet
+    arena-analyze --list-models [--json]
+    arena-analyze show ops.parquet [--top 15] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+from libarena.cli import run_app, stderr_console
+from libarena.errors import ArenaError
+
+app = typer.Typer(
+    add_completion=False,
+    help="Lower a model's training step abstractly and write its HLO operator table and clustered view.",
+)
+
+
+def _log(message: str) -> None:
+    stderr_console.print(f"arena-analyze: {message}", soft_wrap=True)
+
+
+@app.callback(invoke_without_command=True)
+def analyze(
+    ctx: typer.Context,
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="zoo model, family__size (see --list-models)"),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", "-b", help="global batch size (samples per step)"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="sequence length (image side for wide_resnet); default: the model's"),
+    dtype: str = typer.Option("bf16", "--dtype", help="training compute dtype: bf16, fp16, fp32, tf32"),
+    num_clusters: int = typer.Option(16, "--num-clusters", help="O, the number of clustered operators"),
+    output: str = typer.Option("-", "--output", "-o", help="operator table (Parquet), '-' = Arrow stream on stdout"),
+    list_models: bool = typer.Option(False, "--list-models", help="list the model zoo and exit"),
+    as_json: bool = typer.Option(False, "--json", help="with --list-models: JSON on stdout"),
+) -> None:
+    """Analyze a model (no subcommand)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from libarena.analyze import AnalyzeConfig, analyze_model, check_writable
+    from libarena.artifacts import Provenance
+
+    if list_models:
+        from libarena.analyze.show import render_zoo, zoo_rows
+
+        rows = zoo_rows()
+        if as_json:
+            sys.stdout.write(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+        else:
+            from rich.console import Console
+
+            render_zoo(rows, Console(highlight=False, width=120))
+        return
+    if model is None:
+        raise ArenaError("missing --model: the zoo model to analyze (see --list-models)")
+    if global_batch is None:
+        raise ArenaError("missing --global-batch: the global batch size to analyze the step at")
+    config = AnalyzeConfig(model, global_batch, seq_len, dtype, num_clusters).validated()
+    if output == "-" and sys.stdout.isatty():
+        raise ArenaError("refusing to write an Arrow stream to a terminal: use -o FILE or pipe the output")
+    check_writable(output)
+    ops = analyze_model(config, log=_log)
+    ops.write(output, Provenance(tool="arena-analyze", parameters=config.parameters()))
+    _log(f"wrote {ops.num_rows} instructions, {len(ops.clusters)} clusters to {'stdout' if output == '-' else output}")
+
+
+@app.command()
+def show(
+    ops: str = typer.Argument(..., help="operator table ('-' = Arrow stream on stdin)"),
+    top: int = typer.Option(15, "--top", help="how many instructions to list (by FLOPs)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable JSON on stdout"),
+) -> None:
+    """Print the top instructions by FLOPs and the clustered operators."""
+    from rich.console import Console
+
+    from libarena.analyze import read_operator_table
+    from libarena.analyze.show import render, summary
+
+    if top < 0:
+        raise ArenaError(f"--top must be at least 0, got {top}")
+    table = read_operator_table(ops)
+    if as_json:
+        sys.stdout.write(json.dumps(summary(table, top), indent=2, sort_keys=True) + "\n")
+        return
+    render(table, Console(highlight=False, width=180), top)
+
+
+def main() -> None:
+    run_app("arena-analyze", app)

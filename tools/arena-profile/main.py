@@ -1,0 +1,147 @@
+"""arena-profile: plans -> performance table by disaggregated single-device profiling (thin CLI over
+libarena.profile).
+
+    arena-plan ... -o - | arena-profile --device local -o perf.parquet
+    arena-profile -i plans.parquet --all-frontier --measure -o perf.parquet
+    arena-profile comm --devices 2 -o comm.parquet
+    arena-profile show perf.parquet [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from libarena.artifacts import Provenance, input_ref, read_table
+from libarena.cli import run_app, stderr_console
+from libarena.errors import ArenaError
+
+app = typer.Typer(
+    add_completion=False,
+    help="Profile parallel plans on one local device into the performance table; benchmark collectives.",
+)
+
+
+def _log(message: str) -> None:
+    stderr_console.print(message, markup=False)
+
+
+def _refuse_binary_to_terminal(output: str) -> None:
+    if output == "-" and sys.stdout.isatty():
+        raise ArenaError("refusing to write an Arrow stream to a terminal: use -o FILE or pipe the output")
+
+
+@app.callback(invoke_without_command=True)
+def profile(
+    ctx: typer.Context,
+    plans: str = typer.Option("-", "--plans", "-i", help="plans (Parquet, or '-' for an Arrow stream on stdin)"),
+    output: str = typer.Option("-", "--output", "-o", help="performance table (Parquet/CSV by suffix), '-' = stdout"),
+    device: str = typer.Option("local", "--device", help="device to profile on: local, cpu, gpu, or platform:index"),
+    timer: str = typer.Option("auto", "--timer", help="auto (cupti on an NVIDIA GPU, else host), cupti or host"),
+    all_frontier: bool = typer.Option(False, "--all-frontier", help="profile every frontier plan, not only the proxies"),
+    exhaustive: bool = typer.Option(False, "--exhaustive", help="profile every plan in the input"),
+    measure: bool = typer.Option(False, "--measure", help="also run each profiled plan for real and record its time"),
+    measure_repeats: int = typer.Option(3, "--measure-repeats", help="timed iterations per directly measured plan"),
+    comm: Optional[Path] = typer.Option(None, "--comm", help="measured comm_table (arena-profile comm); default alpha-beta"),
+    ops: Optional[Path] = typer.Option(None, "--ops", help="operator table the plans must come from (checked by sha256)"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="profile cache (default ~/.cache/arena/profile)"),
+    warmup: int = typer.Option(2, "--warmup", help="untimed runs per stage executable"),
+    repeats: int = typer.Option(7, "--repeats", help="timed runs per stage executable (median and spread reported)"),
+    no_dp: bool = typer.Option(False, "--no-dp", help="do not profile the pure data-parallel plan (view dp)"),
+) -> None:
+    """Profile plans (no subcommand)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from libarena.hardware.comm import load_comm_model
+    from libarena.profile import ProfileConfig, measure_estimates, profile_plans, write_perf_table
+
+    if all_frontier and exhaustive:
+        raise ArenaError("--all-frontier and --exhaustive exclude each other")
+    _refuse_binary_to_terminal(output)
+    artifact = read_table(plans, "plans")
+    if ops is not None:
+        from libarena.plan.model import operator_table_digest
+
+        digest = operator_table_digest(read_table(ops, "operator_table"))
+        if artifact.metadata.get("operator_table_sha256") != digest:
+            raise ArenaError(f"{artifact.source}: the plans were not made from the operator table {ops} (sha256 differs)")
+    config = ProfileConfig(
+        device=device,
+        timer=timer,
+        warmup=warmup,
+        repeats=repeats,
+        cache_dir=cache_dir,
+        selection="exhaustive" if exhaustive else "frontier" if all_frontier else "proxy",
+        include_dp=not no_dp,
+    )
+    comm_model = load_comm_model(str(comm)) if comm is not None else None
+    result = profile_plans(artifact, config, comm=comm_model, log=_log)
+    if measure:
+        measure_estimates(artifact, result, repeats=measure_repeats, log=_log)
+    s = result.summary
+    _log(
+        f"{len(result.table)} rows; timer {s['timer']}; communication: {s['comm_model']}; "
+        f"stages: {s['stages_needed']} needed, {s['stages_profiled']} profiled, {s['stages_skipped']} skipped (cached)"
+    )
+    inputs = [input_ref(plans, "plans")] if plans != "-" else [{"path": "-", "kind": "plans"}]
+    if comm is not None:
+        inputs.append(input_ref(comm, "comm_table"))
+    provenance = Provenance(
+        "arena-profile",
+        {"device": device, "timer": s["timer"], "selection": config.selection, "warmup": warmup, "repeats": repeats, "measure": measure},
+        inputs,
+    )
+    write_perf_table(output, result, provenance)
+
+
+@app.command("comm")
+def comm_command(
+    output: str = typer.Option("-", "--output", "-o", help="comm_table (Parquet), '-' = Arrow stream on stdout"),
+    devices: int = typer.Option(2, "--devices", "-n", help="devices to benchmark on (host devices are simulated)"),
+    min_bytes: int = typer.Option(2**10, "--min-bytes", help="smallest volume per device"),
+    max_bytes: int = typer.Option(2**22, "--max-bytes", help="largest volume per device"),
+    points: int = typer.Option(7, "--points", help="log-spaced volumes between them"),
+    repeats: int = typer.Option(10, "--repeats", help="timed repetitions per volume"),
+    device: str = typer.Option("local", "--device", help="platform to benchmark: local, cpu or gpu"),
+) -> None:
+    """Benchmark all-reduce, all-gather, reduce-scatter, all-to-all and P2P into a comm_table."""
+    from libarena.profile import CommBenchConfig, write_comm_table
+
+    _refuse_binary_to_terminal(output)
+    platform = "cpu" if device in ("local", "cpu") else "gpu" if device in ("gpu", "cuda") else None
+    if platform is None:
+        raise ArenaError(f"bad device {device!r} for the communication benchmark: use local, cpu or gpu")
+    if platform == "cpu" and device == "local":
+        from libarena.profile import resolve_device
+
+        platform = "cpu" if resolve_device("local").platform == "cpu" else "gpu"
+    config = CommBenchConfig(num_devices=devices, min_bytes=min_bytes, max_bytes=max_bytes, points=points, repeats=repeats, platform=platform)
+    rows = write_comm_table(output, config)
+    _log(f"{rows} measurements ({devices} devices, {platform})")
+
+
+@app.command("show")
+def show(
+    table: str = typer.Argument(..., help="performance table (Parquet/CSV, or '-')"),
+    as_json: bool = typer.Option(False, "--json", help="JSON rows instead of a text table"),
+) -> None:
+    """Print a performance table (also one measured elsewhere)."""
+    from libarena.profile import format_perf_table
+
+    artifact = read_table(table, "perf_table")
+    if as_json:
+        print(json.dumps(artifact.table.to_pylist(), indent=1, default=str))
+        return
+    print(format_perf_table(artifact))
+
+
+def main() -> None:
+    run_app("arena-profile", app)
+
+
+if __name__ == "__main__":
+    main()

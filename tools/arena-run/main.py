@@ -1,0 +1,98 @@
+"""arena-run: train a model under a plan from arena-plan (proxy plan, a chosen plan, or a pruned/full
+runtime search), checkpointed and resumable onto any other plan, on Ray (embedded local cluster by default).
+
+    arena-run --plan plans.parquet --grid a100,8,2 --model gpt__tiny --global-batch 32 --steps 50 --checkpoint-dir ckpt/
+    arena-run ... --search pruned          # §3.6 runtime pruning, then train the winner
+    arena-run ... --address ray://head:10001 --json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from libarena.cli import run_app, stderr_console
+from libarena.errors import ArenaError
+
+app = typer.Typer(add_completion=False, help="Train a model under an arena-plan plan with adaptive parallelism (JAX + Ray).")
+
+
+@app.command()
+def run(
+    plan: Path = typer.Option(..., "--plan", help="plans file from arena-plan"),
+    model: str = typer.Option(..., "--model", help="model identifier, family__size"),
+    global_batch: int = typer.Option(..., "--global-batch", help="global batch size (must match the plans)"),
+    steps: int = typer.Option(..., "--steps", help="train until this many steps are done (resumes count)"),
+    checkpoint_dir: Path = typer.Option(..., "--checkpoint-dir", help="checkpoints: resumed from when present"),
+    grid: Optional[str] = typer.Option(None, "--grid", help="allocated resources GPU_TYPE,NUM_GPUS[,PIPELINE_DEGREE]"),
+    plan_id: Optional[str] = typer.Option(None, "--plan-id", help="run this plan of the plans file"),
+    proxy: bool = typer.Option(False, "--proxy", help="run the grid's proxy plan, zero search (the default)"),
+    search: Optional[str] = typer.Option(None, "--search", help="runtime AP search before training: pruned or full"),
+    search_max: int = typer.Option(0, "--search-max", help="measure at most this many candidates (seeded sample; 0 = all)"),
+    search_steps: int = typer.Option(2, "--search-steps", help="timed steps per candidate (after one warm-up step)"),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="save every N steps (and at the end)"),
+    address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster (default: start an embedded one)"),
+    no_ray: bool = typer.Option(False, "--no-ray", help="run in this process instead of on Ray"),
+    devices: int = typer.Option(8, "--devices", help="devices the local host presents as the GPU type (no --address)"),
+    seed: int = typer.Option(0, "--seed", help="parameter initialisation seed"),
+    data_seed: int = typer.Option(0, "--data-seed", help="training data seed"),
+    dtype: str = typer.Option("fp32", "--dtype", help="compute dtype (fp32, bf16)"),
+    learning_rate: float = typer.Option(1e-3, "--lr", help="Adam learning rate"),
+    json_out: bool = typer.Option(False, "--json", help="print the run report as JSON on stdout"),
+    report: Optional[Path] = typer.Option(None, "--report", help="also write the run report (JSON) here"),
+) -> None:
+    from libarena.artifacts import write_json
+    from libarena.models.training import OptimizerConfig
+    from libarena.run.api import RunRequest, parse_grid, run as run_job
+    from libarena.run.cluster import LocalClusterConfig
+    from libarena.run.search import SearchConfig
+
+    if proxy and search:
+        raise ArenaError("--proxy and --search exclude each other")
+    if search is not None and search not in ("pruned", "full"):
+        raise ArenaError(f"--search must be pruned or full, got {search!r}")
+    if devices < 1 or checkpoint_every < 0 or search_max < 0 or search_steps < 1:
+        raise ArenaError("--devices and --search-steps must be at least 1, --checkpoint-every and --search-max non-negative")
+    if not plan.is_file():
+        raise ArenaError(f"plans file {plan} does not exist")
+    request = RunRequest(
+        plans_path=str(plan), model=model, global_batch=global_batch, steps=steps, checkpoint_dir=str(checkpoint_dir),
+        grid=parse_grid(grid) if grid else None, plan_id=plan_id, selection=search or "proxy",
+        search=SearchConfig(max_candidates=search_max, timed_steps=search_steps), address=address, use_ray=not no_ray,
+        local=LocalClusterConfig(num_devices=devices), checkpoint_every=checkpoint_every, seed=seed, data_seed=data_seed,
+        dtype=dtype, optimizer=OptimizerConfig(learning_rate=learning_rate),
+    )
+    result = run_job(request)
+    if report is not None:
+        write_json(report, result)
+    if json_out:
+        print(json.dumps(result, default=str))
+    else:
+        _summary(result)
+
+
+def _summary(result: dict) -> None:
+    plan = result["plan"]
+    stderr_console.print(f"plan {plan['plan_id']}: {plan['pipeline_degree']} stages, GPUs {plan['gpus_per_stage']}, "
+                         f"dp {plan['dp_per_stage']}, tp {plan['tp_per_stage']}")
+    if "search" in result:
+        s = result["search"]
+        stderr_console.print(f"{s['mode']} search: {s['candidates_measured']}/{s['candidates_total']} candidates, "
+                             f"{s['cost_device_s']:.1f} device-s, best {s['best_step_time_s'] * 1e3:.1f} ms/step")
+    run = result.get("train") or result.get("job") or {}
+    losses = run.get("losses") or []
+    if losses:
+        print(f"steps {losses[0][0]}..{losses[-1][0]}: loss {losses[0][1]:.4f} -> {losses[-1][1]:.4f}")
+    if result.get("job"):
+        print(f"restarts: {result['job']['restarts']}")
+
+
+def main() -> None:
+    run_app("arena-run", app)
+
+
+if __name__ == "__main__":
+    main()
