@@ -27,6 +27,8 @@ GLOBAL_BATCH = 16
 NUM_CLUSTERS = 3
 DEVICE_COUNTS = (1, 2)
 MAE_TARGET = 0.05
+#: Both sides use the fastest repetition: on this shared host, contention only ever adds time.
+STATISTIC = "min"
 COST_TARGET = 10.0
 
 
@@ -51,14 +53,14 @@ def _round(tmp: Path, model: str, plans_path: Path, comm: Any, round_index: int)
 
     cache = tmp / f"cache-{model}-{round_index}"  # fresh: the profiling cost is paid in full every round
     t0 = time.perf_counter()
-    result = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache, selection="exhaustive"), comm=comm)
+    result = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache, selection="exhaustive", statistic=STATISTIC), comm=comm)
     profile_wall = time.perf_counter() - t0
     by_n: dict[int, list[Any]] = {}
     for e in result.estimates:
         by_n.setdefault(e.grid.num_gpus, []).append(e)
     rows = []
     for n, estimates in sorted(by_n.items()):
-        measured = measure_in_subprocess(plans_path, [(e.grid.to_dict(), e.plan.plan_id) for e in estimates], n, repeats=3)
+        measured = measure_in_subprocess(plans_path, [(e.grid.to_dict(), e.plan.plan_id) for e in estimates], n, repeats=5)
         for e, m in zip(estimates, measured, strict=True):
             assert m["plan_id"] == e.plan.plan_id
             rows.append(
@@ -70,7 +72,7 @@ def _round(tmp: Path, model: str, plans_path: Path, comm: Any, round_index: int)
                     "dp_per_stage": list(e.plan.dp_per_stage),
                     "tp_per_stage": list(e.plan.tp_per_stage),
                     "estimate_s": e.iter_time_s,
-                    "measured_s": m["iter_time_s"],
+                    "measured_s": m["iter_time_min_s"] if STATISTIC == "min" else m["iter_time_s"],
                     "measured_samples_s": m["samples_s"],
                     "profiling_device_s": e.profiling_cost_device_s,
                     "measurement_device_s": m["device_s"],
@@ -84,23 +86,7 @@ def _round(tmp: Path, model: str, plans_path: Path, comm: Any, round_index: int)
     return rows
 
 
-def run(results_dir: Path, rounds: int = 2, models: tuple[str, ...] = MODELS) -> bool:
-    from libarena.hardware.comm import load_comm_model
-    from libarena.profile import CommBenchConfig, write_comm_table
-
-    results_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp_name:
-        tmp = Path(tmp_name)
-        comm_path = tmp / "comm.parquet"
-        t0 = time.perf_counter()
-        write_comm_table(str(comm_path), CommBenchConfig(num_devices=max(DEVICE_COUNTS), points=7, max_bytes=2**23))
-        comm_bench_s = time.perf_counter() - t0
-        comm = load_comm_model(str(comm_path))
-        all_rows: list[dict[str, Any]] = []
-        plans_paths = {m: _plans(tmp, m) for m in models}
-        for r in range(rounds):
-            for model in models:
-                all_rows += _round(tmp, model, plans_paths[model], comm, r)
+def _aggregate(all_rows: list[dict[str, Any]], models: tuple[str, ...], rounds: int, comm_bench_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
     # Median per plan over rounds, then errors and cost ratios.
     per_plan: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for row in all_rows:
@@ -134,33 +120,58 @@ def run(results_dir: Path, rounds: int = 2, models: tuple[str, ...] = MODELS) ->
             continue
         mae = statistics.fmean(p["abs_error"] for p in subset)
         summary[f"mae_{n}_devices"] = mae
+        summary[f"plans_{n}_devices"] = len(subset)
         ok &= mae <= MAE_TARGET
     # Cost per model: profiling all its plans (one fresh cache) vs measuring all of them.
     ratios = {}
     for model in models:
         subset = [p for p in plans if p["model"] == model]
+        if not subset:
+            continue
         prof = sum(p["profiling_device_s"] for p in subset)
         meas = sum(p["measurement_device_s"] for p in subset)
         ratios[model] = meas / prof if prof > 0 else float("inf")
     summary["cost_ratio_per_model"] = ratios
-    summary["cost_ratio_mean"] = statistics.fmean(ratios.values())
+    summary["cost_ratio_mean"] = statistics.fmean(ratios.values()) if ratios else 0.0
     ok &= summary["cost_ratio_mean"] >= COST_TARGET
     summary["targets"] = {"mae": MAE_TARGET, "cost_ratio": COST_TARGET}
     summary["met"] = bool(ok)
     summary["rounds"] = rounds
+    summary["statistic"] = STATISTIC
     summary["comm_bench_s"] = comm_bench_s
-    write_json(
-        results_dir / "profile.json",
-        {
-            "summary": summary,
-            "plans": plans,
-            "runs": all_rows,
-            "setup": {"models": list(models), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS)},
-            "note": "CPU host devices on a shared 2-core machine; noisy. Estimates: unit-granularity profiles, measured comm table, 1F1B.",
-        },
-    )
+    payload = {
+        "summary": summary,
+        "plans": plans,
+        "runs": all_rows,
+        "setup": {"models": list(models), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS)},
+        "note": "CPU host devices on a shared 2-core machine; noisy. Estimates: unit-granularity profiles, measured comm table, 1F1B.",
+    }
+    return summary, payload
+
+
+def run(results_dir: Path, rounds: int = 2, models: tuple[str, ...] = MODELS) -> bool:
+    from libarena.hardware.comm import load_comm_model
+    from libarena.profile import CommBenchConfig, write_comm_table
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp_name:
+        tmp = Path(tmp_name)
+        comm_path = tmp / "comm.parquet"
+        t0 = time.perf_counter()
+        write_comm_table(str(comm_path), CommBenchConfig(num_devices=max(DEVICE_COUNTS), points=7, max_bytes=2**23))
+        comm_bench_s = time.perf_counter() - t0
+        comm = load_comm_model(str(comm_path))
+        all_rows: list[dict[str, Any]] = []
+        plans_paths = {m: _plans(tmp, m) for m in models}
+        for r in range(rounds):
+            for model in models:
+                all_rows += _round(tmp, model, plans_paths[model], comm, r)
+                # Partial results after every model: a long run that is stopped still leaves numbers.
+                write_json(results_dir / "profile.json", _aggregate(all_rows, models, r + 1, comm_bench_s)[1])
+    summary, payload = _aggregate(all_rows, models, rounds, comm_bench_s)
+    write_json(results_dir / "profile.json", payload)
     _log(f"summary: {summary}")
-    return bool(ok)
+    return bool(summary["met"])
 
 
 if __name__ == "__main__":

@@ -345,6 +345,7 @@ def _flatten(step: LoweredStep, module: HloModuleText, scopes: _Scopes) -> tuple
     """Entry instructions in order with ``call``\ s expanded in place; returns (rows, root row, tuple parts)."""
     emitted: list[_Emitted] = []
     tuple_parts: dict[int, list[int]] = {}
+    origin: list[int] = []  # row -> the row whose value it is (itself unless a get-tuple-element of a tuple)
     num_inputs = len(step.inputs)
 
     def emit(comp_name: str, arguments: list[int] | None, context: tuple[str, ...], prefix: str) -> int:
@@ -363,13 +364,17 @@ def _flatten(step: LoweredStep, module: HloModuleText, scopes: _Scopes) -> tuple
                 continue
             row = len(emitted)
             local[instr.name] = row
-            sources = operands
+            # Data flow sees through tuple / get-tuple-element pairs (call results, multi-output
+            # computations): a get-tuple-element stands for the tuple element it extracts.
+            sources = [origin[o] for o in operands]
+            origin.append(row)
             if instr.opcode == "tuple":
                 tuple_parts[row] = operands
             elif instr.opcode == "get-tuple-element" and operands and operands[0] in tuple_parts:
                 index = re.search(r"index=(\d+)", instr.attributes)
                 if index is not None:
-                    sources = [tuple_parts[operands[0]][int(index.group(1))]]
+                    sources = [origin[tuple_parts[operands[0]][int(index.group(1))]]]
+                    origin[row] = sources[0]
             unit, phase = -1, None
             for op_name in (*context, instr.op_name):
                 u, p = scopes.read(op_name)

@@ -194,6 +194,7 @@ def measure_plan(inputs: PlanInputs, plan: PlanRecord, devices: list[Any], warmu
         "plan_id": plan.plan_id,
         "num_gpus": plan.grid.num_gpus,
         "iter_time_s": float(statistics.median(times)),
+        "iter_time_min_s": float(min(times)),
         "samples_s": times,
         "warmup_s": warm_s,
         "wall_s": wall,

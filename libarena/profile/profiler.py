@@ -32,6 +32,9 @@ from libarena.profile.timers import Timer, select_timer
 
 #: Which plans of each grid are profiled.
 SELECTIONS = ("proxy", "frontier", "exhaustive")
+#: Which statistic of the repeated timings a stage contributes: the median (default), or the minimum
+#: (on a shared, contended host the fastest repetition is the closest to the device's own speed).
+STATISTICS = ("median", "min")
 #: What one profiled executable covers: a whole stage, or one unit (layer) -- identical units (the
 #: repeated blocks of a transformer) then share one profile across every stage partition.
 GRANULARITIES = ("stage", "unit")
@@ -53,8 +56,11 @@ class ProfileConfig:
     memory_fraction: float = 0.9
     seed: int = 0
     granularity: str = "unit"
+    statistic: str = "median"
 
     def __post_init__(self) -> None:
+        if self.statistic not in STATISTICS:
+            raise ArenaError(f"unknown statistic {self.statistic!r} (known: {', '.join(STATISTICS)})")
         if self.granularity not in GRANULARITIES:
             raise ArenaError(f"unknown granularity {self.granularity!r} (known: {', '.join(GRANULARITIES)})")
         if self.selection not in SELECTIONS:
@@ -213,7 +219,9 @@ def combine_unit_records(records: list[dict[str, Any]], spec: StageSpec, overhea
 
     def timing(name: str) -> dict[str, Any]:
         median = sum(r[name]["median_s"] for r in records) - (n - 1) * overhead_s
-        return {"median_s": max(median, 0.0), "spread_s": float(np.sqrt(sum(r[name]["spread_s"] ** 2 for r in records))), "samples_s": []}
+        minimum = sum(r[name].get("min_s", r[name]["median_s"]) for r in records) - (n - 1) * overhead_s
+        spread = float(np.sqrt(sum(r[name]["spread_s"] ** 2 for r in records)))
+        return {"median_s": max(median, 0.0), "min_s": max(minimum, 0.0), "spread_s": spread, "samples_s": []}
 
     cost = {
         name: {k: float(sum((r["cost"].get(name) or {}).get(k, 0.0) for r in records)) for k in ("flops", "bytes")}
@@ -288,11 +296,19 @@ def stage_communication(
     bounds = list(plan.stage_boundaries) + [len(inputs.clusters)]
     clusters = inputs.cluster_records[bounds[j] : bounds[j + 1]]
     comm_mb = 0.0
+    units = {u.name: u for u in inputs.model.units}
     for c in clusters:
+        # Every collective is its own operator (latency floor each): a unit's tp_allreduces (alltoalls)
+        # happen in the forward and again in the backward pass, splitting the cluster's volume evenly.
+        members = [units[name] for name in c.get("units", []) if name in units]
         if tp > 1:
-            comm_mb += _price(comm, "all-reduce", float(c.get("tp_allreduce_bytes", 0.0)) / (B * dp), tp, gpu_type, tp > g, used)
+            count = max(1, sum(2 * u.tp_allreduces for u in members))
+            volume = float(c.get("tp_allreduce_bytes", 0.0)) / (B * dp)
+            comm_mb += count * _price(comm, "all-reduce", volume / count, tp, gpu_type, tp > g, used)
         if dp > 1:
-            comm_mb += _price(comm, "all-to-all", float(c.get("alltoall_bytes", 0.0)) / (B * dp), dp, gpu_type, dp * tp > g, used)
+            count = max(1, sum(2 * u.alltoalls for u in members))
+            volume = float(c.get("alltoall_bytes", 0.0)) / (B * dp)
+            comm_mb += count * _price(comm, "all-to-all", volume / count, dp, gpu_type, dp * tp > g, used)
     offsets = plan.offsets()
     p2p = 0.0
     if j + 1 < s:
@@ -343,6 +359,7 @@ def estimate_plan(
     comm: CommModel,
     timer_name: str,
     memory_fraction: float,
+    statistic: str = "median",
 ) -> PlanEstimate:
     """The 1F1B estimate of ``plan`` from its stages' profiles."""
     estimated = plan.grid.gpu_type != local.gpu_type
@@ -358,8 +375,9 @@ def estimate_plan(
     stage_times, stage_rows, memory = [], [], []
     s, B = plan.pipeline_degree, plan.num_microbatches
     for j, rec in enumerate(records):
-        compute = rec["microbatch"]["median_s"]
-        optimizer = rec["optimizer"]["median_s"]
+        stat = "min_s" if statistic == "min" else "median_s"
+        compute = rec["microbatch"].get(stat, rec["microbatch"]["median_s"])
+        optimizer = rec["optimizer"].get(stat, rec["optimizer"]["median_s"])
         if target_spec is not None:
             compute *= _roofline_ratio(rec, ("forward", "backward"), local_spec, target_spec, inputs.dtype)
             optimizer *= _roofline_ratio(rec, ("optimizer",), local_spec, target_spec, inputs.dtype)
@@ -484,7 +502,9 @@ def profile_plans(
                 records.append(combine_unit_records(piece_records, stage_spec, overhead))
             else:
                 records.append(piece_records[0])
-        estimate = estimate_plan(inputs, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction)
+        estimate = estimate_plan(
+            inputs, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction, config.statistic
+        )
         if is_dp:
             dp_estimates[plan.grid] = estimate
         else:
@@ -503,6 +523,7 @@ def profile_plans(
         "comm_sources": sources,
         "selection": config.selection,
         "granularity": config.granularity,
+        "statistic": config.statistic,
         "dispatch_overhead_s": overhead,
         "plans_profiled": len(estimates),
         "stages_needed": stages_needed,

@@ -33,8 +33,12 @@ class Timing:
         q = statistics.quantiles(self.samples, n=4)
         return float(q[2] - q[0])
 
+    @property
+    def minimum(self) -> float:
+        return float(min(self.samples))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"median_s": self.median, "spread_s": self.spread, "samples_s": list(self.samples)}
+        return {"median_s": self.median, "min_s": self.minimum, "spread_s": self.spread, "samples_s": list(self.samples)}
 
 
 class Timer(ABC):

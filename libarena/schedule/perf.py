@@ -128,6 +128,14 @@ class PerfLookup:
                     est[t, c] = dp[t, c0] * (1 << (c - c0))
         return est
 
+    def extend(self, table: pa.Table) -> None:
+        """Add rows measured after construction (the live scheduler profiles a new (model, batch) on arrival).
+        Rows of a (model, batch) already present only raise its numbers where they are better."""
+        from libarena.artifacts import get_kind
+        from libarena.artifacts.io import conform_table
+
+        self._build(conform_table(get_kind("perf_table"), table, source=self.source, fill_defaults=True))
+
     # ------------------------------------------------------------------------------------------------
     def has(self, model: str, global_batch: int) -> bool:
         return (model, global_batch) in self._models

@@ -151,7 +151,7 @@ class Simulator:
             raise AssertionError(f"job {job.spec.job_id} placed where it cannot run")
         job.rate = float(thr) / job.spec.global_batch
         job.progress_time = self.now
-        self.push(CompletionEvent(float(self.now + job.remaining / job.rate), job, job.version))
+        self._expect_completion(job)
         self.dirty = True
 
     def complete(self, job: Job) -> None:
@@ -228,7 +228,7 @@ class Simulator:
         job.overhead_s += overhead
         self.queued_count -= 1
         self.active[job.index] = job
-        self.push(LaunchEvent(self.now + overhead, job, job.version))
+        self._start_after(job, overhead, "launch")
         self._record("launch", job, alloc)
         return True
 
@@ -289,6 +289,17 @@ class Simulator:
     def rescale_overhead(self) -> float:
         return self.overheads.checkpoint_resume_s + self.overheads.ap_search_s(self.policy.ap_search)
 
+    # -- where the simulated cluster and a live one differ ------------------------------------------
+    # The simulator predicts when a (re)started job begins training and when it completes; a live cluster
+    # (libarena.schedule.live) overrides these two to hand the action to a launcher and learns both times
+    # from it instead. Everything else (state, actions, the policies) is shared.
+    def _start_after(self, job: Job, overhead: float, action: str) -> None:
+        event = LaunchEvent if action == "launch" else RescaleEvent
+        self.push(event(self.now + overhead, job, job.version))
+
+    def _expect_completion(self, job: Job) -> None:
+        self.push(CompletionEvent(float(self.now + job.remaining / job.rate), job, job.version))
+
     # -- internals ---------------------------------------------------------------------------------
     def _settle(self, job: Job) -> None:
         if job.state == JobState.RUNNING:
@@ -303,7 +314,7 @@ class Simulator:
         job.version += 1
         job.reschedules += 1
         job.overhead_s += overhead
-        self.push(RescaleEvent(self.now + overhead, job, job.version))
+        self._start_after(job, overhead, action)
         self._record(action, job, alloc)
 
     def _record(self, action: str, job: Job, alloc: Allocation | None) -> None:

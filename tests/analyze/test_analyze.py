@@ -12,6 +12,9 @@ from libarena.artifacts.kinds.operator_table import CLUSTER_FIELDS
 from libarena.errors import ArenaError
 from libarena.models import get_model
 
+# One worker runs this module under `pytest -n 2 --dist loadgroup`, so each tiny model is lowered once.
+pytestmark = pytest.mark.xdist_group("analyze_tiny_models")
+
 FAMILIES = ("gpt", "bert", "moe", "wide_resnet")
 BATCH = {"gpt": 8, "bert": 8, "moe": 8, "wide_resnet": 4}
 
@@ -166,6 +169,11 @@ def test_transformer_boundary_and_communication_bytes():
             shapes = col(ops, "shape")[(col(ops, "opcode") == "dot") & (col(ops, "layer") == "block_00")]
             assert f"bf16[{','.join(map(str, shape))}]" in set(shapes)
         assert all(r["alltoall_bytes"] == expected_a2a for r in blocks)
+    # The loss unit keeps the float32 softmax for its backward (it leaves log_softmax's call as a tuple
+    # element: data flow must see through tuples).
+    gpt = get_model("gpt__tiny").config
+    head = analyzed("gpt").units[-1]
+    assert head["saved_activation_bytes"] >= BATCH["gpt"] * gpt.seq_len * gpt.vocab_size * 4
     wrn = analyzed("wide_resnet")
     assert all(r["alltoall_bytes"] == 0 for r in wrn.metadata["clusters"])
     assert all(r["activation_bytes"] > 0 and r["tp_allreduce_bytes"] > 0 for r in wrn.metadata["clusters"])

@@ -66,8 +66,10 @@ def test_profile_rows_views_and_timer(first_run):
 
 def test_identical_stages_across_grids_are_profiled_once(first_run):
     s = first_run.summary
-    # cpu and a100 grids need the same two stage executables (proxy at mb 2, dp at mb 8).
-    assert s["stages_needed"] == 4 and s["stages_profiled"] == 2 and s["stages_skipped"] == 2
+    # Unit granularity: 4 plans (proxy and dp, on the cpu and a100 grids) x 6 units. Only 3 units are
+    # distinct (embed, the 4 identical blocks, head), at 2 micro-batch sizes (proxy 2, dp 8): 6 profiled.
+    assert s["granularity"] == "unit"
+    assert s["stages_needed"] == 24 and s["stages_profiled"] == 6 and s["stages_skipped"] == 18
 
 
 def test_other_gpu_types_are_roofline_scaled_estimates(first_run):
@@ -96,7 +98,7 @@ def test_second_run_is_served_from_the_cache(plans_path, cache_dir, first_run):
     from libarena.profile import ProfileConfig, profile_plans
 
     again = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache_dir), comm=_cpu_comm())
-    assert again.summary["stages_profiled"] == 0 and again.summary["stages_skipped"] == 4
+    assert again.summary["stages_profiled"] == 0 and again.summary["stages_skipped"] == 24
     before = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in first_run.table.to_pylist()}
     after = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in again.table.to_pylist()}
     assert before == pytest.approx(after)
@@ -165,9 +167,9 @@ def test_cli_stdin_plans_to_perf_table_and_show(plans_path, cache_dir, comm_tabl
     proc = _cli("--device", "local", "--cache-dir", cache_dir, "--comm", comm_table_path, "-o", out, stdin=plans_path.read_bytes())
     assert proc.returncode == 0, proc.stderr.decode()
     log = proc.stderr.decode()
-    assert "timer host" in log and "4 skipped" in log and "measured" in log
+    assert "timer host" in log and "24 skipped" in log and "measured" in log
     perf = read_table(out, "perf_table")
-    assert perf.metadata["stages_skipped"] == 4 and len(perf.table) == 6
+    assert perf.metadata["stages_skipped"] == 24 and len(perf.table) == 6
     shown = _cli("show", out)
     assert shown.returncode == 0 and "arena" in shown.stdout.decode() and "estimated" in shown.stdout.decode()
 
@@ -197,3 +199,27 @@ def test_cli_plans_without_matching_operator_table(tmp_path, cache_dir):
     write_plans_table(str(path), MODEL, BATCH, enumerate_grid_plans(MODEL, BATCH, 1, "cpu", 2), [])
     err = _one_line_error(_cli("-i", path, "--cache-dir", cache_dir, "-o", tmp_path / "perf.parquet"))
     assert "operator table" in err
+
+
+def test_stage_granularity_profiles_whole_stages(plans_path, cache_dir):
+    """--granularity stage: one executable per stage; the cpu and a100 grids still share them."""
+    from libarena.profile import ProfileConfig, profile_plans
+
+    config = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3, granularity="stage", include_dp=False)
+    result = profile_plans(read_table(plans_path, "plans"), config, comm=_cpu_comm())
+    s = result.summary
+    assert s["stages_needed"] == 2 and s["stages_profiled"] + s["stages_skipped"] == 2 and s["stages_skipped"] >= 1
+    (stage,) = next(e for e in result.estimates if not e.estimated).stages
+    assert stage["units"] == [0, 6] and stage["compute_s"] > 0
+
+
+def test_memory_check_against_the_device(plans_path, cache_dir, first_run):
+    """Same (cached) profiles, a device budget too small for the stage's state: rows do not fit."""
+    from libarena.profile import ProfileConfig, profile_plans
+
+    tight = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache_dir, memory_fraction=1e-9), comm=_cpu_comm())
+    assert tight.summary["stages_profiled"] == 0
+    assert not any(r["fits_in_memory"] for r in tight.table.to_pylist())
+    est = next(e for e in first_run.estimates if not e.estimated)
+    # weights + gradient buffer + Adam state of the whole tiny GPT at least
+    assert est.memory_per_stage_bytes[0] > 4 * 4 * 0.2e6

@@ -268,3 +268,15 @@ def test_profile_package_does_not_import_jax():
 
     code = "import sys, libarena.profile, arena_cupti.activity; assert 'jax' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plan_selection_proxy_frontier_exhaustive(tmp_path):
+    from libarena.profile.plans_input import load_plan_inputs
+    from libarena.profile.profiler import select_plans
+
+    inputs = load_plan_inputs(_plans(tmp_path))
+    # mark one plan off the frontier (an --exhaustive extra row)
+    inputs.plans[2] = type(inputs.plans[2])(**{**inputs.plans[2].__dict__, "on_frontier": False})
+    assert [p.plan_id for p in select_plans(inputs, "proxy")] == ["s1-b0-g2-2x1"]
+    assert [p.plan_id for p in select_plans(inputs, "frontier")] == ["s1-b0-g2-2x1", "s1-b0-g2-1x2"]
+    assert len(select_plans(inputs, "exhaustive")) == 3

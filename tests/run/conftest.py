@@ -31,21 +31,24 @@ def run_worker(module: str, args: list[str], num_devices: int, timeout: float = 
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-@pytest.fixture(scope="session")
-def gpt_tiny_plans(tmp_path_factory) -> Path:
-    """arena-analyze + arena-plan (their libraries) for gpt__tiny, global batch 8, on one 8-GPU A100 node."""
+def make_plans(model: str, global_batch: int, root: Path) -> Path:
+    """arena-analyze + arena-plan (their libraries) for ``model`` on one 8-GPU A100 node."""
     from libarena.analyze.api import analyze_model
     from libarena.artifacts import Provenance, read_table
     from libarena.hardware import load_cluster
     from libarena.plan import PlannerConfig, plan_job, write_plans
 
-    root = tmp_path_factory.mktemp("plans")
     cluster_path = root / "local.yaml"
     cluster_path.write_text("name: local-a100\nnode_groups:\n  - {gpu_type: a100, nodes: 1, gpus_per_node: 8}\n")
-    ops = analyze_model("gpt__tiny", 8, dtype="fp32", num_clusters=6)
-    ops_path = root / "ops.parquet"
-    ops.write(ops_path)
+    ops_path = root / f"{model}.ops.parquet"
+    analyze_model(model, global_batch, dtype="fp32", num_clusters=6).write(ops_path)
     planset = plan_job(read_table(ops_path, "operator_table"), load_cluster(cluster_path), PlannerConfig(max_gpus=8))
-    out = root / "plans.parquet"
-    write_plans(out, planset, Provenance(tool="tests/run", parameters={}))
+    out = root / f"{model}.plans.parquet"
+    write_plans(out, planset, Provenance(tool="tests/run", parameters={"model": model}))
     return out
+
+
+@pytest.fixture(scope="session")
+def gpt_tiny_plans(tmp_path_factory) -> Path:
+    """gpt__tiny's plans at global batch 8."""
+    return make_plans("gpt__tiny", 8, tmp_path_factory.mktemp("plans"))

@@ -27,7 +27,7 @@ app = typer.Typer(
 
 
 def _log(message: str) -> None:
-    stderr_console.print(message, markup=False)
+    stderr_console.print(message, markup=False, soft_wrap=True)
 
 
 def _refuse_binary_to_terminal(output: str) -> None:
@@ -52,6 +52,8 @@ def profile(
     warmup: int = typer.Option(2, "--warmup", help="untimed runs per stage executable"),
     repeats: int = typer.Option(7, "--repeats", help="timed runs per stage executable (median and spread reported)"),
     no_dp: bool = typer.Option(False, "--no-dp", help="do not profile the pure data-parallel plan (view dp)"),
+    granularity: str = typer.Option("unit", "--granularity", help="unit (identical layers profiled once) or stage"),
+    statistic: str = typer.Option("median", "--statistic", help="median of the timed runs, or min (contended hosts)"),
 ) -> None:
     """Profile plans (no subcommand)."""
     if ctx.invoked_subcommand is not None:
@@ -77,6 +79,8 @@ def profile(
         cache_dir=cache_dir,
         selection="exhaustive" if exhaustive else "frontier" if all_frontier else "proxy",
         include_dp=not no_dp,
+        granularity=granularity,
+        statistic=statistic,
     )
     comm_model = load_comm_model(str(comm)) if comm is not None else None
     result = profile_plans(artifact, config, comm=comm_model, log=_log)
@@ -92,7 +96,16 @@ def profile(
         inputs.append(input_ref(comm, "comm_table"))
     provenance = Provenance(
         "arena-profile",
-        {"device": device, "timer": s["timer"], "selection": config.selection, "warmup": warmup, "repeats": repeats, "measure": measure},
+        {
+            "device": device,
+            "timer": s["timer"],
+            "selection": config.selection,
+            "granularity": granularity,
+            "statistic": statistic,
+            "warmup": warmup,
+            "repeats": repeats,
+            "measure": measure,
+        },
         inputs,
     )
     write_perf_table(output, result, provenance)

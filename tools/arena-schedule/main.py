@@ -4,6 +4,10 @@
     arena-schedule compare --policies arena,fcfs,elasticflow-ls,gavel,sia --trace ... -o compare/
     arena-schedule trace stats T.csv
     arena-schedule policies
+    arena-schedule serve --cluster C.yaml --perf perf.parquet --state state.db [--time-compression X] [--tick 300]
+    arena-schedule submit job.yaml --state state.db
+    arena-schedule status --state state.db [--json]
+    arena-schedule logs JOB --state state.db
 """
 
 from __future__ import annotations
@@ -241,6 +245,113 @@ def perf_build(
     from libarena.schedule.perf_build import build_perf_table
 
     build_perf_table(trace, cluster, output)
+
+
+StateOpt = typer.Option(Path("state.db"), "--state", help="the live scheduler's state database (SQLite)")
+
+
+@app.command()
+def serve(
+    cluster: Path = ClusterOpt,
+    perf: Path = PerfOpt,
+    state: Path = StateOpt,
+    policy: str = typer.Option("arena", "--policy", help="arena, fcfs, gavel, elasticflow, elasticflow-ls, sia"),
+    time_compression: float = typer.Option(1.0, "--time-compression", help="scheduler seconds per wall second"),
+    tick: float = typer.Option(300.0, "--tick", help="scheduling interval in scheduler seconds"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster for arena-run (ray://... or host:port)"),
+    launcher: str = typer.Option("arena-run", "--launcher", help="arena-run (real jobs) or perf-table (emulated hosts)"),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="launcher and profiling files (default: STATE.d)"),
+    overhead: list[str] = typer.Option([], "--overhead", help="override a modelled overhead, NAME=SECONDS"),
+    poll: float = typer.Option(0.5, "--poll", help="wall seconds between polls of submissions and profiles"),
+    profile_script: Optional[str] = typer.Option(None, "--profile-script", help="shell template for profiling on "
+                                                 "arrival ({model} {batch} {cluster} {out}); default analyze|plan|profile"),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="arena-run: checkpoint every N steps"),
+    until_idle: bool = typer.Option(False, "--until-idle", help="exit once every submitted job is done"),
+) -> None:
+    """Run the live scheduler: the policy against (compressed) real time, state in SQLite; survives kill -9."""
+    from libarena.schedule.live.server import ServeConfig, Server
+
+    cfg = ServeConfig(cluster, perf, state, policy=policy, tick_s=tick, compression=time_compression,
+                      launcher=launcher, workdir=workdir, address=address, overheads=_overheads(overhead), poll_s=poll,
+                      profile_script=profile_script, launcher_options={"checkpoint_every": checkpoint_every})
+    server = Server(cfg)
+    print(f"arena-schedule: serving {state} (policy {policy}, tick {tick:g} s, compression {time_compression:g}, "
+          f"launcher {launcher})", file=sys.stderr, flush=True)
+    try:
+        server.serve(until_idle=until_idle)
+    finally:
+        server.close()
+
+
+@app.command()
+def submit(
+    job_file: Path = typer.Argument(..., help="job YAML: model, global_batch, iterations[, name, priority, deadline, gpu_type, num_gpus]"),
+    state: Path = StateOpt,
+    at: Optional[float] = typer.Option(None, "--at", help="replay: arrive at this scheduler time (seconds)"),
+) -> None:
+    """Submit a job to the live scheduler (through its database; the server picks it up)."""
+    from libarena.schedule.live.jobfile import load_job_file
+    from libarena.schedule.live.store import Store
+
+    sub = load_job_file(job_file)
+    if at is not None and not at >= 0:
+        raise ArenaError(f"--at must be >= 0 scheduler seconds, got {at}")
+    store = Store(state, create=True)  # a job may be submitted before the server first starts
+    try:
+        print(store.submit(sub, not_before=at))
+    finally:
+        store.close()
+
+
+@app.command()
+def status(
+    state: Path = StateOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the status as JSON"),
+    active: bool = typer.Option(False, "--active", help="only queued and running jobs"),
+) -> None:
+    """Queue, running jobs with their GPUs and plan, progress and ETA."""
+    from libarena.schedule.live.status import job_rows, render
+    from libarena.schedule.live.store import Store
+
+    store = Store(state)
+    try:
+        doc = job_rows(store, include_done=not active)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        from rich.console import Console
+
+        Console(file=sys.stdout, width=160).print(render(doc))
+
+
+@app.command()
+def logs(
+    job: str = typer.Argument(..., help="job id"),
+    state: Path = StateOpt,
+    tail: Optional[int] = typer.Option(None, "--tail", help="only the last N events"),
+    output_lines: int = typer.Option(20, "--output-lines", help="lines of the job's own output to show (0: none)"),
+) -> None:
+    """A job's events and decisions, then the end of its current run's output."""
+    from libarena.schedule.live.status import log_lines
+    from libarena.schedule.live.store import Store
+
+    store = Store(state)
+    try:
+        row = store.job(job)
+        if row is None:
+            raise ArenaError(f"{state}: no job {job!r}")
+        for line in log_lines(store, job, tail):
+            print(line)
+        snap = (row["state"] or {}).get("snapshot") or {}
+    finally:
+        store.close()
+    out = state.with_name(state.name + ".d") / "launcher" / "jobs" / job / f"v{snap.get('version', 0)}" / "output.log"
+    if output_lines > 0 and out.exists():
+        print(f"--- {out} (last {output_lines} lines)")
+        for line in out.read_text(errors="replace").splitlines()[-output_lines:]:
+            print(line)
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ class ArenaPolicy(Policy):
     ap_search = APSearch.PRUNED
     config_class = ArenaPolicyConfig
     config: ArenaPolicyConfig
+    persistent_attrs = ("next_defrag",)
 
     def __init__(self, config: ArenaPolicyConfig | None = None):
         super().__init__(config)

@@ -26,6 +26,8 @@ class Policy:
     profiling: ClassVar[ProfilingKind] = ProfilingKind.FULL
     ap_search: ClassVar[APSearch] = APSearch.FULL
     config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
+    #: scalar attributes of the policy's own clock that the live scheduler persists across restarts
+    persistent_attrs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: PolicyConfig | None = None):
         self.config = config if config is not None else self.config_class()

@@ -1,0 +1,265 @@
+"""LiveCluster: the Simulator's cluster state and policy actions, driven by a launcher instead of predictions.
+
+The policies call exactly the same actions (launch, rescale, migrate, drop, estimated_finish, ...) on it as on
+the Simulator. What differs (the two hooks of Simulator): a (re)started job's training start and its
+completion are not predicted but reported by the launcher (``apply``), and every action becomes a
+``LaunchRequest`` intent that the server persists before handing it to the launcher. Events still go through
+the simulator's heap, so a tick at scheduler time T sees exactly the events at or before T, in the same order
+as the simulator.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from typing import Any
+
+from libarena.errors import ArenaError
+from libarena.hardware import ClusterSpec
+from libarena.schedule.config import SimulatorConfig
+from libarena.schedule.entities import Allocation, ClusterState, Job, JobSpec, JobState
+from libarena.schedule.events import ArrivalEvent, CompletionEvent, LaunchEvent
+from libarena.schedule.live.launchers import LaunchRequest, RunStatus
+from libarena.schedule.perf import PerfLookup
+from libarena.schedule.policies.base import Policy
+from libarena.schedule.simulator import SimulationResult, Simulator, _default_priority
+
+
+class LiveCluster(Simulator):
+    def __init__(self, perf: PerfLookup, cluster: ClusterSpec, policy: Policy, config: SimulatorConfig | None = None,
+                 now: float = 0.0):
+        # the Simulator's state, without a trace: jobs are added as they are submitted
+        self.config = config or SimulatorConfig()
+        self.config.validate()
+        self.perf = perf
+        self.cluster_spec = cluster
+        self.cluster = ClusterState(cluster, perf.gpu_types)
+        self.pools = self.cluster.pools
+        self.policy = policy
+        self.overheads = self.config.overheads
+        self.num_queues = getattr(policy.config, "num_queues", 3)
+        self.jobs: list[Job] = []
+        self.by_id: dict[str, Job] = {}
+        self.heap = []
+        self.seq = 0
+        self.now = now
+        self.start_time = now
+        self.dirty = False
+        self.active: dict[int, Job] = {}
+        self.queued_count = 0
+        self.pending_arrivals = 0
+        self.done_count = 0
+        self.unschedulable_count = 0
+        self.decisions_this_tick = 0
+        self.stall = 0
+        self._enqueue_seq = 0
+        self.result = SimulationResult(policy.name, policy.view, self.jobs, list(perf.gpu_types), now, now,
+                                       self.cluster.total_gpus)
+        #: produced by the actions, drained by the server after each step
+        self.intents: list[LaunchRequest] = []
+        self.log_entries: list[tuple[float, str, str, dict[str, Any]]] = []
+        self.touched: dict[str, Job] = {}
+        self.failed: dict[str, str] = {}  # job id -> why
+        self.requests: dict[str, LaunchRequest] = {}  # job id -> its current version's request
+        self._reported: set[tuple[int, int, str]] = set()
+        policy.attach(self)
+
+    # -- jobs -----------------------------------------------------------------------------------------
+    def add_job(self, spec: JobSpec) -> Job:
+        if spec.job_id in self.by_id:
+            raise AssertionError(f"job {spec.job_id} added twice")
+        if spec.requested_type not in self.perf.type_index:
+            raise ArenaError(f"job {spec.job_id}: GPU type {spec.requested_type!r} is not in cluster "
+                             f"{self.cluster_spec.name} ({', '.join(self.perf.gpu_types)})")
+        if not self.perf.has(spec.model, spec.global_batch):
+            raise ArenaError(f"job {spec.job_id}: {spec.model} (batch {spec.global_batch}) is not in the performance table")
+        mp = self.perf.get(spec.model, spec.global_batch)
+        view = mp.views[self.policy.view]
+        prio = spec.priority if spec.priority is not None else _default_priority(spec.job_id, self.num_queues)
+        job = Job(len(self.jobs), spec, self.perf.type_index[spec.requested_type], min(max(1, prio), self.num_queues),
+                  view, mp.truth)
+        self.jobs.append(job)
+        self.by_id[spec.job_id] = job
+        return job
+
+    def submit(self, spec: JobSpec, arrival_time: float) -> Job:
+        job = self.add_job(spec)
+        self.pending_arrivals += 1
+        self.push(ArrivalEvent(max(arrival_time, self.now), job))
+        return job
+
+    # -- the two hooks where a live cluster differs from the simulated one ---------------------------
+    def _start_after(self, job: Job, overhead: float, action: str) -> None:
+        a = job.alloc
+        prev = self.requests.get(job.spec.job_id)
+        req = LaunchRequest(job.spec.job_id, job.version, action, job.spec.model, job.spec.global_batch,
+                            job.spec.num_iterations, self.perf.gpu_types[a.type_index], a.num_gpus,
+                            tuple(node for node, _ in a.blocks), float(overhead), float(self.now),
+                            None if prev is None else prev.version)
+        self.requests[job.spec.job_id] = req
+        self.intents.append(req)
+
+    def _expect_completion(self, job: Job) -> None:
+        pass  # the launcher reports it
+
+    def _record(self, action: str, job: Job, alloc: Allocation | None) -> None:
+        self.decisions_this_tick += 1
+        detail: dict[str, Any] = {"version": job.version}
+        if alloc is not None:
+            detail.update(gpu_type=self.perf.gpu_types[alloc.type_index], num_gpus=alloc.num_gpus,
+                          num_nodes=alloc.num_nodes, nodes=[n for n, _ in alloc.blocks],
+                          view_throughput=float(job.view_thr[alloc.type_index, alloc.count_index]),
+                          true_throughput=float(job.true_thr[alloc.type_index, alloc.count_index]))
+        self.log_entries.append((self.now, job.spec.job_id, action, detail))
+        self.touched[job.spec.job_id] = job
+
+    def arrive(self, job: Job) -> None:
+        super().arrive(job)
+        self.touched[job.spec.job_id] = job
+
+    def start_training(self, job: Job) -> None:
+        super().start_training(job)
+        self.log_entries.append((self.now, job.spec.job_id, "start", {"version": job.version}))
+        self.touched[job.spec.job_id] = job
+
+    # -- launcher reports ---------------------------------------------------------------------------------
+    def apply(self, statuses: dict[str, RunStatus], measured_progress: bool) -> list[LaunchRequest]:
+        """Turn the launcher's reports into events on the heap; returns the requests of lost versions to relaunch."""
+        lost = []
+        for job_id, st in sorted(statuses.items()):
+            job = self.by_id.get(job_id)
+            if job is None or not job.active or job.version != st.version:
+                continue
+            key = (job.index, job.version)
+            if st.phase == "lost":
+                lost.append(self.requests[job_id])
+                continue
+            if st.phase == "failed":
+                self.fail(job, st.message or "failed")
+                continue
+            if st.phase in ("running", "finished") and (key + ("start",)) not in self._reported:
+                self._reported.add(key + ("start",))
+                if job.state == JobState.STARTING:
+                    self.push(LaunchEvent(max(self.now, float(st.started_at if st.started_at is not None else self.now)),
+                                          job, job.version))
+            if st.phase == "finished" and (key + ("finish",)) not in self._reported:
+                self._reported.add(key + ("finish",))
+                self.push(CompletionEvent(max(self.now, float(st.finished_at if st.finished_at is not None else self.now)),
+                                          job, job.version))
+            elif st.phase == "running" and measured_progress and st.iterations_done is not None \
+                    and job.state == JobState.RUNNING:
+                job.progress = min(float(job.spec.num_iterations), float(st.iterations_done))
+                job.progress_time = self.now
+        return lost
+
+    def fail(self, job: Job, why: str) -> None:
+        if job.active:
+            self.cluster.release(job.alloc)
+            del self.active[job.index]
+        elif job.state == JobState.QUEUED:
+            self.queued_count -= 1
+        job.state = JobState.DROPPED
+        job.finish_time = self.now
+        self.done_count += 1
+        self.failed[job.spec.job_id] = why
+        self.policy.on_finish(job)
+        self.dirty = True
+        self.log_entries.append((self.now, job.spec.job_id, "fail", {"version": job.version, "why": why}))
+        self.touched[job.spec.job_id] = job
+
+    # -- time -----------------------------------------------------------------------------------------
+    def advance(self, t: float) -> None:
+        """Handle every event at or before scheduler time t (completions, starts, arrivals), in order."""
+        import heapq
+
+        heap = self.heap
+        while heap and heap[0][0] <= t:
+            time_, _, _, event = heapq.heappop(heap)
+            self.now = max(self.now, time_)
+            event.handle(self)
+        self.now = max(self.now, t)
+
+    def tick(self) -> float:
+        """One scheduling round at the current time; returns the policy's decision time (0 when it had nothing to do)."""
+        self.decisions_this_tick = 0
+        if not self.policy.needs_schedule():
+            return 0.0
+        t0 = _time.perf_counter()
+        self.policy.schedule()
+        self.dirty = False
+        return _time.perf_counter() - t0
+
+    def drain(self) -> tuple[list[LaunchRequest], list[tuple], dict[str, Job]]:
+        out = (self.intents, self.log_entries, self.touched)
+        self.intents, self.log_entries, self.touched = [], [], {}
+        return out
+
+    # -- snapshots ------------------------------------------------------------------------------------
+    def status_of(self, job: Job) -> str:
+        if job.spec.job_id in self.failed:
+            return "failed"
+        if job.unschedulable:
+            return "unschedulable"
+        return {JobState.PENDING: "arriving", JobState.QUEUED: "queued", JobState.STARTING: "starting",
+                JobState.RUNNING: "running", JobState.FINISHED: "finished", JobState.DROPPED: "dropped"}[job.state]
+
+    def snapshot(self, job: Job) -> dict[str, Any]:
+        a = job.alloc
+        req = self.requests.get(job.spec.job_id)
+        return {
+            "state": job.state.value, "priority": job.priority, "queue_since": job.queue_since,
+            "enqueue_seq": job.enqueue_seq, "version": job.version, "progress": job.progress,
+            "progress_time": job.progress_time, "rate": job.rate, "first_start": job.first_start,
+            "finish_time": job.finish_time, "reschedules": job.reschedules, "overhead_s": job.overhead_s,
+            "profiled": job.profiled,
+            "alloc": None if a is None else {"gpu_type": self.perf.gpu_types[a.type_index], "count_index": a.count_index,
+                                             "blocks": [list(b) for b in a.blocks]},
+            "request": None if req is None else req.to_dict(),
+            "remaining": job.remaining_at(self.now),
+            "true_rate": (float(job.true_thr[a.type_index, a.count_index]) / job.spec.global_batch) if a is not None else 0.0,
+            "snapshot_time": self.now,
+        }
+
+    def restore(self, spec: JobSpec, snap: dict[str, Any]) -> Job:
+        """Rebuild a queued or active job from its snapshot (the server calls ``requeue`` for queued ones after)."""
+        job = self.add_job(spec)
+        job.priority = snap["priority"]
+        job.queue_since = snap["queue_since"]
+        job.enqueue_seq = snap["enqueue_seq"]
+        job.version = snap["version"]
+        job.progress = snap["progress"]
+        job.progress_time = snap["progress_time"]
+        job.first_start = snap["first_start"]
+        job.reschedules = snap["reschedules"]
+        job.overhead_s = snap["overhead_s"]
+        job.profiled = snap["profiled"]
+        self._enqueue_seq = max(self._enqueue_seq, job.enqueue_seq)
+        if snap["request"] is not None:
+            self.requests[spec.job_id] = LaunchRequest.from_dict(snap["request"])
+        state = JobState(snap["state"])
+        if state in (JobState.STARTING, JobState.RUNNING):
+            al = snap["alloc"]
+            alloc = Allocation(self.perf.type_index[al["gpu_type"]], al["count_index"],
+                               tuple((int(n), int(m)) for n, m in al["blocks"]))
+            self.cluster.occupy(alloc)
+            job.alloc = alloc
+            job.state = state
+            if state == JobState.RUNNING:
+                job.rate = float(job.true_thr[alloc.type_index, alloc.count_index]) / spec.global_batch
+            self.active[job.index] = job
+        elif state == JobState.QUEUED:
+            job.state = JobState.QUEUED
+            self.queued_count += 1
+        else:
+            raise AssertionError(f"job {spec.job_id}: cannot restore a {state.value} job")
+        return job
+
+    def requeue(self, jobs: list[Job]) -> None:
+        """Hand restored queued jobs back to the policy, in their original queue order."""
+        for job in sorted(jobs, key=lambda j: j.enqueue_seq):
+            if not self.policy.runnable(job):
+                job.unschedulable = True
+                self.queued_count -= 1
+                self.unschedulable_count += 1
+                continue
+            self.policy.on_arrival(job)
+        self.dirty = True

@@ -1,0 +1,187 @@
+"""Real jobs: each (job, version) is an ``arena-run`` process in its own session (it outlives the scheduler).
+
+Layout under the launcher's work directory::
+
+    plans/<model>__b<batch>.parquet       arena-analyze | arena-plan output, shared by a model's jobs
+    jobs/<job>/ckpt/                       the job's checkpoints (every version resumes from them)
+    jobs/<job>/v<version>/request.json     the launch request (written first: the idempotency record)
+                         /run.sh, pid, output.log, report.json, exit_code
+
+A rescale or migration stops the previous version (SIGTERM to its process group, then SIGKILL) and starts
+the next one from the job's checkpoint directory with the new grid: checkpoint-resume. Placement on Ray is
+by ``arena-run``'s GPU-type resource (``gpu_type:<t>``); with no Ray address each version runs an embedded
+Ray presenting ``num_gpus`` local devices as the GPU type. Progress is the newest checkpoint step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from libarena.schedule.live.launchers.base import JobLauncher, LaunchRequest, LauncherContext, RunStatus, register_launcher
+
+
+def tool(name: str) -> str:
+    """The console script of a sibling tool, from this interpreter's environment."""
+    cand = Path(sys.executable).parent / name
+    return str(cand) if cand.exists() else name
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (our own exited child) is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@register_launcher
+class ArenaRunLauncher(JobLauncher):
+    name = "arena-run"
+    measured_progress = True
+
+    def __init__(self, context: LauncherContext):
+        self.ctx = context
+        self.root = Path(context.workdir)
+        (self.root / "plans").mkdir(parents=True, exist_ok=True)
+        (self.root / "jobs").mkdir(parents=True, exist_ok=True)
+        self.address: str | None = context.options.get("address")
+        self.checkpoint_every: int = int(context.options.get("checkpoint_every", 10))
+        self.extra_args: list[str] = list(context.options.get("arena_run_args", []))
+        self._children: dict[tuple[str, int], subprocess.Popen] = {}
+
+    def run_dir(self, job_id: str, version: int) -> Path:
+        return self.root / "jobs" / job_id / f"v{version}"
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        return self.root / "jobs" / job_id / "ckpt"
+
+    def plans_path(self, model: str, batch: int) -> Path:
+        return self.root / "plans" / f"{model}__b{batch}.parquet"
+
+    def script(self, req: LaunchRequest, run_dir: Path) -> str:
+        plans = self.plans_path(req.model, req.global_batch)
+        tmp = run_dir / "ops.parquet"
+        q = shlex.quote
+        prepare = (f"if [ ! -f {q(str(plans))} ]; then {q(tool('arena-analyze'))} -m {q(req.model)} -b {req.global_batch} "
+                   f"-o {q(str(tmp))} && {q(tool('arena-plan'))} -i {q(str(tmp))} -c {q(str(self.ctx.cluster_path))} "
+                   f"-o {q(str(run_dir / 'plans.parquet'))} && mv -f {q(str(run_dir / 'plans.parquet'))} {q(str(plans))}; fi")
+        run = [tool("arena-run"), "--plan", str(plans), "--model", req.model, "--global-batch", str(req.global_batch),
+               "--steps", str(req.iterations), "--checkpoint-dir", str(self.checkpoint_dir(req.job_id)),
+               "--grid", f"{req.gpu_type},{req.num_gpus}", "--checkpoint-every", str(self.checkpoint_every),
+               "--report", str(run_dir / "report.json")]
+        run += ["--address", self.address] if self.address else ["--devices", str(req.num_gpus)]
+        run += self.extra_args
+        return (f"{prepare} && {' '.join(q(a) for a in run)}\n"
+                f"code=$?; echo $code > {q(str(run_dir / 'exit_code.tmp'))}; mv -f {q(str(run_dir / 'exit_code.tmp'))} "
+                f"{q(str(run_dir / 'exit_code'))}; exit $code\n")
+
+    def launch(self, request: LaunchRequest) -> None:
+        run_dir = self.run_dir(request.job_id, request.version)
+        if (run_dir / "pid").exists():
+            return  # already started: launching is idempotent per (job, version)
+        if request.previous_version is not None:
+            self._stop_version(request.job_id, request.previous_version)
+        self._start(request, run_dir)
+
+    def relaunch(self, request: LaunchRequest) -> None:
+        run_dir = self.run_dir(request.job_id, request.version)
+        for name in ("pid", "exit_code", "started_wall"):
+            (run_dir / name).unlink(missing_ok=True)
+        self._start(request, run_dir)
+
+    def _start(self, request: LaunchRequest, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "request.json").write_text(json.dumps(request.to_dict()))
+        (run_dir / "run.sh").write_text(self.script(request, run_dir))
+        env = dict(os.environ)
+        env.setdefault("RAY_AUTH_MODE", "disabled")
+        with open(run_dir / "output.log", "ab") as log:
+            proc = subprocess.Popen(["/bin/sh", str(run_dir / "run.sh")], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=str(run_dir))
+        (run_dir / "started_wall").write_text(repr(time.time()))
+        tmp = run_dir / "pid.tmp"
+        tmp.write_text(str(proc.pid))
+        os.replace(tmp, run_dir / "pid")
+        self._children[(request.job_id, request.version)] = proc
+
+    def _pid(self, run_dir: Path) -> int | None:
+        try:
+            return int((run_dir / "pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _stop_version(self, job_id: str, version: int, grace_s: float = 20.0) -> None:
+        run_dir = self.run_dir(job_id, version)
+        pid = self._pid(run_dir)
+        if pid is None or (run_dir / "exit_code").exists():
+            return
+        (run_dir / "stopped").write_text(repr(time.time()))
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            end = time.time() + wait
+            while time.time() < end and _alive(pid):
+                self._reap(job_id, version)
+                time.sleep(0.1)
+            if not _alive(pid):
+                break
+        self._reap(job_id, version)
+
+    def _reap(self, job_id: str, version: int) -> None:
+        proc = self._children.get((job_id, version))
+        if proc is not None and proc.poll() is not None:
+            del self._children[(job_id, version)]
+
+    def stop(self, job_id: str, version: int) -> None:
+        self._stop_version(job_id, version)
+
+    def progress(self, job_id: str) -> float | None:
+        ckpt = self.checkpoint_dir(job_id)
+        steps = [int(p.name) for p in ckpt.iterdir() if p.name.isdigit()] if ckpt.is_dir() else []
+        return float(max(steps)) if steps else None
+
+    def poll(self, now: float, versions: dict[str, int]) -> dict[str, RunStatus]:
+        clock = self.ctx.clock
+        out = {}
+        for job_id, version in versions.items():
+            run_dir = self.run_dir(job_id, version)
+            self._reap(job_id, version)
+            pid = self._pid(run_dir)
+            if pid is None:
+                out[job_id] = RunStatus(job_id, version, "lost", message="never started")
+                continue
+            started = clock.at(float((run_dir / "started_wall").read_text()))
+            done = self.progress(job_id)
+            code_file = run_dir / "exit_code"
+            if code_file.exists():
+                code = code_file.read_text().strip()
+                finished = clock.at(code_file.stat().st_mtime)
+                if code == "0":
+                    out[job_id] = RunStatus(job_id, version, "finished", started, finished, done)
+                else:
+                    out[job_id] = RunStatus(job_id, version, "failed", started, finished, done,
+                                            message=f"arena-run exited with {code} (see {run_dir / 'output.log'})")
+            elif _alive(pid):
+                out[job_id] = RunStatus(job_id, version, "running", started, None, done)
+            else:
+                out[job_id] = RunStatus(job_id, version, "lost", started, None, done, message="process gone")
+        return out
+
+    def logs(self, job_id: str, version: int) -> Path | None:
+        p = self.run_dir(job_id, version) / "output.log"
+        return p if p.exists() else None

@@ -1,0 +1,125 @@
+"""The launcher interface and registry."""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from libarena.errors import ArenaError
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Run version ``version`` of a job on ``num_gpus`` GPUs of ``gpu_type`` (a rescale or migration resumes
+    the job's checkpoint; ``previous_version`` is stopped first)."""
+
+    job_id: str
+    version: int
+    action: str  # launch, rescale, migrate
+    model: str
+    global_batch: int
+    iterations: int
+    gpu_type: str
+    num_gpus: int
+    nodes: tuple[int, ...]  # node indices within the GPU type's pool (the scheduler's buddy placement)
+    #: the overhead the scheduler's model expects (profiling, AP search, checkpoint-resume): emulating launchers
+    #: pay exactly this; real ones pay what it really costs
+    overhead_s: float
+    decided_at: float  # scheduler time of the decision
+    previous_version: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["nodes"] = list(self.nodes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LaunchRequest:
+        d = dict(d)
+        d["nodes"] = tuple(d["nodes"])
+        return cls(**d)
+
+
+#: phases a version of a job goes through; ``lost``: the launcher has no trace of a version it was given
+PHASES = ("starting", "running", "finished", "failed", "lost")
+
+
+@dataclass
+class RunStatus:
+    job_id: str
+    version: int
+    phase: str
+    started_at: float | None = None  # scheduler time when training (re)started
+    finished_at: float | None = None
+    iterations_done: float | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class LauncherContext:
+    """What a launcher may need from the server: where to keep its files, the cluster and perf inputs, the
+    clock (scheduler time <-> wall time), and a perf lookup that includes rows profiled on arrival."""
+
+    workdir: Path
+    cluster_path: Path
+    clock: Any
+    perf: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class JobLauncher(ABC):
+    name: ClassVar[str] = ""
+    #: True when ``RunStatus.iterations_done`` is measured (then it overrides the scheduler's progress model)
+    measured_progress: ClassVar[bool] = False
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest) -> None:
+        """Start the version (stopping ``previous_version``); a version already started is left alone."""
+
+    @abstractmethod
+    def poll(self, now: float, versions: dict[str, int]) -> dict[str, RunStatus]:
+        """Status, at scheduler time ``now``, of each job's current version (``versions``: job id -> version)."""
+
+    def relaunch(self, request: LaunchRequest) -> None:
+        """Start a version again after it was lost (its host died); default: as a fresh launch."""
+        self.launch(request)
+
+    def stop(self, job_id: str, version: int) -> None:
+        """Stop a version for good (the job was finished or dropped elsewhere)."""
+
+    def logs(self, job_id: str, version: int) -> Path | None:
+        """The version's output file, when it has one."""
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+_LAUNCHERS: dict[str, Callable[[LauncherContext], JobLauncher]] = {}
+
+
+def register_launcher(cls: type[JobLauncher]) -> type[JobLauncher]:
+    _LAUNCHERS[cls.name] = cls
+    return cls
+
+
+def _load() -> None:
+    for mod in ("arena_run", "perf_table"):
+        importlib.import_module(f"libarena.schedule.live.launchers.{mod}")
+
+
+def launcher_names() -> list[str]:
+    _load()
+    return sorted(_LAUNCHERS)
+
+
+def get_launcher(name: str, context: LauncherContext) -> JobLauncher:
+    _load()
+    try:
+        factory = _LAUNCHERS[name]
+    except KeyError:
+        raise ArenaError(f"unknown launcher {name!r} (known: {', '.join(sorted(_LAUNCHERS))})") from None
+    return factory(context)

@@ -1,0 +1,329 @@
+"""The live scheduler's server loop (``arena-schedule serve``) and its crash recovery.
+
+Each loop iteration (every ``poll_s`` wall seconds) picks up new submissions (profiling those whose
+(model, batch) the performance table lacks) and finished profiles; when scheduler time reaches the next tick
+(ticks every ``tick_s`` scheduler seconds from 0, as in the simulator), it polls the launcher, feeds the
+reports to the LiveCluster's event heap, runs the policy, and commits, in ONE transaction, the job snapshots,
+the decision log and the launch intents, and only then hands the intents to the launcher (marking them
+launched). Restart = rebuild the LiveCluster from the snapshots, re-issue intents not marked launched (the
+launcher ignores versions it already runs), and let the next poll report what happened in between.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from libarena.errors import ArenaError
+from libarena.hardware import load_cluster
+from libarena.schedule.config import OverheadConfig, SimulatorConfig
+from libarena.schedule.entities import JobSpec
+from libarena.schedule.live import store as st
+from libarena.schedule.live.clock import VirtualClock
+from libarena.schedule.live.cluster import LiveCluster
+from libarena.schedule.live.jobfile import JobSubmission
+from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, get_launcher
+from libarena.schedule.live.profiling import ArrivalProfiler
+from libarena.schedule.live.store import Store
+from libarena.schedule.perf import load_perf
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    cluster: Path
+    perf: Path
+    state: Path
+    policy: str = "arena"
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    tick_s: float = 300.0
+    compression: float = 1.0
+    launcher: str = "arena-run"
+    #: launcher and profiler files (default: <state>.d next to the database)
+    workdir: Path | None = None
+    address: str | None = None
+    overheads: OverheadConfig = field(default_factory=OverheadConfig)
+    #: wall seconds between polls of the database (submissions) and of running profiles
+    poll_s: float = 0.5
+    profile_script: str | None = None
+    launcher_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if not self.tick_s > 0:
+            raise ArenaError(f"--tick must be > 0 seconds, got {self.tick_s}")
+        if not self.poll_s > 0:
+            raise ArenaError(f"poll interval must be > 0 seconds, got {self.poll_s}")
+        VirtualClock(0.0, self.compression)
+        self.overheads.validate()
+
+    def settings(self) -> dict[str, Any]:
+        """What must not change across restarts of the same state database."""
+        return {"cluster": str(Path(self.cluster).resolve()), "perf": str(Path(self.perf).resolve()),
+                "policy": self.policy, "policy_options": {k: str(v) for k, v in sorted(self.policy_options.items())},
+                "tick_s": self.tick_s, "compression": self.compression, "launcher": self.launcher,
+                "overheads": dataclasses.asdict(self.overheads)}
+
+
+@dataclass
+class TickStats:
+    time: float
+    decision_s: float
+    decisions: int
+    queued: int
+    active: int
+    step_s: float
+
+
+class Server:
+    def __init__(self, config: ServeConfig):
+        from libarena.schedule.api import make_policy
+
+        config.validate()
+        self.config = config
+        self.store = Store(config.state, create=True)
+        settings = config.settings()
+        stored = self.store.get_meta("settings")
+        if stored is None:
+            self.store.set_meta("settings", settings)
+            self.store.set_meta("wall_origin", time.time())
+        else:
+            changed = sorted(k for k in settings if stored.get(k) != settings[k])
+            if changed:
+                raise ArenaError(f"{config.state}: was served with different {', '.join(changed)} "
+                                 f"(e.g. {changed[0]}={stored.get(changed[0])!r}); use a new --state")
+        self.clock = VirtualClock(float(self.store.get_meta("wall_origin")), config.compression)
+        self.cluster_spec = load_cluster(config.cluster)
+        self.perf = load_perf(config.perf, self.cluster_spec)
+        for rows in self.store.perf_rows():
+            import pyarrow as pa
+
+            self.perf.extend(pa.table(rows))
+        self.policy = make_policy(config.policy, **config.policy_options)
+        self.sim_config = SimulatorConfig(tick_s=config.tick_s, overheads=config.overheads)
+        self.last_tick: float | None = self.store.get_meta("last_tick")
+        self.live = LiveCluster(self.perf, self.cluster_spec, self.policy, self.sim_config,
+                                now=self.last_tick if self.last_tick is not None else 0.0)
+        for name, value in (self.store.get_meta("policy_state") or {}).items():
+            setattr(self.policy, name, value)
+        workdir = config.workdir or config.state.with_name(config.state.name + ".d")
+        self.workdir = Path(workdir).resolve()
+        self.launcher = get_launcher(config.launcher, LauncherContext(
+            self.workdir / "launcher", Path(config.cluster).resolve(), self.clock, self.perf,
+            dict(config.launcher_options, address=config.address)))
+        self.profiler = ArrivalProfiler(self.workdir / "profiles", Path(config.cluster), config.profile_script)
+        self.default_type = max(self.perf.gpu_types, key=lambda t: (self.cluster_spec.num_gpus(t), -self.perf.gpu_types.index(t)))
+        self.ticks: list[TickStats] = []
+        #: a version the launcher keeps losing (its process dies without an exit code) fails the job
+        self.max_relaunches = 3
+        self._relaunches: dict[tuple[str, int], int] = {}
+        self._stop = False
+        self._recover()
+
+    # -- recovery -------------------------------------------------------------------------------------
+    def _recover(self) -> None:
+        queued = []
+        with self.store.transaction() as c:
+            for row in self.store.jobs((st.PROFILING, st.ARRIVING, st.QUEUED, st.STARTING, st.RUNNING)):
+                state = row["state"] or {}
+                if row["status"] == st.PROFILING:
+                    sub = JobSubmission.from_dict(row["spec"])
+                    self.profiler.request(sub.model, sub.global_batch)
+                    continue
+                spec = JobSpec(**state["spec"])
+                if row["status"] == st.ARRIVING:
+                    self.live.submit(spec, row["arrival_time"])
+                    continue
+                job = self.live.restore(spec, state["snapshot"])
+                if row["status"] == st.QUEUED:
+                    queued.append(job)
+            self.live.requeue(queued)
+            reissue = []
+            for rec in self.store.launches(("intent",)):
+                job = self.live.by_id.get(rec["job_id"])
+                current = job is not None and job.active and job.version == rec["version"]
+                if current:
+                    reissue.append(LaunchRequest.from_dict(rec["request"]))
+                else:
+                    c.execute("UPDATE launches SET state = 'superseded' WHERE job_id = ? AND version = ?",
+                              (rec["job_id"], rec["version"]))
+            if self.live.active or queued:
+                Store.log(c, self.live.now, None, "recover", {"queued": len(queued), "active": len(self.live.active),
+                                                              "reissued": [f"{r.job_id}/v{r.version}" for r in reissue]})
+        for req in reissue:
+            self.launcher.launch(req)
+            self.store.mark_launch(req.job_id, req.version, "launched")
+
+    # -- submissions and profiling ----------------------------------------------------------------------
+    def _job_spec(self, row: dict[str, Any], sub: JobSubmission, arrival: float) -> JobSpec:
+        return JobSpec(row["job_id"], row["seq"], arrival, sub.model, sub.global_batch, sub.iterations, sub.num_gpus,
+                       sub.gpu_type or self.default_type,
+                       None if sub.deadline_s is None else arrival + sub.deadline_s, sub.priority)
+
+    def _arrive(self, c, row: dict[str, Any], sub: JobSubmission, arrival: float) -> None:
+        spec = self._job_spec(row, sub, arrival)
+        try:
+            self.live.submit(spec, arrival)
+        except ArenaError as e:
+            Store.set_status(c, row["job_id"], st.REJECTED, error=str(e))
+            Store.log(c, None, row["job_id"], "reject", {"why": str(e)})
+            return
+        Store.set_status(c, row["job_id"], st.ARRIVING, state={"spec": dataclasses.asdict(spec)}, arrival_time=arrival)
+
+    def _arrival_time(self, row: dict[str, Any], at_least: float) -> float:
+        # a replayed job (submit --at) arrives exactly at its time, unless that has passed
+        if row["not_before"] is not None:
+            return max(row["not_before"], at_least, self.live.now)
+        return max(self.clock.at(row["submitted_wall"]), at_least, self.live.now)
+
+    def ingest(self) -> None:
+        rows = self.store.jobs((st.SUBMITTED,))
+        finished = self.profiler.poll()
+        if not rows and not finished:
+            return
+        with self.store.transaction() as c:
+            for model, batch, path, message in finished:
+                waiting = [r for r in self.store.jobs((st.PROFILING,))
+                           if (r["spec"]["model"], r["spec"]["global_batch"]) == (model, batch)]
+                if path is not None:
+                    try:
+                        from libarena.artifacts import read_table
+
+                        table = read_table(path, "perf_table").table
+                        self.perf.extend(table)
+                        if not self.perf.has(model, batch):
+                            raise ArenaError(f"{path}: has no rows for {model} (batch {batch})")
+                        self.store.add_perf_rows(c, model, batch, table.to_pydict())
+                    except ArenaError as e:
+                        path, message = None, f"profiling produced no usable table: {e}"
+                for r in waiting:
+                    Store.log(c, self.clock.now(), r["job_id"], "profiled" if path else "profile-failed", {"message": message})
+                    if path is None:
+                        Store.set_status(c, r["job_id"], st.REJECTED, error=message)
+                    else:
+                        self._arrive(c, r, JobSubmission.from_dict(r["spec"]), self._arrival_time(r, self.clock.now()))
+            for row in rows:
+                sub = JobSubmission.from_dict(row["spec"])
+                if sub.gpu_type is not None and sub.gpu_type not in self.perf.type_index:
+                    why = (f"GPU type {sub.gpu_type!r} is not in cluster {self.cluster_spec.name} "
+                           f"({', '.join(self.perf.gpu_types)})")
+                    Store.set_status(c, row["job_id"], st.REJECTED, error=why)
+                    Store.log(c, None, row["job_id"], "reject", {"why": why})
+                elif not self.perf.has(sub.model, sub.global_batch):
+                    self.profiler.request(sub.model, sub.global_batch)
+                    Store.set_status(c, row["job_id"], st.PROFILING)
+                    Store.log(c, self.clock.now(), row["job_id"], "profile", {"model": sub.model, "global_batch": sub.global_batch})
+                else:
+                    self._arrive(c, row, sub, self._arrival_time(row, float("-inf")))
+
+    # -- ticks ----------------------------------------------------------------------------------------
+    def tick(self, t: float) -> TickStats:
+        wall0 = time.perf_counter()
+        live = self.live
+        versions = {j.spec.job_id: j.version for j in live.active.values()}
+        reports = self.launcher.poll(t, versions) if versions else {}
+        lost = live.apply(reports, self.launcher.measured_progress)
+        live.advance(t)
+        decision_s = live.tick()
+        decisions = live.decisions_this_tick
+        intents, entries, touched = live.drain()
+        for job in live.jobs:  # progress, queue position and promotions change without an action
+            if job.active or job.state.value == "queued":
+                touched.setdefault(job.spec.job_id, job)
+        with self.store.transaction() as c:
+            for job_id, job in touched.items():
+                snap = live.snapshot(job)
+                rep = reports.get(job_id)
+                if rep is not None and rep.version == job.version and rep.iterations_done is not None:
+                    snap["reported_iterations"] = rep.iterations_done
+                Store.set_status(c, job_id, live.status_of(job),
+                                 state={"spec": dataclasses.asdict(job.spec), "snapshot": snap},
+                                 error=live.failed.get(job_id))
+            for req in intents:
+                Store.add_launch(c, req.job_id, req.version, req.to_dict(), req.decided_at)
+            for time_, job_id, kind, detail in entries:
+                Store.log(c, time_, job_id, kind, detail)
+            if decisions:
+                Store.log(c, t, None, "tick", {"decisions": decisions, "decision_s": decision_s,
+                                               "queued": live.queued_count, "active": len(live.active)})
+            self.store.set_meta("last_tick", t, c)
+            persistent = {n: getattr(self.policy, n) for n in getattr(self.policy, "persistent_attrs", ())}
+            self.store.set_meta("policy_state", persistent, c)
+        self.last_tick = t
+        self._execute(intents)
+        for req in lost:
+            key = (req.job_id, req.version)
+            self._relaunches[key] = self._relaunches.get(key, 0) + 1
+            if self._relaunches[key] > self.max_relaunches:
+                job = live.by_id[req.job_id]
+                live.fail(job, f"lost by the launcher {self.max_relaunches + 1} times")
+                self.launcher.stop(req.job_id, req.version)
+                _, entries, _ = live.drain()
+                with self.store.transaction() as c:
+                    Store.set_status(c, req.job_id, live.status_of(job),
+                                     state={"spec": dataclasses.asdict(job.spec), "snapshot": live.snapshot(job)},
+                                     error=live.failed.get(req.job_id))
+                    for time_, job_id, kind, detail in entries:
+                        Store.log(c, time_, job_id, kind, detail)
+                continue
+            self.launcher.relaunch(req)
+            with self.store.transaction() as c:
+                Store.log(c, t, req.job_id, "relaunch", {"version": req.version, "why": "lost by the launcher"})
+        for job_id in [j for j in touched if j in live.failed]:
+            job = live.by_id[job_id]
+            self.launcher.stop(job_id, job.version)
+        stats = TickStats(t, decision_s, decisions, live.queued_count, len(live.active), time.perf_counter() - wall0)
+        self.ticks.append(stats)
+        return stats
+
+    def _execute(self, intents: list[LaunchRequest]) -> None:
+        latest: dict[str, int] = {}
+        for req in intents:
+            latest[req.job_id] = req.version
+        for req in intents:
+            if latest[req.job_id] != req.version:
+                self.store.mark_launch(req.job_id, req.version, "superseded")
+                continue
+            self.launcher.launch(req)
+            self.store.mark_launch(req.job_id, req.version, "launched")
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def next_tick_time(self) -> float:
+        return 0.0 if self.last_tick is None else self.last_tick + self.config.tick_s
+
+    def idle(self) -> bool:
+        live = self.live
+        pending = self.store.conn.execute("SELECT COUNT(*) FROM jobs WHERE status IN (?, ?, ?)",
+                                          (st.SUBMITTED, st.PROFILING, st.ARRIVING)).fetchone()[0]
+        return not pending and not live.active and not live.queued_count and not live.heap and not self.profiler.pending
+
+    def step(self) -> bool:
+        """One loop iteration; returns True when a tick ran (the caller sleeps otherwise)."""
+        self.ingest()
+        t = self.next_tick_time()
+        if self.clock.now() >= t:
+            self.tick(t)
+            return True
+        return False
+
+    def request_stop(self, *_: Any) -> None:
+        self._stop = True
+
+    def serve(self, until_idle: bool = False, max_wall_s: float | None = None, install_signals: bool = True) -> None:
+        if install_signals:
+            signal.signal(signal.SIGTERM, self.request_stop)
+            signal.signal(signal.SIGINT, self.request_stop)
+        end = None if max_wall_s is None else time.time() + max_wall_s
+        while not self._stop and (end is None or time.time() < end):
+            if self.step():
+                if until_idle and self.idle():
+                    break
+                continue
+            wait = (self.next_tick_time() - self.clock.now()) / self.config.compression
+            time.sleep(max(0.0, min(self.config.poll_s, wait)))
+
+    def close(self) -> None:
+        self.launcher.close()
+        self.store.close()

@@ -1,0 +1,99 @@
+"""What ``arena-schedule status`` and ``logs`` show, read from the state database only (no server needed)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from libarena.schedule.live import store as st
+from libarena.schedule.live.clock import VirtualClock
+from libarena.schedule.live.store import Store
+
+
+def job_rows(store: Store, include_done: bool = True) -> dict[str, Any]:
+    settings = store.get_meta("settings") or {}
+    origin = store.get_meta("wall_origin")
+    clock = VirtualClock(float(origin), float(settings.get("compression", 1.0))) if origin is not None else None
+    now = clock.at(time.time()) if clock else None
+    rows = []
+    for j in store.jobs():
+        if not include_done and j["status"] in st.TERMINAL:
+            continue
+        spec = j["spec"]
+        snap = (j["state"] or {}).get("snapshot") or {}
+        alloc = snap.get("alloc")
+        iters = spec["iterations"]
+        done = snap.get("reported_iterations")
+        if done is None and snap:
+            done = iters - snap.get("remaining", iters)
+            if j["status"] == st.RUNNING and now is not None:
+                done += snap.get("true_rate", 0.0) * max(0.0, now - snap.get("snapshot_time", now))
+        if j["status"] == st.FINISHED:
+            done = iters
+        done = min(float(iters), float(done or 0.0))
+        eta = None
+        if j["status"] in (st.RUNNING, st.STARTING) and snap.get("true_rate", 0) > 0 and now is not None:
+            eta_s = (iters - done) / snap["true_rate"]
+            eta = {"scheduler_s": eta_s, "wall_s": eta_s / (clock.compression if clock else 1.0)}
+        req = snap.get("request")
+        rows.append({
+            "job_id": j["job_id"], "status": j["status"], "model": spec["model"], "global_batch": spec["global_batch"],
+            "iterations": iters, "iterations_done": done, "progress": done / iters if iters else 0.0,
+            "priority": snap.get("priority", spec.get("priority")),
+            "gpu_type": alloc["gpu_type"] if alloc and j["status"] in (st.RUNNING, st.STARTING) else None,
+            "num_gpus": (1 << alloc["count_index"]) if alloc and j["status"] in (st.RUNNING, st.STARTING) else 0,
+            "nodes": req["nodes"] if req and j["status"] in (st.RUNNING, st.STARTING) else [],
+            "plan": (f"{req['gpu_type']},{req['num_gpus']}" if req and j["status"] in (st.RUNNING, st.STARTING) else None),
+            "version": snap.get("version", 0), "reschedules": snap.get("reschedules", 0),
+            "arrival_time": j["arrival_time"], "finish_time": snap.get("finish_time"), "eta": eta, "error": j["error"],
+        })
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return {"state": str(store.path), "policy": settings.get("policy"), "cluster": settings.get("cluster"),
+            "scheduler_time": now, "last_tick": store.get_meta("last_tick"), "counts": counts, "jobs": rows}
+
+
+def render(doc: dict[str, Any]):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    def fmt_s(s: float | None) -> str:
+        if s is None:
+            return "-"
+        return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+    head = Text(f"{doc['state']}: policy {doc['policy']}, scheduler time {fmt_s(doc['scheduler_time'])}, last tick "
+                f"{fmt_s(doc['last_tick'])}; " + ", ".join(f"{k} {v}" for k, v in sorted(doc["counts"].items())))
+    running = Table(title="running", title_justify="left")
+    for col in ("job", "status", "model", "batch", "GPUs", "nodes", "plan", "progress", "ETA (wall)", "rescales"):
+        running.add_column(col)
+    queue = Table(title="queue", title_justify="left")
+    for col in ("job", "status", "model", "batch", "iterations", "priority", "note"):
+        queue.add_column(col)
+    done = Table(title="done", title_justify="left")
+    for col in ("job", "status", "model", "finish", "note"):
+        done.add_column(col)
+    for r in doc["jobs"]:
+        if r["status"] in (st.RUNNING, st.STARTING):
+            running.add_row(r["job_id"], r["status"], r["model"], str(r["global_batch"]), f"{r['num_gpus']} x {r['gpu_type']}",
+                            ",".join(map(str, r["nodes"])), r["plan"] or "-",
+                            f"{r['iterations_done']:.0f}/{r['iterations']} ({100 * r['progress']:.0f}%)",
+                            fmt_s(r["eta"]["wall_s"]) if r["eta"] else "-", str(r["reschedules"]))
+        elif r["status"] in st.TERMINAL:
+            done.add_row(r["job_id"], r["status"], r["model"], fmt_s(r["finish_time"]), r["error"] or "")
+        else:
+            queue.add_row(r["job_id"], r["status"], r["model"], str(r["global_batch"]), str(r["iterations"]),
+                          str(r["priority"] or "-"), r["error"] or "")
+    return Group(head, running, queue, done)
+
+
+def log_lines(store: Store, job_id: str, limit: int | None = None) -> list[str]:
+    out = []
+    for e in store.log_of(job_id, limit):
+        when = time.strftime("%H:%M:%S", time.localtime(e["wall"]))
+        t = "" if e["time"] is None else f" t={e['time']:.0f}s"
+        detail = " ".join(f"{k}={v}" for k, v in e["detail"].items() if k not in ("view_throughput", "true_throughput"))
+        out.append(f"{when}{t} {e['kind']} {detail}".rstrip())
+    return out

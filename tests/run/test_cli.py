@@ -1,0 +1,89 @@
+"""arena-run end to end (in-process mode) and its bad-input contract: one line, exit 2, checkpoint untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.run.conftest import REPO, device_env
+
+
+def arena_run(*args: str, devices: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "arena_run.main", *args], cwd=REPO, env=device_env(devices), capture_output=True,
+                          text=True, timeout=600)
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("arena-run: error:"), proc.stderr[-2000:]
+    assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(gpt_tiny_plans: Path, tmp_path_factory) -> tuple[Path, dict]:
+    """Two steps of gpt__tiny's 1-GPU proxy plan through the CLI, checkpointed."""
+    ckpt = tmp_path_factory.mktemp("cli") / "ckpt"
+    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "2",
+                     "--checkpoint-dir", str(ckpt), "--no-ray", "--json", "--devices", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return ckpt, json.loads(proc.stdout)
+
+
+def test_cli_trains_the_proxy_plan_and_checkpoints(trained) -> None:
+    ckpt, report = trained
+    assert report["plan"]["is_proxy"] and report["plan"]["num_gpus"] == 1
+    assert [s for s, _ in report["train"]["losses"]] == [1, 2]
+    assert report["train"]["checkpoints"] == [2]
+    assert (ckpt / "2").is_dir()
+    assert report["train"]["stage_peak_memory_bytes"][0] > 0
+
+
+def test_plan_needing_more_devices_than_exist(gpt_tiny_plans: Path, tmp_path: Path) -> None:
+    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,4,1", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "1",
+                     "--checkpoint-dir", str(tmp_path / "c"), "--no-ray", "--devices", "2")
+    _one_line_error(proc, "needs 4 a100 GPUs but only 2 devices exist")
+    assert not (tmp_path / "c").exists()
+
+
+def test_plan_for_another_model(gpt_tiny_plans: Path, tmp_path: Path) -> None:
+    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "moe__tiny", "--global-batch", "8", "--steps", "1",
+                     "--checkpoint-dir", str(tmp_path / "c"), "--no-ray")
+    _one_line_error(proc, "plans for model 'gpt__tiny', not 'moe__tiny'")
+
+
+def test_unreachable_ray_address(gpt_tiny_plans: Path, tmp_path: Path) -> None:
+    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "1",
+                     "--checkpoint-dir", str(tmp_path / "c"), "--address", "127.0.0.1:9")
+    _one_line_error(proc, "cannot reach the Ray cluster at 127.0.0.1:9")
+
+
+def test_mismatched_and_corrupt_checkpoints_are_left_untouched(trained, gpt_tiny_plans: Path, tmp_path: Path) -> None:
+    import shutil
+
+    ckpt, _ = trained
+    # Mismatched: the checkpoint is gpt__tiny at global batch 8; resume it with another learning rate.
+    before = _digest(ckpt)
+    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "3",
+                     "--checkpoint-dir", str(ckpt), "--no-ray", "--lr", "0.5")
+    _one_line_error(proc, "was trained with optimizer")
+    assert _digest(ckpt) == before
+    # Corrupt: a copy whose metadata is garbage.
+    broken = tmp_path / "broken"
+    shutil.copytree(ckpt, broken)
+    for meta in (broken / "2" / "meta").glob("metadata"):
+        meta.write_text("{not json")
+    before = _digest(broken)
+    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "3",
+                     "--checkpoint-dir", str(broken), "--no-ray")
+    _one_line_error(proc, "is corrupt")
+    assert _digest(broken) == before

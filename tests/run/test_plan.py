@@ -1,0 +1,81 @@
+"""Plans as the runtime sees them: validation, cluster -> unit mapping, the 1F1B order, sharding rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from libarena.errors import ArenaError
+from libarena.models import get_model
+from libarena.run.executor import one_f_one_b, param_partition, zero_partition
+from libarena.run.plan import RunPlan, RunStage, cluster_unit_ranges, plan_from_row, simple_plan
+
+
+@pytest.mark.parametrize("stages,micro", [(1, 1), (1, 4), (2, 4), (3, 2), (4, 8), (4, 4)])
+def test_one_f_one_b_order_is_a_valid_1f1b_schedule(stages: int, micro: int) -> None:
+    order = one_f_one_b(stages, micro)
+    assert sorted(order) == sorted((j, k, i) for j in range(stages) for k in "FB" for i in range(micro))
+    position = {task: n for n, task in enumerate(order)}
+    for j in range(stages):
+        for i in range(micro):
+            if j > 0:
+                assert position[(j - 1, "F", i)] < position[(j, "F", i)]
+            if j < stages - 1:
+                assert position[(j + 1, "B", i)] < position[(j, "B", i)]
+            assert position[(j, "F", i)] < position[(j, "B", i)]
+        # Per stage: min(S-1-j, B) warm-up forwards, then strictly alternating, so at most S - j
+        # micro-batches are in flight (the 1F1B memory bound).
+        mine = [(k, i) for jj, k, i in order if jj == j]
+        warm = min(stages - 1 - j, micro)
+        assert [k for k, _ in mine[:warm]] == ["F"] * warm
+        in_flight = peak = 0
+        for k, _ in mine:
+            in_flight += 1 if k == "F" else -1
+            peak = max(peak, in_flight)
+        assert peak == min(stages - j, micro)
+
+
+def test_tensor_parallel_axis_choice() -> None:
+    assert param_partition(("embed", None, "heads", "head_dim"), (64, 3, 4, 16), 2) == (None, None, "tp", None)
+    assert param_partition(("embed", "mlp"), (64, 256), 4) == (None, "tp")
+    assert param_partition(("vocab", "embed"), (256, 64), 2) == ("tp", None)
+    # Indivisible -> replicated; tp = 1 -> replicated.
+    assert param_partition(("embed", "heads"), (64, 3), 2) == (None, None)
+    assert param_partition(("embed", "mlp"), (64, 256), 1) == (None, None)
+    assert zero_partition((None, "tp"), (64, 256), 2) == ("dp", "tp")
+    assert zero_partition(("tp",), (256,), 2) == ("tp",)  # nothing left to shard
+    assert zero_partition((), (), 4) == ()
+
+
+def test_validation_errors_are_one_line() -> None:
+    model = get_model("gpt__tiny")  # 6 units
+    ok = simple_plan(model, 8, [0, 3], [2, 1], [1, 2], 2)
+    ok.validate(model, 4)
+    with pytest.raises(ArenaError, match="needs 4 devices but only 2 exist"):
+        ok.validate(model, 2)
+    with pytest.raises(ArenaError, match="not 'moe__tiny'"):
+        ok.validate(get_model("moe__tiny"), 4)
+    with pytest.raises(ArenaError, match="cannot be split"):
+        simple_plan(model, 8, [0], [8], [1], 2).validate(model, 8)
+    with pytest.raises(ArenaError, match="not divisible"):
+        simple_plan(model, 8, [0], [1], [1], 3).validate(model, 1)
+    with pytest.raises(ArenaError, match="cover 3 of"):
+        RunPlan(model.name, 8, 1, (RunStage(0, 3, 1, 1, 1),)).validate(model)
+
+
+def test_plan_row_maps_clusters_to_units() -> None:
+    model = get_model("gpt__tiny")
+    clusters = [{"units": ["embed"]}, {"units": ["block_00", "block_01"]}, {"units": ["block_02", "block_03"]}, {"units": ["head"]}]
+    assert cluster_unit_ranges(model, clusters) == [(0, 1), (1, 3), (3, 5), (5, 6)]
+    row = {"model": "gpt__tiny", "plan_id": "p", "global_batch": 8, "num_microbatches": 4, "gpu_type": "a100",
+           "stage_boundaries": [0, 2], "gpus_per_stage": [2, 1], "dp_per_stage": [2, 1], "tp_per_stage": [1, 1],
+           "zero_per_stage": [1, 0], "stage_gpu_offsets": [0, 2], "feasible": True}
+    plan = plan_from_row(row, model, clusters)
+    assert [(st.first_unit, st.end_unit) for st in plan.stages] == [(0, 3), (3, 6)]
+    assert plan.stages[0].zero and plan.num_gpus == 3 and plan.offsets() == [0, 2]
+    plan.validate(model, 3)
+    with pytest.raises(ArenaError, match="not 'moe__tiny'"):
+        plan_from_row(row, get_model("moe__tiny"), clusters)
+    with pytest.raises(ArenaError, match="not the contiguous units"):
+        cluster_unit_ranges(model, [{"units": ["embed"]}, {"units": ["block_01"]}])
+    with pytest.raises(ArenaError, match="does not have"):
+        cluster_unit_ranges(model, [{"units": ["stem"]}])

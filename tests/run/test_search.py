@@ -1,0 +1,89 @@
+"""Runtime pruning (§3.6) on gpt__tiny's real plans from arena-plan: the pruned space obeys the three
+rules and is a subset of the full space; the searches pick the fastest measured candidate and account for
+their cost. Measurement is injected (a deterministic timing function) so the rules are tested without
+compiling anything; real measurements are the benchmark's job (bench/bench_run.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from libarena.models import get_model
+from libarena.plan import read_plans
+from libarena.run.search import (
+    SearchConfig,
+    SearchSpace,
+    cluster_loads,
+    computation_bias,
+    full_search,
+    full_space,
+    grid_frontiers,
+    pruned_search,
+    pruned_space,
+)
+
+
+def _key(plan) -> tuple:
+    return (tuple(st.first_cluster for st in plan.stages), tuple(st.intra for st in plan.stages), plan.num_microbatches)
+
+
+@pytest.fixture(scope="module")
+def space_and_plans(gpt_tiny_plans: Path):
+    planset = read_plans(gpt_tiny_plans)
+    return SearchSpace(get_model("gpt__tiny"), 8, "a100", 4, tuple(planset.clusters)), planset
+
+
+def test_pruned_space_follows_the_three_rules(space_and_plans) -> None:
+    space, planset = space_and_plans
+    full = full_space(space, SearchConfig())
+    full_keys = {_key(p) for p in full}
+    assert len(full_keys) == len(full)
+    loads = cluster_loads(space.clusters, "a100", "fp32")
+    for s, grid in grid_frontiers(planset, "a100", 4).items():
+        frontier = grid.frontier
+        pruned = pruned_space(space, frontier, s, SearchConfig())
+        assert pruned and {_key(p) for p in pruned} <= full_keys  # a subset of the full space
+        assert all(p.pipeline_degree == s for p in pruned)  # rule 1
+        threshold = max(computation_bias(loads, p.stage_boundaries, p.gpus_per_stage) for p in frontier)
+        fixed = {(st.first_cluster, st.end_cluster): set() for p in frontier for st in p.stages}
+        for p in frontier:
+            for st in p.stages:
+                fixed[(st.first_cluster, st.end_cluster)].add((st.num_gpus, st.dp, st.tp, bool(st.zero)))
+        for plan in pruned:
+            bounds = [st.first_cluster for st in plan.stages]
+            assert computation_bias(loads, bounds, [st.num_gpus for st in plan.stages]) <= threshold + 1e-9  # rule 2
+            for st in plan.stages:  # rule 3
+                if (st.first_cluster, st.end_cluster) in fixed:
+                    assert st.intra in fixed[(st.first_cluster, st.end_cluster)]
+        # Every Pareto plan of the grid is a candidate.
+        assert {(tuple(p.stage_boundaries), tuple((st.num_gpus, st.dp, st.tp, bool(st.zero)) for st in p.stages)) for p in frontier} <= {
+            (k[0], k[1]) for k in map(_key, pruned)}
+    # All grids together are still far smaller than the full space.
+    total_pruned = sum(len(pruned_space(space, g.frontier, s, SearchConfig())) for s, g in grid_frontiers(planset, "a100", 4).items())
+    assert total_pruned * 5 < len(full)
+
+
+def test_searches_pick_the_fastest_and_count_cost(space_and_plans) -> None:
+    space, planset = space_and_plans
+    calls = []
+
+    def fake_step_time(plan) -> float:
+        # Deterministic stand-in: fewer stages and more data parallelism are faster.
+        calls.append(plan.plan_id)
+        return 0.01 * plan.pipeline_degree + 0.001 * sum(st.tp for st in plan.stages)
+
+    full = full_search(space, fake_step_time, SearchConfig(max_candidates=20, sample_seed=1))
+    assert full.candidates_measured == 20 == len(full.trials) and full.candidates_total > 20
+    assert full.best.step_time_s == min(t.step_time_s for t in full.trials)
+    assert full.cost_device_s == pytest.approx(sum(t.cost_device_s for t in full.trials))
+    calls.clear()
+    pruned = pruned_search(space, planset, fake_step_time, SearchConfig())
+    # Rule 1 measured every grid's proxy, then chose the fastest grid's pipeline degree (s = 1 here).
+    proxies = [g.proxy.plan_id for g in grid_frontiers(planset, "a100", 4).values()]
+    assert calls[: len(proxies)] == proxies
+    assert pruned.pipeline_degree == 1 and all(t.plan.pipeline_degree == 1 for t in pruned.trials)
+    assert pruned.grid_selection_cost_device_s > 0
+    assert pruned.cost_device_s > pruned.grid_selection_cost_device_s
+    same = pruned_search(space, planset, fake_step_time, SearchConfig(), pipeline_degree=2)
+    assert same.grid_selection_cost_device_s == 0 and same.pipeline_degree == 2
