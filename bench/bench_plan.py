@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts import read_table, write_json
+from libarena.artifacts import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_CLUSTER = REPO / "examples" / "clusters" / "paper-sim-1280.yaml"
@@ -23,15 +23,6 @@ ZOO_BATCHES = {"gpt": (128, 256, 512), "moe": (256, 512, 1024), "wide_resnet": (
 ONE_JOB = ("moe__2.4B", 256)
 ONE_JOB_TARGET_S = 2.0
 ZOO_TARGET_S = 60.0
-
-
-def _operator_table(analyze_model: Any, model: str, global_batch: int):
-    result = analyze_model(model, global_batch=global_batch)
-    if hasattr(result, "table") and hasattr(result, "metadata"):
-        return result
-    if isinstance(result, (str, Path)):
-        return read_table(result, "operator_table")
-    raise TypeError(f"libarena.analyze.analyze_model returned {type(result).__name__}, expected an operator_table artifact")
 
 
 def _zoo_jobs() -> list[tuple[str, int]]:
@@ -45,14 +36,7 @@ def _zoo_jobs() -> list[tuple[str, int]]:
 
 
 def run(results_dir: Path) -> bool:
-    try:
-        from libarena.analyze import analyze_model
-    except ImportError as exc:
-        message = f"bench_plan: libarena.analyze is not available ({exc}); no real operator tables to plan, targets not checked"
-        print(message, file=sys.stderr)
-        write_json(results_dir / "plan.json", {"status": "not run", "reason": message})
-        return False
-
+    from libarena.analyze import AnalyzeConfig, analyze_model
     from libarena.hardware import load_cluster
     from libarena.plan import PlannerConfig, load_model_profile, plan_job
 
@@ -60,7 +44,7 @@ def run(results_dir: Path) -> bool:
     config = PlannerConfig()
 
     def timed_plan(model: str, batch: int) -> dict[str, Any]:
-        profile = load_model_profile(_operator_table(analyze_model, model, batch))
+        profile = load_model_profile(analyze_model(AnalyzeConfig(model, batch)))
         start = time.perf_counter()
         planset = plan_job(profile, cluster, config)
         wall = time.perf_counter() - start

@@ -149,7 +149,7 @@ def _aggregate(all_rows: list[dict[str, Any]], models: tuple[str, ...], rounds: 
     return summary, payload
 
 
-def run(results_dir: Path, rounds: int = 2, models: tuple[str, ...] = MODELS) -> bool:
+def run(results_dir: Path, rounds: int = 1, models: tuple[str, ...] = MODELS) -> bool:
     from libarena.hardware.comm import load_comm_model
     from libarena.profile import CommBenchConfig, write_comm_table
 
@@ -178,7 +178,7 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--results", default="bench/results")
     args = parser.parse_args()

@@ -63,6 +63,9 @@ class OperatorTable:
     #: Wall-clock seconds per analysis step (not stored: artifacts stay deterministic).
     timings: dict[str, float] = field(default_factory=dict)
 
+    #: The artifact kind, so consumers can treat this like a TableArtifact read from disk.
+    kind = "operator_table"
+
     @property
     def model_name(self) -> str:
         return str(self.metadata["model"]["name"])

@@ -544,7 +544,8 @@ def profile_plans(
 def perf_rows(
     inputs: PlanInputs, estimates: list[PlanEstimate], dp_estimates: dict[GridKey, PlanEstimate], grids: list[GridKey]
 ) -> list[dict[str, Any]]:
-    """Rows of the performance table: per grid, ``arena`` (proxy), ``ap`` (best profiled), ``dp``."""
+    """Rows of the performance table: ``arena`` per proxy plan; per (model, batch, GPU type, GPUs, nodes)
+    ``ap`` (the best profiled plan) and ``dp`` (pure data parallelism)."""
     by_grid: dict[GridKey, list[PlanEstimate]] = {}
     for e in estimates:
         by_grid.setdefault(e.grid, []).append(e)
@@ -574,8 +575,11 @@ def perf_rows(
     for g in grids:
         plans = by_grid.get(g, [])
         if plans:
+            # One arena row per proxy plan: the planner's grids also split by pipeline degree, each with
+            # its own proxy (the scheduler keeps the best row of a configuration).
             proxies = [e for e in plans if e.plan.is_proxy] or plans[:1]
-            rows.append(row(proxies[0], "arena", proxies[0].profiling_cost_device_s))
+            for proxy in proxies:
+                rows.append(row(proxy, "arena", proxy.profiling_cost_device_s))
             fitting = [e for e in plans if e.fits_in_memory] or plans
             best = min(fitting, key=lambda e: e.iter_time_s)
             rows.append(row(best, "ap", sum(e.profiling_cost_device_s for e in plans)))

@@ -84,6 +84,9 @@ class CheckpointStore:
                 return None
             options = ocp.CheckpointManagerOptions(max_to_keep=self.max_to_keep, enable_async_checkpointing=False, create=create)
             self._manager = ocp.CheckpointManager(self.directory, options=options)
+        else:
+            # Another process (a restarted actor) may have saved since: re-read the step list.
+            self._manager.reload()
         return self._manager
 
     def latest_step(self) -> int | None:

@@ -17,6 +17,7 @@ state for the whole model): a checkpoint is then independent of the plan and res
 from __future__ import annotations
 
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -360,7 +361,10 @@ class PipelineExecutor:
                 stage_peak = [max(a, b) for a, b in zip(stage_peak, memory)]
         for j, rt in enumerate(self.stages):
             t_task = time.perf_counter()
-            self.params[j], self.opt_state[j] = rt.update(self.params[j], self.opt_state[j], grads[j])
+            with warnings.catch_warnings():
+                # XLA may keep some donated buffers (it aliases what it can); that is not an error.
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                self.params[j], self.opt_state[j] = rt.update(self.params[j], self.opt_state[j], grads[j])
             if profile_stages:
                 jax.block_until_ready(self.params[j])
                 stage_time[j] += time.perf_counter() - t_task

@@ -137,6 +137,10 @@ class PerfLookup:
         self._build(conform_table(get_kind("perf_table"), table, source=self.source, fill_defaults=True))
 
     # ------------------------------------------------------------------------------------------------
+    def pairs(self) -> list[tuple[str, int]]:
+        """Every (model, global batch) the table has, sorted."""
+        return sorted(self._models)
+
     def has(self, model: str, global_batch: int) -> bool:
         return (model, global_batch) in self._models
 

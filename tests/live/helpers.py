@@ -77,3 +77,8 @@ def cli_env() -> dict[str, str]:
 
 def tool(name: str) -> str:
     return str(Path(sys.executable).parent / name)
+
+
+def write_perf_for(out: str, model: str, batch: int) -> None:
+    """What the test's profile-on-arrival script writes: the synthetic table for one (model, batch)."""
+    write_perf(out, [(model, int(batch))], ["a100", "v100"], max_gpus=16)

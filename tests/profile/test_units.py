@@ -57,11 +57,6 @@ def test_cache_round_trip_and_corrupt_entries_are_misses(tmp_path):
 
 def test_interrupted_cache_write_leaves_no_entry(tmp_path):
     cache = ProfileCache(tmp_path)
-
-    class Boom:
-        def __float__(self):
-            raise KeyboardInterrupt
-
     with pytest.raises(TypeError):
         cache.put("12" * 32, {"value": object()})  # not JSON-serialisable: fails mid-write
     assert not cache.path("12" * 32).exists()

@@ -345,9 +345,10 @@ def logs(
         for line in log_lines(store, job, tail):
             print(line)
         snap = (row["state"] or {}).get("snapshot") or {}
+        workdir = Path(store.get_meta("workdir") or state.with_name(state.name + ".d"))
     finally:
         store.close()
-    out = state.with_name(state.name + ".d") / "launcher" / "jobs" / job / f"v{snap.get('version', 0)}" / "output.log"
+    out = workdir / "launcher" / "jobs" / job / f"v{snap.get('version', 0)}" / "output.log"
     if output_lines > 0 and out.exists():
         print(f"--- {out} (last {output_lines} lines)")
         for line in out.read_text(errors="replace").splitlines()[-output_lines:]:

@@ -75,7 +75,8 @@ class LiveCluster(Simulator):
         mp = self.perf.get(spec.model, spec.global_batch)
         view = mp.views[self.policy.view]
         prio = spec.priority if spec.priority is not None else _default_priority(spec.job_id, self.num_queues)
-        job = Job(len(self.jobs), spec, self.perf.type_index[spec.requested_type], min(max(1, prio), self.num_queues),
+        # the index is the submission number (spec.row), stable across restarts: policies break ties by it
+        job = Job(spec.row - 1, spec, self.perf.type_index[spec.requested_type], min(max(1, prio), self.num_queues),
                   view, mp.truth)
         self.jobs.append(job)
         self.by_id[spec.job_id] = job
@@ -91,10 +92,15 @@ class LiveCluster(Simulator):
     def _start_after(self, job: Job, overhead: float, action: str) -> None:
         a = job.alloc
         prev = self.requests.get(job.spec.job_id)
+        previous = None if prev is None else prev.version
+        if prev is not None and any(r is prev for r in self.intents):
+            # acted on twice in one round: the earlier intent is superseded and never launched, so the version
+            # to stop (and resume from) is the one before it
+            previous = prev.previous_version
         req = LaunchRequest(job.spec.job_id, job.version, action, job.spec.model, job.spec.global_batch,
                             job.spec.num_iterations, self.perf.gpu_types[a.type_index], a.num_gpus,
                             tuple(node for node, _ in a.blocks), float(overhead), float(self.now),
-                            None if prev is None else prev.version)
+                            previous)
         self.requests[job.spec.job_id] = req
         self.intents.append(req)
 
@@ -211,6 +217,8 @@ class LiveCluster(Simulator):
             "progress_time": job.progress_time, "rate": job.rate, "first_start": job.first_start,
             "finish_time": job.finish_time, "reschedules": job.reschedules, "overhead_s": job.overhead_s,
             "profiled": job.profiled,
+            # the policy's per-job decisions (e.g. ElasticFlow's admission); list values are caches, recomputed
+            "policy_state": {k: v for k, v in job.policy_state.items() if isinstance(v, (bool, int, float, str))},
             "alloc": None if a is None else {"gpu_type": self.perf.gpu_types[a.type_index], "count_index": a.count_index,
                                              "blocks": [list(b) for b in a.blocks]},
             "request": None if req is None else req.to_dict(),
@@ -232,6 +240,7 @@ class LiveCluster(Simulator):
         job.reschedules = snap["reschedules"]
         job.overhead_s = snap["overhead_s"]
         job.profiled = snap["profiled"]
+        job.policy_state.update(snap.get("policy_state") or {})
         self._enqueue_seq = max(self._enqueue_seq, job.enqueue_seq)
         if snap["request"] is not None:
             self.requests[spec.job_id] = LaunchRequest.from_dict(snap["request"])
@@ -253,6 +262,15 @@ class LiveCluster(Simulator):
             raise AssertionError(f"job {spec.job_id}: cannot restore a {state.value} job")
         return job
 
+    def active_order(self) -> list[str]:
+        return [j.spec.job_id for j in self.active.values()]
+
+    def reorder_active(self, order: list[str]) -> None:
+        """Restore the in-flight jobs' order (policies iterate them in it, and break ties by it)."""
+        rank = {job_id: i for i, job_id in enumerate(order)}
+        items = sorted(self.active.items(), key=lambda kv: (rank.get(kv[1].spec.job_id, len(rank)), kv[1].index))
+        self.active = dict(items)
+
     def requeue(self, jobs: list[Job]) -> None:
         """Hand restored queued jobs back to the policy, in their original queue order."""
         for job in sorted(jobs, key=lambda j: j.enqueue_seq):
@@ -262,4 +280,5 @@ class LiveCluster(Simulator):
                 self.unschedulable_count += 1
                 continue
             self.policy.on_arrival(job)
-        self.dirty = True
+        # not dirty: the snapshots are the state right after the last tick's round; what happened since is
+        # reported again by the launcher and goes through the heap

@@ -110,6 +110,7 @@ class Server:
             setattr(self.policy, name, value)
         workdir = config.workdir or config.state.with_name(config.state.name + ".d")
         self.workdir = Path(workdir).resolve()
+        self.store.set_meta("workdir", str(self.workdir))
         self.launcher = get_launcher(config.launcher, LauncherContext(
             self.workdir / "launcher", Path(config.cluster).resolve(), self.clock, self.perf,
             dict(config.launcher_options, address=config.address)))
@@ -139,6 +140,7 @@ class Server:
                 job = self.live.restore(spec, state["snapshot"])
                 if row["status"] == st.QUEUED:
                     queued.append(job)
+            self.live.reorder_active(self.store.get_meta("active_order") or [])
             self.live.requeue(queued)
             reissue = []
             for rec in self.store.launches(("intent",)):
@@ -249,6 +251,7 @@ class Server:
                 Store.log(c, t, None, "tick", {"decisions": decisions, "decision_s": decision_s,
                                                "queued": live.queued_count, "active": len(live.active)})
             self.store.set_meta("last_tick", t, c)
+            self.store.set_meta("active_order", live.active_order(), c)
             persistent = {n: getattr(self.policy, n) for n in getattr(self.policy, "persistent_attrs", ())}
             self.store.set_meta("policy_state", persistent, c)
         self.last_tick = t
@@ -311,14 +314,15 @@ class Server:
     def request_stop(self, *_: Any) -> None:
         self._stop = True
 
-    def serve(self, until_idle: bool = False, max_wall_s: float | None = None, install_signals: bool = True) -> None:
+    def serve(self, until_idle: bool = False, max_wall_s: float | None = None, install_signals: bool = True,
+              max_ticks: int | None = None) -> None:
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
         end = None if max_wall_s is None else time.time() + max_wall_s
         while not self._stop and (end is None or time.time() < end):
             if self.step():
-                if until_idle and self.idle():
+                if (until_idle and self.idle()) or (max_ticks is not None and len(self.ticks) >= max_ticks):
                     break
                 continue
             wait = (self.next_tick_time() - self.clock.now()) / self.config.compression

@@ -34,7 +34,7 @@ class ArenaPolicy(Policy):
     ap_search = APSearch.PRUNED
     config_class = ArenaPolicyConfig
     config: ArenaPolicyConfig
-    persistent_attrs = ("next_defrag",)
+    persistent_attrs = ("next_defrag", "_depth_exhausted")
 
     def __init__(self, config: ArenaPolicyConfig | None = None):
         super().__init__(config)

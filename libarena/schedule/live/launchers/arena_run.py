@@ -59,8 +59,13 @@ class ArenaRunLauncher(JobLauncher):
         (self.root / "jobs").mkdir(parents=True, exist_ok=True)
         self.address: str | None = context.options.get("address")
         self.checkpoint_every: int = int(context.options.get("checkpoint_every", 10))
+        # every (re)launch runs Arena's pruned AP search on its new grid (§3.6), as the scheduler's overhead model assumes
+        self.search_max: int = int(context.options.get("search_max", 2))
         self.extra_args: list[str] = list(context.options.get("arena_run_args", []))
         self._children: dict[tuple[str, int], subprocess.Popen] = {}
+        #: the tools' commands (default: this environment's console scripts); a wrapper can be put in their place
+        self.commands: dict[str, str] = {name: tool(name) for name in ("arena-analyze", "arena-plan", "arena-run")}
+        self.commands.update(context.options.get("commands") or {})
 
     def run_dir(self, job_id: str, version: int) -> Path:
         return self.root / "jobs" / job_id / f"v{version}"
@@ -75,16 +80,20 @@ class ArenaRunLauncher(JobLauncher):
         plans = self.plans_path(req.model, req.global_batch)
         tmp = run_dir / "ops.parquet"
         q = shlex.quote
-        prepare = (f"if [ ! -f {q(str(plans))} ]; then {q(tool('arena-analyze'))} -m {q(req.model)} -b {req.global_batch} "
-                   f"-o {q(str(tmp))} && {q(tool('arena-plan'))} -i {q(str(tmp))} -c {q(str(self.ctx.cluster_path))} "
+        prepare = (f"if [ ! -f {q(str(plans))} ]; then {q(self.commands['arena-analyze'])} -m {q(req.model)} -b {req.global_batch} "
+                   f"-o {q(str(tmp))} && {q(self.commands['arena-plan'])} -i {q(str(tmp))} -c {q(str(self.ctx.cluster_path))} "
                    f"-o {q(str(run_dir / 'plans.parquet'))} && mv -f {q(str(run_dir / 'plans.parquet'))} {q(str(plans))}; fi")
-        run = [tool("arena-run"), "--plan", str(plans), "--model", req.model, "--global-batch", str(req.global_batch),
+        run = [self.commands["arena-run"], "--plan", str(plans), "--model", req.model, "--global-batch", str(req.global_batch),
                "--steps", str(req.iterations), "--checkpoint-dir", str(self.checkpoint_dir(req.job_id)),
                "--grid", f"{req.gpu_type},{req.num_gpus}", "--checkpoint-every", str(self.checkpoint_every),
-               "--report", str(run_dir / "report.json")]
+               "--report", str(run_dir / "report.json"), "--search", "pruned", "--search-max", str(self.search_max),
+               "--search-steps", "1"]
         run += ["--address", self.address] if self.address else ["--devices", str(req.num_gpus)]
         run += self.extra_args
-        return (f"{prepare} && {' '.join(q(a) for a in run)}\n"
+        # the script records its own pid first: a scheduler killed between starting it and recording the pid
+        # still finds it on restart (and does not start the version twice)
+        own_pid = f"echo $$ > {q(str(run_dir / 'pid.sh.tmp'))} && mv -f {q(str(run_dir / 'pid.sh.tmp'))} {q(str(run_dir / 'pid'))}\n"
+        return (own_pid + f"{prepare} && {' '.join(q(a) for a in run)}\n"
                 f"code=$?; echo $code > {q(str(run_dir / 'exit_code.tmp'))}; mv -f {q(str(run_dir / 'exit_code.tmp'))} "
                 f"{q(str(run_dir / 'exit_code'))}; exit $code\n")
 
@@ -165,7 +174,10 @@ class ArenaRunLauncher(JobLauncher):
             if pid is None:
                 out[job_id] = RunStatus(job_id, version, "lost", message="never started")
                 continue
-            started = clock.at(float((run_dir / "started_wall").read_text()))
+            try:
+                started = clock.at(float((run_dir / "started_wall").read_text()))
+            except (OSError, ValueError):  # killed before writing it: the pid file is as old
+                started = clock.at((run_dir / "pid").stat().st_mtime)
             done = self.progress(job_id)
             code_file = run_dir / "exit_code"
             if code_file.exists():

@@ -1,0 +1,83 @@
+"""The arena-run launcher's process management with stand-in tools (fast): idempotent launch, rescale =
+stop the previous version + resume from the checkpoint directory with the new grid, finished / lost reports,
+relaunch of a lost version. The real arena-run is exercised by test_arena_run.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from libarena.schedule.live.clock import VirtualClock
+from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, get_launcher
+
+FAKE_RUN = '''
+import os, sys, time
+a = sys.argv[1:]
+opt = lambda k: a[a.index(k) + 1]
+steps, ckpt, grid = int(opt("--steps")), opt("--checkpoint-dir"), opt("--grid")
+os.makedirs(ckpt, exist_ok=True)
+done = max([int(p) for p in os.listdir(ckpt) if p.isdigit()], default=0)
+print(f"grid {grid} resumed from step {done}", flush=True)
+for step in range(done + 1, steps + 1):
+    time.sleep(0.03)
+    os.makedirs(os.path.join(ckpt, str(step)))
+print(f"steps {done + 1}..{steps}", flush=True)
+'''
+FAKE_TOOL = '''
+import sys
+a = sys.argv[1:]
+open(a[a.index("-o") + 1], "w").write("stand-in")
+'''
+
+
+def _wait(pred, timeout=30.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def _script(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text(f"#!{sys.executable}\n{body}")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_launch_rescale_resume_finish_and_lost(tmp_path):
+    commands = {"arena-run": _script(tmp_path, "fake-run", FAKE_RUN), "arena-analyze": _script(tmp_path, "fa", FAKE_TOOL),
+                "arena-plan": _script(tmp_path, "fp", FAKE_TOOL)}
+    clock = VirtualClock(time.time(), 1.0)
+    ctx = LauncherContext(tmp_path / "work", tmp_path / "cluster.yaml", clock, None, {"commands": commands})
+    launcher = get_launcher("arena-run", ctx)
+    v1 = LaunchRequest("job", 1, "launch", "gpt__tiny", 8, 150, "a100", 1, (0,), 0.0, 0.0)
+    launcher.launch(v1)
+    pid1 = (launcher.run_dir("job", 1) / "pid").read_text()
+    launcher.launch(v1)  # idempotent
+    assert (launcher.run_dir("job", 1) / "pid").read_text() == pid1
+    _wait(lambda: (launcher.progress("job") or 0) >= 10)
+    assert launcher.poll(clock.now(), {"job": 1})["job"].phase == "running"
+    v2 = LaunchRequest("job", 2, "rescale", "gpt__tiny", 8, 150, "a100", 2, (0,), 0.0, clock.now(), previous_version=1)
+    launcher.launch(v2)
+    assert (launcher.run_dir("job", 1) / "stopped").exists()
+    assert launcher.poll(clock.now(), {"job": 1})["job"].phase == "lost"  # stopped: no exit code
+    _wait(lambda: launcher.poll(clock.now(), {"job": 2})["job"].phase == "finished", 60)
+    st = launcher.poll(clock.now(), {"job": 2})["job"]
+    assert st.iterations_done == 150 and st.started_at is not None and st.finished_at >= st.started_at
+    out = (launcher.run_dir("job", 2) / "output.log").read_text()
+    resumed = int(out.split("resumed from step ")[1].split()[0])
+    assert resumed >= 10 and "grid a100,2" in out  # checkpoint-resume on the new grid
+    # a version whose process dies without an exit code is reported lost, and relaunch resumes it
+    v3 = LaunchRequest("job2", 1, "launch", "gpt__tiny", 8, 120, "a100", 1, (1,), 0.0, clock.now())
+    launcher.launch(v3)
+    _wait(lambda: (launcher.progress("job2") or 0) >= 5)
+    os.killpg(int((launcher.run_dir("job2", 1) / "pid").read_text()), signal.SIGKILL)
+    _wait(lambda: launcher.poll(clock.now(), {"job2": 1})["job2"].phase == "lost")
+    launcher.relaunch(v3)
+    _wait(lambda: launcher.poll(clock.now(), {"job2": 1})["job2"].phase == "finished", 60)
+    assert launcher.progress("job2") == 120
+    launcher.close()

@@ -1,0 +1,116 @@
+"""arena-schedule submit / status / logs / serve through the CLI: good jobs, bad job files (exit 2, one line,
+nothing written), profiling on arrival, and a whole run with the emulated-hosts launcher."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.live.helpers import OVERHEADS, cli_env, tool, write_inputs
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def run(*args, check_rc: int | None = 0, timeout: float = 120):
+    env = cli_env()
+    env["PYTHONPATH"] = str(REPO)
+    p = subprocess.run([tool("arena-schedule"), *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout)
+    if check_rc is not None:
+        assert p.returncode == check_rc, (p.stdout, p.stderr)
+    return p
+
+
+def job_file(tmp_path, name, data) -> str:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return str(path)
+
+
+GOOD = {"model": "gpt__760M", "global_batch": 128, "iterations": 2000, "priority": 1}
+
+BAD = [
+    ("missing.yaml", {"model": "gpt__760M", "global_batch": 128}, "missing required key 'iterations'"),
+    ("type.yaml", {"model": "gpt__760M", "global_batch": "big", "iterations": 5}, "key 'global_batch': expected an integer"),
+    ("float.yaml", {"model": "gpt__760M", "global_batch": 128, "iterations": 5.5}, "key 'iterations': expected an integer"),
+    ("neg.yaml", {"model": "gpt__760M", "global_batch": -4, "iterations": 5}, "out of range"),
+    ("huge.yaml", {"model": "gpt__760M", "global_batch": 128, "iterations": 10**30}, "out of range"),
+    ("unknown.yaml", {**GOOD, "gpus": 4}, "unknown key(s) gpus"),
+    ("model.yaml", {**GOOD, "model": "gpt 760M"}, "expected family__size"),
+    ("gpu.yaml", {**GOOD, "gpu_type": "tpu-v9"}, "key 'gpu_type'"),
+    ("deadline.yaml", {**GOOD, "deadline": -1}, "key 'deadline'"),
+    ("nan.yaml", "model: gpt__760M\nglobal_batch: 128\niterations: 5\ndeadline: .nan\n", "key 'deadline'"),
+    ("list.yaml", "- model: gpt__760M\n", "expected a mapping"),
+    ("syntax.yaml", "model: [gpt\n", "not valid YAML at line"),
+    ("binary.yaml", b"\xff\xfe\x00model".decode("latin-1"), ""),
+    ("empty.yaml", "", "expected a mapping"),
+]
+
+
+def test_bad_job_files_exit_2_one_line(tmp_path):
+    state = tmp_path / "state.db"
+    run("submit", job_file(tmp_path, "ok.yaml", GOOD), "--state", state)
+    for name, data, message in BAD:
+        p = run("submit", job_file(tmp_path, name, data), "--state", state, check_rc=2)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("arena-schedule: error: "), (name, p.stderr)
+        assert "Traceback" not in p.stderr and message in lines[0] and name in lines[0], (name, lines[0])
+    doc = json.loads(run("status", "--state", state, "--json").stdout)
+    assert [j["job_id"] for j in doc["jobs"]] == ["job-1"]  # the bad files added nothing
+
+
+def test_cli_errors(tmp_path):
+    p = run("submit", tmp_path / "absent.yaml", "--state", tmp_path / "s.db", check_rc=2)
+    assert "no such job file" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    p = run("status", "--state", tmp_path / "none.db", check_rc=2)
+    assert "no scheduler state database" in p.stderr
+    (tmp_path / "junk.db").write_text("not sqlite at all" * 100)
+    p = run("status", "--state", tmp_path / "junk.db", check_rc=2)
+    assert "not a scheduler state database" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    state = tmp_path / "state.db"
+    run("submit", job_file(tmp_path, "a.yaml", {**GOOD, "name": "alpha"}), "--state", state)
+    p = run("submit", job_file(tmp_path, "a.yaml", {**GOOD, "name": "alpha"}), "--state", state, check_rc=2)
+    assert "already exists" in p.stderr
+    p = run("logs", "beta", "--state", state, check_rc=2)
+    assert "no job 'beta'" in p.stderr
+    cluster, perf = write_inputs(tmp_path)
+    p = run("serve", "--cluster", cluster, "--perf", perf, "--state", state, "--tick", "0", check_rc=2)
+    assert "--tick must be > 0" in p.stderr
+
+
+@pytest.mark.slow
+def test_serve_submit_status_logs_with_profiling_on_arrival(tmp_path):
+    cluster, perf = write_inputs(tmp_path)
+    state = tmp_path / "state.db"
+    ids = [run("submit", job_file(tmp_path, f"j{i}.yaml", {**GOOD, "iterations": 1500 + 500 * i}), "--state", state).stdout.strip()
+           for i in range(3)]
+    # gpt__2.6B (batch 256) is not in the perf table: it is profiled on arrival, then scheduled
+    new = run("submit", job_file(tmp_path, "new.yaml", {"model": "gpt__2.6B", "global_batch": 256, "iterations": 800,
+                                                       "name": "fresh", "gpu_type": "v100"}), "--state", state).stdout.strip()
+    bad_type = run("submit", job_file(tmp_path, "h.yaml", {**GOOD, "gpu_type": "h100"}), "--state", state).stdout.strip()
+    assert ids == ["job-1", "job-2", "job-3"] and new == "fresh"
+    before = json.loads(run("status", "--state", state, "--json").stdout)
+    assert before["counts"] == {"submitted": 5}
+    script = (f"{sys.executable} -c \"from tests.live.helpers import write_perf_for; write_perf_for('{{out}}', "
+              f"'{{model}}', {{batch}})\"")
+    args = ["serve", "--cluster", cluster, "--perf", perf, "--state", state, "--launcher", "perf-table",
+            "--time-compression", "2000", "--tick", "300", "--poll", "0.05", "--until-idle", "--profile-script", script]
+    args += [f"--overhead={k}={v}" for k, v in OVERHEADS.__dict__.items()]
+    run(*args)
+    doc = json.loads(run("status", "--state", state, "--json").stdout)
+    status = {j["job_id"]: j for j in doc["jobs"]}
+    assert {k: v["status"] for k, v in status.items()} == {**{i: "finished" for i in ids}, "fresh": "finished",
+                                                           bad_type: "rejected"}
+    assert "h100" in status[bad_type]["error"]
+    assert all(status[i]["progress"] == 1.0 for i in ids)
+    log = run("logs", "fresh", "--state", state).stdout
+    kinds = [line.split()[2] if line.split()[1].startswith("t=") else line.split()[1] for line in log.splitlines()]
+    assert kinds[:3] == ["submit", "profile", "profiled"] and "launch" in kinds and kinds[-1] == "finish"
+    table = run("status", "--state", state).stdout
+    assert "fresh" in table and "finished" in table and "queue" in table
+    # the same state cannot be served with other settings (its clock and decisions depend on them)
+    p = run(*[a if a != "300" else "60" for a in args], check_rc=2)
+    assert "was served with different tick_s" in p.stderr and len(p.stderr.strip().splitlines()) == 1
