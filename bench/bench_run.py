@@ -27,7 +27,7 @@ DEVICE_COUNTS = (2, 4)
 GLOBAL_BATCH = 16
 NUM_CLUSTERS = 6
 #: Largest number of full-space candidates measured (uniform seeded sample beyond it).
-FULL_SAMPLE = 10
+FULL_SAMPLE = 8
 #: Targets: pruning must cut the search cost at least this much while its winner keeps this fraction of
 #: the full search's winner throughput (averaged over the cases).
 TARGET_COST_REDUCTION = 2.0
@@ -51,8 +51,9 @@ def _plans(model: str, root: Path) -> Path:
     return out
 
 
-def worker(num_devices: int) -> list[dict]:
-    """Both searches for every model on this process's ``num_devices`` devices."""
+def worker(num_devices: int, models: tuple[str, ...] = MODELS) -> list[dict]:
+    """Both searches for every model on this process's ``num_devices`` devices; each case is also printed
+    as one JSON line on stdout as soon as it is done."""
     import jax
 
     from libarena.models import get_model
@@ -62,11 +63,11 @@ def worker(num_devices: int) -> list[dict]:
     assert len(jax.devices()) == num_devices
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in MODELS:
+        for name in models:
             planset = read_plans(_plans(name, Path(tmp)))
             model = get_model(name)
             space = SearchSpace(model, GLOBAL_BATCH, "a100", num_devices, tuple(planset.clusters), "fp32")
-            config = SearchConfig(max_candidates=FULL_SAMPLE, warmup_steps=1, timed_steps=3)
+            config = SearchConfig(max_candidates=FULL_SAMPLE, warmup_steps=1, timed_steps=5)
             inner = measure_in_process(model, config)
 
             def measure(plan, inner=inner, name=name):
@@ -74,7 +75,7 @@ def worker(num_devices: int) -> list[dict]:
                 print(f"bench_run: {name} x{num_devices} {plan.plan_id}: {t * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
                 return t
             # Pruned first: the full search would otherwise have warmed shared stage compilations for it.
-            pruned = pruned_search(space, planset, measure, SearchConfig(warmup_steps=1, timed_steps=3))
+            pruned = pruned_search(space, planset, measure, SearchConfig(warmup_steps=1, timed_steps=5))
             from libarena.run import executor
 
             executor._STAGE_CACHE.clear()  # each search pays its own compilations
@@ -89,6 +90,7 @@ def worker(num_devices: int) -> list[dict]:
                 "full_winner_step_s": retime[best_full.plan_id], "pruned_winner_step_s": retime[best_pruned.plan_id],
                 "relative_performance": retime[best_full.plan_id] / retime[best_pruned.plan_id],
             })
+            print(json.dumps(out[-1]), flush=True)
     return out
 
 
@@ -98,7 +100,7 @@ def run_worker(num_devices: int) -> list[dict]:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bench_run worker ({num_devices} devices) failed: {proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def write_results(results_dir: Path, cases: list[dict], wall_s: float) -> bool:
@@ -135,8 +137,8 @@ def run(results_dir: Path) -> bool:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        print(json.dumps(worker(int(sys.argv[2]))))
+    if len(sys.argv) >= 3 and sys.argv[1] == "--worker":
+        worker(int(sys.argv[2]), tuple(sys.argv[3:]) or MODELS)
     else:
         results = REPO / "bench" / "results"
         results.mkdir(parents=True, exist_ok=True)

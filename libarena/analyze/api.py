@@ -22,6 +22,11 @@ DEFAULT_NUM_CLUSTERS = 16
 Log = Callable[[str], None]
 
 
+#: Upper bounds on the sizes a step is lowered at: far above any real job, far below int64 shape overflow.
+MAX_GLOBAL_BATCH = 1 << 20
+MAX_SEQ_LEN = 1 << 20
+
+
 @dataclass(frozen=True)
 class AnalyzeConfig:
     """What to analyze: a zoo model's full training step at a global batch, in a training dtype."""
@@ -45,6 +50,11 @@ class AnalyzeConfig:
             raise ArenaError(f"seq_len must be a positive integer, got {self.seq_len!r}")
         if isinstance(self.num_clusters, bool) or not isinstance(self.num_clusters, int) or self.num_clusters <= 0:
             raise ArenaError(f"number of clusters must be a positive integer, got {self.num_clusters!r}")
+        # XLA shapes are int64 extents: absurd sizes would overflow inside the lowering (found by fuzzing).
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise ArenaError(f"global batch {self.global_batch} is out of range (at most {MAX_GLOBAL_BATCH})")
+        if self.seq_len is not None and self.seq_len > MAX_SEQ_LEN:
+            raise ArenaError(f"seq_len {self.seq_len} is out of range (at most {MAX_SEQ_LEN})")
         return AnalyzeConfig(self.model, self.global_batch, self.seq_len, normalize_dtype(str(self.dtype)), self.num_clusters)
 
     def parameters(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -131,6 +131,7 @@ def _intra_options(g: int, allow_zero: bool) -> list[tuple[int, int, bool]]:
 
 
 def microbatches(global_batch: int, stages: int, per_stage: int) -> int:
+    """B = per_stage x s (arena-plan's rule), lowered until it divides the global batch."""
     b = max(1, per_stage * stages)
     while b > 1 and global_batch % b:
         b -= 1
@@ -285,7 +286,14 @@ def pruned_search(space: SearchSpace, planset: Any, measure: MeasureFn, config: 
     selection_cost = 0.0
     selection_trials: list[Trial] = []
     if pipeline_degree is None:
-        proxies = [plan_from_parallel_plan(g.proxy, space.model, space.clusters) for g in grids.values() if g.proxy is not None]
+        proxies = []
+        for g in grids.values():
+            if g.proxy is None:
+                continue
+            proxy = plan_from_parallel_plan(g.proxy, space.model, space.clusters)
+            if space.global_batch % proxy.num_microbatches:  # same micro-batch rule as the candidates
+                proxy = replace(proxy, num_microbatches=microbatches(space.global_batch, proxy.pipeline_degree, config.microbatches_per_stage))
+            proxies.append(proxy)
         selection_trials = _run_trials(proxies, measure, space.num_gpus)
         selection_cost = sum(t.cost_device_s for t in selection_trials)
         ok = [t for t in selection_trials if not t.error]
