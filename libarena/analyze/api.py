@@ -100,11 +100,14 @@ class OperatorTable:
 
 def read_operator_table(path: str | os.PathLike[str]) -> OperatorTable:
     """Read an operator_table artifact (Parquet file or Arrow stream, ``-`` = stdin)."""
+    from libarena.artifacts import check_columns
+    from libarena.artifacts.kinds.operator_table import check_operator_metadata
+
     artifact = read_table(path, KIND)
     meta = artifact.metadata
-    for key in ("model", "clusters", "global_batch", "dtype"):
-        if key not in meta:
-            raise ArenaError(f"{artifact.source}: operator table metadata has no {key!r} entry")
+    check_operator_metadata(meta, artifact.source)
+    check_columns(artifact.table, artifact.source, non_null=("op_index", "name", "opcode", "phase", "shape"),
+                  non_negative=("flops", "transcendentals", "bytes_read", "bytes_written", "param_bytes"))
     return OperatorTable(artifact.table, meta, artifact.provenance, artifact.source)
 
 

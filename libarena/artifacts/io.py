@@ -48,10 +48,12 @@ class Provenance:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
+        # Provenance is informative: a malformed record (hand-edited file) reads as empty, never fails.
+        parameters, inputs = data.get("parameters"), data.get("inputs")
         return cls(
             tool=str(data.get("tool", "")),
-            parameters=dict(data.get("parameters", {})),
-            inputs=list(data.get("inputs", [])),
+            parameters=dict(parameters) if isinstance(parameters, dict) else {},
+            inputs=list(inputs) if isinstance(inputs, list) else [],
             arena_version=str(data.get("arena_version", "")),
         )
 
@@ -235,11 +237,17 @@ def _arena_header(schema_metadata: Mapping[bytes, bytes] | None, source: str) ->
         return None
     try:
         header = json.loads(schema_metadata[METADATA_KEY])
-        if not isinstance(header, dict) or "kind" not in header or "schema_version" not in header:
+        if not _valid_header(header):
             raise ValueError
         return header
     except ValueError:
         raise ArenaError(f"{source}: corrupt Arena metadata") from None
+
+
+def _valid_header(header: Any) -> bool:
+    """The envelope every artifact carries: kind and version, and mappings for metadata and provenance."""
+    return (isinstance(header, dict) and "kind" in header and "schema_version" in header
+            and isinstance(header.get("metadata", {}), dict) and isinstance(header.get("provenance", {}), dict))
 
 
 def _check_header(header: dict[str, Any], expect: tuple[str, ...], source: str) -> ArtifactKind:
@@ -315,6 +323,31 @@ def read_table(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> T
     )
 
 
+def check_columns(table: pa.Table, source: str, *, non_null: tuple[str, ...] = (),
+                  non_negative: tuple[str, ...] = (), positive: tuple[str, ...] = ()) -> None:
+    """One-line ArenaError naming the first bad row and column: nulls, NaN/inf, negative or non-positive numbers.
+
+    ``read_table`` checks names and types; the reader of a kind states which values it can compute with.
+    """
+    import numpy as np
+
+    for name in dict.fromkeys(non_null + non_negative + positive):
+        if name not in table.column_names:
+            continue
+        column = table.column(name)
+        if column.null_count:
+            row = next(i for i, v in enumerate(column.is_null().to_pylist()) if v)
+            raise ArenaError(f"{source}: row {row + 1}, column {name!r}: missing value")
+        if name not in non_negative and name not in positive:
+            continue
+        values = column.to_numpy(zero_copy_only=False).astype(np.float64)
+        bad = ~np.isfinite(values) | (values < 0 if name in non_negative else values <= 0)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            need = "a finite number >= 0" if name in non_negative else "a finite number > 0"
+            raise ArenaError(f"{source}: row {row + 1}, column {name!r}: {values[row]!r} is not {need}")
+
+
 def _looks_like_text(data: bytes) -> bool:
     head = data[:4096]
     if b"\x00" in head:
@@ -352,7 +385,7 @@ def read_document(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -
     if not isinstance(envelope, dict) or not isinstance(envelope.get("arena"), dict) or "data" not in envelope:
         raise ArenaError(f"{source}: not an Arena artifact, expected {' or '.join(kinds)}")
     header = envelope["arena"]
-    if "kind" not in header or "schema_version" not in header:
+    if not _valid_header(header):
         raise ArenaError(f"{source}: corrupt Arena metadata")
     spec = _check_header(header, kinds, source)
     if not isinstance(envelope["data"], dict):

@@ -1,21 +1,30 @@
 """``arena-schedule perf build``: the performance table a trace needs.
 
-Contract (issue 7): for every (model, global batch) the trace uses and every GPU type of the cluster, run
-arena-analyze -> arena-plan -> arena-profile (with their content-addressed caches) and concatenate the
-resulting ``perf_table`` rows (views arena, dp, ap) into one table.
-
-Not wired yet: it needs the analyze/plan/profile stages' library entry points, which are being written in
-parallel. Until then this command fails with a clear message instead of producing numbers.
+The work (analyze -> plan -> profile or roofline estimate, per (model, global batch) pair) lives in
+libarena.profile.perf_build, which imports JAX; this module only reads the trace, so importing the scheduler
+stays JAX-free.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
-from libarena.errors import ArenaError
+from libarena.hardware import ClusterSpec
+from libarena.schedule.traces import read_trace
 
 
-def build_perf_table(trace: str | os.PathLike[str], cluster: str | os.PathLike[str],
-                     output: str | os.PathLike[str]) -> None:
-    raise ArenaError("perf build is not available yet: it needs the arena-analyze/plan/profile library entry "
-                     "points; build the table with those tools and pass it with --perf")
+def trace_pairs(trace: str | os.PathLike[str], cluster: ClusterSpec, seed: int = 0, skip_bad_rows: bool = False) -> list[tuple[str, int]]:
+    """The (model, global batch) pairs a trace's jobs use (after adaptation, for ElasticFlow/ITP traces)."""
+    parsed = read_trace(trace, gpu_types=cluster.gpu_types, seed=seed, skip_bad_rows=skip_bad_rows)
+    return sorted({(job.model, job.global_batch) for job in parsed.jobs})
+
+
+def build_perf_table_for_trace(trace: str | os.PathLike[str], cluster: ClusterSpec, output: str | os.PathLike[str],
+                               config: Any = None, seed: int = 0, skip_bad_rows: bool = False,
+                               inputs: list[dict[str, Any]] | None = None, log: Callable[[str], None] | None = None) -> Any:
+    from libarena.profile.perf_build import PerfBuildConfig, build_perf_table
+
+    pairs = trace_pairs(trace, cluster, seed, skip_bad_rows)
+    return build_perf_table(pairs, cluster, output, config or PerfBuildConfig(), inputs=inputs, log=log)

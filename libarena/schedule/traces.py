@@ -34,7 +34,7 @@ import csv
 import math
 import os
 import random
-import re
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +52,6 @@ ZOO: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
 }
 PAPER_GPU_TYPES = ("a100", "v100", "a40", "a10")
 MAX_ADAPTED_GPUS = 16
-_SIZE = re.compile(r"^\d+(\.\d+)?[MBK]$")
 
 FORMATS = {
     "arena-ae": ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu", "gpu_type"),
@@ -73,9 +72,15 @@ class Trace:
     adapted: bool = False
 
 
+@functools.cache
+def _zoo_names() -> frozenset[str]:
+    from libarena.models import list_models  # the registry imports no JAX
+
+    return frozenset(entry.name for entry in list_models())
+
+
 def is_zoo_model(name: str) -> bool:
-    family, sep, size = name.partition("__")
-    return bool(sep) and family in ZOO and bool(_SIZE.match(size))
+    return name in _zoo_names()
 
 
 def detect_format(header: list[str], source: str) -> str:

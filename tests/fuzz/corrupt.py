@@ -105,22 +105,23 @@ def encode_table(table: pa.Table, header: Any, fmt: str) -> bytes:
 
 
 def _absurd_array(draw, typ: pa.DataType, n: int) -> pa.Array:
+    """``n`` values of ``typ`` built from a short drawn pattern (tables have thousands of rows)."""
     if pa.types.is_floating(typ):
-        values = draw(st.lists(st.sampled_from(ABSURD_FLOATS + [None]), min_size=n, max_size=n))
-        return pa.array(values, type=typ)
-    if pa.types.is_integer(typ):
-        values = draw(st.lists(st.sampled_from(ABSURD_INTS + [None]), min_size=n, max_size=n))
-        return pa.array(values, type=typ)
-    if pa.types.is_boolean(typ):
-        return pa.array(draw(st.lists(st.sampled_from([True, False, None]), min_size=n, max_size=n)), type=typ)
-    if pa.types.is_list(typ):
+        pool: list = ABSURD_FLOATS + [None]
+    elif pa.types.is_integer(typ):
+        pool = ABSURD_INTS + [None]
+    elif pa.types.is_boolean(typ):
+        pool = [True, False, None]
+    elif pa.types.is_list(typ):
         inner = typ.value_type
         pool = ([[], None, [0], [-1], [2 ** 40], [1] * 64] if pa.types.is_integer(inner)
                 else [[], None, [float("nan")], [-1.0], [1e308]] if pa.types.is_floating(inner)
                 else [[], None, [""], ["x" * 200]])
-        return pa.array(draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n)), type=typ)
-    values = draw(st.lists(st.sampled_from(ABSURD_STRINGS + [None]), min_size=n, max_size=n))
-    return pa.array(values, type=pa.string()).cast(typ) if typ != pa.string() else pa.array(values, type=typ)
+    else:
+        pool = ABSURD_STRINGS + [None]
+    pattern = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
+    values = (pattern * (n // len(pattern) + 1))[:n]
+    return pa.array(values, type=typ)
 
 
 def _replace_column(table: pa.Table, name: str, array: pa.Array) -> pa.Table:

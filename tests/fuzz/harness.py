@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 
 from libarena.cli import run_app
@@ -50,6 +50,9 @@ FUZZ_SETTINGS = dict(
     database=None,
     deadline=None,
     print_blob=False,
+    verbosity=Verbosity.quiet,  # the assertion message names argv and stderr; inputs are whole files
+    # no shrinking: a failure is reported as generated (shrinking thousands-row tables costs minutes)
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
                            HealthCheck.function_scoped_fixture, HealthCheck.large_base_example],
 )
@@ -145,17 +148,28 @@ def check_contract(tool: str, outcome: Outcome, before: dict[str, int], workdir:
                 verify_output(workdir / name)
 
 
+class Case:
+    """A generated case with a short repr: hypothesis prints failing cases, and inputs are whole files."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        text = repr(self.value)
+        return text if len(text) <= 400 else f"{text[:300]}...<{len(text)} chars>...{text[-80:]}"
+
+
 def run_cases(tool: str, test: str, strategy: st.SearchStrategy, body: Callable[[Any], None]) -> int:
     """Run ``body`` on ``BUDGET[tool][test]`` derandomized examples of ``strategy``; return the count."""
     budget = BUDGET[tool][test]
     count = 0
 
     @settings(max_examples=budget, **FUZZ_SETTINGS)
-    @given(strategy)
-    def cases(case: Any) -> None:
+    @given(strategy.map(Case))
+    def cases(case: Case) -> None:
         nonlocal count
         count += 1
-        body(case)
+        body(case.value)
 
     cases()
     assert count >= budget, f"{tool}/{test}: only {count} of {budget} cases generated (strategy space too small)"

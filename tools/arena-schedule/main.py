@@ -240,11 +240,25 @@ def perf_build(
     trace: Path = TraceOpt,
     cluster: Path = ClusterOpt,
     output: Path = typer.Option(..., "-o", "--output"),
+    mode: str = typer.Option("auto", "--mode", help="local (profile on this device), roofline (execution-free), auto (local for tiny/small models)"),
+    cache_dir: Path = typer.Option(Path(".arena-cache"), "--cache-dir", help="content-addressed cache of operator tables and stage profiles"),
+    seed: int = typer.Option(0, "--seed", help="seed of the trace adaptation (ElasticFlow/ITP traces)"),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
     """Build the performance table a trace needs (analyze -> plan -> profile per (model, batch) and GPU type)."""
-    from libarena.schedule.perf_build import build_perf_table
+    from libarena.artifacts import input_ref
+    from libarena.cli import stderr_console
+    from libarena.hardware import load_cluster
+    from libarena.profile.perf_build import PerfBuildConfig
+    from libarena.schedule.perf_build import build_perf_table_for_trace
 
-    build_perf_table(trace, cluster, output)
+    spec = load_cluster(cluster)
+    log = (lambda message: None) if quiet else (lambda message: stderr_console.print(message))
+    table = build_perf_table_for_trace(trace, spec, output, PerfBuildConfig(mode=mode, cache_dir=cache_dir), seed,
+                                       skip_bad_rows, [input_ref(trace), input_ref(cluster)], log)
+    if not quiet:
+        stderr_console.print(f"wrote {table.num_rows} performance rows to {output}")
 
 
 StateOpt = typer.Option(Path("state.db"), "--state", help="the live scheduler's state database (SQLite)")

@@ -4,7 +4,11 @@ The layer-clustered view the planner consumes travels in the same file, in the `
 entry (one record per clustered operator, see CLUSTER_FIELDS), so a single artifact flows down the pipe.
 """
 
+import math
+from typing import Any
+
 from libarena.artifacts.registry import ArtifactKind, Column, Field, register_kind
+from libarena.errors import ArenaError
 
 #: Fields of one record of the ``clusters`` metadata entry. All sizes are for one training step at the
 #: global batch on one device (no parallelism); the planner divides by micro-batches, dp and tp.
@@ -70,3 +74,51 @@ OPERATOR_TABLE = register_kind(
         ),
     )
 )
+
+
+def check_operator_metadata(meta: Any, source: str) -> None:
+    """Validate the metadata every reader of an operator table relies on (one-line ArenaError otherwise)."""
+    if not isinstance(meta, dict):
+        raise ArenaError(f"{source}: operator table metadata is not a mapping")
+    for key in ("model", "clusters", "global_batch", "dtype"):
+        if key not in meta:
+            raise ArenaError(f"{source}: operator table metadata has no {key!r} entry")
+    model = meta["model"]
+    if not isinstance(model, dict) or not isinstance(model.get("name"), str) or not model["name"]:
+        raise ArenaError(f"{source}: operator table metadata 'model' must be a record with a 'name'")
+    batch = meta["global_batch"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
+        raise ArenaError(f"{source}: global_batch must be a positive integer, got {batch!r}")
+    if not isinstance(meta["dtype"], str):
+        raise ArenaError(f"{source}: dtype must be a string, got {meta['dtype']!r}")
+    seq_len = meta.get("seq_len")
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0):
+        raise ArenaError(f"{source}: seq_len must be a positive integer, got {seq_len!r}")
+    for key in ("module_cost", "attribution"):
+        if key in meta and not isinstance(meta[key], dict):
+            raise ArenaError(f"{source}: operator table metadata {key!r} must be a mapping")
+    clusters = meta["clusters"]
+    if not isinstance(clusters, list) or not clusters:
+        raise ArenaError(f"{source}: operator table has no clusters (metadata 'clusters' is empty)")
+    declared = meta.get("num_clusters", len(clusters))
+    if declared != len(clusters):
+        raise ArenaError(f"{source}: num_clusters is {declared!r} but 'clusters' has {len(clusters)} records")
+    for i, rec in enumerate(clusters):
+        where = f"{source}: clusters[{i}]"
+        if not isinstance(rec, dict):
+            raise ArenaError(f"{where}: expected a record")
+        missing = [f.name for f in CLUSTER_FIELDS if f.name not in rec]
+        if missing:
+            raise ArenaError(f"{where}: missing field(s) {', '.join(missing)}")
+        if rec["index"] != i or isinstance(rec["index"], bool):
+            raise ArenaError(f"{where}: index is {rec['index']!r}, expected {i} (clusters must be in model order)")
+        units = rec["units"]
+        if not isinstance(units, list) or not units or not all(isinstance(u, str) for u in units):
+            raise ArenaError(f"{where}.units: expected a non-empty list of unit names, got {units!r}")
+        for f in CLUSTER_FIELDS:
+            if f.type not in ("int", "float") or f.name == "index":
+                continue
+            value = rec[f.name]
+            ok = not isinstance(value, bool) and (isinstance(value, int) if f.type == "int" else isinstance(value, (int, float)))
+            if not ok or not math.isfinite(value) or value < 0:
+                raise ArenaError(f"{where}.{f.name}: expected a non-negative {f.type}, got {value!r}")

@@ -1,0 +1,108 @@
+"""perf build: analyze -> plan -> roofline/profiled rows for a trace, then the simulator runs on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from libarena.artifacts import read_table
+from libarena.hardware import cluster_from_dict
+
+CLUSTER = {"name": "small-hetero", "node_groups": [
+    {"gpu_type": "a100", "nodes": 2, "gpus_per_node": 4},
+    {"gpu_type": "a10", "nodes": 4, "gpus_per_node": 2},
+]}
+
+
+@pytest.fixture(scope="module")
+def moe_tiny_plans():
+    from libarena.analyze import AnalyzeConfig, analyze_model
+    from libarena.plan import PlannerConfig, load_model_profile, plan_job
+
+    profile = load_model_profile(analyze_model(AnalyzeConfig("moe__tiny", 32)))
+    cluster = cluster_from_dict(CLUSTER)
+    return profile, plan_job(profile, cluster, PlannerConfig(max_gpus=8)), cluster
+
+
+def test_roofline_rows_cover_every_configuration(moe_tiny_plans):
+    from libarena.profile.roofline import perf_rows
+
+    profile, planset, cluster = moe_tiny_plans
+    rows = perf_rows(profile, planset, cluster)
+    configurations = {(g.grid.gpu_type, g.grid.num_gpus, g.grid.num_nodes) for g in planset.grids}
+    for key in configurations:
+        views = {r["view"] for r in rows if (r["gpu_type"], r["num_gpus"], r["num_nodes"]) == key}
+        assert {"dp", "ap", "arena"} <= views, key
+    for r in rows:
+        assert r["estimated"] and r["timer"] == "roofline" and r["iter_time_s"] > 0
+        assert r["throughput"] == pytest.approx(32 / r["iter_time_s"])
+    # The ap view is the best plan the planner found for a configuration: never slower than its proxies.
+    for key in configurations:
+        same = [r for r in rows if (r["gpu_type"], r["num_gpus"], r["num_nodes"]) == key]
+        ap = min(r["iter_time_s"] for r in same if r["view"] == "ap")
+        assert ap <= min(r["iter_time_s"] for r in same if r["view"] == "arena") + 1e-12
+    # A faster GPU is faster: an A100 beats an A10 on the same count.
+    def best(gpu: str, n: int) -> float:
+        return min(r["iter_time_s"] for r in rows if r["gpu_type"] == gpu and r["num_gpus"] == n and r["view"] == "ap")
+    assert best("a100", 2) < best("a10", 2)
+
+
+def test_roofline_estimate_follows_the_1f1b_formula(moe_tiny_plans):
+    from libarena.profile.roofline import RooflineConfig, estimate_plan
+
+    profile, planset, _ = moe_tiny_plans
+    plan = next(g.proxy for g in planset.grids if g.proxy is not None and g.grid.pipeline_degree == 2)
+    slow = estimate_plan(profile, plan, RooflineConfig(achieved_fraction=0.25))
+    fast = estimate_plan(profile, plan, RooflineConfig(achieved_fraction=0.5))
+    # Halving the attained fraction doubles compute and optimizer time; communication stays.
+    compute_fast = fast.iter_time_s - fast.grad_sync_s
+    assert slow.iter_time_s > fast.iter_time_s
+    assert slow.grad_sync_s == pytest.approx(fast.grad_sync_s)
+    assert slow.optimizer_s == pytest.approx(2 * fast.optimizer_s)
+    assert compute_fast > 0
+
+
+@pytest.mark.slow
+def test_perf_build_then_simulate_end_to_end(tmp_path: Path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(json.dumps(CLUSTER))
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type\n"
+        "j1,0,2000,gpt__tiny,100000,16,2,a100\n"
+        "j2,10,3000,moe__tiny,100000,32,4,a10\n"
+        "j3,20,1000,gpt__tiny,100000,16,1,a10\n"
+    )
+    perf = tmp_path / "perf.parquet"
+    cache = tmp_path / "cache"
+    arena_schedule = str(Path(sys.executable).parent / "arena-schedule")
+    build = [arena_schedule, "perf", "build", "--trace", str(trace), "--cluster", str(cluster), "-o", str(perf),
+             "--mode", "roofline", "--cache-dir", str(cache)]
+    first = subprocess.run(build, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert "analyzing" in first.stderr
+    table = read_table(perf, "perf_table").table
+    assert {(m, b) for m, b in zip(table.column("model").to_pylist(), table.column("global_batch").to_pylist())} == {
+        ("gpt__tiny", 16), ("moe__tiny", 32)}
+    # Unchanged inputs: the operator tables come from the cache.
+    second = subprocess.run(build, capture_output=True, text=True)
+    assert second.returncode == 0 and "analyzing" not in second.stderr
+    assert read_table(perf, "perf_table").table.equals(table)
+    out = tmp_path / "run"
+    sim = subprocess.run([arena_schedule, "simulate", "--trace", str(trace), "--perf", str(perf), "--cluster", str(cluster),
+                          "--policy", "arena", "-o", str(out), "--json"], capture_output=True, text=True)
+    assert sim.returncode == 0, sim.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["finished_jobs"] == 3
+
+
+def test_perf_build_rejects_unknown_mode():
+    from libarena.errors import ArenaError
+    from libarena.profile.perf_build import PerfBuildConfig
+
+    with pytest.raises(ArenaError, match="unknown perf build mode"):
+        PerfBuildConfig(mode="guess")
