@@ -81,7 +81,7 @@ def test_absurd_sizes_are_refused_or_analyzed():
 
 def test_show_mutated_tables(seeds):
     strategy = st.tuples(mutated_table_bytes("operator_table", seeds.ops.table, seeds.ops.metadata),
-                         st.sampled_from([[], ["--json"], ["--top", "0"], ["--top", "100000"], ["--top", "-1"],
+                         st.sampled_from([[], ["--json"], ["--top", "0"], ["--top", "100000", "--json"], ["--top", "-1"],
                                           ["--json", "--top", "3"]]),
                          st.booleans())
 
