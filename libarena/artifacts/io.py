@@ -164,6 +164,11 @@ def _json_default(value: Any) -> Any:
 
 def conform_table(kind: ArtifactKind, table: pa.Table, *, source: str, fill_defaults: bool = False) -> pa.Table:
     """Check ``table`` against the kind's columns, cast to the declared types and order the columns."""
+    seen: set[str] = set()
+    for name in table.column_names:
+        if name in seen:
+            raise ArenaError(f"{source}: column {name!r} appears more than once")
+        seen.add(name)
     arrays = []
     missing = []
     for col in kind.columns:
@@ -356,7 +361,12 @@ def _looks_like_text(data: bytes) -> bool:
         head.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return bool(csv.Sniffer().has_header(head.decode("utf-8", "replace")) or b"," in head)
+    if b"," in head:
+        return True
+    try:
+        return bool(csv.Sniffer().has_header(head.decode("utf-8", "replace")))
+    except csv.Error:  # the sniffer gives up on text it cannot split (one column, no delimiter)
+        return False
 
 
 # --------------------------------------------------------------------------------------------------

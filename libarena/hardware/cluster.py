@@ -113,7 +113,10 @@ def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
     p = Path(path)
     if not p.is_file():
         raise ArenaError(f"{p}: no such cluster spec file")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArenaError(f"{p}: malformed cluster spec (not UTF-8 text: byte {exc.start})") from None
     try:
         data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:

@@ -125,11 +125,82 @@ def read_plans(path: str | os.PathLike[str]) -> PlanSet:
     return planset_from_artifact(artifact)
 
 
-def planset_from_artifact(artifact) -> PlanSet:
-    meta = artifact.metadata
+_POSITIVE_INTS = ("global_batch", "num_gpus", "num_nodes", "pipeline_degree", "gpus_per_node", "num_microbatches")
+_STAGE_LISTS = ("gpus_per_stage", "dp_per_stage", "tp_per_stage", "zero_per_stage", "stage_gpu_offsets",
+                "memory_per_stage_bytes", "comm_per_microbatch_s", "grad_sync_s")
+
+
+def _finite_non_negative(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def check_plans(artifact) -> None:
+    """Validate a plans artifact's metadata and rows beyond their types (one-line ArenaError naming row and
+    column), so every reader (show, export, arena-profile, arena-run) can index the stage lists safely."""
+    from libarena.hardware import get_gpu
+
+    source, meta = artifact.source, artifact.metadata
     for key in ("model", "operator_table_sha256", "cluster", "clusters"):
         if key not in meta:
-            raise ArenaError(f"{artifact.source}: plans metadata has no {key!r} entry")
+            raise ArenaError(f"{source}: plans metadata has no {key!r} entry")
+    if not isinstance(meta["model"], dict) or not isinstance(meta["model"].get("name"), str):
+        raise ArenaError(f"{source}: plans metadata 'model' must be a record with a 'name'")
+    if not isinstance(meta["clusters"], list) or not meta["clusters"]:
+        raise ArenaError(f"{source}: plans metadata 'clusters' must be a non-empty list")
+    for key, typ in (("planner", dict), ("cluster", str), ("operator_table_sha256", str)):
+        if key in meta and not isinstance(meta[key], typ):
+            raise ArenaError(f"{source}: plans metadata {key!r} must be a {typ.__name__}")
+    for key in ("global_batch", "seq_len"):
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ArenaError(f"{source}: plans metadata {key!r} must be a non-negative integer, got {value!r}")
+    num_clusters = len(meta["clusters"])
+    if artifact.table.num_rows == 0:
+        raise ArenaError(f"{source}: the plans table is empty")
+    for r, row in enumerate(artifact.table.to_pylist(), start=1):
+        def bad(column: str, problem: str) -> ArenaError:
+            return ArenaError(f"{source}: row {r}, column {column!r}: {problem}")
+
+        for column in ("model", "gpu_type", "plan_id", "feasible", "is_proxy", "on_frontier"):
+            if row[column] is None:
+                raise bad(column, "missing value")
+        for column in _POSITIVE_INTS:
+            if row[column] is None or row[column] <= 0:
+                raise bad(column, f"expected a positive integer, got {row[column]!r}")
+        for column in ("plans_considered", "plans_out_of_memory"):
+            if row[column] is not None and row[column] < 0:
+                raise bad(column, f"expected a non-negative integer, got {row[column]!r}")
+        try:
+            get_gpu(row["gpu_type"])
+        except ArenaError as exc:
+            raise bad("gpu_type", str(exc)) from None
+        if not row["feasible"]:
+            continue
+        for column in ("computation_bias", "communication_load", "memory_per_gpu_bytes"):
+            if not _finite_non_negative(row[column]):
+                raise bad(column, f"expected a finite number >= 0, got {row[column]!r}")
+        bounds = row["stage_boundaries"]
+        degree = row["pipeline_degree"]
+        if (bounds is None or len(bounds) != degree or any(b is None for b in bounds) or bounds[0] != 0
+                or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])) or bounds[-1] >= num_clusters):
+            raise bad("stage_boundaries", f"expected {degree} increasing cluster indices from 0 below {num_clusters}, "
+                                          f"got {bounds!r}")
+        for column in _STAGE_LISTS:
+            values = row[column]
+            if values is None or len(values) != degree or not all(_finite_non_negative(v) for v in values):
+                raise bad(column, f"expected {degree} finite non-negative values (one per stage), got {values!r}")
+        p2p = row["p2p_per_microbatch_s"]
+        if p2p is None or not all(_finite_non_negative(v) for v in p2p):
+            raise bad("p2p_per_microbatch_s", f"expected finite non-negative values, got {p2p!r}")
+        gpus, dp, tp = row["gpus_per_stage"], row["dp_per_stage"], row["tp_per_stage"]
+        if any(g != d * t or g <= 0 for g, d, t in zip(gpus, dp, tp)) or sum(gpus) != row["num_gpus"]:
+            raise bad("gpus_per_stage", f"stages {gpus!r} (dp {dp!r} x tp {tp!r}) do not use the grid's "
+                                        f"{row['num_gpus']} GPUs")
+
+
+def planset_from_artifact(artifact) -> PlanSet:
+    check_plans(artifact)
+    meta = artifact.metadata
     rows = artifact.table.to_pylist()
     order: list[tuple] = []
     by_grid: dict[tuple, list[dict[str, Any]]] = {}

@@ -98,3 +98,13 @@ def parquet_bytes(table: pa.Table) -> bytes:
     sink = io.BytesIO()
     pq.write_table(table, sink)
     return sink.getvalue()
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.fuzz.harness import OUTCOMES
+
+    if OUTCOMES:
+        tools = sorted({tool for tool, _ in OUTCOMES})
+        parts = [f"{tool}: " + ", ".join(f"exit {code}: {n}" for (t, code), n in sorted(OUTCOMES.items()) if t == tool)
+                 for tool in tools]
+        terminalreporter.write_line("fuzz cases by outcome: " + "; ".join(parts))

@@ -44,6 +44,8 @@ BUDGET: dict[str, dict[str, int]] = {
     "arena-run": {"cli_args": 260, "plans_table": 140, "grid": 110},
 }
 MIN_CASES_PER_TOOL = 500
+#: (tool, exit code) -> cases seen in this session (printed at the end of the run by conftest).
+OUTCOMES: dict[tuple[str, int], int] = {}
 
 FUZZ_SETTINGS = dict(
     derandomize=True,  # fixed seed: CI sees the same cases every run
@@ -129,6 +131,7 @@ def check_contract(tool: str, outcome: Outcome, before: dict[str, int], workdir:
     """Assert the bad-input contract for one case (see the module docstring)."""
     after = snapshot(workdir)
     new = sorted(set(after) - set(before))
+    OUTCOMES[(tool, outcome.code)] = OUTCOMES.get((tool, outcome.code), 0) + 1
     assert outcome.code in (0, 2), f"{tool}: exit code {outcome.code} (expected 0 or 2): {outcome.describe()}"
     assert "Traceback" not in outcome.stderr, f"{tool}: traceback: {outcome.describe()}"
     assert "internal error" not in outcome.stderr, f"{tool}: internal error: {outcome.describe()}"

@@ -25,7 +25,7 @@ INVALID = {
                                 "../gpt__tiny", "gpt__1.3B__x", "moe__-1B", "bert__0B", "gpt__1e9B"]),
     "--global-batch": st.sampled_from(["0", "-1", "abc", "", "1.5", "nan", "9" * 40, "-9223372036854775809",
                                        "1e3", "inf"]),
-    "--seq-len": st.sampled_from(["0", "-5", "x", "", "1.0", "-9" * 20]),
+    "--seq-len": st.sampled_from(["0", "-5", "x", "", "2.5", "-9" * 20, str(2 ** 21)]),
     "--dtype": st.sampled_from(["fp8", "", "int4", "float128", "bf 16", "--json", "ünï"]),
     "--num-clusters": st.sampled_from(["0", "-1", "x", "", "1.5", "-" + "9" * 30]),
     "-o": st.sampled_from(["nodir/out.parquet", ".", "/", "sub", "sub/", "/proc/self/nope.parquet"]),

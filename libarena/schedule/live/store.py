@@ -76,6 +76,7 @@ class Store:
         self.path = Path(path)
         if not create and not self.path.exists():
             raise ArenaError(f"{self.path}: no scheduler state database (start one with arena-schedule serve --state {self.path})")
+        self.conn = None
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
             self.conn.execute("PRAGMA journal_mode=WAL")
@@ -84,14 +85,19 @@ class Store:
             if create:
                 self.conn.executescript(_SCHEMA)
             version = self.get_meta("schema_version")
-        except sqlite3.DatabaseError as e:
+            if version is None:
+                if not create:
+                    raise ArenaError(f"{self.path}: not a scheduler state database (no schema version)")
+                self.set_meta("schema_version", SCHEMA_VERSION)
+            elif str(version) != str(SCHEMA_VERSION):
+                raise ArenaError(f"{self.path}: state schema version {version}, this arena-schedule reads {SCHEMA_VERSION}")
+        except (sqlite3.DatabaseError, ArenaError, ValueError) as e:
+            # Closing removes the -wal/-shm files opening created: a refused database is left as it was found.
+            if self.conn is not None:
+                self.conn.close()
+            if isinstance(e, ArenaError):
+                raise
             raise ArenaError(f"{self.path}: not a scheduler state database ({e})") from None
-        if version is None:
-            if not create:
-                raise ArenaError(f"{self.path}: not a scheduler state database (no schema version)")
-            self.set_meta("schema_version", SCHEMA_VERSION)
-        elif int(version) != SCHEMA_VERSION:
-            raise ArenaError(f"{self.path}: state schema version {version}, this arena-schedule reads {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self.conn.close()
