@@ -170,7 +170,8 @@ class PerfLookup:
 def load_perf(path: str | os.PathLike[str], cluster: ClusterSpec) -> PerfLookup:
     from libarena.artifacts import read_table
 
+    from libarena.artifacts.kinds.perf_table import check_perf_table
+
     art = read_table(path, "perf_table")
-    if art.table.num_rows == 0:
-        raise ArenaError(f"{art.source}: the performance table is empty")
+    check_perf_table(art.table, art.source)
     return PerfLookup(art.table, cluster, source=art.source)

@@ -143,9 +143,11 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="JSON rows instead of a text table"),
 ) -> None:
     """Print a performance table (also one measured elsewhere)."""
+    from libarena.artifacts.kinds.perf_table import check_perf_table
     from libarena.profile import format_perf_table
 
     artifact = read_table(table, "perf_table")
+    check_perf_table(artifact.table, artifact.source)
     if as_json:
         print(json.dumps(artifact.table.to_pylist(), indent=1, default=str))
         return

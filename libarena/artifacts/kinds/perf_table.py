@@ -5,6 +5,7 @@ optional columns take the defaults below.
 """
 
 from libarena.artifacts.registry import ArtifactKind, Column, Field, register_kind
+from libarena.errors import ArenaError
 
 VIEWS = ("arena", "dp", "ap")
 
@@ -62,3 +63,26 @@ PERF_TABLE = register_kind(
         ),
     )
 )
+
+
+def check_perf_table(table, source: str) -> None:
+    """Values every reader relies on (one-line ArenaError naming row and column): identifiers present,
+    positive batch and GPU count, a time on every row, no negative time or throughput. A perf table may
+    come from outside Arena (importable), so this runs on every read, not only on Arena's own files."""
+    from libarena.artifacts.io import check_columns
+
+    if table.num_rows == 0:
+        raise ArenaError(f"{source}: the performance table is empty")
+    check_columns(table, source, non_null=("model", "gpu_type", "view", "iter_time_s"),
+                  positive=("global_batch", "num_gpus"))
+    import numpy as np
+
+    for name in ("iter_time_s", "throughput", "profiling_cost_device_s", "measured_iter_time_s",
+                 "measured_cost_device_s", "num_nodes", "pipeline_degree"):
+        if name not in table.column_names:
+            continue
+        values = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+        bad = values < 0  # NaN compares false: unknown values are allowed, negative ones never
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ArenaError(f"{source}: row {row + 1}, column {name!r}: negative value {values[row]!r}")
