@@ -2,8 +2,8 @@
 14-model zoo x 3 global batch sizes (target <= 60 s). Writes bench/results/plan.json.
 
 Inputs are real operator tables from ``libarena.analyze`` (JAX lowering of the zoo models); analysis time
-is excluded from the timings (it is arena-analyze's cost, measured by its own benchmark). Without
-``libarena.analyze`` the benchmark says so and reports the targets as not checked.
+is excluded from the timings (it is arena-analyze's cost, measured by its own benchmark); the tables come from
+the content-addressed cache that ``arena-schedule perf build`` shares (.arena-cache/), analyzed when missing.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _zoo_jobs() -> list[tuple[str, int]]:
 
 
 def run(results_dir: Path) -> bool:
-    from libarena.analyze import AnalyzeConfig, analyze_model
+    from libarena.profile.perf_build import PerfBuildConfig, cached_operator_table
     from libarena.hardware import load_cluster
     from libarena.plan import PlannerConfig, load_model_profile, plan_job
 
@@ -44,7 +44,7 @@ def run(results_dir: Path) -> bool:
     config = PlannerConfig()
 
     def timed_plan(model: str, batch: int) -> dict[str, Any]:
-        profile = load_model_profile(analyze_model(AnalyzeConfig(model, batch)))
+        profile = load_model_profile(cached_operator_table(model, batch, PerfBuildConfig(), lambda message: None))
         start = time.perf_counter()
         planset = plan_job(profile, cluster, config)
         wall = time.perf_counter() - start

@@ -143,3 +143,15 @@ def test_stdout_is_an_arrow_stream_that_reads_back(tmp_path):
 def test_content_digest_is_stable_and_order_independent_for_dicts():
     assert content_digest({"a": 1, "b": 2}) == content_digest({"b": 2, "a": 1})
     assert content_digest({"a": 1}) != content_digest({"a": 2})
+
+
+def test_atomic_output_has_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    target = tmp_path / "perm.bin"
+    with atomic_output(target) as f:
+        f.write(b"x")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~mask

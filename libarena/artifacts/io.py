@@ -133,11 +133,19 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             yield tmp
             tmp.flush()
             os.fsync(tmp.fileno())
+        # mkstemp creates the file 0600; give the result the permissions a plain open() would.
+        os.chmod(tmp_name, 0o666 & ~_current_umask())
         os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
         raise
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_bytes(path: str | os.PathLike[str], payload: bytes) -> None:
