@@ -95,7 +95,7 @@ def profile_kill_and_resume(root: Path, timeout_s: float = 300.0) -> dict[str, A
     before = _cache_entries(cache) if cache.is_dir() else {}
     temp_files = sorted(str(p.relative_to(cache)) for p in cache.rglob("*.tmp")) if cache.is_dir() else []
     result: dict[str, Any] = {
-        "command": " ".join(Path(a).name if i == 0 else a for i, a in enumerate(argv)),
+        "command": " ".join(Path(a).name if i == 0 else a.replace(str(root), "$WORKDIR") for i, a in enumerate(argv)),
         "killed": killed_after is not None,
         "killed_after_s": killed_after,
         "exit_signal": -proc.returncode if proc.returncode and proc.returncode < 0 else None,

@@ -84,6 +84,14 @@ class HloModuleText:
         return self.computations[self.entry]
 
 
+def _closing_quote(text: str, start: int) -> int:
+    """Index of the quote that closes the string opened at ``start`` (``len(text)`` if none; escapes skipped)."""
+    i, n = start + 1, len(text)
+    while i < n and text[i] != '"':
+        i += 2 if text[i] == "\\" else 1
+    return i
+
+
 def _match_close(text: str, start: int) -> int:
     """Index just past the bracket that closes the one at ``start`` (quotes and nesting respected)."""
     depth = 0
@@ -91,9 +99,7 @@ def _match_close(text: str, start: int) -> int:
     while i < n:
         ch = text[i]
         if ch == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
+            i = _closing_quote(text, i)
         elif ch in "([{":
             depth += 1
         elif ch in ")]}":
@@ -110,9 +116,7 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
     while i < n:
         ch = text[i]
         if ch == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
+            i = _closing_quote(text, i)
         elif ch == "/" and text.startswith("/*", i):
             end = text.find("*/", i + 2)
             i = n if end < 0 else end + 1

@@ -342,7 +342,7 @@ class _Emitted:
 
 
 def _flatten(step: LoweredStep, module: HloModuleText, scopes: _Scopes) -> tuple[list[_Emitted], int, dict[int, list[int]]]:
-    """Entry instructions in order with ``call``\ s expanded in place; returns (rows, root row, tuple parts)."""
+    """Entry instructions in order with ``call`` instructions expanded in place; returns (rows, root row, tuple parts)."""
     emitted: list[_Emitted] = []
     tuple_parts: dict[int, list[int]] = {}
     origin: list[int] = []  # row -> the row whose value it is (itself unless a get-tuple-element of a tuple)

@@ -15,73 +15,79 @@ from libarena.plan.grids import Grid
 from libarena.plan.types import GridResult, ParallelPlan, PlanSet, StagePlan, infeasible_plan_id
 
 
-def _plan_row(result: GridResult, plan: ParallelPlan) -> dict[str, Any]:
-    g = result.grid
+def grid_columns(grid: Any, pipeline_degree: int) -> dict[str, Any]:
+    """The columns naming a grid, shared by the ``plans`` and ``perf_table`` rows (``grid`` is anything with
+    model, global_batch, gpu_type, num_gpus and num_nodes: a planner Grid or the profiler's GridKey)."""
     return {
-        "model": g.model,
-        "global_batch": g.global_batch,
-        "gpu_type": g.gpu_type,
-        "num_gpus": g.num_gpus,
-        "num_nodes": g.num_nodes,
-        "pipeline_degree": g.pipeline_degree,
+        "model": grid.model,
+        "global_batch": grid.global_batch,
+        "gpu_type": grid.gpu_type,
+        "num_gpus": grid.num_gpus,
+        "num_nodes": grid.num_nodes,
+        "pipeline_degree": pipeline_degree,
+    }
+
+
+def plan_columns(plan: ParallelPlan) -> dict[str, Any]:
+    """A plan's shape and costs, as in a ``plans`` row (also the JSON view of ``arena-plan show``)."""
+    return {
         "plan_id": plan.plan_id,
-        "feasible": True,
-        "infeasible_reason": "",
+        "is_proxy": plan.is_proxy,
+        "on_frontier": plan.on_frontier,
         "num_microbatches": plan.num_microbatches,
         "stage_boundaries": plan.stage_boundaries,
         "gpus_per_stage": plan.gpus_per_stage,
         "dp_per_stage": plan.dp_per_stage,
         "tp_per_stage": plan.tp_per_stage,
         "zero_per_stage": plan.zero_per_stage,
+        "stage_gpu_offsets": [st.gpu_offset for st in plan.stages],
         "computation_bias": plan.computation_bias,
         "communication_load": plan.communication_load,
         "memory_per_gpu_bytes": plan.memory_per_gpu_bytes,
-        "is_proxy": plan.is_proxy,
-        "gpus_per_node": g.gpus_per_node,
-        "stage_gpu_offsets": [st.gpu_offset for st in plan.stages],
-        "memory_per_stage_bytes": [st.memory_bytes for st in plan.stages],
-        "comm_per_microbatch_s": [st.comm_per_microbatch_s for st in plan.stages],
-        "grad_sync_s": [st.grad_sync_s for st in plan.stages],
-        "p2p_per_microbatch_s": list(plan.p2p_per_microbatch_s),
-        "on_frontier": plan.on_frontier,
+    }
+
+
+def _search_columns(result: GridResult) -> dict[str, Any]:
+    return {
+        "gpus_per_node": result.grid.gpus_per_node,
         "plans_considered": result.plans_considered,
         "plans_out_of_memory": result.plans_out_of_memory,
         "comm_model": result.comm_model,
     }
 
 
-def _infeasible_row(result: GridResult) -> dict[str, Any]:
-    g = result.grid
+# Row dicts only need the right keys: the column order comes from the kind's schema.
+def _plan_row(result: GridResult, plan: ParallelPlan) -> dict[str, Any]:
     return {
-        "model": g.model,
-        "global_batch": g.global_batch,
-        "gpu_type": g.gpu_type,
-        "num_gpus": g.num_gpus,
-        "num_nodes": g.num_nodes,
-        "pipeline_degree": g.pipeline_degree,
-        "plan_id": infeasible_plan_id(g),
+        **grid_columns(result.grid, result.grid.pipeline_degree),
+        **plan_columns(plan),
+        **_search_columns(result),
+        "feasible": True,
+        "infeasible_reason": "",
+        "memory_per_stage_bytes": [st.memory_bytes for st in plan.stages],
+        "comm_per_microbatch_s": [st.comm_per_microbatch_s for st in plan.stages],
+        "grad_sync_s": [st.grad_sync_s for st in plan.stages],
+        "p2p_per_microbatch_s": list(plan.p2p_per_microbatch_s),
+    }
+
+
+def _infeasible_row(result: GridResult) -> dict[str, Any]:
+    empty_stage_lists = {column: [] for column in (
+        "stage_boundaries", "gpus_per_stage", "dp_per_stage", "tp_per_stage", "zero_per_stage", "stage_gpu_offsets",
+        "memory_per_stage_bytes", "comm_per_microbatch_s", "grad_sync_s", "p2p_per_microbatch_s")}
+    return {
+        **grid_columns(result.grid, result.grid.pipeline_degree),
+        **_search_columns(result),
+        **empty_stage_lists,
+        "plan_id": infeasible_plan_id(result.grid),
         "feasible": False,
         "infeasible_reason": result.infeasible_reason,
         "num_microbatches": result.num_microbatches,
-        "stage_boundaries": [],
-        "gpus_per_stage": [],
-        "dp_per_stage": [],
-        "tp_per_stage": [],
-        "zero_per_stage": [],
         "computation_bias": math.nan,
         "communication_load": math.nan,
         "memory_per_gpu_bytes": result.min_memory_bytes,
         "is_proxy": False,
-        "gpus_per_node": g.gpus_per_node,
-        "stage_gpu_offsets": [],
-        "memory_per_stage_bytes": [],
-        "comm_per_microbatch_s": [],
-        "grad_sync_s": [],
-        "p2p_per_microbatch_s": [],
         "on_frontier": False,
-        "plans_considered": result.plans_considered,
-        "plans_out_of_memory": result.plans_out_of_memory,
-        "comm_model": result.comm_model,
     }
 
 
@@ -126,27 +132,31 @@ def read_plans(path: str | os.PathLike[str]) -> PlanSet:
 
 
 _POSITIVE_INTS = ("global_batch", "num_gpus", "num_nodes", "pipeline_degree", "gpus_per_node", "num_microbatches")
-_STAGE_LISTS = ("gpus_per_stage", "dp_per_stage", "tp_per_stage", "zero_per_stage", "stage_gpu_offsets",
-                "memory_per_stage_bytes", "comm_per_microbatch_s", "grad_sync_s")
+#: per-stage lists every reader needs (the plan's shape) and those only the planner's cost view uses
+_SHAPE_LISTS = ("gpus_per_stage", "dp_per_stage", "tp_per_stage", "zero_per_stage")
+_COST_LISTS = ("stage_gpu_offsets", "memory_per_stage_bytes", "comm_per_microbatch_s", "grad_sync_s")
 
 
 def _finite_non_negative(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-def check_plans(artifact) -> None:
+def check_plans(artifact, costs: bool = True) -> None:
     """Validate a plans artifact's metadata and rows beyond their types (one-line ArenaError naming row and
-    column), so every reader (show, export, arena-profile, arena-run) can index the stage lists safely."""
-    from libarena.hardware import get_gpu
+    column), so every reader (show, export, arena-profile, arena-run) can index the stage lists safely.
 
+    ``costs=False`` checks only the plans' shape (stages, GPUs, micro-batches): what a reader that does
+    not use the planner's cost estimates (arena-profile) needs.
+    """
     source, meta = artifact.source, artifact.metadata
-    for key in ("model", "operator_table_sha256", "cluster", "clusters"):
+    if not isinstance(meta.get("clusters"), list) or not meta["clusters"]:
+        raise ArenaError(f"{source}: the plans carry no 'clusters' metadata (not made from an operator table by "
+                         "arena-plan)")
+    for key in ("model", "operator_table_sha256", "cluster"):
         if key not in meta:
             raise ArenaError(f"{source}: plans metadata has no {key!r} entry")
     if not isinstance(meta["model"], dict) or not isinstance(meta["model"].get("name"), str):
         raise ArenaError(f"{source}: plans metadata 'model' must be a record with a 'name'")
-    if not isinstance(meta["clusters"], list) or not meta["clusters"]:
-        raise ArenaError(f"{source}: plans metadata 'clusters' must be a non-empty list")
     for key, typ in (("planner", dict), ("cluster", str), ("operator_table_sha256", str)):
         if key in meta and not isinstance(meta[key], typ):
             raise ArenaError(f"{source}: plans metadata {key!r} must be a {typ.__name__}")
@@ -154,6 +164,10 @@ def check_plans(artifact) -> None:
         value = meta.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ArenaError(f"{source}: plans metadata {key!r} must be a non-negative integer, got {value!r}")
+    for i, rec in enumerate(meta["clusters"]):
+        units = rec.get("units") if isinstance(rec, dict) else None
+        if not isinstance(units, list) or not units or not all(isinstance(u, str) for u in units):
+            raise ArenaError(f"{source}: plans metadata clusters[{i}] must be a record with a non-empty list of 'units'")
     num_clusters = len(meta["clusters"])
     if artifact.table.num_rows == 0:
         raise ArenaError(f"{source}: the plans table is empty")
@@ -170,13 +184,9 @@ def check_plans(artifact) -> None:
         for column in ("plans_considered", "plans_out_of_memory"):
             if row[column] is not None and row[column] < 0:
                 raise bad(column, f"expected a non-negative integer, got {row[column]!r}")
-        try:
-            get_gpu(row["gpu_type"])
-        except ArenaError as exc:
-            raise bad("gpu_type", str(exc)) from None
         if not row["feasible"]:
             continue
-        for column in ("computation_bias", "communication_load", "memory_per_gpu_bytes"):
+        for column in ("computation_bias", "communication_load", "memory_per_gpu_bytes") if costs else ():
             if not _finite_non_negative(row[column]):
                 raise bad(column, f"expected a finite number >= 0, got {row[column]!r}")
         bounds = row["stage_boundaries"]
@@ -185,12 +195,12 @@ def check_plans(artifact) -> None:
                 or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])) or bounds[-1] >= num_clusters):
             raise bad("stage_boundaries", f"expected {degree} increasing cluster indices from 0 below {num_clusters}, "
                                           f"got {bounds!r}")
-        for column in _STAGE_LISTS:
+        for column in _SHAPE_LISTS + (_COST_LISTS if costs else ()):
             values = row[column]
             if values is None or len(values) != degree or not all(_finite_non_negative(v) for v in values):
                 raise bad(column, f"expected {degree} finite non-negative values (one per stage), got {values!r}")
         p2p = row["p2p_per_microbatch_s"]
-        if p2p is None or not all(_finite_non_negative(v) for v in p2p):
+        if costs and (p2p is None or not all(_finite_non_negative(v) for v in p2p)):
             raise bad("p2p_per_microbatch_s", f"expected finite non-negative values, got {p2p!r}")
         gpus, dp, tp = row["gpus_per_stage"], row["dp_per_stage"], row["tp_per_stage"]
         if any(g != d * t or g <= 0 for g, d, t in zip(gpus, dp, tp)) or sum(gpus) != row["num_gpus"]:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from libarena.artifacts import TableArtifact
-from libarena.artifacts.kinds.operator_table import CLUSTER_FIELDS
+from libarena.artifacts.kinds.operator_table import CLUSTER_FIELDS, check_cluster_records
 from libarena.errors import ArenaError
 from libarena.hardware import GPUSpec, normalize_dtype
 
@@ -127,24 +127,12 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
         dtype = normalize_dtype(str(meta["dtype"]))
     except ArenaError as exc:
         raise ArenaError(f"{source}: {exc}") from None
-    clusters_raw = meta["clusters"]
-    if not isinstance(clusters_raw, list) or not clusters_raw:
-        raise ArenaError(f"{source}: operator table has no clusters (metadata 'clusters' is empty)")
+    clusters_raw = check_cluster_records(meta, source)
     num_clusters = len(clusters_raw)
-    declared = meta.get("num_clusters", num_clusters)
-    if declared != num_clusters:
-        raise ArenaError(f"{source}: num_clusters is {declared!r} but 'clusters' has {num_clusters} records")
     arrays = {name: np.zeros(num_clusters) for name in _NUMERIC_FIELDS}
     clusters = []
     for i, rec in enumerate(clusters_raw):
         where = f"{source}: clusters[{i}]"
-        if not isinstance(rec, dict):
-            raise ArenaError(f"{where}: expected a record")
-        missing = [f.name for f in CLUSTER_FIELDS if f.name not in rec]
-        if missing:
-            raise ArenaError(f"{where}: missing field(s) {', '.join(missing)}")
-        if rec["index"] != i:
-            raise ArenaError(f"{where}: index is {rec['index']!r}, expected {i} (clusters must be in model order)")
         for name in _NUMERIC_FIELDS:
             arrays[name][i] = _number(rec[name], f"{where}.{name}")
         clusters.append(dict(rec))

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from libarena.plan.io import plan_columns
 from libarena.plan.types import GridResult, ParallelPlan, PlanSet
 
 GIB = 1024**3
@@ -18,21 +19,7 @@ def _finite(x: float) -> float | None:
 
 
 def plan_dict(plan: ParallelPlan) -> dict[str, Any]:
-    return {
-        "plan_id": plan.plan_id,
-        "is_proxy": plan.is_proxy,
-        "on_frontier": plan.on_frontier,
-        "num_microbatches": plan.num_microbatches,
-        "stage_boundaries": plan.stage_boundaries,
-        "gpus_per_stage": plan.gpus_per_stage,
-        "dp_per_stage": plan.dp_per_stage,
-        "tp_per_stage": plan.tp_per_stage,
-        "zero_per_stage": plan.zero_per_stage,
-        "stage_gpu_offsets": [st.gpu_offset for st in plan.stages],
-        "computation_bias": plan.computation_bias,
-        "communication_load": plan.communication_load,
-        "memory_per_gpu_bytes": plan.memory_per_gpu_bytes,
-    }
+    return plan_columns(plan)
 
 
 def grid_dict(result: GridResult) -> dict[str, Any]:

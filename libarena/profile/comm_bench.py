@@ -9,11 +9,8 @@ starts, so the benchmark runs in a subprocess with ``--xla_force_host_platform_d
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +20,7 @@ import numpy as np
 
 from libarena.errors import ArenaError
 from libarena.hardware.comm import PRIMITIVES
+from libarena.profile.subprocess_devices import run_module_with_devices
 
 
 @dataclass(frozen=True)
@@ -125,26 +123,9 @@ def benchmark_in_subprocess(config: CommBenchConfig, timeout_s: float = 1800.0) 
     """Run :func:`benchmark` in a fresh interpreter with ``num_devices`` host devices (CPU) or the GPUs."""
     if config.num_devices < 2:
         raise ArenaError("the communication benchmark needs at least 2 devices (--devices)")
-    env = dict(os.environ)
-    if config.platform == "cpu":
-        flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count"))
-        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={config.num_devices}".strip()
-        env["JAX_PLATFORMS"] = "cpu"
-    with tempfile.TemporaryDirectory(prefix="arena-comm-") as tmp:
-        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request.write_text(json.dumps(asdict(config)))
-        proc = subprocess.run(
-            [sys.executable, "-m", "libarena.profile.comm_bench", str(request), str(result)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise ArenaError(f"communication benchmark failed: {tail[0]}")
-        data = json.loads(result.read_text())
-        return data["rows"], data["hardware"]
+    data = run_module_with_devices("libarena.profile.comm_bench", asdict(config), platform=config.platform,
+                                   num_devices=config.num_devices, timeout_s=timeout_s, what="communication benchmark")
+    return data["rows"], data["hardware"]
 
 
 def _main(request_path: str, result_path: str) -> None:

@@ -14,11 +14,8 @@ set (the only way to get several host devices), reading and writing plain JSON.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ import numpy as np
 from libarena.errors import ArenaError
 from libarena.profile.plans_input import PlanInputs, PlanRecord
 from libarena.profile.stage import EXPERT_AXIS, TP_AXES
+from libarena.profile.subprocess_devices import run_module_with_devices
 
 
 def one_f_one_b_order(num_stages: int, num_microbatches: int) -> list[list[tuple[str, int]]]:
@@ -217,27 +215,9 @@ def measure_in_subprocess(
 ) -> list[dict[str, Any]]:
     """Measure plans (given as (grid dict, plan_id); plan_id ``dp`` = the grid's pure DP plan) in a fresh
     interpreter with ``num_devices`` host devices (CPU) or the machine's accelerators."""
-    env = dict(os.environ)
-    if platform == "cpu":
-        flags = env.get("XLA_FLAGS", "")
-        flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
-        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(num_devices)}".strip()
-        env["JAX_PLATFORMS"] = "cpu"
-    with tempfile.TemporaryDirectory(prefix="arena-measure-") as tmp:
-        request = Path(tmp) / "request.json"
-        result = Path(tmp) / "result.json"
-        request.write_text(json.dumps({"plans": str(plans_path), "plans_to_measure": plan_ids, "warmup": warmup, "repeats": repeats}))
-        proc = subprocess.run(
-            [sys.executable, "-m", "libarena.profile.measure", str(request), str(result)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise ArenaError(f"direct measurement failed: {tail[0]}")
-        return json.loads(result.read_text())
+    request = {"plans": str(plans_path), "plans_to_measure": plan_ids, "warmup": warmup, "repeats": repeats}
+    return run_module_with_devices("libarena.profile.measure", request, platform=platform, num_devices=num_devices,
+                                   timeout_s=timeout_s, what="direct measurement")
 
 
 def _main(request_path: str, result_path: str) -> None:

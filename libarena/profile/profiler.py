@@ -23,6 +23,7 @@ from libarena.artifacts.registry import get_kind
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommModel
+from libarena.plan.io import grid_columns
 from libarena.profile.cache import ProfileCache, default_cache_dir
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
@@ -553,12 +554,7 @@ def perf_rows(
     def row(e: PlanEstimate, view: str, cost: float) -> dict[str, Any]:
         g = e.grid
         return {
-            "model": g.model,
-            "global_batch": g.global_batch,
-            "gpu_type": g.gpu_type,
-            "num_gpus": g.num_gpus,
-            "num_nodes": g.num_nodes,
-            "pipeline_degree": e.plan.pipeline_degree,
+            **grid_columns(g, e.plan.pipeline_degree),
             "plan_id": e.plan.plan_id,
             "view": view,
             "iter_time_s": e.iter_time_s,

@@ -34,15 +34,18 @@ def plot_runs(runs: dict[str, SimulationResult], out_dir: str | os.PathLike[str]
         write_bytes(out / name, buf.getvalue())
         written.append(out / name)
 
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    for name, r in runs.items():
-        hours = (np.asarray(r.ts_time) - start) / 3600
-        ax.plot(hours, np.asarray(r.ts_throughput), label=name, linewidth=0.9)
-    ax.set_xlabel("time (hours)")
-    ax.set_ylabel("cluster throughput (samples/s)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    save(fig, "throughput.png")
+    def over_time(series, ylabel: str, name: str) -> None:  # series: SimulationResult -> its time series
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        for label, r in runs.items():
+            hours = (np.asarray(r.ts_time) - start) / 3600
+            ax.plot(hours, np.asarray(series(r)), label=label, linewidth=0.9)
+        ax.set_xlabel("time (hours)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        save(fig, name)
+
+    over_time(lambda r: r.ts_throughput, "cluster throughput (samples/s)", "throughput.png")
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for name, r in runs.items():
@@ -55,13 +58,5 @@ def plot_runs(runs: dict[str, SimulationResult], out_dir: str | os.PathLike[str]
     ax.grid(alpha=0.3)
     save(fig, "jct_cdf.png")
 
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    for name, r in runs.items():
-        hours = (np.asarray(r.ts_time) - start) / 3600
-        ax.plot(hours, np.asarray(r.ts_queued), label=name, linewidth=0.9)
-    ax.set_xlabel("time (hours)")
-    ax.set_ylabel("queued jobs")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    save(fig, "queue_length.png")
+    over_time(lambda r: r.ts_queued, "queued jobs", "queue_length.png")
     return written

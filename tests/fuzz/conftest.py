@@ -50,6 +50,10 @@ class Seeds:
     def cluster_yaml(self) -> Path:
         return self.root / "cluster.yaml"
 
+    def plan_files(self, **override: bytes) -> dict[str, bytes]:
+        """The working-directory files of a plans-reading tool's case (``override`` replaces or adds some)."""
+        return {"plans.parquet": self.plans_bytes, "ops.parquet": self.ops_bytes, **override}
+
     def perf_csv(self) -> tuple[list[str], list[list[str]]]:
         table = self.perf.table
         header = [c for c in table.column_names if c in ("model", "global_batch", "gpu_type", "num_gpus", "view",

@@ -8,7 +8,10 @@ The contract every generated case must meet (the project's standard for bad inpu
 
 Tools run in-process through :func:`libarena.cli.run_app` (the same wrapper the console scripts use), with
 stdin/stdout/stderr swapped for in-memory buffers, so a few hundred cases per tool take seconds. A handful
-of subprocess cases per tool (``test_console_scripts.py``) prove the real console scripts behave the same.
+of subprocess cases per tool (``test_console_scripts.py``) prove the real console scripts behave the same
+(Python warnings, which pytest records in-process, reach stderr there as users would see them).
+
+An internal error is rerun with ``--debug`` so the assertion message carries the traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import io
 import os
 import subprocess
 import sys
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,9 +98,6 @@ def invoke(tool: str, argv: list[str], *, stdin: bytes = b"", cwd: Path | None =
     with contextlib.ExitStack() as stack:
         if cwd is not None:
             stack.enter_context(_chdir(cwd))
-        # Python warnings would go to stderr as extra lines: they count against the one-line contract.
-        stack.enter_context(warnings.catch_warnings())
-        warnings.simplefilter("default")
         sys.stdout, sys.stderr, sys.stdin = out, err, inp
         try:
             run_app(tool, _app(tool), list(argv))
@@ -115,7 +114,7 @@ def invoke_script(tool: str, argv: list[str], *, stdin: bytes = b"", cwd: Path |
                   timeout: float = 120) -> Outcome:
     """Run the real console script (``.venv/bin/arena-...``) as a subprocess."""
     exe = Path(sys.executable).with_name(tool)
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONWARNINGS="default")
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
     r = subprocess.run([str(exe), *argv], input=stdin, cwd=cwd, capture_output=True, timeout=timeout, env=env)
     return Outcome(r.returncode, r.stdout, r.stderr.decode("utf-8", "backslashreplace"), list(argv))
 
@@ -201,5 +200,13 @@ def run_and_check(tool: str, argv: list[str], files: dict[str, bytes] | None = N
             extra_setup(root)
         before = snapshot(root)
         outcome = invoke(tool, argv, stdin=stdin, cwd=root)
+        if outcome.code not in (0, 2):  # an internal error: rerun with --debug so the failure shows where
+            import traceback
+
+            try:
+                invoke_debug = invoke(tool, [*argv, "--debug"], stdin=stdin, cwd=root)
+                outcome.stderr += invoke_debug.stderr
+            except Exception:  # noqa: BLE001 - --debug re-raises the internal error
+                outcome.stderr += "".join(traceback.format_exc().splitlines(keepends=True)[-12:])
         check_contract(tool, outcome, before, root, allowed_outputs, verify_output)
         return outcome

@@ -58,16 +58,10 @@ def profile_argv(draw) -> list[str]:
     return argv + draw(FLAGS)
 
 
-def _files(seeds, **override):
-    files = {"plans.parquet": seeds.plans_bytes, "ops.parquet": seeds.ops_bytes}
-    files.update(override)
-    return files
-
-
 def test_cli_args(seeds):
     def body(argv):
         stdin = seeds.plans_bytes if argv[1] == "-" else b""
-        run_and_check(TOOL, argv, _files(seeds), stdin=stdin, extra_setup=lambda root: (root / "sub").mkdir(),
+        run_and_check(TOOL, argv, seeds.plan_files(), stdin=stdin, extra_setup=lambda root: (root / "sub").mkdir(),
                       allowed_outputs=["cache"])
 
     run_cases(TOOL, "cli_args", profile_argv(), body)
@@ -82,7 +76,7 @@ def test_mutated_plans(seeds):
         data, extra, via_stdin = case
         argv = ["-i", "-" if via_stdin else "plans.parquet", "-o", "perf.parquet", "--cache-dir", "cache",
                 *NO_DEVICE, *extra]
-        run_and_check(TOOL, argv, _files(seeds, **{"plans.parquet": data}), stdin=data if via_stdin else b"",
+        run_and_check(TOOL, argv, seeds.plan_files(**{"plans.parquet": data}), stdin=data if via_stdin else b"",
                       allowed_outputs=["cache"])
 
     run_cases(TOOL, "plans_table", strategy, body)

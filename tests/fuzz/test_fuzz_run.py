@@ -67,15 +67,9 @@ def run_argv(draw) -> list[str]:
     return argv + ["--no-ray"] + draw(EXTRA)
 
 
-def _files(seeds, **override):
-    files = {"plans.parquet": seeds.plans_bytes, "ops.parquet": seeds.ops_bytes}
-    files.update(override)
-    return files
-
-
 def test_cli_args(seeds):
     def body(argv):
-        run_and_check(TOOL, argv, _files(seeds), allowed_outputs=ALLOWED)
+        run_and_check(TOOL, argv, seeds.plan_files(), allowed_outputs=ALLOWED)
 
     run_cases(TOOL, "cli_args", run_argv(), body)
 
@@ -90,7 +84,7 @@ def test_mutated_plans(seeds):
         data, grid = case
         argv = ["--plan", "plans.parquet", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "2",
                 "--checkpoint-dir", "ckpt", *grid, "--no-ray", "--devices", "1"]
-        run_and_check(TOOL, argv, _files(seeds, **{"plans.parquet": data}), allowed_outputs=ALLOWED)
+        run_and_check(TOOL, argv, seeds.plan_files(**{"plans.parquet": data}), allowed_outputs=ALLOWED)
 
     run_cases(TOOL, "plans_table", strategy, body)
 
@@ -112,6 +106,6 @@ def test_grid_strings(seeds):
     def body(grid):
         argv = ["--plan", "plans.parquet", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "2",
                 "--checkpoint-dir", "ckpt", "--grid", grid, "--no-ray", "--devices", "1"]
-        run_and_check(TOOL, argv, _files(seeds), allowed_outputs=ALLOWED)
+        run_and_check(TOOL, argv, seeds.plan_files(), allowed_outputs=ALLOWED)
 
     run_cases(TOOL, "grid", text, body)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -82,3 +83,13 @@ def tool(name: str) -> str:
 def write_perf_for(out: str, model: str, batch: int) -> None:
     """What the test's profile-on-arrival script writes: the synthetic table for one (model, batch)."""
     write_perf(out, [(model, int(batch))], ["a100", "v100"], max_gpus=16)
+
+
+def wait_until(pred, timeout: float = 30.0) -> None:
+    """Poll ``pred`` every 50 ms until it holds; AssertionError after ``timeout`` seconds."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")

@@ -11,6 +11,7 @@ import time
 
 from libarena.schedule.live.clock import VirtualClock
 from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, get_launcher
+from tests.live.helpers import wait_until
 
 FAKE_RUN = '''
 import os, sys, time
@@ -32,15 +33,6 @@ open(a[a.index("-o") + 1], "w").write("stand-in")
 '''
 
 
-def _wait(pred, timeout=30.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 def _script(tmp_path, name, body):
     path = tmp_path / name
     path.write_text(f"#!{sys.executable}\n{body}")
@@ -59,13 +51,13 @@ def test_launch_rescale_resume_finish_and_lost(tmp_path):
     pid1 = (launcher.run_dir("job", 1) / "pid").read_text()
     launcher.launch(v1)  # idempotent
     assert (launcher.run_dir("job", 1) / "pid").read_text() == pid1
-    _wait(lambda: (launcher.progress("job") or 0) >= 10)
+    wait_until(lambda: (launcher.progress("job") or 0) >= 10)
     assert launcher.poll(clock.now(), {"job": 1})["job"].phase == "running"
     v2 = LaunchRequest("job", 2, "rescale", "gpt__tiny", 8, 150, "a100", 2, (0,), 0.0, clock.now(), previous_version=1)
     launcher.launch(v2)
     assert (launcher.run_dir("job", 1) / "stopped").exists()
     assert launcher.poll(clock.now(), {"job": 1})["job"].phase == "lost"  # stopped: no exit code
-    _wait(lambda: launcher.poll(clock.now(), {"job": 2})["job"].phase == "finished", 60)
+    wait_until(lambda: launcher.poll(clock.now(), {"job": 2})["job"].phase == "finished", 60)
     st = launcher.poll(clock.now(), {"job": 2})["job"]
     assert st.iterations_done == 150 and st.started_at is not None and st.finished_at >= st.started_at
     out = (launcher.run_dir("job", 2) / "output.log").read_text()
@@ -74,10 +66,10 @@ def test_launch_rescale_resume_finish_and_lost(tmp_path):
     # a version whose process dies without an exit code is reported lost, and relaunch resumes it
     v3 = LaunchRequest("job2", 1, "launch", "gpt__tiny", 8, 120, "a100", 1, (1,), 0.0, clock.now())
     launcher.launch(v3)
-    _wait(lambda: (launcher.progress("job2") or 0) >= 5)
+    wait_until(lambda: (launcher.progress("job2") or 0) >= 5)
     os.killpg(int((launcher.run_dir("job2", 1) / "pid").read_text()), signal.SIGKILL)
-    _wait(lambda: launcher.poll(clock.now(), {"job2": 1})["job2"].phase == "lost")
+    wait_until(lambda: launcher.poll(clock.now(), {"job2": 1})["job2"].phase == "lost")
     launcher.relaunch(v3)
-    _wait(lambda: launcher.poll(clock.now(), {"job2": 1})["job2"].phase == "finished", 60)
+    wait_until(lambda: launcher.poll(clock.now(), {"job2": 1})["job2"].phase == "finished", 60)
     assert launcher.progress("job2") == 120
     launcher.close()

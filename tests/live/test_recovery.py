@@ -7,14 +7,14 @@ import os
 import signal
 import sqlite3
 import subprocess
-import time
 from collections import Counter
 
 import pytest
 
 from libarena.schedule.live.jobfile import JobSubmission
 from libarena.schedule.live.store import Store
-from tests.live.helpers import OVERHEADS, cli_env, live_decisions, sim_decisions, simulate, small_trace, tool, write_inputs
+from tests.live.helpers import (OVERHEADS, cli_env, live_decisions, sim_decisions, simulate, small_trace, tool, wait_until,
+                                write_inputs)
 
 
 def _serve(cluster, perf, state, compression, until_idle=False):
@@ -36,15 +36,6 @@ def _count(state, kind: str) -> int:
         conn.close()
 
 
-def _wait_for(pred, timeout: float) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 @pytest.mark.slow
 def test_kill9_and_restart_recovers(tmp_path):
     cluster, perf = write_inputs(tmp_path)
@@ -64,7 +55,7 @@ def test_kill9_and_restart_recovers(tmp_path):
     for wait_kind, wait_n in (("launch", 4), ("rescale", 2)):
         proc = _serve(cluster, perf, state, compression)
         try:
-            _wait_for(lambda: _count(state, wait_kind) >= wait_n or proc.poll() is not None, 60)
+            wait_until(lambda: _count(state, wait_kind) >= wait_n or proc.poll() is not None, 60)
         finally:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -76,6 +76,27 @@ OPERATOR_TABLE = register_kind(
 )
 
 
+def check_cluster_records(meta: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """The metadata's cluster records, checked as a non-empty list of records with every CLUSTER_FIELDS
+    entry, in model order, agreeing with ``num_clusters`` (one-line ArenaError otherwise)."""
+    clusters = meta["clusters"]
+    if not isinstance(clusters, list) or not clusters:
+        raise ArenaError(f"{source}: operator table has no clusters (metadata 'clusters' is empty)")
+    declared = meta.get("num_clusters", len(clusters))
+    if declared != len(clusters):
+        raise ArenaError(f"{source}: num_clusters is {declared!r} but 'clusters' has {len(clusters)} records")
+    for i, rec in enumerate(clusters):
+        where = f"{source}: clusters[{i}]"
+        if not isinstance(rec, dict):
+            raise ArenaError(f"{where}: expected a record")
+        missing = [f.name for f in CLUSTER_FIELDS if f.name not in rec]
+        if missing:
+            raise ArenaError(f"{where}: missing field(s) {', '.join(missing)}")
+        if rec["index"] != i or isinstance(rec["index"], bool):
+            raise ArenaError(f"{where}: index is {rec['index']!r}, expected {i} (clusters must be in model order)")
+    return clusters
+
+
 def check_operator_metadata(meta: Any, source: str) -> None:
     """Validate the metadata every reader of an operator table relies on (one-line ArenaError otherwise)."""
     if not isinstance(meta, dict):
@@ -97,21 +118,8 @@ def check_operator_metadata(meta: Any, source: str) -> None:
     for key in ("module_cost", "attribution"):
         if key in meta and not isinstance(meta[key], dict):
             raise ArenaError(f"{source}: operator table metadata {key!r} must be a mapping")
-    clusters = meta["clusters"]
-    if not isinstance(clusters, list) or not clusters:
-        raise ArenaError(f"{source}: operator table has no clusters (metadata 'clusters' is empty)")
-    declared = meta.get("num_clusters", len(clusters))
-    if declared != len(clusters):
-        raise ArenaError(f"{source}: num_clusters is {declared!r} but 'clusters' has {len(clusters)} records")
-    for i, rec in enumerate(clusters):
+    for i, rec in enumerate(check_cluster_records(meta, source)):
         where = f"{source}: clusters[{i}]"
-        if not isinstance(rec, dict):
-            raise ArenaError(f"{where}: expected a record")
-        missing = [f.name for f in CLUSTER_FIELDS if f.name not in rec]
-        if missing:
-            raise ArenaError(f"{where}: missing field(s) {', '.join(missing)}")
-        if rec["index"] != i or isinstance(rec["index"], bool):
-            raise ArenaError(f"{where}: index is {rec['index']!r}, expected {i} (clusters must be in model order)")
         units = rec["units"]
         if not isinstance(units, list) or not units or not all(isinstance(u, str) for u in units):
             raise ArenaError(f"{where}.units: expected a non-empty list of unit names, got {units!r}")

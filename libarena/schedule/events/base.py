@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from libarena.schedule.entities import Job
     from libarena.schedule.simulator import Simulator
 
 
@@ -22,4 +23,22 @@ class Event:
         self.time = time
 
     def handle(self, sim: Simulator) -> None:
+        raise NotImplementedError
+
+
+class JobVersionEvent(Event):
+    """An event predicted for a job's allocation at ``version``: stale (ignored) once the job was re-allocated."""
+
+    __slots__ = ("job", "version")
+
+    def __init__(self, time: float, job: Job, version: int):
+        super().__init__(time)
+        self.job = job
+        self.version = version
+
+    def handle(self, sim: Simulator) -> None:
+        if self.job.version == self.version:
+            self.apply(sim)
+
+    def apply(self, sim: Simulator) -> None:
         raise NotImplementedError

@@ -21,13 +21,21 @@ class ThroughputObjective:
 
     def __init__(self, sim: Simulator):
         self.sim = sim
+        #: job index -> (its configurations, their launch order); the throughput order depends on the job's
+        #: view only, and a queued job is re-examined every tick, so it is sorted once.
+        self._launch_orders: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
 
     def admissible(self, job: Job, configs: list[tuple[int, int]]) -> bool:
         return True
 
     def launch_order(self, job: Job, configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        cached = self._launch_orders.get(job.index)
+        if cached is not None and cached[0] is configs:
+            return cached[1]
         v = job.view_thr
-        return sorted(configs, key=lambda tc: (-v[tc] / (1 << tc[1]), -v[tc], tc))
+        order = sorted(configs, key=lambda tc: (-v[tc] / (1 << tc[1]), -v[tc], tc))
+        self._launch_orders[job.index] = (configs, order)
+        return order
 
     def victim_score(self, job: Job) -> float | None:
         """Throughput lost per freed GPU when halving the job; None if it may not shrink."""

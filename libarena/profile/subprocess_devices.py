@@ -1,0 +1,44 @@
+"""Run a profiling module in a fresh interpreter with N devices, exchanging plain JSON files.
+
+On a host, N devices exist only when XLA is told so before JAX starts, so the communication benchmark and
+the direct measurement both run ``python -m <module> request.json result.json`` with
+``--xla_force_host_platform_device_count=N`` (on accelerators the child sees the machine's devices).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from libarena.errors import ArenaError
+
+
+def run_module_with_devices(
+    module: str, request: Any, *, platform: str, num_devices: int, timeout_s: float, what: str
+) -> Any:
+    """Write ``request`` as JSON, run ``module`` on it and return its JSON result; a failing child raises
+    ``ArenaError("<what> failed: <last line of its output>")``."""
+    env = dict(os.environ)
+    if platform == "cpu":
+        flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count"))
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(num_devices)}".strip()
+        env["JAX_PLATFORMS"] = "cpu"
+    with tempfile.TemporaryDirectory(prefix="arena-profile-") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_path.write_text(json.dumps(request))
+        proc = subprocess.run(
+            [sys.executable, "-m", module, str(request_path), str(result_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise ArenaError(f"{what} failed: {tail[0]}")
+        return json.loads(result_path.read_text())
