@@ -6,13 +6,11 @@ perf tables, traces, clusters and job files are built in code (no shared files, 
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests.fuzz.harness import invoke
@@ -96,12 +94,6 @@ def seeds(tmp_path_factory) -> Seeds:
         perf_bytes=(root / "perf.parquet").read_bytes(), perf=read_table(root / "perf.parquet", "perf_table"),
         comm_bytes=(root / "comm.parquet").read_bytes(), comm=read_table(root / "comm.parquet", "comm_table"),
     )
-
-
-def parquet_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
 
 
 def pytest_terminal_summary(terminalreporter):

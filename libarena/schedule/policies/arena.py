@@ -47,6 +47,7 @@ class ArenaPolicy(Policy):
         super().attach(sim)
         self.queue: list[Job] = []
         self.objective = OBJECTIVES[self.config.objective](sim)
+        self._smallest_cache: dict[int, tuple[int, frozenset[int]]] = {}
         self.next_promotion = float("inf")
         self._depth_exhausted = False  # the last in-flight handler stopped at depth D: try again next tick
         self.next_defrag = sim.now + self.config.defrag_interval_s if self.config.defrag_interval_s > 0 else float("inf")
@@ -93,10 +94,10 @@ class ArenaPolicy(Policy):
         launched: set[int] = set()
         order = sorted(self.queue, key=lambda j: (j.priority, j.enqueue_seq))
         # GPUs the queued jobs need at their smallest configurations: a launch only grows into GPUs beyond that
-        self._reserve = sum(min((1 << c for _, c in self.configs(j)), default=0) for j in order)
+        self._reserve = sum(self._smallest(j)[0] for j in order)
         for job in order:
             configs = self.configs(job)
-            self._reserve -= min((1 << c for _, c in configs), default=0)
+            self._reserve -= self._smallest(job)[0]
             if not self.objective.admissible(job, configs):
                 sim.drop(job)
                 launched.add(job.index)
@@ -127,6 +128,15 @@ class ArenaPolicy(Policy):
         self.next_promotion = min(due) if due else float("inf")
 
     # -- launch handler ------------------------------------------------------------------------------
+    def _smallest(self, job: Job) -> tuple[int, frozenset[int]]:
+        """(GPUs of the job's smallest configuration, its GPU types): static per job, asked every tick."""
+        cached = self._smallest_cache.get(job.index)
+        if cached is None:
+            configs = self.configs(job)
+            cached = (min((1 << c for _, c in configs), default=0), frozenset(t for t, _ in configs))
+            self._smallest_cache[job.index] = cached
+        return cached
+
     def _best_placeable(self, job: Job, configs: list[tuple[int, int]]) -> tuple[int, int] | None:
         pools = self.sim.pools
         for t, c in self.objective.launch_order(job, configs):
@@ -141,8 +151,7 @@ class ArenaPolicy(Policy):
             return sim.launch(job, *self._grow_at_launch(job, *cfg))
         if not may_scale_down or not configs:
             return False
-        types = {t for t, _ in configs}
-        need = min(1 << c for _, c in configs)
+        need, types = self._smallest(job)
         if sum(sim.pools[t].capacity for t in types) < need:
             return False
         # tentative in-place halvings, undone unless the job then fits
