@@ -279,7 +279,9 @@ def _check_header(header: dict[str, Any], expect: tuple[str, ...], source: str) 
 def _decode_table(data: bytes, source: str) -> pa.Table:
     try:
         if data[:4] == _PARQUET_MAGIC:
-            return pq.read_table(io.BytesIO(data))
+            # use_threads=False: reading through a Python file object with Arrow's thread pool can abort or
+            # hang the interpreter at exit (apache/arrow#34314, #50482); artifacts are small enough for one thread.
+            return pq.read_table(io.BytesIO(data), use_threads=False)
         if data[:4] == _IPC_STREAM_MAGIC:
             return ipc.open_stream(io.BytesIO(data)).read_all()
     except (pa.ArrowException, OSError) as exc:
@@ -291,7 +293,7 @@ def _read_csv(data: bytes, source: str) -> pa.Table:
     import pyarrow.csv as pacsv
 
     try:
-        return pacsv.read_csv(io.BytesIO(data))
+        return pacsv.read_csv(io.BytesIO(data), read_options=pacsv.ReadOptions(use_threads=False))
     except (pa.ArrowException, UnicodeDecodeError) as exc:
         raise ArenaError(f"{source}: unreadable CSV ({' '.join(str(exc).split())[:200]})") from None
 
