@@ -39,17 +39,20 @@ class RooflineConfig:
     dp_microbatches: int = 4
 
 
-def _optimizer_seconds(profile: ModelProfile, gpu: Any) -> np.ndarray:
-    a = profile.arrays
-    return np.maximum(a["optimizer_flops"] / gpu.peak(profile.dtype), a["optimizer_bytes"] / gpu.hbm_bandwidth)
-
-
-def estimate_plan(profile: ModelProfile, plan: ParallelPlan, config: RooflineConfig = RooflineConfig()) -> IterationEstimate:
-    """1F1B iteration time of ``plan`` from roofline loads (the planner's comm figures for collectives)."""
-    gpu = get_gpu(plan.grid.gpu_type)
+def phase_seconds(profile: ModelProfile, gpu_type: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cluster roofline seconds of one step on one GPU: (forward + backward, optimizer update)."""
+    gpu = get_gpu(gpu_type)
     loads = profile.loads(gpu)
-    optimizer = np.minimum(_optimizer_seconds(profile, gpu), loads)
-    compute = loads - optimizer
+    a = profile.arrays
+    optimizer = np.minimum(np.maximum(a["optimizer_flops"] / gpu.peak(profile.dtype), a["optimizer_bytes"] / gpu.hbm_bandwidth), loads)
+    return loads - optimizer, optimizer
+
+
+def estimate_plan(profile: ModelProfile, plan: ParallelPlan, config: RooflineConfig = RooflineConfig(),
+                  phases: tuple[np.ndarray, np.ndarray] | None = None) -> IterationEstimate:
+    """1F1B iteration time of ``plan`` from roofline loads (the planner's comm figures for collectives);
+    ``phases`` is phase_seconds() for the plan's GPU type when the caller already has it."""
+    compute, optimizer = phases if phases is not None else phase_seconds(profile, plan.grid.gpu_type)
     B = plan.num_microbatches
     stages = []
     for j, st in enumerate(plan.stages):
@@ -64,17 +67,16 @@ def estimate_plan(profile: ModelProfile, plan: ParallelPlan, config: RooflineCon
 
 
 def dp_plan_estimate(
-    profile: ModelProfile, gpu_type: str, num_gpus: int, gpus_per_node: int, comm: CommModel, config: RooflineConfig
+    profile: ModelProfile, gpu_type: str, num_gpus: int, gpus_per_node: int, comm: CommModel, config: RooflineConfig,
+    phases: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[IterationEstimate, bool]:
     """Pure data parallelism on ``num_gpus`` GPUs (every GPU holds the whole model): time and whether it fits."""
-    gpu = get_gpu(gpu_type)
-    costs = StageCostModel(profile, gpu, gpus_per_node, comm, config.memory_fraction)
+    costs = StageCostModel(profile, get_gpu(gpu_type), gpus_per_node, comm, config.memory_fraction)
     O, B = profile.num_clusters, config.dp_microbatches
     memory = float(costs.memory(0, O, num_gpus, 1, False, 1, B))
-    loads = profile.loads(gpu)
-    optimizer = np.minimum(_optimizer_seconds(profile, gpu), loads)
+    compute, optimizer = phases if phases is not None else phase_seconds(profile, gpu_type)
     stage = StageTimes(
-        compute_s=float((loads - optimizer).sum()) / (B * num_gpus) / config.achieved_fraction,
+        compute_s=float(compute.sum()) / (B * num_gpus) / config.achieved_fraction,
         comm_s=float(costs.comm_per_microbatch(0, O, num_gpus, 1, B)),
         grad_sync_s=float(costs.grad_sync(0, O, num_gpus, 1, False)),
         optimizer_s=float(optimizer.sum()) / config.achieved_fraction,
@@ -106,19 +108,20 @@ def perf_rows(
             "estimated": True, "profiling_cost_device_s": 0.0,
         }
 
+    phases_by_type: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for (gpu_type, n, nodes), grid_results in sorted(configurations.items()):
+        phases = phases_by_type.setdefault(gpu_type, phase_seconds(profile, gpu_type))
         candidates = []
         for grid_result in grid_results:
-            proxy = grid_result.proxy
-            if proxy is not None:
-                estimate = estimate_plan(profile, proxy, config)
-                rows.append(row("arena", gpu_type, n, nodes, proxy.grid.pipeline_degree, proxy.plan_id, estimate, True))
             for plan in grid_result.plans:
-                candidates.append((estimate_plan(profile, plan, config).iter_time_s, plan))
+                estimate = estimate_plan(profile, plan, config, phases)
+                candidates.append((estimate, plan))
+                if plan.is_proxy:
+                    rows.append(row("arena", gpu_type, n, nodes, plan.grid.pipeline_degree, plan.plan_id, estimate, True))
         if candidates:
-            best_time, best = min(candidates, key=lambda c: (c[0], c[1].plan_id))
-            rows.append(row("ap", gpu_type, n, nodes, best.grid.pipeline_degree, best.plan_id, estimate_plan(profile, best, config), True))
+            best_estimate, best = min(candidates, key=lambda c: (c[0].iter_time_s, c[1].plan_id))
+            rows.append(row("ap", gpu_type, n, nodes, best.grid.pipeline_degree, best.plan_id, best_estimate, True))
         per_node = grid_results[0].grid.gpus_per_node
-        dp_estimate, dp_fits = dp_plan_estimate(profile, gpu_type, n, per_node, comm, config)
+        dp_estimate, dp_fits = dp_plan_estimate(profile, gpu_type, n, per_node, comm, config, phases)
         rows.append(row("dp", gpu_type, n, nodes, 1, f"{gpu_type}-n{n}-dp", dp_estimate, dp_fits))
     return rows
