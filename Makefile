@@ -16,9 +16,14 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The main job on an embedded default: the whole pipeline on a small workload, in a few minutes on a laptop.
+# The paper's experiment (examples/paper/Makefile) on a small embedded workload, in a few minutes on a laptop.
 demo: $(STAMP)
 	$(BIN)/python -m libarena.demo --out demo-out
+
+# The paper's experiment in full: philly, venus and pai traces (TRACES_DIR, default ../shared/traces/arena-ae),
+# all policies, the 1,280-GPU simulated cluster; results in examples/paper/out/ (results.md, summary.png, plots).
+reproduce: $(STAMP)
+	$(MAKE) -C examples/paper BIN=$(abspath $(BIN))
 
 # The full suite, slow end-to-end tests included (CI runs exactly this).
 test: $(STAMP)

@@ -2,17 +2,101 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import typer
 from rich.console import Console
 
 from libarena.errors import ArenaError
+from libarena.progress import ProgressUpdate
 
 #: Logs and progress go to stderr; stdout is for data only.
 stderr_console = Console(stderr=True, highlight=False)
+
+#: Help texts of the options every producing command shares.
+QUIET_HELP = "no progress bars or info logs on stderr (warnings and errors are still printed)"
+JSON_HELP = "print a one-object JSON summary of what was done on stdout (not with -o -)"
+
+
+class Reporter:
+    """What a tool shows on stderr while it works: info logs, warnings, and rich progress bars.
+
+    ``quiet`` hides logs and bars (warnings and errors stay). Bars are drawn only when stderr is a terminal,
+    and are transient (they vanish when the step ends, leaving the log lines), so redirected stderr holds
+    only the short log lines and a failing run still ends with its one-line error. Library code never
+    prints: it gets :meth:`log` and :meth:`progress` (a :data:`libarena.progress.ProgressCallback`).
+    """
+
+    def __init__(self, *, quiet: bool = False, prefix: str = "", console: Console | None = None) -> None:
+        self.quiet = quiet
+        self.prefix = prefix
+        self.console = console or stderr_console
+        self.started = time.perf_counter()
+        self._bars: Any = None  # rich.progress.Progress, created on the first update
+        self._tasks: dict[str, Any] = {}
+
+    @property
+    def bars_enabled(self) -> bool:
+        return not self.quiet and self.console.is_terminal
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def log(self, message: str) -> None:
+        if not self.quiet:
+            self.console.print(f"{self.prefix}{message}", markup=False, highlight=False, soft_wrap=True)
+
+    def warn(self, message: str) -> None:
+        self.console.print(f"{self.prefix}warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
+    def progress(self, update: ProgressUpdate) -> None:
+        if not self.bars_enabled:
+            return
+        if self._bars is None:
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                  TextColumn("{task.fields[count]}"), TimeElapsedColumn(),
+                                  TextColumn("{task.fields[detail]}"), console=self.console, transient=True)
+            self._bars.start()
+        count = f"{update.completed:g}/{update.total:g}" if update.total is not None else ""
+        task = self._tasks.get(update.task)
+        if task is None:
+            task = self._tasks[update.task] = self._bars.add_task(update.task, total=update.total, count=count,
+                                                                  detail=update.detail)
+        self._bars.update(task, completed=update.completed, total=update.total, count=count, detail=update.detail)
+
+    def close(self) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+            self._bars = None
+            self._tasks.clear()
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def refuse_json_with_stdout_data(as_json: bool, output: Any) -> None:
+    """``--json`` writes its summary on stdout, so it cannot share stdout with the data (``-o -``)."""
+    if as_json and str(output) == "-":
+        raise ArenaError("--json prints its summary on stdout, which -o - uses for the data: write the output "
+                         "to a file with -o FILE, or drop --json")
+
+
+def print_json(summary: Mapping[str, Any]) -> None:
+    """The ``--json`` summary: one JSON object on stdout."""
+    sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
 
 
 def fail(tool: str, message: str, code: int = 2) -> None:
@@ -22,25 +106,60 @@ def fail(tool: str, message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so temporary files are removed and the cache stays valid."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def run_app(tool: str, app: Callable[..., Any], argv: list[str] | None = None) -> None:
     """Run a typer/click app so that bad input never shows a traceback.
 
     ArenaError and OSError (missing or unwritable files) exit with code 2; any other exception is an
     internal error, reported in one line with exit code 1 unless ``--debug`` is among the arguments.
     """
+    try:
+        _run_app(tool, app, argv)
+    except SystemExit as exc:
+        if argv is None and isinstance(exc.code, int) and exc.code != 0 and not _ray_running():
+            # A failed command has nothing left to do (its outputs were already unwound): leave without
+            # interpreter teardown, where a native thread pool still alive at exit can abort the process
+            # with SIGABRT after the one-line error (seen with Arrow's pool under load, apache/arrow#34314).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exc.code)
+        raise
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
+
+
+def _run_app(tool: str, app: Callable[..., Any], argv: list[str] | None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     if debug:
         args.remove("--debug")
+    _interrupt_on_sigterm()
     try:
-        app(args=args, prog_name=tool, standalone_mode=False)
+        code = app(args=args, prog_name=tool, standalone_mode=False)
+        # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM above) into Exit(130), which non-standalone
+        # mode *returns* instead of raising: without this check an interrupted run would exit 0.
+        if code == 130:
+            raise KeyboardInterrupt
     except ArenaError as exc:
         fail(tool, exc.message, exc.exit_code)
     except OSError as exc:
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
         fail(tool, f"{exc.strerror or exc}{':' if where else ''}{where}", 2)
     except KeyboardInterrupt:
-        fail(tool, "interrupted", 130)
+        # An interrupted run is reported like any other failed run (exit 2); atomic writes leave no partial output.
+        fail(tool, "interrupted", 2)
     except SystemExit:
         raise
     except typer.Exit as exc:

@@ -111,7 +111,7 @@ def lower_train_step(model: Any, global_batch: int, seq_len: int | None, dtype: 
     try:
         # keep_unused: entry parameter i is flattened input leaf i, whatever the step reads.
         lowered = jax.jit(step, keep_unused=True).lower(params, opt_state, batch)
-        out_shapes = jax.eval_shape(step, params, opt_state, batch)
+        out_shapes = lowered.out_info  # the output shapes without tracing the step a second time
     except (TypeError, ValueError) as exc:
         first = " ".join(str(exc).split())[:200]
         raise ArenaError(

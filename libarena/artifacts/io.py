@@ -155,10 +155,11 @@ def write_bytes(path: str | os.PathLike[str], payload: bytes) -> None:
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
     """Atomically write plain JSON (bench results, exports); sorted keys keep output deterministic."""
-    write_bytes(path, (json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n").encode())
+    write_bytes(path, (json.dumps(data, indent=2, sort_keys=True, default=json_default) + "\n").encode())
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """JSON/msgpack fallback for numpy scalars and arrays."""
     if hasattr(value, "item"):  # numpy scalars
         return value.item()
     if hasattr(value, "tolist"):
@@ -206,7 +207,7 @@ def _metadata_blob(kind: ArtifactKind, provenance: Provenance, metadata: Mapping
     return json.dumps(
         {"kind": kind.name, "schema_version": kind.version, "provenance": asdict(provenance), "metadata": dict(metadata)},
         sort_keys=True,
-        default=_json_default,
+        default=json_default,
     ).encode()
 
 
@@ -391,7 +392,7 @@ def write_document(path: str | os.PathLike[str], kind: str, data: Mapping[str, A
         "arena": {"kind": spec.name, "schema_version": spec.version, "provenance": asdict(provenance)},
         "data": dict(data),
     }
-    write_bytes(path, msgpack.packb(envelope, use_bin_type=True, default=_json_default))
+    write_bytes(path, msgpack.packb(envelope, use_bin_type=True, default=json_default))
 
 
 def read_document(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> DocumentArtifact:
@@ -419,6 +420,6 @@ def content_digest(*parts: Any) -> str:
     """A stable sha256 over JSON-able parts: the key of every content-addressed cache."""
     h = hashlib.sha256()
     for part in parts:
-        h.update(json.dumps(part, sort_keys=True, default=_json_default).encode())
+        h.update(json.dumps(part, sort_keys=True, default=json_default).encode())
         h.update(b"\x1f")
     return h.hexdigest()

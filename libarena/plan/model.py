@@ -5,6 +5,13 @@ F FLOPs and M bytes moved on a GPU with peak P (training dtype) and memory bandw
 ``L = F / R(F/M) = F / min(P, W F/M) = max(F/P, M/W)`` -- the same expression, which also charges
 zero-FLOP instructions (copies, transposes, collectives' local parts) ``M / W``. Every phase counts
 (forward, backward and optimizer update all run on the stage's GPUs).
+
+The operator table is XLA's HLO *before* fusion, so eq. 2 charges every elementwise instruction its own
+round trip to memory. That is the paper's planner load and stays as it is (it ranks partitions); the
+execution-free performance estimate (profile/roofline.py) instead uses :meth:`ModelProfile.fused_loads`,
+where only what reaches device memory after XLA's fusion passes is charged bytes: the operands and results
+of the instructions fusion does not dissolve (dot, convolution, reduce, gather, scatter, copies...), and
+the parameter and optimizer-state buffers every instruction reads or writes directly.
 """
 
 from __future__ import annotations
@@ -60,6 +67,10 @@ class ModelProfile:
     op_flops: np.ndarray
     op_bytes: np.ndarray
     op_cluster: np.ndarray
+    #: Per-instruction bytes that reach device memory once XLA has fused elementwise chains, and whether
+    #: the instruction belongs to the optimizer update (see fused_loads).
+    op_fused_bytes: np.ndarray
+    op_is_optimizer: np.ndarray
     digest: str
     source: str
 
@@ -71,6 +82,15 @@ class ModelProfile:
         """Roofline load (seconds on one GPU) of each cluster, eq. 2, summed over its instructions."""
         per_op = np.maximum(self.op_flops / gpu.peak(self.dtype), self.op_bytes / gpu.hbm_bandwidth)
         return _cluster_sums(per_op, self.op_cluster, self.num_clusters)
+
+    def fused_loads(self, gpu: GPUSpec) -> tuple[np.ndarray, np.ndarray]:
+        """Per-cluster roofline seconds on one GPU after fusion: (forward + backward, optimizer update)."""
+        per_op = np.maximum(self.op_flops / gpu.peak(self.dtype), self.op_fused_bytes / gpu.hbm_bandwidth)
+        optimizer = np.where(self.op_is_optimizer, per_op, 0.0)
+        return (
+            _cluster_sums(per_op - optimizer, self.op_cluster, self.num_clusters),
+            _cluster_sums(optimizer, self.op_cluster, self.num_clusters),
+        )
 
     @property
     def param_bytes_per_param(self) -> float:
@@ -88,6 +108,26 @@ def _cluster_sums(values: np.ndarray, cluster: np.ndarray, num_clusters: int) ->
     if glue > 0:
         sums += glue * (sums / total) if total > 0 else glue / num_clusters
     return sums
+
+
+#: Instructions XLA's fusion passes dissolve into a consumer (elementwise arithmetic, type conversion,
+#: broadcasts, reshapes and other views): their intermediate results never round-trip through memory.
+FUSIBLE_OPCODES = frozenset({
+    "abs", "add", "and", "atan2", "bitcast", "bitcast-convert", "broadcast", "cbrt", "ceil", "clamp", "compare",
+    "complex", "constant", "convert", "cosine", "divide", "erf", "exponential", "exponential-minus-one", "floor",
+    "get-tuple-element", "imag", "iota", "is-finite", "log", "log-plus-one", "logistic", "maximum", "minimum",
+    "multiply", "negate", "not", "or", "parameter", "popcnt", "power", "real", "reduce-precision", "remainder",
+    "reshape", "round-nearest-afz", "round-nearest-even", "rsqrt", "select", "shift-left", "shift-right-arithmetic",
+    "shift-right-logical", "sign", "sine", "slice", "sqrt", "subtract", "tan", "tanh", "tuple", "xor",
+})
+
+
+def fused_bytes(opcode: np.ndarray, moved: np.ndarray, param_bytes: np.ndarray) -> np.ndarray:
+    """Bytes each instruction moves through device memory once elementwise chains are fused: all of them
+    for an instruction fusion keeps (its operands are read and its result written), only the parameter /
+    optimizer-state buffers it touches directly for a fusible one."""
+    fusible = np.isin(opcode, list(FUSIBLE_OPCODES))
+    return np.where(fusible, np.minimum(param_bytes, moved), moved)
 
 
 def _number(value: Any, where: str) -> float:
@@ -148,6 +188,9 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
     if float(flops.sum()) <= 0 and float(moved.sum()) <= 0:
         raise ArenaError(f"{source}: the operator table has no FLOPs and no bytes: nothing to plan")
     seq_len = meta.get("seq_len") or 0
+    opcode = table.column("opcode").to_numpy(zero_copy_only=False).astype(str)
+    param_bytes = _column(table, "param_bytes", source).astype(np.float64)
+    is_optimizer = table.column("phase").to_numpy(zero_copy_only=False).astype(str) == "optimizer"
     return ModelProfile(
         name=str(model["name"]),
         model=dict(model),
@@ -159,6 +202,8 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
         op_flops=flops,
         op_bytes=moved,
         op_cluster=cluster,
+        op_fused_bytes=fused_bytes(opcode, moved, param_bytes),
+        op_is_optimizer=is_optimizer,
         digest=operator_table_digest(artifact),
         source=source,
     )

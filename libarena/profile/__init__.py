@@ -11,13 +11,16 @@ Public API (the scheduler's ``perf build`` and the CLI call these)::
     write_perf_table("perf.parquet", result, Provenance("arena-profile"))
 
 Lower level: ``StageSpec`` + ``build_stage_executables`` / ``profile_stage`` (one worker of one stage on
-one device), ``one_f_one_b`` (the pipeline model), ``select_timer`` (host / cupti), ``ProfileCache``.
+one device), ``one_f_one_b`` (the pipeline model; ``HostConcurrency`` says how much devices that share a host's
+cores slow each other down), ``select_timer`` (host / cupti), ``ProfileCache``. Direct measurement runs
+plans through the runtime's executor (``libarena.run.measure_plan``; libarena.profile.measure).
 Importing this package does not import JAX.
 """
 
 from libarena.profile.api import format_perf_table, measure_estimates, write_comm_table
 from libarena.profile.cache import ProfileCache, default_cache_dir
 from libarena.profile.comm_bench import CommBenchConfig
+from libarena.profile.concurrency import HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
 from libarena.profile.plans_input import GridKey, PlanInputs, PlanRecord, load_plan_inputs
@@ -38,6 +41,7 @@ __all__ = [
     "SELECTIONS",
     "CommBenchConfig",
     "GridKey",
+    "HostConcurrency",
     "IterationEstimate",
     "LocalDevice",
     "PlanEstimate",
@@ -55,6 +59,7 @@ __all__ = [
     "default_cache_dir",
     "estimate_plan",
     "format_perf_table",
+    "host_concurrency",
     "load_plan_inputs",
     "local_roofline",
     "measure_estimates",

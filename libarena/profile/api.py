@@ -21,10 +21,11 @@ def measure_estimates(
     plans_artifact: Any,
     result: ProfileResult,
     repeats: int = 3,
-    warmup: int = 2,
+    warmup: int = 1,
     log: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every profiled plan of ``result`` for real (local devices) and record measured time and cost.
+    """Run every profiled plan of ``result`` for real with the runtime's executor (``libarena.run.measure_plan``,
+    on the local devices) and record measured time and cost.
 
     Fills the perf table's measured_* columns and each plan's ``measured`` entry in the metadata. Plans
     of other GPU types than the local device's are not measurable here and are left unmeasured.
@@ -53,7 +54,7 @@ def measure_estimates(
         write_table(plans_path, "plans", plans_artifact.table, plans_artifact.provenance, plans_artifact.metadata)
         for n, estimates in sorted(by_devices.items()):
             wanted = [(e.grid.to_dict(), e.plan.plan_id) for e in estimates]
-            log(f"--measure: running {len(wanted)} plan(s) on {n} {platform} device(s)")
+            log(f"--measure: running {len(wanted)} plan(s) on {n} {platform} device(s) with the runtime's executor")
             for out in measure_in_subprocess(plans_path, wanted, n, platform=platform, warmup=warmup, repeats=repeats):
                 measured[(tuple(sorted(out["grid"].items())), out["plan_id"])] = out
     plans_meta = result.metadata.get("plans", [])

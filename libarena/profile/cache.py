@@ -2,20 +2,48 @@
 
 One JSON file per key under ``<root>/<key[:2]>/<key>.json``, written atomically (temp file + rename), so
 an interrupted run never leaves a half-written entry; an unreadable or inconsistent entry is a miss and
-is overwritten by the next profile.
+is overwritten by the next profile. A run killed outright (SIGKILL) between writing a temp file and its
+rename leaves the temp file behind: temp files carry their writer's pid (``.<key>.json.<pid>.<rand>.tmp``),
+are never read as entries, and opening the cache removes those whose writer is no longer alive (or, for
+names without a pid, that are older than ``STALE_TMP_S``).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts import write_json
+from libarena.artifacts.io import json_default
 from libarena.errors import ArenaError
 
 CACHE_FORMAT = 1
+#: A temp file whose writer cannot be identified is stale after this long (writes take milliseconds).
+STALE_TMP_S = 600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def _tmp_writer_pid(name: str) -> int | None:
+    """The writer pid in ``.<key>.json.<pid>.<rand>.tmp``; None for other names."""
+    parts = name.split(".")
+    if len(parts) >= 5 and parts[-1] == "tmp" and parts[-3].isdigit():
+        return int(parts[-3])
+    return None
 
 
 def default_cache_dir() -> Path:
@@ -28,6 +56,7 @@ class ProfileCache:
     hits: int = 0
     misses: int = 0
     writes: int = 0
+    stale_removed: int = 0
     _memory: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -36,6 +65,24 @@ class ProfileCache:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ArenaError(f"cannot use profile cache {self.root}: {exc.strerror or exc}") from None
+        self.stale_removed = self.remove_stale_temp_files()
+
+    def remove_stale_temp_files(self) -> int:
+        """Delete temp files left by killed writers (dead pid, or no pid and older than STALE_TMP_S)."""
+        removed = 0
+        now = time.time()
+        for path in self.root.glob("??/.*.tmp"):  # only the key shards (other tools keep their own dirs here)
+            if not path.is_file():
+                continue
+            pid = _tmp_writer_pid(path.name)
+            try:
+                stale = (pid != os.getpid() and not _pid_alive(pid)) if pid is not None else now - path.stat().st_mtime > STALE_TMP_S
+                if stale:
+                    path.unlink()
+                    removed += 1
+            except OSError:
+                continue  # removed meanwhile by another process
+        return removed
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
@@ -60,9 +107,18 @@ class ProfileCache:
     def put(self, key: str, value: dict[str, Any]) -> None:
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"format": CACHE_FORMAT, "key": key, "value": value})
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"format": CACHE_FORMAT, "key": key, "value": value}, f, sort_keys=True, default=json_default)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # atomic: readers see the old entry or the whole new one
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         self._memory[key] = value
         self.writes += 1
 
     def entries(self) -> list[Path]:
-        return sorted(self.root.glob("*/*.json"))
+        return sorted(self.root.glob("??/*.json"))

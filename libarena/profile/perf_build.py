@@ -27,6 +27,7 @@ from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec
 from libarena.plan import PlannerConfig, load_model_profile, plan_job, planset_metadata, planset_to_table
 from libarena.profile.roofline import RooflineConfig, perf_rows
+from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
 
 MODES = ("auto", "local", "roofline")
 
@@ -77,7 +78,7 @@ def cached_operator_table(model: str, global_batch: int, config: PerfBuildConfig
 
 
 def build_rows(model: str, global_batch: int, cluster: ClusterSpec, config: PerfBuildConfig,
-               log: Callable[[str], None]) -> list[dict[str, Any]]:
+               log: Callable[[str], None], progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
     ops = cached_operator_table(model, global_batch, config, log)
     profile = load_model_profile(ops)
     planset = plan_job(profile, cluster, config.planner)
@@ -87,14 +88,16 @@ def build_rows(model: str, global_batch: int, cluster: ClusterSpec, config: Perf
 
     plans = TableArtifact("plans", planset_to_table(planset), Provenance("arena-plan"), planset_metadata(planset),
                           get_kind("plans").version, f"plans of {model}")
-    result = profile_plans(plans, ProfileConfig(cache_dir=config.cache_dir / "profiles"), log=log)
+    result = profile_plans(plans, ProfileConfig(cache_dir=config.cache_dir / "profiles"), log=log, progress=progress)
     return result.table.to_pylist()
 
 
 def build_perf_table(pairs: Iterable[tuple[str, int]], cluster: ClusterSpec, output: str | os.PathLike[str],
                      config: PerfBuildConfig = PerfBuildConfig(), inputs: list[dict[str, Any]] | None = None,
-                     log: Callable[[str], None] | None = None) -> pa.Table:
+                     log: Callable[[str], None] | None = None, progress: ProgressCallback | None = None) -> pa.Table:
+    """``progress`` hears one update per (model, batch) pair, and the profiler's per plan."""
     log = log or (lambda message: None)
+    progress = progress or no_progress
     pairs = sorted(set(pairs))
     if not pairs:
         raise ArenaError("no (model, global batch) pairs to build a performance table for")
@@ -102,7 +105,9 @@ def build_perf_table(pairs: Iterable[tuple[str, int]], cluster: ClusterSpec, out
     rows: list[dict[str, Any]] = []
     for i, (model, batch) in enumerate(pairs, start=1):
         log(f"[{i}/{len(pairs)}] {model} global batch {batch}")
-        rows.extend(build_rows(model, batch, cluster, config, log))
+        progress(ProgressUpdate("building the performance table", i - 1, len(pairs), f"{model} global batch {batch}"))
+        rows.extend(build_rows(model, batch, cluster, config, log, progress))
+    progress(ProgressUpdate("building the performance table", len(pairs), len(pairs)))
     columns = {c.name for c in kind.columns}
     table = pa.Table.from_pylist([{k: v for k, v in r.items() if k in columns} for r in rows], schema=kind.arrow_schema())
     params = {"mode": config.mode, "dtype": config.dtype, "num_clusters": config.num_clusters,

@@ -25,11 +25,13 @@ from libarena.hardware.catalogue import get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommModel
 from libarena.plan.io import grid_columns
 from libarena.profile.cache import ProfileCache, default_cache_dir
+from libarena.profile.concurrency import HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
 from libarena.profile.plans_input import GridKey, PlanInputs, PlanRecord, load_plan_inputs
 from libarena.profile.stage import StageSpec, build_stage_executables, worker_view
 from libarena.profile.timers import Timer, select_timer
+from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
 
 #: Which plans of each grid are profiled.
 SELECTIONS = ("proxy", "frontier", "exhaustive")
@@ -39,7 +41,8 @@ STATISTICS = ("median", "min")
 #: What one profiled executable covers: a whole stage, or one unit (layer) -- identical units (the
 #: repeated blocks of a transformer) then share one profile across every stage partition.
 GRANULARITIES = ("stage", "unit")
-STAGE_RECORD_VERSION = 1
+CONCURRENCY_MODELS = ("measured", "independent")
+STAGE_RECORD_VERSION = 2
 
 
 @dataclass
@@ -58,10 +61,15 @@ class ProfileConfig:
     seed: int = 0
     granularity: str = "unit"
     statistic: str = "median"
+    #: measured: devices that share hardware (XLA host devices on one CPU) slow each other down by the
+    #: host's measured concurrency (libarena.profile.concurrency); independent: every device is its own chip
+    concurrency: str = "measured"
 
     def __post_init__(self) -> None:
         if self.statistic not in STATISTICS:
             raise ArenaError(f"unknown statistic {self.statistic!r} (known: {', '.join(STATISTICS)})")
+        if self.concurrency not in CONCURRENCY_MODELS:
+            raise ArenaError(f"unknown concurrency model {self.concurrency!r} (known: {', '.join(CONCURRENCY_MODELS)})")
         if self.granularity not in GRANULARITIES:
             raise ArenaError(f"unknown granularity {self.granularity!r} (known: {', '.join(GRANULARITIES)})")
         if self.selection not in SELECTIONS:
@@ -158,11 +166,25 @@ def profile_stage(
         if hit is not None:
             return hit, True
     t0 = time.perf_counter()
-    execs = build_stage_executables(spec, device=local.device, seed=seed)
+    # The optimizer update depends only on the worker's optimizer shard sizes: one profile serves every
+    # micro-batch size (and every stage with the same parameter shapes).
+    view = worker_view(spec)
+    opt_key = content_digest("optimizer-profile", STAGE_RECORD_VERSION, view.optimizer_elements, spec.dtype, local.platform,
+                             local.kind, timer.name, jax.__version__)
+    opt_record = cache.get(opt_key) if cache is not None else None
+    execs = build_stage_executables(spec, device=local.device, seed=seed, with_optimizer=opt_record is None)
     microbatch = timer.time(execs.run_microbatch, warmup, repeats)
-    optimizer = timer.time(execs.run_optimizer, warmup, repeats)
+    if opt_record is None:
+        opt_record = {
+            "optimizer": timer.time(execs.run_optimizer, warmup, repeats).to_dict(),
+            "cost": execs.cost["optimizer"],
+            "memory": execs.memory["optimizer"],
+            "state_bytes": execs.optimizer_state_bytes(),
+        }
+        if cache is not None:
+            cache.put(opt_key, opt_record)
+    setup = _time_step_setup(execs, local.device, repeats)
     wall = time.perf_counter() - t0
-    view = execs.view
     out = execs.forward(execs.inputs["params"], execs.inputs["carry_in"], execs.inputs["batch"])[0]
     out_bytes = 0.0 if view.is_last(_model(spec)) else float(out.size * out.dtype.itemsize)
     carry_in_bytes = 0.0 if view.carry_in is None else float(np.prod(view.carry_in.shape) * np.dtype(view.carry_in.dtype).itemsize)
@@ -177,12 +199,14 @@ def profile_stage(
         "device_kind": local.kind,
         "jax_version": jax.__version__,
         "microbatch": microbatch.to_dict(),
-        "optimizer": optimizer.to_dict(),
+        "optimizer": opt_record["optimizer"],
+        "optimizer_key": opt_key,
+        **setup,
         "compile_s": execs.compile_s,
         "device_s": wall,
-        "cost": execs.cost,
-        "memory": execs.memory,
-        "state_bytes": execs.state_bytes(),
+        "cost": {**execs.cost, "optimizer": opt_record["cost"]},
+        "memory": {**execs.memory, "optimizer": opt_record["memory"]},
+        "state_bytes": execs.weight_bytes() + opt_record["state_bytes"],
         "param_bytes": float(sum(np.prod(s.shape) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(view.params))),
         "activation_out_bytes": out_bytes * scale,
         "activation_in_bytes": carry_in_bytes * scale,
@@ -190,6 +214,33 @@ def profile_stage(
     if cache is not None:
         cache.put(key, record)
     return record, False
+
+
+def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
+    """Host work the runtime does for this worker once per step, besides running executables: resetting
+    the gradient buffers (zeros placed from the host, one array per parameter) and placing one micro-batch
+    of inputs. Host wall clock (it is host work whatever the device), median of ``repeats``."""
+    import statistics
+
+    import jax
+
+    view = execs.view
+    zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), view.params)
+    batch = {name: np.asarray(jax.device_get(value)) for name, value in execs.inputs["batch"].items()}
+
+    def median_s(region: Callable[[], Any]) -> float:
+        jax.block_until_ready(region())
+        samples = []
+        for _ in range(max(3, repeats)):
+            t0 = time.perf_counter()
+            jax.block_until_ready(region())
+            samples.append(time.perf_counter() - t0)
+        return float(statistics.median(samples))
+
+    return {
+        "grad_reset_s": median_s(lambda: jax.device_put(zeros, device)),
+        "input_put_s": median_s(lambda: jax.device_put(batch, device)),
+    }
 
 
 def dispatch_overhead(local: LocalDevice, cache: ProfileCache | None, timer: Timer) -> float:
@@ -241,6 +292,9 @@ def combine_unit_records(records: list[dict[str, Any]], spec: StageSpec, overhea
         "units": [r["key"] for r in records],
         "microbatch": timing("microbatch"),
         "optimizer": timing("optimizer"),
+        # one gradient buffer per parameter of every unit; one input placement for the stage
+        "grad_reset_s": float(sum(r["grad_reset_s"] for r in records)),
+        "input_put_s": float(records[0]["input_put_s"]),
         "compile_s": float(sum(r["compile_s"] for r in records)),
         "device_s": float(sum(r["device_s"] for r in records)),
         "cost": cost,
@@ -361,6 +415,7 @@ def estimate_plan(
     timer_name: str,
     memory_fraction: float,
     statistic: str = "median",
+    concurrency: HostConcurrency | None = None,
 ) -> PlanEstimate:
     """The 1F1B estimate of ``plan`` from its stages' profiles."""
     estimated = plan.grid.gpu_type != local.gpu_type
@@ -383,7 +438,12 @@ def estimate_plan(
             compute *= _roofline_ratio(rec, ("forward", "backward"), local_spec, target_spec, inputs.dtype)
             optimizer *= _roofline_ratio(rec, ("optimizer",), local_spec, target_spec, inputs.dtype)
         comm_mb, p2p, grad = stage_communication(inputs, plan, j, records, comm, used)
-        st = StageTimes(compute, comm_mb, p2p, grad, optimizer)
+        workers = plan.dp_per_stage[j] * plan.tp_per_stage[j]
+        # The runtime resets every replica's gradient buffers and places each micro-batch's inputs on the
+        # stages that read the batch (first: samples, last: targets), from the host, every step.
+        reads_batch = j == 0 or j == s - 1
+        setup = plan.dp_per_stage[j] * (rec["grad_reset_s"] + (B * rec["input_put_s"] if reads_batch else 0.0))
+        st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup)
         stage_times.append(st)
         inflight = min(s - j, B)
         mem = rec["state_bytes"] + inflight * rec["memory"]["forward"].get("output", 0.0) + rec["memory"]["backward"].get("temp", 0.0)
@@ -399,7 +459,9 @@ def estimate_plan(
                 "memory_bytes": float(mem),
             }
         )
-    iteration = one_f_one_b(stage_times, B)
+    # Roofline-scaled rows are for GPUs (separate chips); local ones share what the local devices share.
+    slowdown = None if estimated or concurrency is None else concurrency.slowdown
+    iteration = one_f_one_b(stage_times, B, slowdown)
     try:
         capacity = get_gpu(plan.grid.gpu_type).memory_bytes
     except ArenaError:
@@ -451,10 +513,14 @@ def profile_plans(
     config: ProfileConfig | None = None,
     comm: CommModel | None = None,
     log: Callable[[str], None] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ProfileResult:
-    """Profile a ``plans`` artifact into performance-table rows (and per-plan estimates)."""
+    """Profile a ``plans`` artifact into performance-table rows (and per-plan estimates).
+
+    ``progress`` hears one update per profiled plan (the tools draw it as a progress bar)."""
     config = config or ProfileConfig()
     log = log or (lambda message: None)
+    progress = progress or no_progress
     inputs = load_plan_inputs(plans_artifact)
     comm = comm or AlphaBetaCommModel()
     check_comm_model(comm, inputs)
@@ -477,7 +543,12 @@ def profile_plans(
     estimates: list[PlanEstimate] = []
     dp_estimates: dict[GridKey, PlanEstimate] = {}
     overhead = dispatch_overhead(local, cache, timer) if config.granularity == "unit" else 0.0
-    for plan, is_dp in work:
+    local_devices = max([p.grid.num_gpus for p, _ in work if p.grid.gpu_type == local.gpu_type] or [1])
+    concurrency = host_concurrency(local, local_devices, cache) if config.concurrency == "measured" else HostConcurrency()
+    if concurrency.slowdowns:
+        log(f"host concurrency: {', '.join(f'{k} devices at once run {v:.2f}x slower' for k, v in concurrency.slowdowns)} ({concurrency.source})")
+    for done, (plan, is_dp) in enumerate(work):
+        progress(ProgressUpdate("profiling plans", done, len(work), f"{plan.grid.gpu_type} {plan.plan_id}"))
         records, new_cost = [], 0.0
         for stage_spec in inputs.stage_specs(plan):
             if config.granularity == "unit":
@@ -504,12 +575,13 @@ def profile_plans(
             else:
                 records.append(piece_records[0])
         estimate = estimate_plan(
-            inputs, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction, config.statistic
+            inputs, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction, config.statistic, concurrency
         )
         if is_dp:
             dp_estimates[plan.grid] = estimate
         else:
             estimates.append(estimate)
+    progress(ProgressUpdate("profiling plans", len(work), len(work)))
     what = "units" if config.granularity == "unit" else "stages"
     log(f"{stages_needed} {what}: {stages_profiled} profiled, {stages_cached} skipped (identical, served from the cache)")
 
@@ -526,6 +598,7 @@ def profile_plans(
         "granularity": config.granularity,
         "statistic": config.statistic,
         "dispatch_overhead_s": overhead,
+        "host_concurrency": concurrency.to_dict(),
         "plans_profiled": len(estimates),
         "stages_needed": stages_needed,
         "stages_profiled": stages_profiled,

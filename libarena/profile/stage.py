@@ -22,6 +22,7 @@ activation's gradient for non-first stages), ``optimizer`` (AdamW on the worker'
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -146,8 +147,10 @@ def _carry_in_abstract(model: ModelDef, start: int, batch: dict[str, Any], dtype
     return jax.eval_shape(lambda p, b: apply_units(model, p, None, b, 0, start, dtype), params, batch)
 
 
+@functools.lru_cache(maxsize=256)
 def worker_view(spec: StageSpec) -> WorkerView:
-    """Per-worker shapes of the stage (see the module docstring for the views)."""
+    """Per-worker shapes of the stage (see the module docstring for the views). Cached per spec: the
+    cache key, the executables and the record all need it, and building it traces the units before it."""
     import jax
 
     from libarena.models.training import abstract_params, apply_units, compute_dtype
@@ -232,11 +235,21 @@ class StageExecutables:
 
     def state_bytes(self) -> float:
         """Bytes the worker keeps for the whole iteration: weights, gradient buffer, optimizer shard."""
+        return self.weight_bytes() + self.optimizer_state_bytes()
+
+    def weight_bytes(self) -> float:
+        """Weights and gradient buffer."""
         import jax
 
         x = self.inputs
-        leaves = jax.tree.leaves((x["params"], x["grad_acc"], x["opt_state"], x["opt_params"]))
-        return float(sum(a.size * a.dtype.itemsize for a in leaves))
+        return float(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves((x["params"], x["grad_acc"]))))
+
+    def optimizer_state_bytes(self) -> float:
+        """The optimizer shard: its master copy and the optimizer state (0 when built without it)."""
+        import jax
+
+        x = self.inputs
+        return float(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves((x["opt_state"], x["opt_params"]))))
 
 
 def _concrete(tree: Any, seed: int, device: Any = None) -> Any:
@@ -282,8 +295,13 @@ def _memory(compiled: Any) -> dict[str, float]:
     }
 
 
-def build_stage_executables(spec: StageSpec, device: Any = None, seed: int = 0, optimizer: Any = None) -> StageExecutables:
-    """Compile the worker's forward, backward and optimizer executables for ``device`` (default: first)."""
+def build_stage_executables(
+    spec: StageSpec, device: Any = None, seed: int = 0, optimizer: Any = None, with_optimizer: bool = True
+) -> StageExecutables:
+    """Compile the worker's forward, backward and optimizer executables for ``device`` (default: first).
+
+    ``with_optimizer=False`` leaves the optimizer out (its profile depends only on the worker's optimizer
+    shard sizes, so the profiler reuses one across micro-batch sizes)."""
     import time
 
     import jax
@@ -326,9 +344,12 @@ def build_stage_executables(spec: StageSpec, device: Any = None, seed: int = 0, 
             batch[name] = jax.device_put(value, device)
         carry = None if view.carry_in is None else _concrete(view.carry_in, seed + 1, device)
         grad_acc = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), device), view.params)
-        opt_params = [jax.device_put(np.full((n,), 0.01, np.float32), device) for n in view.optimizer_elements]
-        opt_grads = [jax.device_put(np.full((n,), 1e-3, np.float32), device) for n in view.optimizer_elements]
-        opt_state = jax.jit(tx.init)(opt_params)
+        if with_optimizer:
+            opt_params = [jax.device_put(np.full((n,), 0.01, np.float32), device) for n in view.optimizer_elements]
+            opt_grads = [jax.device_put(np.full((n,), 1e-3, np.float32), device) for n in view.optimizer_elements]
+            opt_state = jax.jit(tx.init)(opt_params)
+        else:
+            opt_params, opt_grads, opt_state = [], [], None
 
         t0 = time.perf_counter()
         fwd = jax.jit(forward).lower(params, carry, batch).compile()
@@ -339,7 +360,7 @@ def build_stage_executables(spec: StageSpec, device: Any = None, seed: int = 0, 
             else _concrete(jax.ShapeDtypeStruct(out.shape, out.dtype), seed + 2, device)
         )
         bwd = jax.jit(backward, donate_argnums=(2,)).lower(residuals, cotangent, grad_acc).compile()
-        opt = jax.jit(update, donate_argnums=(0, 2)).lower(opt_params, opt_grads, opt_state).compile()
+        opt = jax.jit(update, donate_argnums=(0, 2)).lower(opt_params, opt_grads, opt_state).compile() if with_optimizer else None
         compile_s = time.perf_counter() - t0
 
     inputs = {
@@ -355,9 +376,9 @@ def build_stage_executables(spec: StageSpec, device: Any = None, seed: int = 0, 
     execs = StageExecutables(view, fwd, None, None, inputs, compile_s)
     # Donated buffers are consumed by each call: keep the executables' outputs as the next inputs.
     execs.backward = _Rebinding(bwd, inputs, "grad_acc", position=0)
-    execs.optimizer = _OptimizerRebinding(opt, inputs)
-    execs.cost = {"forward": _cost(fwd), "backward": _cost(bwd), "optimizer": _cost(opt)}
-    execs.memory = {"forward": _memory(fwd), "backward": _memory(bwd), "optimizer": _memory(opt)}
+    execs.optimizer = _OptimizerRebinding(opt, inputs) if with_optimizer else None
+    execs.cost = {"forward": _cost(fwd), "backward": _cost(bwd), "optimizer": _cost(opt) if with_optimizer else {}}
+    execs.memory = {"forward": _memory(fwd), "backward": _memory(bwd), "optimizer": _memory(opt) if with_optimizer else {}}
     return execs
 
 

@@ -8,6 +8,10 @@ The API other stages use (``arena-profile --measure`` calls ``measure_plan``)::
     m = measure_plan(get_model(name), plan, warmup=1, steps=3)   # step_time_s, stage_time_s, stage_peak_memory_bytes
     report = train(model, plan, TrainConfig(global_batch=32, steps=50, checkpoint_dir="ckpt"))
 
+On Ray (``libarena.run.cluster.run_job``) a job runs as one actor per host; with several hosts the actors
+form one multi-process JAX runtime (``libarena.run.distributed``) and run the same executor over the
+global device list.
+
 Importing this package does not import JAX (the executor imports it when used).
 """
 

@@ -91,6 +91,9 @@ class RunRequest:
     address: str | None = None
     use_ray: bool = True
     local: LocalClusterConfig = field(default_factory=LocalClusterConfig)
+    #: Hosts (Ray actors, one JAX process each) the job's devices are spread over; 0 = one on the embedded
+    #: cluster, the GPU type's nodes needed (default GPUs per node) on a joined cluster.
+    num_hosts: int = 0
     checkpoint_every: int = 10
     seed: int = 0
     data_seed: int = 0
@@ -156,7 +159,8 @@ def run(request: RunRequest) -> dict[str, Any]:
                               "resumed_from": resumed_from}
     try:
         if request.use_ray:
-            local = LocalClusterConfig(request.local.num_cpus, request.local.num_devices, gpu_type)
+            hosts = job_hosts(request, gpu_type, need if chosen else None)
+            local = LocalClusterConfig(max(request.local.num_cpus, hosts), request.local.num_devices, gpu_type)
             started_ray = connect(request.address, local)
             have = available_gpus(gpu_type)
             if need > have:
@@ -179,7 +183,8 @@ def run(request: RunRequest) -> dict[str, Any]:
         report["plan"] = chosen.describe()
         if request.use_ray:
             spec = JobSpec(model.name, chosen, request.global_batch, request.steps, os.path.abspath(request.checkpoint_dir),
-                           request.checkpoint_every, request.seed, request.data_seed, request.dtype, request.optimizer)
+                           request.checkpoint_every, request.seed, request.data_seed, request.dtype, request.optimizer,
+                           num_hosts=job_hosts(request, gpu_type, chosen.num_gpus))
             report["job"] = run_job(spec).to_dict()
         else:
             from libarena.run.train import TrainConfig, train
@@ -196,6 +201,22 @@ def run(request: RunRequest) -> dict[str, Any]:
 
             ray.shutdown()
     return report
+
+
+def job_hosts(request: RunRequest, gpu_type: str, num_gpus: int | None) -> int:
+    """Hosts (actors) of the job: ``--hosts``, else 1 on the embedded cluster, else the nodes of the GPU
+    type's default size the GPUs fill."""
+    from libarena.hardware import get_gpu
+
+    if num_gpus is None:
+        return max(1, request.num_hosts)
+    hosts = request.num_hosts
+    if hosts == 0:
+        per_node = get_gpu(gpu_type).default_gpus_per_node
+        hosts = 1 if request.address is None or num_gpus <= per_node else -(-num_gpus // per_node)
+    if hosts < 1 or num_gpus % hosts:
+        raise ArenaError(f"the job's {num_gpus} GPUs do not split evenly over {hosts} hosts (--hosts)")
+    return hosts
 
 
 def _search_on_ray(request: RunRequest, gpu_type: str, num_gpus: int) -> Any:

@@ -66,6 +66,18 @@ def _state_template(model: ModelDef, optimizer: OptimizerConfig) -> dict[str, An
     return {"params": jax.tree.map(zeros, params), "opt": jax.tree.map(zeros, opt)}
 
 
+def _this_process_only() -> Any:
+    """Orbax options making each process an independent single-process user: in a multi-host job the
+    state is gathered (``PipelineExecutor.host_state``) and process 0 alone writes; every process reads."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    if jax.process_count() == 1:
+        return ocp.options.MultiprocessingOptions()
+    me = jax.process_index()
+    return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"arena-run-p{me}")
+
+
 class CheckpointStore:
     """Checkpoints of one job in ``directory`` (one orbax step directory per save, the newest few kept)."""
 
@@ -82,7 +94,11 @@ class CheckpointStore:
         if self._manager is None:
             if not create and not self.directory.exists():
                 return None
-            options = ocp.CheckpointManagerOptions(max_to_keep=self.max_to_keep, enable_async_checkpointing=False, create=create)
+            only_me = _this_process_only()
+            if create and only_me.active_processes:  # orbax leaves creating the root to us in this mode
+                self.directory.mkdir(parents=True, exist_ok=True)
+            options = ocp.CheckpointManagerOptions(max_to_keep=self.max_to_keep, enable_async_checkpointing=False,
+                                                   create=create and not only_me.active_processes, multiprocessing_options=only_me)
             self._manager = ocp.CheckpointManager(self.directory, options=options)
         else:
             # Another process (a restarted actor) may have saved since: re-read the step list.

@@ -1,13 +1,18 @@
 """Running a training job on Ray: one actor per host, holding that host's devices, placed through a
-placement group whose bundles ask for GPUs of the job's type (``{"GPU": n, "gpu_type:<type>": n}``).
+placement group with one bundle per host, each asking for the host's GPUs of the job's type
+(``{"GPU": d, "gpu_type:<type>": d}``; STRICT_SPREAD on a multi-node cluster, PACK on one node).
 
-The driver advances the job one checkpoint interval at a time; when an actor dies (node failure, a
-``ray.kill``) it starts a new one, which resumes from the newest checkpoint: at most one interval of
-completed steps is lost.
+With several hosts the actors join one multi-process JAX runtime (``jax.distributed.initialize``;
+actor 0 is the coordinator) and run the same executor over the global device list
+(``libarena.run.distributed``); process 0 writes the checkpoints.
+
+The driver advances the job one checkpoint interval at a time; when any actor dies (node failure, a
+``ray.kill``) it stops the others, starts a new set, which resumes from the newest checkpoint: at most
+one interval of completed steps is lost.
 
 On a machine without GPUs the embedded local cluster declares the requested GPU type as a custom
 resource and each actor presents host CPU devices as those GPUs
-(``XLA_FLAGS=--xla_force_host_platform_device_count=n`` in the actor's environment).
+(``XLA_FLAGS=--xla_force_host_platform_device_count=d`` in the actor's environment).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from urllib.parse import urlparse
 
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
-from libarena.run.plan import RunPlan, RunStage
+from libarena.run.plan import RunPlan
 
 
 def gpu_type_resource(gpu_type: str) -> str:
@@ -55,6 +60,14 @@ class JobSpec:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     #: Present host CPU devices as the job's GPUs (no accelerator on the host).
     cpu_devices: bool = True
+    #: Hosts the job's devices are spread over (one actor each, ``plan.num_gpus / num_hosts`` devices per host).
+    num_hosts: int = 1
+    #: Extra XLA flags for the actors (e.g. tests lowering the backend optimisation level).
+    extra_xla_flags: str = ""
+
+    @property
+    def devices_per_host(self) -> int:
+        return self.plan.num_gpus // self.num_hosts
 
 
 def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
@@ -101,14 +114,37 @@ def available_gpus(gpu_type: str) -> int:
 
 
 class HostWorker:
-    """The actor of one host: trains its share of the job on the host's devices (becomes a Ray actor
-    class through ``ray.remote`` in :func:`_worker_class`)."""
+    """The actor of one host: owns the host's devices and runs its process of the job (becomes a Ray
+    actor class through ``ray.remote`` in :func:`_worker_class`)."""
 
-    def __init__(self, spec: JobSpec):
+    def __init__(self, spec: JobSpec, host_index: int):
         self.spec = spec
+        self.host_index = host_index
 
     def pid(self) -> int:
         return os.getpid()
+
+    def endpoints(self) -> tuple[str, int, int]:
+        """(node IP, a free port for the coordinator, a free port for the cross-host transfer server)."""
+        import ray
+
+        from libarena.run.distributed import free_port
+
+        ip = ray.util.get_node_ip_address()
+        return ip, free_port(ip), free_port(ip)
+
+    def join(self, group: Any) -> list[int]:
+        """Join the job's multi-process JAX runtime; returns the global ids of this host's devices."""
+        import jax
+
+        from libarena.run.distributed import initialize
+
+        initialize(group)
+        local = jax.local_devices()
+        if len(local) != self.spec.devices_per_host or len(jax.devices()) != self.spec.plan.num_gpus:
+            raise ArenaError(f"host {self.host_index} sees {len(local)} of {len(jax.devices())} devices, "
+                             f"expected {self.spec.devices_per_host} of {self.spec.plan.num_gpus}")
+        return [d.id for d in local]
 
     def train_until(self, target_step: int) -> dict[str, Any]:
         from libarena.models import get_model
@@ -150,44 +186,102 @@ class JobReport:
         return asdict(self)
 
 
-def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, Any], None] | None = None,
-            start_timeout_s: float = 120.0) -> JobReport:
-    """Run ``spec`` on the connected Ray cluster; ``on_dispatch(chunk_index, actor)`` is called right
-    after each chunk is submitted (tests use it to kill the actor mid-chunk)."""
+def _single_node() -> bool:
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive")) <= 1
+
+
+class _HostGroup:
+    """The job's actors, one per placement-group bundle, joined into one JAX runtime when there are several."""
+
+    def __init__(self, spec: JobSpec, group: Any, bundle: dict[str, float], env: dict[str, str], start_timeout_s: float):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        d = spec.devices_per_host
+        resources = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        self.actors = [
+            _worker_class().options(
+                num_cpus=bundle["CPU"], num_gpus=d, resources=resources, runtime_env={"env_vars": env},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=h),
+            ).remote(spec, h)
+            for h in range(spec.num_hosts)
+        ]
+        self.coordinator = ""
+        if spec.num_hosts > 1:
+            from libarena.run.distributed import ProcessGroup
+
+            ends = ray.get([a.endpoints.remote() for a in self.actors], timeout=start_timeout_s)
+            # Actor 0 (bundle 0) hosts the coordination service; every actor runs a transfer server.
+            self.coordinator = f"{ends[0][0]}:{ends[0][1]}"
+            groups = [ProcessGroup(self.coordinator, spec.num_hosts, h, f"{ip}:{port}", int(start_timeout_s))
+                      for h, (ip, _, port) in enumerate(ends)]
+            ray.get([a.join.remote(g) for a, g in zip(self.actors, groups)], timeout=start_timeout_s)
+
+    def run(self, target: int) -> list[Any]:
+        """Submit ``train_until(target)`` to every actor (they run the same steps in lockstep)."""
+        return [a.train_until.remote(target) for a in self.actors]
+
+    @staticmethod
+    def wait(refs: list[Any]) -> list[dict[str, Any]]:
+        """Every actor's result; raises RayActorError as soon as any actor dies (the others may be blocked
+        in a collective with it, so waiting on them in order could hang)."""
+        import ray
+
+        pending, results = list(refs), {}
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for r in ready:
+                results[r] = ray.get(r)
+        return [results[r] for r in refs]
+
+    def stop(self) -> None:
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+
+
+def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, list[Any]], None] | None = None,
+            start_timeout_s: float = 120.0, strategy: str | None = None) -> JobReport:
+    """Run ``spec`` on the connected Ray cluster, one actor per host; ``on_dispatch(chunk_index, actors)``
+    is called right after each chunk is submitted (tests use it to kill an actor mid-chunk).
+    ``strategy``: the placement group's; default STRICT_SPREAD on a multi-node cluster, PACK on one node."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
     from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from libarena.run.checkpoint import CheckpointStore
 
     t0 = time.perf_counter()
     plan = spec.plan
     n = plan.num_gpus
+    if spec.num_hosts < 1 or n % spec.num_hosts:
+        raise ArenaError(f"plan {plan.plan_id}'s {n} GPUs do not split evenly over {spec.num_hosts} hosts")
     resource = gpu_type_resource(plan.gpu_type)
     have = available_gpus(plan.gpu_type)
     if have < n:
         raise ArenaError(f"plan {plan.plan_id} needs {n} {plan.gpu_type} GPUs but the Ray cluster has {have}")
-    # One host actor holds all of the job's devices: a single JAX controller per host; grids spanning
-    # several nodes would need one actor per node joined by jax.distributed (not done here).
-    bundle = {"CPU": 1, "GPU": n, resource: n}
-    group = placement_group([bundle], strategy="STRICT_PACK")
+    d = spec.devices_per_host
+    bundle = {"CPU": 1, "GPU": d, resource: d}
+    if strategy is None:
+        strategy = "PACK" if spec.num_hosts == 1 or _single_node() else "STRICT_SPREAD"
+    group = placement_group([dict(bundle) for _ in range(spec.num_hosts)], strategy=strategy)
     try:
         ray.get(group.ready(), timeout=start_timeout_s)
     except GetTimeoutError:
         remove_placement_group(group)
-        raise ArenaError(f"the Ray cluster could not place {bundle} within {start_timeout_s:.0f} s") from None
-    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"} if spec.cpu_devices else {}
+        raise ArenaError(f"the Ray cluster could not place {spec.num_hosts} x {bundle} ({strategy}) within {start_timeout_s:.0f} s") from None
+    flags = f"--xla_force_host_platform_device_count={d} {spec.extra_xla_flags}".strip()
+    env = {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"} if spec.cpu_devices else {}
     env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
 
-    def start_actor() -> Any:
-        return _worker_class().options(
-            num_cpus=1, num_gpus=n, resources={resource: n}, runtime_env={"env_vars": env},
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-        ).remote(spec)
-
     store = CheckpointStore(spec.checkpoint_dir)
-    actor = start_actor()
+    hosts: _HostGroup | None = None
     restarts = 0
     chunks: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
@@ -198,33 +292,38 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, An
         while done < spec.steps:
             every = spec.checkpoint_every if spec.checkpoint_every > 0 else spec.steps
             target = min(spec.steps, (done // every + 1) * every)
-            ref = actor.train_until.remote(target)
-            if on_dispatch is not None:
-                on_dispatch(chunk_index, actor)
-            chunk_index += 1
             try:
-                result = ray.get(ref)
-            except RayActorError as exc:
+                if hosts is None:
+                    hosts = _HostGroup(spec, group, bundle, env, start_timeout_s)
+                refs = hosts.run(target)
+                if on_dispatch is not None:
+                    on_dispatch(chunk_index, hosts.actors)
+                chunk_index += 1
+                results = hosts.wait(refs)
+            except (RayActorError, GetTimeoutError) as exc:
                 restarts += 1
                 resumed = store.latest_step() or 0
                 failures.append({"while_running_to": target, "resume_from": resumed, "error": type(exc).__name__})
+                if hosts is not None:
+                    hosts.stop()
+                    hosts = None
                 if restarts > max_restarts:
                     raise ArenaError(f"job {plan.plan_id} failed {restarts} times; last checkpoint at step {resumed}") from None
-                actor = start_actor()
                 done = resumed
                 continue
+            result = results[0]  # process 0's report (every process saw the same losses)
             for step, loss in result["losses"]:
                 history[int(step)] = float(loss)
             chunks.append({k: result[k] for k in ("start_step", "end_step", "resumed_from", "steady_step_time_s", "stage_time_s",
                                                    "stage_peak_memory_bytes", "checkpoints", "wall_s")})
             done = int(result["end_step"])
     finally:
-        try:
-            ray.kill(actor)
-        except Exception:  # noqa: BLE001 - already dead
-            pass
+        if hosts is not None:
+            hosts.stop()
         remove_placement_group(group)
     return JobReport(
         completed_steps=done, restarts=restarts, losses=sorted(history.items()), chunks=chunks, failures=failures,
-        wall_s=time.perf_counter() - t0, placement={"bundles": [bundle], "strategy": "STRICT_PACK", "gpu_type": plan.gpu_type},
+        wall_s=time.perf_counter() - t0,
+        placement={"bundles": [dict(bundle) for _ in range(spec.num_hosts)], "strategy": strategy, "gpu_type": plan.gpu_type,
+                   "num_hosts": spec.num_hosts, "devices_per_host": d},
     )

@@ -10,6 +10,10 @@ A 1F1B schedule drives the micro-batches; activations and their gradients move b
 ``jax.device_put``. The optimizer updates each stage in place; with ZeRO the Adam moments are sharded over
 ``dp`` as well.
 
+The same code runs as one process per host over the global device list of a multi-process JAX runtime
+(``libarena.run.distributed``): every process issues every stage's computations, which run where the
+stage's devices are; activations crossing processes are relayed by ``distributed.transfer``.
+
 The optimizer state is kept per model unit (Adam is element-wise, so per-unit state is the same as one
 state for the whole model): a checkpoint is then independent of the plan and resumes onto any other.
 """
@@ -28,6 +32,7 @@ import numpy as np
 from libarena.errors import ArenaError
 from libarena.models import ModelDef
 from libarena.models.training import OptimizerConfig, apply_units, compute_dtype, init_params
+from libarena.run import distributed
 from libarena.run.plan import RunPlan, RunStage
 
 #: Logical parameter axes split by tensor (and expert) parallelism.
@@ -157,25 +162,17 @@ class StageRuntime:
         self.loss_cotangent: Any = None
 
     def zero_grads(self) -> list[Any]:
-        import jax
-
-        return jax.device_put(_host_zeros(self._param_shapes), self.param_shardings)
+        return distributed.place_tree(_host_zeros(self._param_shapes), self.param_shardings)
 
     def init_opt(self, params: list[Any]) -> list[Any]:
         """Adam's initial state (zero moments, zero count) for this stage's units."""
-        import jax
-
-        return jax.device_put(_host_zeros(self._opt_shapes), self.opt_shardings)
+        return distributed.place_tree(_host_zeros(self._opt_shapes), self.opt_shardings)
 
     def place_params(self, params: list[Any]) -> list[Any]:
-        import jax
-
-        return [jax.device_put(p, s) for p, s in zip(params, self.param_shardings)]
+        return [distributed.place_tree(p, s) for p, s in zip(params, self.param_shardings)]
 
     def place_opt_state(self, state: list[Any]) -> list[Any]:
-        import jax
-
-        return [jax.device_put(s, sh) for s, sh in zip(state, self.opt_shardings)]
+        return [distributed.place_tree(s, sh) for s, sh in zip(state, self.opt_shardings)]
 
 
 def _host_zeros(shapes: Any) -> Any:
@@ -296,8 +293,16 @@ class PipelineExecutor:
         """Per-unit parameters and optimizer state as host numpy arrays (plan-independent)."""
         import jax
 
-        params = [u for stage in jax.device_get(self.params) for u in stage]
-        opt = [u for stage in jax.device_get(self.opt_state) for u in stage]
+        if not distributed.multi_process():
+            params = [u for stage in jax.device_get(self.params) for u in stage]
+            opt = [u for stage in jax.device_get(self.opt_state) for u in stage]
+            return params, opt
+        # Every process takes part (the stages' owners broadcast their units).
+        params, opt = [], []
+        for rt, p, o in zip(self.stages, self.params, self.opt_state):
+            host_p, host_o = distributed.fetch_tree((p, o), rt.mesh)
+            params += list(host_p)
+            opt += list(host_o)
         return params, opt
 
     # -- one step ----------------------------------------------------------------------------------------
@@ -312,7 +317,6 @@ class PipelineExecutor:
     def step(self, batch: dict[str, np.ndarray], profile_stages: bool = False) -> StepStats:
         """One training step on the global batch ``batch`` (host arrays); returns the mean loss."""
         import jax
-        import jax.numpy as jnp
 
         if not self.params:
             raise RuntimeError("init_state() or load_state() first")
@@ -323,10 +327,10 @@ class PipelineExecutor:
         stage_peak = [0] * S
         stage_batches = []
         for rt in self.stages:
-            stage_batches.append([jax.device_put(p, rt.batch_sharding) for p in pieces] if rt.uses_batch else [{}] * B)
+            stage_batches.append([distributed.place_tree(p, {k: rt.batch_sharding for k in p}) for p in pieces] if rt.uses_batch else [{}] * B)
         last = self.stages[-1]
         if last.loss_cotangent is None:
-            last.loss_cotangent = jax.device_put(jnp.asarray(1.0 / B, jnp.float32), last.replicated)
+            last.loss_cotangent = distributed.place(np.float32(1.0 / B), last.replicated)
         grads = [rt.zero_grads() for rt in self.stages]
         activations: dict[tuple[int, int], Any] = {}
         cotangents: dict[tuple[int, int], Any] = {}
@@ -344,7 +348,7 @@ class PipelineExecutor:
                 if rt.last:
                     losses.append(out)
                 else:
-                    out = jax.device_put(out, self.stages[j + 1].carry_sharding)
+                    out = self._move(out, rt, self.stages[j + 1])
                     activations[(j, i)] = out
             else:
                 cotangent = last.loss_cotangent if rt.last else cotangents.pop((j, i))
@@ -353,11 +357,11 @@ class PipelineExecutor:
                     out = grads[j]
                 else:
                     grads[j], carry_grad = rt.backward(vjps.pop((j, i)), cotangent, grads[j])
-                    out = cotangents[(j - 1, i)] = jax.device_put(carry_grad, self.stages[j - 1].carry_sharding)
+                    out = cotangents[(j - 1, i)] = self._move(carry_grad, rt, self.stages[j - 1])
             if profile_stages:
                 jax.block_until_ready(out)
                 stage_time[j] += time.perf_counter() - t_task
-                memory = self.stage_memory_bytes()
+                memory = self.stage_memory_bytes(all_processes=False)
                 stage_peak = [max(a, b) for a, b in zip(stage_peak, memory)]
         for j, rt in enumerate(self.stages):
             t_task = time.perf_counter()
@@ -368,18 +372,34 @@ class PipelineExecutor:
             if profile_stages:
                 jax.block_until_ready(self.params[j])
                 stage_time[j] += time.perf_counter() - t_task
-        loss = float(np.mean([float(v) for v in losses]))  # waits for the last stage
+        loss = float(np.mean(distributed.fetch_scalars(losses, last.mesh)))  # waits for the last stage
         jax.block_until_ready(self.params)
         self.step_count += 1
-        return StepStats(self.step_count, loss, time.perf_counter() - t0, stage_time if profile_stages else [],
+        elapsed = time.perf_counter() - t0
+        if profile_stages and distributed.multi_process():  # each process timed the stages it holds
+            stage_time = distributed.max_over_processes(stage_time)
+            stage_peak = [int(v) for v in distributed.max_over_processes(stage_peak, np.int64)]
+        return StepStats(self.step_count, loss, elapsed, stage_time if profile_stages else [],
                          stage_peak if profile_stages else [])
+
+    def _move(self, x: Any, source: StageRuntime, target: StageRuntime) -> Any:
+        """An activation (or its gradient) from ``source``'s mesh to ``target``'s carry layout."""
+        import jax
+
+        if not distributed.multi_process():
+            return jax.device_put(x, target.carry_sharding)
+        return distributed.transfer(x, source.mesh, target.carry_sharding)
 
     # -- memory -------------------------------------------------------------------------------------------
 
-    def stage_memory_bytes(self) -> list[int]:
-        """Bytes of live JAX arrays on the most loaded device of each stage (all live arrays of the process)."""
+    def stage_memory_bytes(self, all_processes: bool = True) -> list[int]:
+        """Bytes of live JAX arrays on the most loaded device of each stage (all live arrays of the process;
+        with several processes, the maximum over them: a collective, every process must call it)."""
         per_device = live_bytes_per_device()
-        return [max(per_device.get(d.id, 0) for d in rt.devices) for rt in self.stages]
+        local = [max(per_device.get(d.id, 0) for d in rt.devices) for rt in self.stages]
+        if all_processes and distributed.multi_process():
+            return [int(v) for v in distributed.max_over_processes(local, np.int64)]
+        return local
 
 
 def live_bytes_per_device() -> dict[int, int]:

@@ -14,6 +14,7 @@ import numpy as np
 from libarena.errors import ArenaError
 from libarena.models import ModelDef
 from libarena.models.training import OptimizerConfig
+from libarena.run import distributed
 from libarena.run.checkpoint import CheckpointMeta, CheckpointStore, param_signature
 from libarena.run.executor import PipelineExecutor, StepStats
 from libarena.run.plan import RunPlan
@@ -100,7 +101,10 @@ def train(model: ModelDef, plan: RunPlan, config: TrainConfig, devices: Sequence
     signature = param_signature(model) if store is not None else ""
 
     def save(step: int) -> None:
-        params, opt = executor.host_state()
+        params, opt = executor.host_state()  # every process takes part; process 0 writes
+        if distributed.process_index() != 0:
+            report.checkpoints.append(step)
+            return
         meta = CheckpointMeta(
             model=model.name, global_batch=config.global_batch, step=step, data_position=step * config.global_batch,
             data_seed=config.data_seed, dtype=config.dtype, optimizer=asdict(config.optimizer), param_signature=signature,

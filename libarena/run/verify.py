@@ -39,8 +39,10 @@ def _max_abs_diff(a: Any, b: Any) -> float:
 
 
 def check_plans(model: ModelDef, plans: Sequence[RunPlan], global_batch: int, seed: int = 0, data_seed: int = 0,
-                dtype: str = "fp32", optimizer: OptimizerConfig | None = None) -> list[PlanCheck]:
-    """One training step of every plan vs the single-device ``make_train_step`` from the same state."""
+                dtype: str = "fp32", optimizer: OptimizerConfig | None = None,
+                plan_devices: Sequence[Sequence[Any] | None] | None = None) -> list[PlanCheck]:
+    """One training step of every plan vs the single-device ``make_train_step`` from the same state
+    (``plan_devices[k]``: the devices plan k runs on; default the process's devices)."""
     import jax
 
     optimizer = optimizer or OptimizerConfig()
@@ -52,8 +54,9 @@ def check_plans(model: ModelDef, plans: Sequence[RunPlan], global_batch: int, se
     step = jax.jit(make_train_step(model, dtype, optimizer))
     ref_params, ref_opt, ref_loss = jax.device_get(step(params, opt_state, batch))
     out = []
-    for plan in plans:
-        executor = PipelineExecutor(model, plan, dtype=dtype, optimizer=optimizer)
+    for k, plan in enumerate(plans):
+        devices = plan_devices[k] if plan_devices is not None else None
+        executor = PipelineExecutor(model, plan, devices, dtype=dtype, optimizer=optimizer)
         executor.load_state(params, unit_opt, 0)
         stats = executor.step(batch)
         new_params, new_opt = executor.host_state()

@@ -10,6 +10,7 @@ from typing import Any
 
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, load_cluster
+from libarena.progress import ProgressCallback
 from libarena.schedule.config import SimulatorConfig
 from libarena.schedule.entities import JobSpec
 from libarena.schedule.perf import PerfLookup, load_perf
@@ -101,8 +102,10 @@ def _rows(rows: list[int]) -> str:
     return shown + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
 
 
-def run_policy(workload: Workload, policy: Policy, config: SimulatorConfig | None = None) -> SimulationResult:
-    sim = Simulator(workload.jobs, workload.perf, workload.cluster, policy, config, trace_source=workload.trace.source)
+def run_policy(workload: Workload, policy: Policy, config: SimulatorConfig | None = None,
+               progress: ProgressCallback | None = None) -> SimulationResult:
+    sim = Simulator(workload.jobs, workload.perf, workload.cluster, policy, config, trace_source=workload.trace.source,
+                    progress=progress)
     return sim.run()
 
 

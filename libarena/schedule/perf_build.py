@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from libarena.hardware import ClusterSpec
+from libarena.progress import ProgressCallback
 from libarena.schedule.traces import read_trace
 
 
@@ -23,8 +24,9 @@ def trace_pairs(trace: str | os.PathLike[str], cluster: ClusterSpec, seed: int =
 
 def build_perf_table_for_trace(trace: str | os.PathLike[str], cluster: ClusterSpec, output: str | os.PathLike[str],
                                config: Any = None, seed: int = 0, skip_bad_rows: bool = False,
-                               inputs: list[dict[str, Any]] | None = None, log: Callable[[str], None] | None = None) -> Any:
+                               inputs: list[dict[str, Any]] | None = None, log: Callable[[str], None] | None = None,
+                               progress: ProgressCallback | None = None) -> Any:
     from libarena.profile.perf_build import PerfBuildConfig, build_perf_table
 
     pairs = trace_pairs(trace, cluster, seed, skip_bad_rows)
-    return build_perf_table(pairs, cluster, output, config or PerfBuildConfig(), inputs=inputs, log=log)
+    return build_perf_table(pairs, cluster, output, config or PerfBuildConfig(), inputs=inputs, log=log, progress=progress)

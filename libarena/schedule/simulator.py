@@ -20,6 +20,7 @@ from libarena.schedule.entities import Allocation, ClusterState, Job, JobSpec, J
 from libarena.schedule.events import ArrivalEvent, CompletionEvent, Event, LaunchEvent, RescaleEvent, SchedulingTickEvent
 from libarena.schedule.perf import PerfLookup
 from libarena.schedule.policies.base import Policy
+from libarena.progress import ProgressCallback, ProgressUpdate
 
 ACTIONS = ("launch", "rescale", "migrate", "finish", "drop")
 
@@ -52,8 +53,12 @@ class SimulationResult:
 
 class Simulator:
     def __init__(self, specs: list[JobSpec], perf: PerfLookup, cluster: ClusterSpec, policy: Policy,
-                 config: SimulatorConfig | None = None, trace_source: str = "trace"):
+                 config: SimulatorConfig | None = None, trace_source: str = "trace",
+                 progress: ProgressCallback | None = None):
         self.config = config or SimulatorConfig()
+        #: hears (jobs settled, total jobs) whenever a job finishes or is dropped, at scheduling ticks
+        self.progress = progress
+        self._progress_reported = -1
         self.config.validate()
         if not specs:
             raise ArenaError(f"{trace_source}: the trace has no jobs")
@@ -88,6 +93,7 @@ class Simulator:
         self.pending_arrivals = len(self.jobs)
         self.done_count = 0
         self.unschedulable_count = 0
+        self.all_settled = False
         self.decisions_this_tick = 0
         self.stall = 0
         self._enqueue_seq = 0
@@ -117,15 +123,26 @@ class Simulator:
             _, _, _, event = heapq.heappop(heap)
             self.now = t
             event.handle(self)
-            if self.stop_reason == "stalled":
+            # Stale events (completions of superseded job versions) may remain; they must not move the end.
+            if self.stop_reason == "stalled" or self.all_settled:
                 break
         for job in self.active.values():
             self._settle(job)
+        if self.progress is not None:
+            self._report_progress(final=True)
         res = self.result
         res.end_time = self.now
         res.stopped_by = self.stop_reason
         res.wall_s = _time.perf_counter() - wall
         return res
+
+    def _report_progress(self, final: bool = False) -> None:
+        settled = self.done_count + self.unschedulable_count
+        if settled == self._progress_reported and not final:
+            return
+        self._progress_reported = settled
+        self.progress(ProgressUpdate(f"simulating {self.policy.name}", len(self.jobs) if final else settled,
+                                     len(self.jobs), f"simulated {(self.now - self.start_time) / 3600:.1f} h"))
 
     # -- event handlers ----------------------------------------------------------------------------
     def arrive(self, job: Job) -> None:
@@ -192,8 +209,11 @@ class Simulator:
         res.ts_queued.append(self.queued_count)
         res.ts_decision_s.append(elapsed)
         res.ts_scheduled.append(scheduled)
+        if self.progress is not None:
+            self._report_progress()
         if self.done_count + self.unschedulable_count == len(self.jobs) and not self.active and self.pending_arrivals == 0:
-            return  # nothing left that can happen
+            self.all_settled = True  # nothing left that can happen: the run ends at this tick
+            return
         if not self.active and self.pending_arrivals == 0 and self.decisions_this_tick == 0:
             self.stall += 1
             if self.stall >= self.config.stall_ticks:

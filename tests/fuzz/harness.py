@@ -4,7 +4,9 @@ The contract every generated case must meet (the project's standard for bad inpu
 
 - exit code 0 or 2 (never 1 = "internal error", never a traceback);
 - exit code 2: exactly one line on stderr, ``<tool>: error: ...``;
-- the output directory holds nothing new but the intended complete files (on failure: nothing new at all).
+- the output directory holds nothing new but the intended complete files (on failure: nothing new at all);
+  on success the stage cache may appear too (``.arena-cache/``, the producing commands' default --cache-dir
+  relative to the case's fresh working directory, so cases never share cache entries).
 
 Tools run in-process through :func:`libarena.cli.run_app` (the same wrapper the console scripts use), with
 stdin/stdout/stderr swapped for in-memory buffers, so a few hundred cases per tool take seconds. A handful
@@ -46,6 +48,8 @@ BUDGET: dict[str, dict[str, int]] = {
     "arena-run": {"cli_args": 260, "plans_table": 140, "grid": 110},
 }
 MIN_CASES_PER_TOOL = 500
+#: The producing commands' default cache root (libarena.artifacts.stage_cache.DEFAULT_CACHE_DIR).
+STAGE_CACHE_DIR = ".arena-cache"
 #: (tool, exit code) -> cases seen in this session (printed at the end of the run by conftest).
 OUTCOMES: dict[tuple[str, int], int] = {}
 
@@ -141,7 +145,8 @@ def check_contract(tool: str, outcome: Outcome, before: dict[str, int], workdir:
         assert not new, f"{tool}: failed but left {new} behind: {outcome.describe()}"
         return
     allowed = set(allowed_outputs)
-    stray = [p for p in new if p not in allowed and not any(p.startswith(a + "/") for a in allowed)]
+    stray = [p for p in new if p not in allowed | {STAGE_CACHE_DIR}
+             and not any(p.startswith(a + "/") for a in (*allowed, STAGE_CACHE_DIR))]
     assert not stray, f"{tool}: succeeded but also left {stray}: {outcome.describe()}"
     assert not [p for p in after if p.endswith(".tmp")], f"{tool}: left a temp file: {outcome.describe()}"
     if verify_output is not None:

@@ -211,6 +211,24 @@ def test_roofline_loads_charge_zero_flop_ops_bytes_over_bandwidth():
     assert loads[1] == pytest.approx(1e12 / gpu.peak("bf16"), rel=1e-3)
 
 
+def test_fused_loads_charge_bytes_only_where_they_reach_memory_after_fusion():
+    # Per cluster (optables.operator_rows): two dots and a copy (kept by fusion: all their bytes) and an
+    # elementwise optimizer add, which after fusion moves only the parameter buffers it touches.
+    records = [cluster_record(0, flops=0.0, bytes_=1e9, param_count=1e6), cluster_record(1, flops=1e12, bytes_=1e6, param_count=2e6)]
+    for rec in records:
+        rec["optimizer_flops"], rec["optimizer_bytes"] = 1e6, 1e10
+    profile = load_model_profile(operator_table(records))
+    gpu = get_gpu("a100")
+    compute, optimizer = profile.fused_loads(gpu)
+    peak, bw = gpu.peak("bf16"), gpu.hbm_bandwidth
+    assert compute[0] == pytest.approx(1e9 / bw)  # zero-FLOP dots and copy: bytes over bandwidth
+    assert compute[1] == pytest.approx(1e12 / peak + 1e5 / bw, rel=1e-6)  # dots compute-bound, the copy not
+    # The unfused add charges 1e10 bytes; fused, only the 4-byte parameters it reads (param_bytes).
+    assert optimizer == pytest.approx([max(1e6 / peak, 4e6 / bw), max(1e6 / peak, 8e6 / bw)])
+    unfused = profile.loads(gpu)
+    assert np.all(compute + optimizer <= unfused * (1 + 1e-12))
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [

@@ -51,6 +51,25 @@ def test_roofline_rows_cover_every_configuration(moe_tiny_plans):
     assert best("a100", 2) < best("a10", 2)
 
 
+def test_roofline_phase_times_lie_between_pure_compute_and_unfused_memory_traffic(moe_tiny_plans):
+    import numpy as np
+
+    from libarena.hardware import get_gpu
+    from libarena.profile.roofline import phase_seconds
+
+    profile = moe_tiny_plans[0]
+    gpu = get_gpu("a100")
+    compute, optimizer = phase_seconds(profile, "a100")
+    total = compute + optimizer
+    flops_only = np.bincount(profile.op_cluster[profile.op_cluster >= 0], profile.op_flops[profile.op_cluster >= 0],
+                             minlength=profile.num_clusters) / gpu.peak(profile.dtype)
+    assert np.all(total >= flops_only * (1 - 1e-9))
+    assert np.all(total <= profile.loads(gpu) * (1 + 1e-9))
+    # Fusion keeps a real model's elementwise traffic off the memory bus: strictly less than unfused.
+    assert total.sum() < 0.8 * profile.loads(gpu).sum()
+    assert optimizer.sum() > 0
+
+
 def test_roofline_estimate_follows_the_1f1b_formula(moe_tiny_plans):
     from libarena.profile.roofline import RooflineConfig, estimate_plan
 
@@ -106,3 +125,28 @@ def test_perf_build_rejects_unknown_mode():
 
     with pytest.raises(ArenaError, match="unknown perf build mode"):
         PerfBuildConfig(mode="guess")
+
+
+def test_dp_view_shards_adam_state_only_when_the_replicated_state_does_not_fit():
+    from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.plan import load_model_profile
+    from libarena.profile.roofline import RooflineConfig, dp_plan_estimate
+    from tests.plan.optables import cluster_record, operator_table
+
+    def profile(total_params: float):
+        records = [cluster_record(i, flops=1e13, bytes_=1e9, param_count=total_params / 4) for i in range(4)]
+        return load_model_profile(operator_table(records, global_batch=64))
+
+    comm, plain = AlphaBetaCommModel(), RooflineConfig(dp_zero=False)
+    # 2.5B fp32 parameters: 20 GB of weights + gradients and 20 GB of Adam state exceed an A100-40GB's 36 GB;
+    # with the Adam state sharded over 8 replicas (2.5 GB each) they fit.
+    big = profile(2.5e9)
+    assert not dp_plan_estimate(big, "a100", 8, 8, comm, plain)[1]
+    zero_estimate, fits = dp_plan_estimate(big, "a100", 8, 8, comm, RooflineConfig())
+    assert fits
+    assert not dp_plan_estimate(big, "a100", 1, 8, comm, RooflineConfig())[1]  # one GPU has nothing to shard with
+    # A model whose replicated state fits is priced exactly as before (no ZeRO, same time).
+    small = profile(1e9)
+    assert dp_plan_estimate(small, "a100", 8, 8, comm, RooflineConfig())[0].iter_time_s == pytest.approx(
+        dp_plan_estimate(small, "a100", 8, 8, comm, plain)[0].iter_time_s)
+    assert zero_estimate.iter_time_s > 0

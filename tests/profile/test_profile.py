@@ -89,9 +89,13 @@ def test_stage_breakdown_follows_the_1f1b_model(first_run):
 
     estimate = next(e for e in first_run.estimates if e.plan.plan_id == "s1-b0-g1-1x1" and not e.estimated)
     (stage,) = estimate.stages
-    times = StageTimes(stage["compute_s"], stage["comm_s"], stage["p2p_s"], stage["grad_sync_s"], stage["optimizer_s"])
+    times = StageTimes(stage["compute_s"], stage["comm_s"], stage["p2p_s"], stage["grad_sync_s"], stage["optimizer_s"],
+                       stage["workers"], stage["setup_s"])
     assert estimate.iter_time_s == pytest.approx(one_f_one_b([times], 4).iter_time_s)
     assert stage["compute_s"] > 0 and stage["optimizer_s"] > 0 and stage["p2p_s"] == 0
+    # The runtime's per-step host work is priced: gradient-buffer reset and 4 micro-batch input placements.
+    assert stage["workers"] == 1 and stage["setup_s"] > 0
+    assert estimate.iteration.setup_s == pytest.approx(stage["setup_s"])
 
 
 def test_second_run_is_served_from_the_cache(plans_path, cache_dir, first_run):
@@ -223,3 +227,60 @@ def test_memory_check_against_the_device(plans_path, cache_dir, first_run):
     est = next(e for e in first_run.estimates if not e.estimated)
     # weights + gradient buffer + Adam state of the whole tiny GPT at least
     assert est.memory_per_stage_bytes[0] > 4 * 4 * 0.2e6
+
+
+def test_cli_sigterm_mid_run_exits_2_keeps_the_cache_valid_and_a_rerun_resumes(plans_path, tmp_path):
+    """A profiling run killed with SIGTERM mid-way: exit 2 with one line, no output file, only whole cache
+    entries; the rerun serves the entries finished before the kill from the cache."""
+    import json
+    import signal
+    import time
+
+    cache, out = tmp_path / "cache", tmp_path / "perf.parquet"
+    args = [sys.executable, "-m", "arena_profile.main", "-i", str(plans_path), "--cache-dir", str(cache), "--no-dp", "-o", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def stage_entries() -> list:
+        entries = [json.loads(path.read_text()) for path in cache.glob("*/*.json")]  # atomic: always whole
+        return [e for e in entries if "spec" in e["value"]]
+
+    deadline = time.monotonic() + 240
+    while not stage_entries() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    err = err.decode().strip().splitlines()
+    assert proc.returncode == 2 and err[-1] == "arena-profile: error: interrupted", err
+    assert not out.exists()
+    assert not list(cache.glob("*/.*.tmp"))
+    for path in cache.glob("*/*.json"):
+        entry = json.loads(path.read_text())
+        assert entry["key"] == path.stem and "value" in entry
+    finished = stage_entries()
+    assert finished
+    rerun = _cli("-i", plans_path, "--cache-dir", cache, "--no-dp", "-o", out)
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    meta = read_table(out, "perf_table").metadata
+    # Every unit profile finished before the kill is reused, not profiled again.
+    assert meta["stages_profiled"] <= meta["unique_stages"] - len(finished)
+
+
+@pytest.mark.slow
+def test_cli_measure_runs_the_plan_with_the_runtime_executor(plans_path, cache_dir, first_run, tmp_path):
+    """--measure: the local plan runs through libarena.run.measure_plan; estimate and truth side by side,
+    the A100 rows (not here) stay unmeasured."""
+    out = tmp_path / "measured.parquet"
+    proc = _cli("-i", plans_path, "--cache-dir", cache_dir, "--no-dp", "--measure", "--measure-repeats", "2", "-o", out)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "runtime's executor" in proc.stderr.decode()
+    perf = read_table(out, "perf_table")
+    rows = perf.table.to_pylist()
+    for r in rows:
+        if r["gpu_type"] == "cpu":
+            assert r["measured_iter_time_s"] > 0 and r["measured_cost_device_s"] > r["measured_iter_time_s"]
+        else:
+            assert r["measured_iter_time_s"] is None
+    (measured,) = [p["measured"] for p in perf.metadata["plans"] if "measured" in p]
+    assert measured["runner"] == "libarena.run.measure_plan" and len(measured["samples_s"]) == 2
+    assert perf.metadata["measured_plans"] == 1 and perf.metadata["mean_abs_error"] >= 0

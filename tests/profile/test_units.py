@@ -36,6 +36,35 @@ def test_pipeline_first_microbatch_plus_slowest_stage_minus_overlapped_p2p():
     assert est.bottleneck_stage == 2
 
 
+def test_devices_sharing_a_host_slow_each_other_down():
+    """slowdown(k): k devices busy at once each run slowdown(k)x slower (host devices share the cores)."""
+    from libarena.profile.concurrency import HostConcurrency
+
+    shared = HostConcurrency(((2, 2.0),), "test").slowdown  # two devices at once: no gain at all
+    # Pure data parallelism on 2 devices: each replica does half the work, but at half the speed.
+    dp = [StageTimes(compute_s=0.1, optimizer_s=0.02, workers=2, setup_s=0.01)]
+    assert one_f_one_b(dp, 4).iter_time_s == pytest.approx(0.01 + 4 * 0.1 + 0.02)
+    assert one_f_one_b(dp, 4, shared).iter_time_s == pytest.approx(0.01 + 4 * 0.2 + 0.04)
+    # Two 1-device stages: the steady state is bounded by the host's capacity (both stages' work in turn).
+    two = [StageTimes(1.0, optimizer_s=0.1), StageTimes(3.0, optimizer_s=0.3)]
+    independent = one_f_one_b(two, 8)
+    assert independent.iter_time_s == pytest.approx(4.0 + 7 * 3.0 + 0.3) and independent.host_slowdown == 1.0
+    est = one_f_one_b(two, 8, shared)
+    assert est.first_microbatch_s == pytest.approx(4.0)  # one stage at a time: no contention
+    assert est.iter_time_s == pytest.approx(4.0 + 7 * 4.0 + 0.4) and est.host_slowdown == 2.0
+    # Identity when devices do not share (GPUs): the bound never binds.
+    assert one_f_one_b(two, 8, HostConcurrency().slowdown) == independent
+
+
+def test_host_concurrency_interpolates_between_measured_points():
+    from libarena.profile.concurrency import HostConcurrency
+
+    hc = HostConcurrency(((2, 1.8), (4, 3.0)))
+    assert hc.slowdown(1) == 1.0 and hc.slowdown(2) == pytest.approx(1.8) and hc.slowdown(3) == pytest.approx(2.4)
+    assert hc.slowdown(8) == pytest.approx(5.4) and hc.slowdown(100) <= 100
+    assert HostConcurrency().slowdown(8) == 1.0
+
+
 # -- cache --------------------------------------------------------------------------------------------
 
 
@@ -62,6 +91,33 @@ def test_interrupted_cache_write_leaves_no_entry(tmp_path):
     assert not cache.path("12" * 32).exists()
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
     assert ProfileCache(tmp_path).get("12" * 32) is None
+
+
+def test_stale_temp_files_of_killed_writers_are_ignored_and_removed(tmp_path):
+    """SIGKILL between a temp write and its rename leaves ``.<key>.json.<pid>.<rand>.tmp``: never read as an
+    entry; removed when its writer is dead (or, without a pid, once old); a live writer's file is kept."""
+    import os
+    import subprocess
+    import sys
+
+    cache = ProfileCache(tmp_path)
+    cache.put("ab" * 32, {"x": 1.0})
+    folder = cache.path("ab" * 32).parent
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead_pid = int(dead.stdout)  # exited: nobody owns its temp file any more
+    stale = folder / f".{'ab' * 32}.json.{dead_pid}.0a1b2c3d.tmp"
+    live = folder / f".{'ab' * 32}.json.{os.getppid()}.0a1b2c3d.tmp"  # our parent is alive: still writing
+    old_anonymous = folder / f".{'ab' * 32}.json.k2j3h4.tmp"  # a pid-less temp file (atomic_output style)
+    young_anonymous = folder / f".{'ab' * 32}.json.zz9988.tmp"
+    for path in (stale, live, old_anonymous, young_anonymous):
+        path.write_text('{"format": 1, "key": "ab')  # half-written
+    os.utime(old_anonymous, (0, 0))
+    assert cache.entries() == [cache.path("ab" * 32)]  # temp files are not entries
+    fresh = ProfileCache(tmp_path)
+    assert fresh.stale_removed == 2
+    assert not stale.exists() and not old_anonymous.exists() and live.exists() and young_anonymous.exists()
+    assert fresh.get("ab" * 32) == {"x": 1.0}
+    assert fresh.entries() == [fresh.path("ab" * 32)]
 
 
 # -- perf table import --------------------------------------------------------------------------------

@@ -1,16 +1,18 @@
-"""Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=N: one training step of
-every plan of the N-device grid vs the single-device step; prints one JSON line per plan."""
+"""Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8: one training step of every
+plan of the small grids below, each on the first N devices (N = 1, 2, 4, 8), vs the single-device step;
+prints one JSON line per plan. One process for every device count: the reference step of each model is
+compiled once."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 from libarena.run.plan import simple_plan
 from libarena.run.verify import check_plans
 from tests.run.micro import MICRO_MODELS, TEST_OPTIMIZER
 
 GLOBAL_BATCH = 8
+NUM_DEVICES = 8
 
 #: Per device count: (model, unit boundaries, dp per stage, tp per stage, micro-batches, zero per stage).
 #: Pure DP, pure TP, pure PP and hybrids; every model has 4 units.
@@ -23,20 +25,26 @@ GRIDS = {
 }
 
 
-def main(num_devices: int) -> None:
+def main() -> None:
     import jax
 
-    assert len(jax.devices()) == num_devices, jax.devices()
+    devices = jax.devices()
+    assert len(devices) == NUM_DEVICES, devices
     by_model: dict[str, list] = {}
-    for name, bounds, dp, tp, micro, zero in GRIDS[num_devices]:
-        by_model.setdefault(name, []).append((bounds, dp, tp, micro, zero))
+    for count, specs in GRIDS.items():
+        for name, bounds, dp, tp, micro, zero in specs:
+            by_model.setdefault(name, []).append((count, bounds, dp, tp, micro, zero))
     for name, specs in by_model.items():
         model = MICRO_MODELS[name]()
-        plans = [simple_plan(model, GLOBAL_BATCH, b, d, t, m, z) for b, d, t, m, z in specs]
-        for check in check_plans(model, plans, GLOBAL_BATCH, optimizer=TEST_OPTIMIZER):
-            print(json.dumps({"model": name, "plan": check.plan_id, "loss": check.loss, "reference_loss": check.reference_loss,
-                              "param_error": check.max_param_error, "moment_error": check.max_moment_error}), flush=True)
+        plans = [simple_plan(model, GLOBAL_BATCH, b, d, t, m, z) for _, b, d, t, m, z in specs]
+        counts = [spec[0] for spec in specs]
+        checks = check_plans(model, plans, GLOBAL_BATCH, optimizer=TEST_OPTIMIZER, plan_devices=[devices[:n] for n in counts])
+        for count, plan, check in zip(counts, plans, checks):
+            assert plan.num_gpus == count
+            print(json.dumps({"model": name, "plan": check.plan_id, "num_devices": count, "loss": check.loss,
+                              "reference_loss": check.reference_loss, "param_error": check.max_param_error,
+                              "moment_error": check.max_moment_error}), flush=True)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main()

@@ -79,3 +79,19 @@ def test_plan_row_maps_clusters_to_units() -> None:
         cluster_unit_ranges(model, [{"units": ["embed"]}, {"units": ["block_01"]}])
     with pytest.raises(ArenaError, match="does not have"):
         cluster_unit_ranges(model, [{"units": ["stem"]}])
+
+
+def test_job_hosts_spread_the_gpus_evenly() -> None:
+    from libarena.hardware import get_gpu
+    from libarena.run.api import RunRequest, job_hosts
+
+    def request(hosts: int, address: str | None = None) -> RunRequest:
+        return RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", num_hosts=hosts, address=address)
+
+    assert job_hosts(request(0), "a100", 16) == 1  # the embedded cluster is one host
+    per_node = get_gpu("a100").default_gpus_per_node
+    assert job_hosts(request(0, "head:6379"), "a100", 4 * per_node) == 4  # whole nodes of the type's default size
+    assert job_hosts(request(0, "head:6379"), "a100", per_node) == 1
+    assert job_hosts(request(2), "a100", 4) == 2
+    with pytest.raises(ArenaError, match="do not split evenly over 3 hosts"):
+        job_hosts(request(3), "a100", 4)

@@ -1,5 +1,6 @@
-"""The job on Ray: a host actor holding the devices (GPU type as a Ray resource, placement group);
-killing the actor mid-run restarts the job from its last checkpoint without losing more steps."""
+"""The job on Ray: one actor per host holding that host's devices (GPU type as a Ray resource, one
+placement-group bundle per host), the actors joined into one multi-process JAX runtime; killing an
+actor mid-run restarts the job from its last checkpoint without losing more steps."""
 
 from __future__ import annotations
 
@@ -13,51 +14,70 @@ from libarena.run.plan import simple_plan
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
+#: The test machine's cluster: 4 host CPU devices presented as A100s.
+NUM_DEVICES = 4
 
-@pytest.fixture()
+
+@pytest.fixture(scope="module")
 def local_ray():
     import ray
 
     from libarena.run.cluster import LocalClusterConfig, connect
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    started = connect(None, LocalClusterConfig(num_cpus=2, num_devices=2, gpu_type="a100"))
+    started = connect(None, LocalClusterConfig(num_cpus=2, num_devices=NUM_DEVICES, gpu_type="a100"))
     yield
     if started:
         ray.shutdown()
 
 
-def test_killed_actor_restarts_from_last_checkpoint(tmp_path: Path, local_ray) -> None:
+def test_two_host_job_survives_a_killed_coordinator(tmp_path: Path, local_ray) -> None:
+    """2 hosts x 2 devices. Stage 1 spans both hosts (its gradient all-reduce crosses processes); the
+    activations cross from host 0 to the spanning stage to host 1 and back. Host 0's actor (the JAX
+    coordinator) is killed while steps 3-4 run: every actor is replaced, the job resumes from step 2,
+    and the losses equal one uninterrupted single-device run."""
     import ray
 
-    from libarena.errors import ArenaError
     from libarena.run.cluster import JobSpec, available_gpus, run_job
     from libarena.run.train import TrainConfig, train
 
-    assert available_gpus("a100") == 2
+    assert available_gpus("a100") == NUM_DEVICES
     model = get_model("gpt__tiny")
-    plan = simple_plan(model, 8, [0], [2], [1], 2, gpu_type="a100")
-    spec = JobSpec(model.name, plan, 8, 6, str(tmp_path / "ckpt"), checkpoint_every=2)
+    plan = simple_plan(model, 8, [0, 2, 4], [1, 2, 1], [1, 1, 1], 2, gpu_type="a100")  # devices: [h0d0] [h0d1 h1d0] [h1d1]
+    spec = JobSpec(model.name, plan, 8, 4, str(tmp_path / "ckpt"), checkpoint_every=2, num_hosts=2,
+                   extra_xla_flags="--xla_backend_optimization_level=0")
     killed = []
 
-    def kill_second_chunk(chunk: int, actor) -> None:
+    def kill_coordinator_in_second_chunk(chunk: int, actors) -> None:
+        assert len(actors) == 2
         if chunk == 1:  # steps 3-4 in flight; the checkpoint of step 2 exists
-            ray.kill(actor, no_restart=True)
+            ray.kill(actors[0], no_restart=True)
             killed.append(chunk)
 
-    report = run_job(spec, on_dispatch=kill_second_chunk)
+    report = run_job(spec, on_dispatch=kill_coordinator_in_second_chunk)
     assert killed == [1]
-    assert report.restarts == 1 and report.completed_steps == 6
+    assert report.restarts == 1 and report.completed_steps == 4
     assert report.failures[0]["resume_from"] == 2  # lost at most one checkpoint interval
-    assert [s for s, _ in report.losses] == [1, 2, 3, 4, 5, 6]
-    assert report.placement["bundles"][0]["gpu_type:a100"] == 2
+    assert [s for s, _ in report.losses] == [1, 2, 3, 4]
+    assert report.placement["num_hosts"] == 2 and report.placement["strategy"] == "PACK"
+    assert [b["gpu_type:a100"] for b in report.placement["bundles"]] == [2, 2]
+    # Every stage was measured, including the ones living on host 1 only.
+    assert all(m > 0 for m in report.chunks[0]["stage_peak_memory_bytes"]) and len(report.chunks[0]["stage_time_s"]) == 3
 
-    # The same 6 steps uninterrupted, in this process on one device: identical losses.
-    reference = train(model, simple_plan(model, 8, [0], [1], [1], 2), TrainConfig(8, 6, profile_step=0))
+    reference = train(model, simple_plan(model, 8, [0], [1], [1], 2), TrainConfig(8, 4, profile_step=0))
     for (step, loss), (ref_step, ref_loss) in zip(report.losses, reference.losses):
         assert step == ref_step and loss == pytest.approx(ref_loss, rel=1e-5)
 
-    # A plan larger than the cluster: one-line error before anything runs.
-    big = simple_plan(model, 8, [0], [4], [1], 1, gpu_type="a100")
-    with pytest.raises(ArenaError, match="needs 4 a100 GPUs but the Ray cluster has 2"):
-        run_job(JobSpec(model.name, big, 8, 2, str(tmp_path / "other")))
+
+def test_job_larger_than_the_cluster_or_uneven_hosts(tmp_path: Path, local_ray) -> None:
+    from libarena.errors import ArenaError
+    from libarena.run.cluster import JobSpec, run_job
+
+    model = get_model("gpt__tiny")
+    big = simple_plan(model, 8, [0], [8], [1], 1, gpu_type="a100")
+    with pytest.raises(ArenaError, match=f"needs 8 a100 GPUs but the Ray cluster has {NUM_DEVICES}"):
+        run_job(JobSpec(model.name, big, 8, 2, str(tmp_path / "big")))
+    uneven = simple_plan(model, 8, [0], [2], [1], 1, gpu_type="a100")
+    with pytest.raises(ArenaError, match="do not split evenly over 4 hosts"):
+        run_job(JobSpec(model.name, uneven, 8, 2, str(tmp_path / "uneven"), num_hosts=4))
+    assert not (tmp_path / "big").exists() and not (tmp_path / "uneven").exists()

@@ -125,3 +125,17 @@ def test_horizon_reports_unfinished(philly_slice):
     unf = rec.filter(pc.equal(rec.column("status"), "unfinished"))
     ends = pa.compute.add(unf.column("submit_time_s"), unf.column("jct_s")).to_pylist()
     assert all(e == pytest.approx(res.end_time) for e in ends)
+
+
+@pytest.mark.parametrize("policy", ["arena", "sia"])
+def test_makespan_ends_at_the_last_finish_not_at_stale_events(philly_slice, policy):
+    # Rescaled jobs leave completion events of superseded versions in the heap; they must not extend the run.
+    config = SimulatorConfig()
+    res = run_policy(philly_slice, make_policy(policy), config)
+    m = summarize(res)
+    rec = job_records(res)
+    fin = rec.filter(pc.equal(rec.column("status"), "finished"))
+    last_finish = max(pa.compute.add(fin.column("submit_time_s"), fin.column("jct_s")).to_pylist())
+    assert m["reschedules_per_job"] > 0 or policy == "sia"
+    assert res.stopped_by == "completion"
+    assert last_finish <= res.end_time <= last_finish + config.tick_s + 1e-6

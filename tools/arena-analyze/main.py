@@ -1,6 +1,7 @@
 """arena-analyze: a zoo model's training step -> HLO operator table (thin CLI over libarena.analyze).
 
     arena-analyze --model moe__2.4B --global-batch 256 [--seq-len 1024] [--dtype bf16] [--num-clusters 16] -o ops.parquet
+    arena-analyze ... -o ops.parquet [--quiet] [--json] [--no-cache] [--cache-dir .arena-cache]
     arena-analyze --model gpt__1.3B --global-batch 512 -o - | arena-plan --cluster c.yaml -o plans.parquet
     arena-analyze --list-models [--json]
     arena-analyze show ops.parquet [--top 15] [--json]
@@ -10,21 +11,18 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
 
-from libarena.cli import run_app, stderr_console
+from libarena.cli import JSON_HELP, QUIET_HELP, Reporter, print_json, refuse_json_with_stdout_data, run_app
 from libarena.errors import ArenaError
 
 app = typer.Typer(
     add_completion=False,
     help="Lower a model's training step abstractly and write its HLO operator table and clustered view.",
 )
-
-
-def _log(message: str) -> None:
-    stderr_console.print(f"arena-analyze: {message}", soft_wrap=True)
 
 
 @app.callback(invoke_without_command=True)
@@ -37,13 +35,18 @@ def analyze(
     num_clusters: int = typer.Option(16, "--num-clusters", help="O, the number of clustered operators"),
     output: str = typer.Option("-", "--output", "-o", help="operator table (Parquet), '-' = Arrow stream on stdout"),
     list_models: bool = typer.Option(False, "--list-models", help="list the model zoo and exit"),
-    as_json: bool = typer.Option(False, "--json", help="with --list-models: JSON on stdout"),
+    as_json: bool = typer.Option(False, "--json", help=f"{JSON_HELP}; with --list-models: the zoo as JSON"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    no_cache: bool = typer.Option(False, "--no-cache", help="analyze again even when the stage cache has this output"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="cache root; outputs in DIR/stages/ (default .arena-cache)"),
 ) -> None:
     """Analyze a model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
     from libarena.analyze import AnalyzeConfig, analyze_model, check_writable
     from libarena.artifacts import Provenance
+    from libarena.artifacts.stage_cache import StageCache, library_versions
+    from libarena.progress import ProgressUpdate
 
     if list_models:
         from libarena.analyze.show import render_zoo, zoo_rows
@@ -61,12 +64,35 @@ def analyze(
     if global_batch is None:
         raise ArenaError("missing --global-batch: the global batch size to analyze the step at")
     config = AnalyzeConfig(model, global_batch, seq_len, dtype, num_clusters).validated()
+    refuse_json_with_stdout_data(as_json, output)
     if output == "-" and sys.stdout.isatty():
         raise ArenaError("refusing to write an Arrow stream to a terminal: use -o FILE or pipe the output")
     check_writable(output)
-    ops = analyze_model(config, log=_log)
-    ops.write(output, Provenance(tool="arena-analyze", parameters=config.parameters()))
-    _log(f"wrote {ops.num_rows} instructions, {len(ops.clusters)} clusters to {'stdout' if output == '-' else output}")
+    where = "stdout" if output == "-" else output
+    with Reporter(quiet=quiet, prefix="arena-analyze: ") as reporter:
+        cache = StageCache(cache_dir, "arena-analyze", refresh=no_cache, log=reporter.log, warn=reporter.warn)
+        parameters = config.parameters()
+        key = cache.key(parameters, versions=library_versions("jax", "jaxlib"), code=[__file__])
+        task = f"analyzing {config.model} at global batch {config.global_batch}"
+        phases: list[str] = []
+
+        def phase(message: str) -> None:  # analyze_model reports its phases (lowering, costs, clustering)
+            phases.append(message)
+            reporter.log(message)
+            reporter.progress(ProgressUpdate(task, len(phases), None, message))
+
+        def produce(path: str) -> None:
+            reporter.progress(ProgressUpdate(task, 0, None, "lowering the training step"))
+            ops = analyze_model(config, log=phase)
+            ops.write(path, Provenance(tool="arena-analyze", parameters=parameters))
+            reporter.log(f"wrote {ops.num_rows} instructions, {len(ops.clusters)} clusters to {where}")
+
+        outcome = cache.produce_table(key, output, produce)
+    if outcome.cache_hit:
+        reporter.log(f"cached: {where} is {outcome.entry} ({outcome.rows} instructions; --no-cache analyzes again)")
+    if as_json:
+        print_json({"tool": "arena-analyze", **outcome.summary(), "parameters": parameters,
+                    "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 
 @app.command()

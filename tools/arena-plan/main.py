@@ -1,6 +1,7 @@
 """arena-plan: operator table -> per-grid Pareto frontiers and proxy plans (thin CLI over libarena.plan).
 
     arena-analyze --model moe__2.4B --global-batch 256 -o - | arena-plan --cluster c.yaml -o plans.parquet
+    arena-plan ... -o plans.parquet [--quiet] [--json] [--no-cache] [--cache-dir .arena-cache]
     arena-plan show plans.parquet [--json] [--proxies]
     arena-plan export plans.parquet --format alpa --gpu-type a100 --num-gpus 16 --stages 4 -o alpa.json
 """
@@ -15,7 +16,7 @@ from typing import Optional
 import typer
 
 from libarena.artifacts import Provenance, input_ref, read_table, write_bytes
-from libarena.cli import run_app, stderr_console
+from libarena.cli import JSON_HELP, QUIET_HELP, Reporter, print_json, refuse_json_with_stdout_data, run_app
 from libarena.errors import ArenaError
 
 app = typer.Typer(
@@ -50,10 +51,17 @@ def plan(
     comm_required: bool = typer.Option(
         False, "--comm-required", help="error when --comm has no measurements for a planned GPU type (default: fall back)"
     ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    no_cache: bool = typer.Option(False, "--no-cache", help="plan again even when the stage cache has this output"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="cache root; outputs in DIR/stages/ (default .arena-cache)"),
 ) -> None:
     """Plan every grid of the job (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
+    from dataclasses import asdict
+
+    from libarena.artifacts.stage_cache import StageCache, cache_input, library_versions
     from libarena.hardware import load_cluster
     from libarena.hardware.comm import load_comm_model
     from libarena.plan import PlannerConfig, load_model_profile, plan_job, write_plans
@@ -70,6 +78,7 @@ def plan(
     if ops == "-" and sys.stdin.isatty():
         raise ArenaError("no operator table: pipe one from arena-analyze or pass --ops FILE")
     _refuse_binary_to_terminal(output)
+    refuse_json_with_stdout_data(as_json, output)
     spec = load_cluster(cluster)
     comm_model = load_comm_model(str(comm)) if comm is not None else None
     if comm_required and comm_model is None:
@@ -89,29 +98,39 @@ def plan(
     )
     artifact = read_table(ops, "operator_table")
     profile = load_model_profile(artifact)
-    planset = plan_job(profile, spec, config, comm=comm_model, require_measured_comm=comm_required)
-    if not planset.grids:
-        raise ArenaError(f"cluster {spec.name!r} offers no grid for this job (check --gpu-type, --num-gpus, --stages, --max-gpus)")
     inputs = [input_ref(ops, "operator_table", digest=profile.digest if ops == "-" else None), input_ref(cluster)]
     if comm is not None:
         inputs.append(input_ref(comm, "comm_table"))
-    provenance = Provenance(tool="arena-plan", parameters=dict(planset.planner), inputs=inputs)
-    write_plans(output, planset, provenance)
-    feasible = [r for r in planset.grids if r.feasible]
-    if not feasible:
-        stderr_console.print(
-            f"arena-plan: warning: {planset.model_name} fits in no grid of {spec.name}; every grid is listed as infeasible",
-            soft_wrap=True,
-        )
-    else:
-        stderr_console.print(
-            f"arena-plan: {planset.model_name}: {len(feasible)} of {len(planset.grids)} grids feasible, "
-            f"{sum(len(r.plans) for r in feasible)} plans written to {'stdout' if output == '-' else output}",
-            soft_wrap=True,
-        )
-    if comm_model is not None:
-        for name in sorted({r.grid.gpu_type for r in planset.grids if not comm_model.covers(r.grid.gpu_type)}):
-            stderr_console.print(f"arena-plan: note: {comm} has no measurements for {name}; priced with the alpha-beta model", soft_wrap=True)
+    where = "stdout" if output == "-" else output
+    with Reporter(quiet=quiet, prefix="arena-plan: ") as reporter:
+        cache = StageCache(cache_dir, "arena-plan", refresh=no_cache, log=reporter.log, warn=reporter.warn)
+        key = cache.key({"planner": asdict(config), "comm_required": comm_required},
+                        [cache_input(ops, artifact), *inputs[1:]], library_versions("scipy", "highspy"), code=[__file__])
+        summary: dict = {}
+
+        def produce(path: str) -> None:
+            planset = plan_job(profile, spec, config, comm=comm_model, require_measured_comm=comm_required)
+            if not planset.grids:
+                raise ArenaError(f"cluster {spec.name!r} offers no grid for this job (check --gpu-type, --num-gpus, --stages, --max-gpus)")
+            provenance = Provenance(tool="arena-plan", parameters=dict(planset.planner), inputs=inputs)
+            write_plans(path, planset, provenance)
+            feasible = [r for r in planset.grids if r.feasible]
+            summary.update(model=planset.model_name, grids=len(planset.grids), feasible_grids=len(feasible),
+                           plans=sum(len(r.plans) for r in feasible))
+            if not feasible:
+                reporter.warn(f"{planset.model_name} fits in no grid of {spec.name}; every grid is listed as infeasible")
+            else:
+                reporter.log(f"{planset.model_name}: {len(feasible)} of {len(planset.grids)} grids feasible, "
+                             f"{summary['plans']} plans written to {where}")
+            if comm_model is not None:
+                for name in sorted({r.grid.gpu_type for r in planset.grids if not comm_model.covers(r.grid.gpu_type)}):
+                    reporter.log(f"note: {comm} has no measurements for {name}; priced with the alpha-beta model")
+
+        outcome = cache.produce_table(key, output, produce)
+    if outcome.cache_hit:
+        reporter.log(f"cached: {where} from {outcome.entry} ({outcome.rows} rows; --no-cache plans again)")
+    if as_json:
+        print_json({"tool": "arena-plan", **outcome.summary(), **summary, "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 
 @app.command()
@@ -142,19 +161,28 @@ def export(
     gpu_type: Optional[str] = typer.Option(None, "--gpu-type"),
     num_gpus: Optional[int] = typer.Option(None, "--num-gpus"),
     stages: Optional[int] = typer.Option(None, "--stages"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Write a (proxy) plan in another runtime's format (alpa: ManualStageOption JSON)."""
+    """Write a (proxy) plan in another runtime's format (alpa: ManualStageOption JSON). Not cached: instant."""
     from libarena.hardware import get_gpu
     from libarena.plan import read_plans
     from libarena.plan.export import EXPORT_FORMATS, export_plan, select_proxy
 
     if fmt not in EXPORT_FORMATS:
         raise ArenaError(f"unknown export format {fmt!r} (known: {', '.join(EXPORT_FORMATS)})")
+    refuse_json_with_stdout_data(as_json, output)
+    reporter = Reporter(quiet=quiet, prefix="arena-plan: ")
     planset = read_plans(plans)
     canonical = get_gpu(gpu_type).name if gpu_type else None
     plan_obj = select_proxy(planset, plan_id, canonical, num_gpus, stages)
     document = export_plan(planset, plan_obj, fmt)
     write_bytes(output, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
+    if output != "-":
+        reporter.log(f"exported plan {plan_obj.plan_id} ({fmt}) to {output}")
+    if as_json:
+        print_json({"tool": "arena-plan export", "output": output, "format": fmt, "plan_id": plan_obj.plan_id,
+                    "cache": {"hit": False, "stored": False}, "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 
 def main() -> None:

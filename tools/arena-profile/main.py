@@ -3,6 +3,7 @@ libarena.profile).
 
     arena-plan ... -o - | arena-profile --device local -o perf.parquet
     arena-profile -i plans.parquet --all-frontier --measure -o perf.parquet
+    arena-profile ... -o perf.parquet [--quiet] [--json] [--no-cache] [--cache-dir DIR]
     arena-profile comm --devices 2 -o comm.parquet
     arena-profile show perf.parquet [--json]
 """
@@ -17,17 +18,13 @@ from typing import Optional
 import typer
 
 from libarena.artifacts import Provenance, input_ref, read_table
-from libarena.cli import run_app, stderr_console
+from libarena.cli import JSON_HELP, QUIET_HELP, Reporter, print_json, refuse_json_with_stdout_data, run_app
 from libarena.errors import ArenaError
 
 app = typer.Typer(
     add_completion=False,
     help="Profile parallel plans on one local device into the performance table; benchmark collectives.",
 )
-
-
-def _log(message: str) -> None:
-    stderr_console.print(message, markup=False, soft_wrap=True)
 
 
 def _refuse_binary_to_terminal(output: str) -> None:
@@ -48,22 +45,34 @@ def profile(
     measure_repeats: int = typer.Option(3, "--measure-repeats", help="timed iterations per directly measured plan"),
     comm: Optional[Path] = typer.Option(None, "--comm", help="measured comm_table (arena-profile comm); default alpha-beta"),
     ops: Optional[Path] = typer.Option(None, "--ops", help="operator table the plans must come from (checked by sha256)"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="profile cache (default ~/.cache/arena/profile)"),
+    cache_dir: Optional[Path] = typer.Option(
+        None, "--cache-dir", help="profiled stages in DIR, whole outputs in DIR/stages/ (default: stages in "
+        "~/.cache/arena/profile, outputs in .arena-cache/stages/)"),
     warmup: int = typer.Option(2, "--warmup", help="untimed runs per stage executable"),
     repeats: int = typer.Option(7, "--repeats", help="timed runs per stage executable (median and spread reported)"),
     no_dp: bool = typer.Option(False, "--no-dp", help="do not profile the pure data-parallel plan (view dp)"),
     granularity: str = typer.Option("unit", "--granularity", help="unit (identical layers profiled once) or stage"),
     statistic: str = typer.Option("median", "--statistic", help="median of the timed runs, or min (contended hosts)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    no_cache: bool = typer.Option(False, "--no-cache", help="profile again even when the stage cache has this output "
+                                  "(stage profiles are still reused)"),
 ) -> None:
     """Profile plans (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
-    from libarena.hardware.comm import load_comm_model
-    from libarena.profile import ProfileConfig, measure_estimates, profile_plans, write_perf_table
+    from dataclasses import asdict
+
+    from libarena.artifacts.stage_cache import StageCache, cache_input, library_versions
+    from libarena.hardware.comm import AlphaBetaCommModel, load_comm_model
+    from libarena.profile import ProfileConfig, measure_estimates, profile_plans, resolve_device, write_perf_table
+    from libarena.profile.plans_input import load_plan_inputs
+    from libarena.profile.profiler import check_comm_model
 
     if all_frontier and exhaustive:
         raise ArenaError("--all-frontier and --exhaustive exclude each other")
     _refuse_binary_to_terminal(output)
+    refuse_json_with_stdout_data(as_json, output)
     artifact = read_table(plans, "plans")
     if ops is not None:
         from libarena.plan.model import operator_table_digest
@@ -83,32 +92,56 @@ def profile(
         statistic=statistic,
     )
     comm_model = load_comm_model(str(comm)) if comm is not None else None
-    result = profile_plans(artifact, config, comm=comm_model, log=_log)
-    if measure:
-        measure_estimates(artifact, result, repeats=measure_repeats, log=_log)
-    s = result.summary
-    _log(
-        f"{len(result.table)} rows; timer {s['timer']}; communication: {s['comm_model']}; "
-        f"stages: {s['stages_needed']} needed, {s['stages_profiled']} profiled, {s['stages_skipped']} skipped (cached)"
-    )
+    # What profile_plans checks first, checked before the cache key (which names the resolved device):
+    # bad plans, then a comm table for other hardware, then a device that is not here.
+    check_comm_model(comm_model or AlphaBetaCommModel(), load_plan_inputs(artifact))
+    local = resolve_device(device)
     inputs = [input_ref(plans, "plans")] if plans != "-" else [{"path": "-", "kind": "plans"}]
     if comm is not None:
         inputs.append(input_ref(comm, "comm_table"))
-    provenance = Provenance(
-        "arena-profile",
-        {
-            "device": device,
-            "timer": s["timer"],
-            "selection": config.selection,
-            "granularity": granularity,
-            "statistic": statistic,
-            "warmup": warmup,
-            "repeats": repeats,
-            "measure": measure,
-        },
-        inputs,
-    )
-    write_perf_table(output, result, provenance)
+    where = "stdout" if output == "-" else output
+    with Reporter(quiet=quiet) as reporter:
+        # profiled stages stay in the profile cache (--cache-dir, or ~/.cache/arena/profile); outputs in its stages/
+        cache = StageCache(cache_dir, "arena-profile", refresh=no_cache, log=reporter.log, warn=reporter.warn)
+        parameters = {k: v for k, v in asdict(config).items() if k != "cache_dir"}
+        key = cache.key({**parameters, "measure": measure, "measure_repeats": measure_repeats,
+                         "device_resolved": local.describe()},
+                        [cache_input(plans, artifact), *inputs[1:]], library_versions("jax", "jaxlib"), code=[__file__])
+        summary: dict = {}
+
+        def produce(path: str) -> None:
+            result = profile_plans(artifact, config, comm=comm_model, log=reporter.log, progress=reporter.progress)
+            if measure:
+                measure_estimates(artifact, result, repeats=measure_repeats, log=reporter.log)
+            s = result.summary
+            summary.update(timer=s["timer"], stages_needed=s["stages_needed"], stages_profiled=s["stages_profiled"],
+                           stages_skipped=s["stages_skipped"])
+            reporter.log(
+                f"{len(result.table)} rows; timer {s['timer']}; communication: {s['comm_model']}; "
+                f"stages: {s['stages_needed']} needed, {s['stages_profiled']} profiled, {s['stages_skipped']} skipped (cached)"
+            )
+            provenance = Provenance(
+                "arena-profile",
+                {
+                    "device": device,
+                    "timer": s["timer"],
+                    "selection": config.selection,
+                    "granularity": granularity,
+                    "statistic": statistic,
+                    "warmup": warmup,
+                    "repeats": repeats,
+                    "measure": measure,
+                },
+                inputs,
+            )
+            write_perf_table(path, result, provenance)
+
+        outcome = cache.produce_table(key, output, produce)
+    if outcome.cache_hit:
+        reporter.log(f"cached: {where} from {outcome.entry} ({outcome.rows} rows; --no-cache profiles again)")
+    if as_json:
+        print_json({"tool": "arena-profile", **outcome.summary(), **summary, "device": local.describe(),
+                    "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 
 @app.command("comm")
@@ -120,11 +153,16 @@ def comm_command(
     points: int = typer.Option(7, "--points", help="log-spaced volumes between them"),
     repeats: int = typer.Option(10, "--repeats", help="timed repetitions per volume"),
     device: str = typer.Option("local", "--device", help="platform to benchmark: local, cpu or gpu"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Benchmark all-reduce, all-gather, reduce-scatter, all-to-all and P2P into a comm_table."""
+    """Benchmark all-reduce, all-gather, reduce-scatter, all-to-all and P2P into a comm_table.
+
+    Not cached: a benchmark's point is a fresh measurement of this machine's interconnect."""
     from libarena.profile import CommBenchConfig, write_comm_table
 
     _refuse_binary_to_terminal(output)
+    refuse_json_with_stdout_data(as_json, output)
     platform = "cpu" if device in ("local", "cpu") else "gpu" if device in ("gpu", "cuda") else None
     if platform is None:
         raise ArenaError(f"bad device {device!r} for the communication benchmark: use local, cpu or gpu")
@@ -133,8 +171,13 @@ def comm_command(
 
         platform = "cpu" if resolve_device("local").platform == "cpu" else "gpu"
     config = CommBenchConfig(num_devices=devices, min_bytes=min_bytes, max_bytes=max_bytes, points=points, repeats=repeats, platform=platform)
+    reporter = Reporter(quiet=quiet)
     rows = write_comm_table(output, config)
-    _log(f"{rows} measurements ({devices} devices, {platform})")
+    reporter.log(f"{rows} measurements ({devices} devices, {platform})")
+    if as_json:
+        print_json({"tool": "arena-profile comm", "output": output, "rows": rows, "devices": devices,
+                    "platform": platform, "cache": {"hit": False, "stored": False},
+                    "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 
 @app.command("show")

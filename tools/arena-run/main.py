@@ -4,6 +4,9 @@ runtime search), checkpointed and resumable onto any other plan, on Ray (embedde
     arena-run --plan plans.parquet --grid a100,8,2 --model gpt__tiny --global-batch 32 --steps 50 --checkpoint-dir ckpt/
     arena-run ... --search pruned          # §3.6 runtime pruning, then train the winner
     arena-run ... --address ray://head:10001 --json
+
+Not cached (unlike the other stages): training is the point of running it, and its checkpoints already make
+a rerun resume rather than start over.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from libarena.cli import run_app, stderr_console
+from libarena.cli import QUIET_HELP, run_app, stderr_console
 from libarena.errors import ArenaError
 
 app = typer.Typer(add_completion=False, help="Train a model under an arena-plan plan with adaptive parallelism (JAX + Ray).")
@@ -37,12 +40,14 @@ def run(
     address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster (default: start an embedded one)"),
     no_ray: bool = typer.Option(False, "--no-ray", help="run in this process instead of on Ray"),
     devices: int = typer.Option(8, "--devices", help="devices the local host presents as the GPU type (no --address)"),
+    hosts: int = typer.Option(0, "--hosts", help="spread the job over this many hosts, one Ray actor (JAX process) each; 0 = auto"),
     seed: int = typer.Option(0, "--seed", help="parameter initialisation seed"),
     data_seed: int = typer.Option(0, "--data-seed", help="training data seed"),
     dtype: str = typer.Option("fp32", "--dtype", help="compute dtype (fp32, bf16)"),
     learning_rate: float = typer.Option(1e-3, "--lr", help="Adam learning rate"),
     json_out: bool = typer.Option(False, "--json", help="print the run report as JSON on stdout"),
     report: Optional[Path] = typer.Option(None, "--report", help="also write the run report (JSON) here"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     from libarena.artifacts import write_json
     from libarena.models.training import OptimizerConfig
@@ -54,6 +59,8 @@ def run(
         raise ArenaError("--proxy and --search exclude each other")
     if search is not None and search not in ("pruned", "full"):
         raise ArenaError(f"--search must be pruned or full, got {search!r}")
+    if hosts < 0:
+        raise ArenaError(f"--hosts must be non-negative, got {hosts}")
     if devices < 1 or checkpoint_every < 0 or search_max < 0 or search_steps < 1:
         raise ArenaError("--devices and --search-steps must be at least 1, --checkpoint-every and --search-max non-negative")
     if not plan.is_file():
@@ -62,7 +69,7 @@ def run(
         plans_path=str(plan), model=model, global_batch=global_batch, steps=steps, checkpoint_dir=str(checkpoint_dir),
         grid=parse_grid(grid) if grid else None, plan_id=plan_id, selection=search or "proxy",
         search=SearchConfig(max_candidates=search_max, timed_steps=search_steps), address=address, use_ray=not no_ray,
-        local=LocalClusterConfig(num_devices=devices), checkpoint_every=checkpoint_every, seed=seed, data_seed=data_seed,
+        local=LocalClusterConfig(num_devices=devices), num_hosts=hosts, checkpoint_every=checkpoint_every, seed=seed, data_seed=data_seed,
         dtype=dtype, optimizer=OptimizerConfig(learning_rate=learning_rate),
     )
     result = run_job(request)
@@ -71,17 +78,19 @@ def run(
     if json_out:
         print(json.dumps(result, default=str))
     else:
-        _summary(result)
+        _summary(result, quiet)
 
 
-def _summary(result: dict) -> None:
+def _summary(result: dict, quiet: bool = False) -> None:
     plan = result["plan"]
-    stderr_console.print(f"plan {plan['plan_id']}: {plan['pipeline_degree']} stages, GPUs {plan['gpus_per_stage']}, "
-                         f"dp {plan['dp_per_stage']}, tp {plan['tp_per_stage']}")
-    if "search" in result:
+    if not quiet:
+        stderr_console.print(f"plan {plan['plan_id']}: {plan['pipeline_degree']} stages, GPUs {plan['gpus_per_stage']}, "
+                             f"dp {plan['dp_per_stage']}, tp {plan['tp_per_stage']}", markup=False, soft_wrap=True)
+    if "search" in result and not quiet:
         s = result["search"]
         stderr_console.print(f"{s['mode']} search: {s['candidates_measured']}/{s['candidates_total']} candidates, "
-                             f"{s['cost_device_s']:.1f} device-s, best {s['best_step_time_s'] * 1e3:.1f} ms/step")
+                             f"{s['cost_device_s']:.1f} device-s, best {s['best_step_time_s'] * 1e3:.1f} ms/step",
+                             markup=False, soft_wrap=True)
     run = result.get("train") or result.get("job") or {}
     losses = run.get("losses") or []
     if losses:

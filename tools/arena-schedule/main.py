@@ -2,6 +2,8 @@
 
     arena-schedule simulate --trace T.csv --perf perf.parquet --cluster C.yaml --policy arena -o run/
     arena-schedule compare --policies arena,fcfs,elasticflow-ls,gavel,sia --trace ... -o compare/
+    arena-schedule perf build --trace T.csv --cluster C.yaml -o perf.parquet
+    (simulate, compare and perf build: [--quiet] [--json] [--no-cache] [--cache-dir .arena-cache])
     arena-schedule trace stats T.csv
     arena-schedule policies
     arena-schedule serve --cluster C.yaml --perf perf.parquet --state state.db [--time-compression X] [--tick 300]
@@ -19,7 +21,7 @@ from typing import Optional
 
 import typer
 
-from libarena.cli import run_app
+from libarena.cli import JSON_HELP, QUIET_HELP, Reporter, print_json, refuse_json_with_stdout_data, run_app
 from libarena.errors import ArenaError
 
 app = typer.Typer(add_completion=False, help="AP-aware cluster scheduling: simulator, Arena and baselines.")
@@ -31,6 +33,38 @@ app.add_typer(perf_app, name="perf")
 TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow or raw ITP format)")
 PerfOpt = typer.Option(..., "--perf", help="performance table (perf_table artifact, or CSV/Parquet in its schema)")
 ClusterOpt = typer.Option(..., "--cluster", help="cluster spec (YAML/TOML)")
+QuietOpt = typer.Option(False, "--quiet", "-q", help=QUIET_HELP)
+NoCacheOpt = typer.Option(False, "--no-cache", help="recompute even when the stage cache has this output")
+CacheDirOpt = typer.Option(None, "--cache-dir", help="cache root; outputs in DIR/stages/ (default .arena-cache)")
+
+
+def _workload_inputs(trace: Path, perf: Path, cluster: Path, seed: int, skip_bad_rows: bool):
+    """The workload, the provenance entries of its inputs, and their cache-key entries (a perf table piped on
+    stdin is keyed by its decoded content)."""
+    from libarena.artifacts import input_ref
+    from libarena.artifacts.stage_cache import cache_input
+    from libarena.schedule.api import prepare_workload
+
+    refs = [input_ref(trace), input_ref(perf), input_ref(cluster)]
+    if str(perf) != "-":
+        return prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows), refs, refs
+    from libarena.artifacts import read_table
+    from libarena.artifacts.kinds.perf_table import check_perf_table
+    from libarena.hardware import load_cluster
+    from libarena.schedule.perf import PerfLookup
+
+    spec = load_cluster(cluster)
+    art = read_table("-", "perf_table")
+    check_perf_table(art.table, art.source)
+    workload = prepare_workload(trace, PerfLookup(art.table, spec, source=art.source), spec, seed=seed,
+                                skip_bad_rows=skip_bad_rows)
+    return workload, refs, [refs[0], cache_input("-", art), refs[2]]
+
+
+def _read_metrics(path: Path) -> dict:
+    """metrics.json as written (NaN stored as null), with null numbers back to NaN for the text summaries."""
+    doc = json.loads(path.read_text())
+    return {k: (float("nan") if v is None else v) for k, v in doc.items()}
 
 
 def _overheads(pairs: list[str]):
@@ -113,26 +147,43 @@ def simulate(
     overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS (repeatable)"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip bad trace rows, with a count"),
     plot: bool = typer.Option(False, "--plot", help="also write PNG figures"),
-    as_json: bool = typer.Option(False, "--json", help="print the metrics as JSON on stdout"),
+    as_json: bool = typer.Option(False, "--json", help="print the metrics and a summary (output, cache, elapsed_s) as JSON on stdout"),
+    quiet: bool = QuietOpt,
+    no_cache: bool = NoCacheOpt,
+    cache_dir: Optional[Path] = CacheDirOpt,
 ) -> None:
     """Simulate one policy; writes jobs.parquet, timeseries.parquet, decisions.msgpack, metrics.json."""
-    from libarena.artifacts import input_ref
-    from libarena.schedule.api import make_policy, prepare_workload, run_policy, write_run
+    from dataclasses import asdict
+
+    from libarena.artifacts.stage_cache import StageCache, library_versions
+    from libarena.schedule.api import make_policy, run_policy, write_run
 
     cfg = _sim_config(tick, horizon, seed, overhead)
     pol = make_policy(policy, **_policy_options(view, objective, no_hetero, no_elastic, no_pruning, no_profiler,
                                                 queues, search_depth, promotion_time, max_gpus))
-    workload = prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows)
+    workload, refs, key_inputs = _workload_inputs(trace, perf, cluster, seed, skip_bad_rows)
     _report_skipped(workload.skipped)
-    res = run_policy(workload, pol, cfg)
     params = {"policy": policy, "view": pol.view, "tick_s": tick, "horizon_s": horizon, "seed": seed,
               "overheads": cfg.overheads.__dict__, "policy_config": {k: str(v) for k, v in pol.config.__dict__.items()}}
-    metrics = write_run(output, res, workload, cfg, params, [input_ref(trace), input_ref(perf), input_ref(cluster)], plot)
-    print(_summary_line(metrics), file=sys.stderr)
+    with Reporter(quiet=quiet) as reporter:
+        cache = StageCache(cache_dir, "arena-schedule simulate", refresh=no_cache, log=reporter.log, warn=reporter.warn)
+        key = cache.key({**params, "simulator": asdict(cfg), "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
+                        library_versions("matplotlib") if plot else None, code=[__file__])
+
+        def produce() -> None:
+            res = run_policy(workload, pol, cfg, progress=reporter.progress)
+            write_run(output, res, workload, cfg, params, refs, plot)
+
+        outcome = cache.produce_tree(key, output, produce)
+    metrics = _read_metrics(output / "metrics.json")
+    if outcome.cache_hit:
+        reporter.log(f"cached: {output}/ from {outcome.entry} ({len(outcome.files)} files; --no-cache simulates again)")
+    reporter.log(_summary_line(metrics))
     if as_json:
         from libarena.schedule.metrics import json_safe
 
-        print(json.dumps(json_safe(metrics), indent=2, sort_keys=True))
+        print_json({**json_safe(metrics), "tool": "arena-schedule simulate", **outcome.summary(),
+                    "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 
 def _report_skipped(skipped: list[str]) -> None:
@@ -153,11 +204,18 @@ def compare(
     overhead: list[str] = typer.Option([], "--overhead"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
     plot: bool = typer.Option(False, "--plot", help="write comparison PNGs"),
-    as_json: bool = typer.Option(False, "--json", help='print {"policies": {name: {...}}} on stdout'),
+    as_json: bool = typer.Option(False, "--json", help='print {"policies": {name: {...}}} and a summary (output, cache, elapsed_s) on stdout'),
+    quiet: bool = QuietOpt,
+    no_cache: bool = NoCacheOpt,
+    cache_dir: Optional[Path] = CacheDirOpt,
 ) -> None:
     """Run several policies on the same workload; print a table relative to Arena."""
-    from libarena.artifacts import input_ref, write_json
-    from libarena.schedule.api import make_policy, prepare_workload, run_policy, write_run
+    from dataclasses import asdict
+
+    from libarena.artifacts import write_json
+    from libarena.artifacts.stage_cache import StageCache, library_versions
+    from libarena.progress import ProgressUpdate
+    from libarena.schedule.api import make_policy, run_policy, write_run
     from libarena.schedule.compare import compare_json, compare_table
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -165,25 +223,43 @@ def compare(
         raise ArenaError(f"--policies {policies!r}: give distinct policy names separated by commas")
     cfg = _sim_config(tick, horizon, seed, overhead)
     pols = {name: make_policy(name) for name in names}
-    workload = prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows)
+    workload, inputs, key_inputs = _workload_inputs(trace, perf, cluster, seed, skip_bad_rows)
     _report_skipped(workload.skipped)
-    output.mkdir(parents=True, exist_ok=True)
-    metrics, runs = {}, {}
-    inputs = [input_ref(trace), input_ref(perf), input_ref(cluster)]
-    for name, pol in pols.items():
-        res = run_policy(workload, pol, cfg)
-        params = {"policy": name, "view": pol.view, "tick_s": tick, "horizon_s": horizon, "seed": seed}
-        metrics[name] = write_run(output / name, res, workload, cfg, params, inputs)
-        runs[name] = res
-        print(_summary_line(metrics[name]), file=sys.stderr, flush=True)
-    doc = compare_json(metrics)
-    write_json(output / "compare.json", doc)
-    if plot:
-        from libarena.schedule.plots import plot_runs
+    with Reporter(quiet=quiet) as reporter:
+        cache = StageCache(cache_dir, "arena-schedule compare", refresh=no_cache, log=reporter.log, warn=reporter.warn)
+        key = cache.key({"policies": names, "policy_configs": {n: {k: str(v) for k, v in p.config.__dict__.items()}
+                                                               for n, p in pols.items()},
+                         "tick_s": tick, "horizon_s": horizon, "seed": seed, "simulator": asdict(cfg),
+                         "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
+                        library_versions("matplotlib") if plot else None, code=[__file__])
 
-        plot_runs(runs, output)
+        def produce() -> None:
+            output.mkdir(parents=True, exist_ok=True)
+            metrics, runs = {}, {}
+            for i, (name, pol) in enumerate(pols.items()):
+                reporter.progress(ProgressUpdate("policies", i, len(pols), name))
+                res = run_policy(workload, pol, cfg, progress=reporter.progress)
+                params = {"policy": name, "view": pol.view, "tick_s": tick, "horizon_s": horizon, "seed": seed}
+                metrics[name] = write_run(output / name, res, workload, cfg, params, inputs)
+                runs[name] = res
+                reporter.log(_summary_line(metrics[name]))
+            reporter.progress(ProgressUpdate("policies", len(pols), len(pols)))
+            write_json(output / "compare.json", compare_json(metrics))
+            if plot:
+                from libarena.schedule.plots import plot_runs
+
+                plot_runs(runs, output)
+
+        outcome = cache.produce_tree(key, output, produce)
+    metrics = {name: _read_metrics(output / name / "metrics.json") for name in names}
+    if outcome.cache_hit:
+        reporter.log(f"cached: {output}/ from {outcome.entry} ({len(outcome.files)} files; --no-cache simulates again)")
+        for name in names:
+            reporter.log(_summary_line(metrics[name]))
     if as_json:
-        print(json.dumps(doc, indent=2, sort_keys=True, default=lambda v: None))
+        doc = json.loads((output / "compare.json").read_text())
+        print_json({**doc, "tool": "arena-schedule compare", **outcome.summary(),
+                    "elapsed_s": round(reporter.elapsed_s(), 4)})
     else:
         from rich.console import Console
 
@@ -241,24 +317,51 @@ def perf_build(
     cluster: Path = ClusterOpt,
     output: Path = typer.Option(..., "-o", "--output"),
     mode: str = typer.Option("auto", "--mode", help="local (profile on this device), roofline (execution-free), auto (local for tiny/small models)"),
-    cache_dir: Path = typer.Option(Path(".arena-cache"), "--cache-dir", help="content-addressed cache of operator tables and stage profiles"),
+    cache_dir: Path = typer.Option(Path(".arena-cache"), "--cache-dir", help="content-addressed caches: operator tables, stage profiles, and whole outputs (DIR/stages/)"),
     seed: int = typer.Option(0, "--seed", help="seed of the trace adaptation (ElasticFlow/ITP traces)"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    quiet: bool = QuietOpt,
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    no_cache: bool = typer.Option(False, "--no-cache", help="rebuild even when the stage cache has this output "
+                                  "(cached operator tables and stage profiles are still reused)"),
 ) -> None:
     """Build the performance table a trace needs (analyze -> plan -> profile per (model, batch) and GPU type)."""
+    from dataclasses import asdict
+
     from libarena.artifacts import input_ref
-    from libarena.cli import stderr_console
+    from libarena.artifacts.stage_cache import StageCache, library_versions
     from libarena.hardware import load_cluster
     from libarena.profile.perf_build import PerfBuildConfig
-    from libarena.schedule.perf_build import build_perf_table_for_trace
+    from libarena.schedule.perf_build import build_perf_table_for_trace, trace_pairs
 
+    refuse_json_with_stdout_data(as_json, output)
     spec = load_cluster(cluster)
-    log = (lambda message: None) if quiet else (lambda message: stderr_console.print(message))
-    table = build_perf_table_for_trace(trace, spec, output, PerfBuildConfig(mode=mode, cache_dir=cache_dir), seed,
-                                       skip_bad_rows, [input_ref(trace), input_ref(cluster)], log)
-    if not quiet:
-        stderr_console.print(f"wrote {table.num_rows} performance rows to {output}")
+    config = PerfBuildConfig(mode=mode, cache_dir=cache_dir)
+    inputs = [input_ref(trace), input_ref(cluster)]
+    pairs = trace_pairs(trace, spec, seed, skip_bad_rows)  # reads and checks the trace before the key
+    device = None
+    if mode != "roofline":  # local profiles measure this machine: its device is part of the key
+        from libarena.profile import resolve_device
+
+        device = resolve_device("local").describe()
+    where = "stdout" if str(output) == "-" else str(output)
+    with Reporter(quiet=quiet) as reporter:
+        cache = StageCache(cache_dir, "arena-schedule perf build", refresh=no_cache, log=reporter.log, warn=reporter.warn)
+        key = cache.key({**{k: v for k, v in asdict(config).items() if k != "cache_dir"}, "seed": seed,
+                         "skip_bad_rows": skip_bad_rows, "device": device}, inputs,
+                        library_versions("jax", "jaxlib", "scipy", "highspy"), code=[__file__])
+
+        def produce(path: str) -> None:
+            table = build_perf_table_for_trace(trace, spec, path, config, seed, skip_bad_rows, inputs, reporter.log,
+                                               reporter.progress)
+            reporter.log(f"wrote {table.num_rows} performance rows to {where}")
+
+        outcome = cache.produce_table(key, str(output), produce)
+    if outcome.cache_hit:
+        reporter.log(f"cached: {where} from {outcome.entry} ({outcome.rows} rows; --no-cache builds again)")
+    if as_json:
+        print_json({"tool": "arena-schedule perf build", **outcome.summary(), "pairs": [list(p) for p in pairs],
+                    "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 
 StateOpt = typer.Option(Path("state.db"), "--state", help="the live scheduler's state database (SQLite)")

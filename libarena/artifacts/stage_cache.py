@@ -1,0 +1,395 @@
+"""Per-stage output cache: re-running a pipeline stage on unchanged inputs and parameters is instant.
+
+Every producing command (arena-analyze, arena-plan, arena-profile, arena-schedule simulate / compare /
+perf build) computes a key before doing any work::
+
+    key = content_digest(cache format, stage, Arena version, digest of Arena's source code,
+                         library versions, the typed parameters, every input's provenance entry)
+
+An input's provenance entry is its path and the sha256 of its bytes (a file) or of the decoded artifact
+(stdin: the same digest whether the table was piped as an Arrow stream or read from Parquet). The path is
+part of the key because it is part of the output's provenance: a cache hit is then byte for byte the
+output a recomputation would write, provenance included.
+
+Layout: ``<cache-dir>/stages/<stage>/<key>/`` holds the output file(s) and ``MANIFEST.json``, which lists
+each file's size and sha256 and is written last. An entry is assembled in a hidden temp directory next to
+it and renamed into place, so a killed run leaves at most an ignored temp directory; an entry whose files
+do not match its manifest (truncated, edited, half-deleted) is reported, removed and recomputed. A cache
+that cannot be written (read-only, full disk) costs a warning, never the run.
+
+On a hit a table output is copied atomically to ``-o FILE``, or streamed to stdout (``-o -``) as the Arrow
+IPC stream the stage itself writes there; a directory output (simulate, compare) has its files restored.
+``--no-cache`` skips the lookup, recomputes and refreshes the entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+from libarena import __version__
+from libarena.artifacts.io import STDIO, TableArtifact, atomic_output, content_digest, describe, input_ref
+from libarena.errors import ArenaError
+
+#: Bump when the key recipe or the entry layout changes: older entries then simply stop matching.
+CACHE_FORMAT = 1
+#: The default cache root (relative to the working directory), shared with ``perf build``'s operator tables.
+DEFAULT_CACHE_DIR = Path(".arena-cache")
+MANIFEST = "MANIFEST.json"
+#: The file name of a single-table output inside its entry.
+TABLE_OUTPUT = "output.parquet"
+#: Temp directories older than this (a killed run's) are removed when the next entry is stored.
+_STALE_TEMP_S = 3600.0
+
+Log = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------------------------------
+# Key ingredients
+
+
+def library_versions(*names: str) -> dict[str, str]:
+    """Installed versions of the libraries a stage's output depends on (``absent`` when not installed)."""
+    versions = {"python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+    for name in ("numpy", "pyarrow", *names):
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+@lru_cache(maxsize=None)
+def _source_digest(paths: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for root in paths:
+        base = Path(root)
+        files = sorted(base.rglob("*.py")) if base.is_dir() else [base]
+        for path in files:
+            with contextlib.suppress(OSError):
+                data = path.read_bytes()
+                h.update(str(path.relative_to(base.parent) if base.is_dir() else path.name).encode())
+                h.update(hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def code_digest(*extra: str | os.PathLike[str]) -> str:
+    """sha256 over Arena's own source (the libarena package and ``extra`` files, e.g. the tool's main.py).
+
+    Arena's version number does not change with every edit; the source digest does, so an entry made by
+    other code is never served (a few milliseconds per run).
+    """
+    import libarena
+
+    return _source_digest((str(Path(libarena.__file__).parent), *(str(Path(p)) for p in extra)))
+
+
+def table_digest(artifact: TableArtifact) -> str:
+    """sha256 of a decoded table artifact: its canonical Arrow IPC serialisation, metadata and provenance."""
+    import pyarrow.ipc as ipc
+
+    table = artifact.table.replace_schema_metadata(None)
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    h = hashlib.sha256(sink.getvalue())
+    h.update(json.dumps([artifact.kind, artifact.metadata, asdict(artifact.provenance)], sort_keys=True,
+                        default=str).encode())
+    return h.hexdigest()
+
+
+def cache_input(path: str | os.PathLike[str], artifact: TableArtifact | None = None, kind: str | None = None) -> dict[str, Any]:
+    """An input's part of the key: path and sha256 of the file, or of the decoded artifact read from stdin."""
+    if str(path) == STDIO:
+        if artifact is None:
+            raise ValueError("a stdin input needs its decoded artifact for the cache key")
+        return {"path": describe(path), "kind": kind or artifact.kind, "sha256": table_digest(artifact)}
+    return input_ref(path, kind)
+
+
+# --------------------------------------------------------------------------------------------------
+# The cache
+
+
+@dataclass
+class StageOutcome:
+    """What a producing command did: the basis of its ``--json`` summary and its ``cached:`` log line."""
+
+    output: str
+    cache_hit: bool
+    key: str
+    entry: str | None = None
+    #: rows of a table output
+    rows: int | None = None
+    files: list[str] = field(default_factory=list)
+    stored: bool = False
+    store_error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"output": self.output, "cache": {"hit": self.cache_hit, "key": self.key,
+                                                                "entry": self.entry, "stored": self.stored}}
+        if self.store_error:
+            data["cache"]["error"] = self.store_error
+        if self.rows is not None:
+            data["rows"] = self.rows
+        if self.files:
+            data["files"] = self.files
+        return data
+
+
+class StageCache:
+    """The output cache of one stage (``arena-plan``, ``arena-schedule simulate``, ...) under ``cache_dir``."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None, stage: str, *, refresh: bool = False,
+                 log: Log | None = None, warn: Log | None = None) -> None:
+        self.stage = stage
+        self.root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR) / "stages" / stage.replace(" ", "-")
+        #: --no-cache: never serve an entry, recompute and store a fresh one
+        self.refresh = refresh
+        self.log = log or (lambda message: None)
+        self.warn = warn or self.log
+
+    # -- keys ----------------------------------------------------------------------------------------
+    def key(self, parameters: Mapping[str, Any], inputs: Iterable[Mapping[str, Any]] = (),
+            versions: Mapping[str, str] | None = None, code: Iterable[str | os.PathLike[str]] = ()) -> str:
+        return content_digest("arena-stage-cache", CACHE_FORMAT, self.stage, __version__, code_digest(*code),
+                              dict(versions or library_versions()), dict(parameters), [dict(i) for i in inputs])
+
+    def entry_path(self, key: str) -> Path:
+        return self.root / key
+
+    # -- reading -------------------------------------------------------------------------------------
+    def lookup(self, key: str) -> dict[str, Path] | None:
+        """The files of a complete, intact entry (name -> path), or None (missing, or corrupt and removed)."""
+        if self.refresh:
+            return None
+        entry = self.entry_path(key)
+        try:
+            if not (entry / MANIFEST).is_file():
+                return None
+        except OSError:  # the cache dir is not a directory, not readable...: a miss
+            return None
+        problem = None
+        files: dict[str, Path] = {}
+        try:
+            manifest = json.loads((entry / MANIFEST).read_text())
+            if not (isinstance(manifest, dict) and manifest.get("format") == CACHE_FORMAT and manifest.get("key") == key
+                    and isinstance(manifest.get("files"), dict) and manifest["files"]):
+                raise ValueError("unexpected manifest")
+            for name, expect in manifest["files"].items():
+                path = entry / name
+                if Path(name).is_absolute() or ".." in Path(name).parts or not isinstance(expect, dict):
+                    raise ValueError(f"bad file name {name!r}")
+                if not path.is_file() or path.stat().st_size != expect.get("size"):
+                    problem = f"{name} is missing or has the wrong size"
+                    break
+                if _file_sha256(path) != expect.get("sha256"):
+                    problem = f"{name} does not match its checksum"
+                    break
+                files[name] = path
+        except (OSError, ValueError) as exc:
+            problem = f"unreadable manifest ({exc})"
+        if problem is None:
+            return files
+        self.warn(f"cache entry {entry} is corrupt ({problem}); recomputing")
+        with contextlib.suppress(OSError):
+            shutil.rmtree(entry)
+        return None
+
+    # -- writing -------------------------------------------------------------------------------------
+    def store(self, key: str, files: Mapping[str, str | os.PathLike[str]]) -> Path:
+        """Copy ``files`` (entry name -> source path) into a fresh entry; atomic (raises OSError on failure)."""
+        staging = self._staging(key)
+        try:
+            for name, source in files.items():
+                target = staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+            return self._commit(key, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def _staging(self, key: str) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temps()
+        return Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.", suffix=".tmp"))
+
+    def _commit(self, key: str, staging: Path) -> Path:
+        """Checksum the staged files, write the manifest last, and rename the directory into place."""
+        listing = {}
+        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            listing[str(path.relative_to(staging))] = {"size": path.stat().st_size, "sha256": _file_sha256(path)}
+        if not listing:
+            raise OSError(f"nothing to cache for {self.stage}")
+        manifest = {"format": CACHE_FORMAT, "key": key, "stage": self.stage, "arena_version": __version__,
+                    "created": time.time(), "files": listing}
+        with open(staging / MANIFEST, "w") as f:
+            f.write(json.dumps(manifest, indent=1, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
+        entry = self.entry_path(key)
+        old = None
+        if entry.exists():  # a refresh (--no-cache) or a corrupt entry: move it aside, then swap
+            old = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.old.", suffix=".tmp"))
+            os.rename(entry, old / "entry")
+        try:
+            os.rename(staging, entry)
+        except OSError:
+            if not (entry / MANIFEST).is_file():  # not a concurrent writer that just committed the same key
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return entry
+
+    def _remove_stale_temps(self) -> None:
+        now = time.time()
+        for path in self.root.glob(".*.tmp"):
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > _STALE_TEMP_S:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+    # -- the two shapes of stage output ---------------------------------------------------------------
+    def produce_table(self, key: str, output: str | os.PathLike[str], produce: Callable[[str], None]) -> StageOutcome:
+        """A single-table output: serve ``key`` from the cache, or run ``produce(path)`` (compute and write the
+        artifact to ``path``, a file or ``-``) and cache what it wrote."""
+        output = str(output)
+        outcome = StageOutcome(describe(output), False, key)
+        hit = self.lookup(key)
+        if hit is not None and TABLE_OUTPUT in hit:
+            deliver_table(hit[TABLE_OUTPUT], output)
+            outcome.cache_hit, outcome.entry = True, str(self.entry_path(key))
+            outcome.rows = _parquet_rows(hit[TABLE_OUTPUT])
+            return outcome
+        if output == STDIO:
+            # stdout cannot be read back: write into the entry first, then stream it out
+            try:
+                staging = self._staging(key)
+            except OSError as exc:
+                outcome.store_error = _os_reason(exc)
+                self.warn(f"cannot write the stage cache {self.root}: {outcome.store_error}")
+                produce(output)
+                return outcome
+            try:
+                produce(str(staging / TABLE_OUTPUT))
+                entry = self._commit(key, staging)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            deliver_table(entry / TABLE_OUTPUT, output)
+            outcome.stored, outcome.entry = True, str(entry)
+            outcome.rows = _parquet_rows(entry / TABLE_OUTPUT)
+            return outcome
+        produce(output)
+        outcome.rows = _parquet_rows(Path(output))
+        self._store_quietly(outcome, {TABLE_OUTPUT: Path(output)})
+        return outcome
+
+    def produce_tree(self, key: str, out_dir: str | os.PathLike[str], produce: Callable[[], None]) -> StageOutcome:
+        """A directory output (simulate, compare): restore the cached files into ``out_dir``, or run
+        ``produce()`` and cache every file it wrote there."""
+        out_dir = Path(out_dir)
+        outcome = StageOutcome(str(out_dir), False, key)
+        hit = self.lookup(key)
+        if hit is not None:
+            for name, path in sorted(hit.items()):
+                target = out_dir / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                copy_atomically(path, target)
+            outcome.cache_hit, outcome.entry, outcome.files = True, str(self.entry_path(key)), sorted(hit)
+            return outcome
+        before = _tree_state(out_dir)
+        produce()
+        after = _tree_state(out_dir)
+        written = {name: out_dir / name for name, state in after.items() if before.get(name) != state}
+        outcome.files = sorted(written)
+        if written:
+            self._store_quietly(outcome, written)
+        return outcome
+
+    def _store_quietly(self, outcome: StageOutcome, files: Mapping[str, Path]) -> None:
+        try:
+            outcome.entry = str(self.store(outcome.key, files))
+            outcome.stored = True
+        except OSError as exc:
+            outcome.store_error = _os_reason(exc)
+            self.warn(f"cannot write the stage cache {self.root}: {outcome.store_error}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Delivery
+
+
+def copy_atomically(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    with open(source, "rb") as src, atomic_output(target) as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+
+
+def deliver_table(source: Path, output: str) -> None:
+    """A cached table to ``output``: an atomic copy of the Parquet file, or the Arrow IPC stream on stdout
+    (the same bytes the stage writes there: the schema and its Arena metadata survive the Parquet round trip)."""
+    if output != STDIO:
+        copy_atomically(source, output)
+        return
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(source, use_threads=False)
+    except Exception as exc:  # noqa: BLE001 - checksummed moments ago; report rather than trace back
+        raise ArenaError(f"cache entry {source}: unreadable ({' '.join(str(exc).split())[:200]})") from None
+    with atomic_output(STDIO) as out, ipc.new_stream(out, table.schema) as writer:
+        writer.write_table(table)
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _parquet_rows(path: Path) -> int | None:
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except Exception:  # noqa: BLE001 - the row count is informative only
+        return None
+
+
+def _tree_state(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file under ``root`` with (inode, mtime, size): atomic rewrites change the inode."""
+    if not root.is_dir():
+        return {}
+    state = {}
+    for path in root.rglob("*"):
+        if path.is_file() and not path.name.endswith(".tmp"):
+            st = path.stat()
+            state[str(path.relative_to(root))] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    return state
+
+
+def _os_reason(exc: OSError) -> str:
+    return f"{exc.strerror or exc}{f': {exc.filename}' if getattr(exc, 'filename', None) else ''}"

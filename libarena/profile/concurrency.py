@@ -1,0 +1,133 @@
+"""How much devices that share hardware slow each other down (the host's concurrency), measured once.
+
+XLA host devices (``--xla_force_host_platform_device_count=N``) are not separate processors: they run on
+the same CPU cores, and one device's computation already uses the cores' intra-op threads. So k devices
+computing at once each take longer than one alone, unlike k GPUs. The 1F1B model
+(libarena.profile.pipeline) takes this as ``slowdown(k)`` = (time of a kernel while k devices run it at
+once) / (time of the kernel alone), measured here by a micro-benchmark that has nothing to do with the
+plans being profiled: a small MLP's forward + backward (matmuls and element-wise work, like the models'
+blocks), timed alone on device 0 and on devices 0..k-1 at once, the two interleaved and repeated, medians.
+Accelerators (GPUs) are separate chips: slowdown 1 without measuring.
+
+The result is cached in the profile cache per (host, CPU count, platform, device kind, JAX version).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as host
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from libarena.artifacts import content_digest
+from libarena.profile.subprocess_devices import run_module_with_devices
+
+CONCURRENCY_VERSION = 1
+#: Micro-benchmark size: an MLP on (batch, width) activations, fp32.
+BATCH, WIDTH = 256, 512
+
+
+@dataclass(frozen=True)
+class HostConcurrency:
+    """slowdown(k) for k devices busy at once; measured points, linear in between, capped at k."""
+
+    slowdowns: tuple[tuple[int, float], ...] = ()
+    source: str = "independent devices"
+    #: wall seconds spent measuring it in this run (0 when served from the cache)
+    measured_now_s: float = 0.0
+
+    def slowdown(self, k: int) -> float:
+        if k <= 1 or not self.slowdowns:
+            return 1.0
+        points = [(1, 1.0), *sorted(self.slowdowns)]
+        for (k0, s0), (k1, s1) in zip(points, points[1:]):
+            if k0 <= k <= k1:
+                return s0 + (s1 - s0) * (k - k0) / (k1 - k0)
+        (k0, s0), (k1, s1) = points[-2], points[-1]  # beyond the last point: extend its line, at most k
+        return min(float(k), s1 + (s1 - s0) * (k - k1) / (k1 - k0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"slowdowns": {str(k): s for k, s in self.slowdowns}, "source": self.source, "measured_now_s": self.measured_now_s}
+
+
+def _mlp_step(device: Any) -> tuple[Any, Any]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    params = [jax.device_put(0.02 * rng.standard_normal(shape, dtype=np.float32), device) for shape in ((WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH))]
+    x = jax.device_put(rng.standard_normal((BATCH, WIDTH), dtype=np.float32), device)
+
+    def loss(p: Any, v: Any) -> Any:
+        return jnp.mean(jax.nn.gelu(v @ p[0]) @ p[1])
+
+    return jax.jit(jax.grad(loss)), (params, x)
+
+
+def measure(max_devices: int, repeats: int = 15) -> list[tuple[int, float]]:
+    """(k, slowdown(k)) for k = 2 .. max_devices on this process's devices."""
+    import jax
+
+    devices = jax.devices()[:max_devices]
+    kernels = [_mlp_step(d) for d in devices]
+    for fn, args in kernels:
+        for _ in range(3):
+            jax.block_until_ready(fn(*args))
+
+    def run(k: int) -> float:
+        t0 = time.perf_counter()
+        outs = [fn(*args) for fn, args in kernels[:k]]  # dispatched asynchronously: they run at once
+        jax.block_until_ready(outs)
+        return time.perf_counter() - t0
+
+    out = []
+    for k in range(2, len(devices) + 1):
+        alone, together = [], []
+        for _ in range(repeats):  # interleaved: load from elsewhere affects both alike
+            alone.append(run(1))
+            together.append(run(k))
+        out.append((k, max(1.0, statistics.median(together) / statistics.median(alone))))
+    return out
+
+
+def host_concurrency(local: Any, max_devices: int, cache: Any | None = None) -> HostConcurrency:
+    """The slowdowns of ``max_devices`` devices of ``local``'s kind (measured on host CPUs, cached)."""
+    import jax
+
+    if local.platform != "cpu" or max_devices <= 1:
+        return HostConcurrency()
+    key = content_digest(
+        "host-concurrency", CONCURRENCY_VERSION, local.platform, local.kind, host.node(), os.cpu_count(), max_devices, BATCH, WIDTH,
+        jax.__version__,
+    )
+    hit = cache.get(key) if cache is not None else None
+    spent = 0.0
+    if hit is None:
+        t0 = time.perf_counter()
+        points = run_module_with_devices(
+            "libarena.profile.concurrency", {"max_devices": max_devices}, platform="cpu", num_devices=max_devices, timeout_s=600,
+            what="host concurrency benchmark",
+        )
+        spent = time.perf_counter() - t0
+        hit = {"points": points, "seconds": spent}
+        if cache is not None:
+            cache.put(key, hit)
+    slowdowns = tuple((int(k), float(s)) for k, s in hit["points"])
+    return HostConcurrency(slowdowns, f"measured on {os.cpu_count()} host cores", spent)
+
+
+def _main(request_path: str, result_path: str) -> None:
+    from libarena.artifacts import write_json
+
+    request = json.loads(Path(request_path).read_text())
+    write_json(result_path, measure(int(request["max_devices"])))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,183 @@
+"""The per-stage output cache (libarena.artifacts.stage_cache) on its own: keys, hits, refresh, corruption,
+killed writers, an unwritable cache."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from libarena.artifacts import Provenance, read_table, write_table
+from libarena.artifacts.stage_cache import MANIFEST, TABLE_OUTPUT, StageCache, cache_input
+
+KIND = "comm_table"
+
+
+def _table(scale: float = 1.0) -> pa.Table:
+    return pa.table({"primitive": ["all-reduce", "p2p"], "gpu_type": ["a40", "a40"], "num_devices": [2, 2],
+                     "crosses_nodes": [False, False], "bytes": [1024.0, 2048.0], "latency_s": [1e-5 * scale, 2e-5]})
+
+
+class Producer:
+    """A stage's compute-and-write step that counts its runs."""
+
+    def __init__(self, scale: float = 1.0):
+        self.runs = 0
+        self.scale = scale
+
+    def __call__(self, path: str) -> None:
+        self.runs += 1
+        write_table(path, KIND, _table(self.scale), Provenance("test", {"scale": self.scale}))
+
+
+def test_second_run_is_a_hit_with_identical_bytes(tmp_path):
+    cache = StageCache(tmp_path / "cache", "test-stage")
+    key = cache.key({"scale": 1.0})
+    produce = Producer()
+    first = cache.produce_table(key, tmp_path / "a.parquet", produce)
+    second = cache.produce_table(key, tmp_path / "b.parquet", produce)
+    assert produce.runs == 1 and not first.cache_hit and first.stored and second.cache_hit
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    assert second.rows == 2 and second.summary()["cache"]["hit"] is True
+    entry = tmp_path / "cache" / "stages" / "test-stage" / key
+    assert sorted(p.name for p in entry.iterdir()) == [MANIFEST, TABLE_OUTPUT]
+    # --no-cache recomputes and refreshes the entry
+    refresh = StageCache(tmp_path / "cache", "test-stage", refresh=True).produce_table(key, tmp_path / "c.parquet", produce)
+    assert produce.runs == 2 and not refresh.cache_hit and refresh.stored
+    assert [p.name for p in (tmp_path / "cache" / "stages" / "test-stage").iterdir()] == [key]  # no leftovers
+
+
+def test_keys_follow_parameters_inputs_versions_and_paths(tmp_path):
+    cache = StageCache(tmp_path, "s")
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("x\n1\n")
+    b.write_text("x\n1\n")
+    base = cache.key({"p": 1}, [cache_input(a)])
+    assert base == cache.key({"p": 1}, [cache_input(a)])
+    assert base != cache.key({"p": 2}, [cache_input(a)])
+    assert base != cache.key({"p": 1}, [cache_input(b)])  # the path is in the output's provenance
+    assert base != cache.key({"p": 1}, [cache_input(a)], versions={"jax": "0"})
+    assert base != StageCache(tmp_path, "other").key({"p": 1}, [cache_input(a)])
+    a.write_text("x\n2\n")
+    assert base != cache.key({"p": 1}, [cache_input(a)])
+
+
+def test_stdin_inputs_are_keyed_by_their_decoded_content(tmp_path):
+    write_table(tmp_path / "t.parquet", KIND, _table(), Provenance("test"))
+    art = read_table(tmp_path / "t.parquet", KIND)
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, art.table.schema) as w:
+        w.write_table(art.table)
+    write_table(tmp_path / "u.parquet", KIND, _table(2.0), Provenance("test"))
+    other = read_table(tmp_path / "u.parquet", KIND)
+    assert cache_input("-", art)["sha256"] == cache_input("-", art)["sha256"] != cache_input("-", other)["sha256"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "manifest", "missing"])
+def test_corrupt_entry_is_reported_removed_and_recomputed(tmp_path, damage):
+    warnings: list[str] = []
+    cache = StageCache(tmp_path / "cache", "s", warn=warnings.append)
+    key = cache.key({})
+    produce = Producer()
+    cache.produce_table(key, tmp_path / "a.parquet", produce)
+    entry = cache.entry_path(key)
+    data = (entry / TABLE_OUTPUT).read_bytes()
+    if damage == "truncate":
+        (entry / TABLE_OUTPUT).write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        (entry / TABLE_OUTPUT).write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    elif damage == "manifest":
+        (entry / MANIFEST).write_text("{not json")
+    else:
+        (entry / TABLE_OUTPUT).unlink()
+    again = cache.produce_table(key, tmp_path / "b.parquet", produce)
+    assert produce.runs == 2 and not again.cache_hit and again.stored
+    assert warnings and "corrupt" in warnings[0]
+    assert (tmp_path / "b.parquet").read_bytes() == (tmp_path / "a.parquet").read_bytes()
+    assert cache.produce_table(key, tmp_path / "c.parquet", produce).cache_hit  # the fresh entry serves
+
+
+def test_killed_writer_leaves_nothing_that_is_served(tmp_path):
+    cache = StageCache(tmp_path / "cache", "s")
+    key = cache.key({})
+
+    def killed(path: str) -> None:
+        with open(path, "wb") as f:
+            f.write(b"PAR1 half a table")
+        raise KeyboardInterrupt  # what SIGTERM becomes in the tools (libarena.cli)
+
+    with pytest.raises(KeyboardInterrupt):
+        cache.produce_table(key, "-", killed)
+    assert not cache.entry_path(key).exists()
+    assert list(cache.root.iterdir()) == []  # the staging directory is removed
+    # a SIGKILLed writer cannot clean up: its staging directory (no manifest, hidden name) is never served
+    stale = cache.root / f".{key}.abc.tmp"
+    stale.mkdir()
+    (stale / TABLE_OUTPUT).write_bytes(b"PAR1")
+    produce = Producer()
+    assert not cache.produce_table(key, tmp_path / "a.parquet", produce).cache_hit and produce.runs == 1
+    os.utime(stale, (0, 0))  # old temp directories are swept when the next entry is stored
+    StageCache(tmp_path / "cache", "s", refresh=True).produce_table(key, tmp_path / "a.parquet", produce)
+    assert not stale.exists()
+
+
+def test_stdout_output_streams_the_cached_table(tmp_path, monkeypatch):
+    cache = StageCache(tmp_path / "cache", "s")
+    key = cache.key({})
+    produce = Producer()
+    streams = []
+    for _ in range(2):
+        buf = io.BytesIO()
+        wrapper = io.TextIOWrapper(buf)
+        monkeypatch.setattr(sys, "stdout", wrapper)
+        outcome = cache.produce_table(key, "-", produce)
+        monkeypatch.undo()
+        streams.append((outcome.cache_hit, buf.getvalue()))
+    assert [hit for hit, _ in streams] == [False, True] and produce.runs == 1
+    assert streams[0][1] == streams[1][1]
+    table = ipc.open_stream(streams[1][1]).read_all()
+    assert json.loads(table.schema.metadata[b"arena"])["kind"] == KIND
+    # the same bytes write_table itself sends to stdout
+    buf = io.BytesIO()
+    wrapper = io.TextIOWrapper(buf)
+    monkeypatch.setattr(sys, "stdout", wrapper)
+    Producer()("-")
+    monkeypatch.undo()
+    assert buf.getvalue() == streams[0][1]
+
+
+def test_unwritable_cache_warns_and_still_writes_the_output(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    warnings: list[str] = []
+    cache = StageCache(tmp_path / "file", "s", warn=warnings.append)
+    produce = Producer()
+    outcome = cache.produce_table(cache.key({}), tmp_path / "a.parquet", produce)
+    assert not outcome.stored and outcome.store_error and warnings
+    assert read_table(tmp_path / "a.parquet", KIND).table.num_rows == 2
+
+
+def test_directory_outputs_restore_every_written_file(tmp_path):
+    cache = StageCache(tmp_path / "cache", "tree")
+    key = cache.key({})
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "unrelated.txt").write_text("left alone")
+    runs = []
+
+    def produce() -> None:
+        runs.append(1)
+        (out / "sub").mkdir(exist_ok=True)
+        (out / "metrics.json").write_text('{"a": 1}')
+        (out / "sub" / "jobs.bin").write_bytes(b"\x00\x01")
+
+    first = cache.produce_tree(key, out, produce)
+    assert first.files == ["metrics.json", "sub/jobs.bin"] and first.stored
+    second = cache.produce_tree(key, tmp_path / "again", produce)
+    assert second.cache_hit and len(runs) == 1
+    assert (tmp_path / "again" / "sub" / "jobs.bin").read_bytes() == b"\x00\x01"
+    assert not (tmp_path / "again" / "unrelated.txt").exists()
