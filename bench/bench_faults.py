@@ -181,9 +181,9 @@ def actor_kill_and_resume(root: Path) -> dict[str, Any]:
         plan = simple_plan(model, 8, [0], [2], [1], 2, gpu_type="a100")
         killed: list[int] = []
 
-        def kill_second_chunk(chunk: int, actor) -> None:
-            if chunk == 1:
-                ray.kill(actor, no_restart=True)
+        def kill_second_chunk(chunk: int, actors: list) -> None:
+            if chunk == 1:  # the job's actors (one per host); kill the first, the coordinator
+                ray.kill(actors[0], no_restart=True)
                 killed.append(chunk)
 
         report = run_job(JobSpec(model.name, plan, 8, 6, str(root / "ckpt"), checkpoint_every=2),

@@ -1,7 +1,7 @@
 """arena-profile accuracy and cost: disaggregated single-device estimate vs direct measurement.
 
 For the tiny and small zoo models, every plan of their 1- and 2-device CPU grids (plus each grid's pure
-data-parallel plan) is (a) profiled with a fresh cache -- unit executables on one device, the comm
+data-parallel plan) is (a) profiled with a fresh cache -- stage executables (``--granularity``) on one device, the comm
 table measured by ``arena-profile comm``, the host's measured concurrency, the 1F1B model -- and (b) run
 for real with the runtime's executor (``libarena.run.measure_plan``) on 1 or 2 host devices, at the same
 plan, micro-batch count and dtype, steady-state step time (median of the timed steps after warm-up).
@@ -58,8 +58,8 @@ def _plans(tmp: Path, model: str) -> Path:
     return path
 
 
-#: Profiler settings the command line may change (``--granularity stage``, ``--statistic min``).
-OPTIONS: dict[str, str] = {"granularity": "unit", "statistic": "median"}
+#: Profiler settings the command line may change (``--granularity unit``, ``--statistic min``).
+OPTIONS: dict[str, str] = {"granularity": "stage", "statistic": "median"}
 
 
 def _profile(tmp: Path, model: str, plans_path: Path, comm: Any, calibration: Path, round_index: int) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def _round(tmp: Path, model: str, plans_path: Path, comm: Any, calibration: Path
         )
     s = prof["summary"]
     _log(
-        f"{model} round {round_index}: {len(rows)} plans; profiling {prof['wall_s']:.0f} s ({s['stages_profiled']} unit executables, "
+        f"{model} round {round_index}: {len(rows)} plans; profiling {prof['wall_s']:.0f} s ({s['stages_profiled']} {OPTIONS['granularity']} executables, "
         f"{s['stages_skipped']} reused); measuring {sum(r['measurement_device_s'] for r in rows):.0f} device-s"
     )
     cost = {"model": model, "round": round_index, "profiling_device_s": prof["wall_s"], "profiling_compile_s": prof["compile_s"],
@@ -252,7 +252,7 @@ def _aggregate(all_rows: list[dict[str, Any]], costs: list[dict[str, Any]], mode
                   "measure": {"runner": "libarena.run.measure_plan", "warmup": MEASURE_WARMUP, "repeats": MEASURE_REPEATS,
                               "statistic": OPTIONS["statistic"]}},
         "note": "CPU host devices on a 2-core machine (shared with other work while measured: see the spreads). Estimates: "
-                "unit-granularity profiles, measured comm table, measured host concurrency, per-step runtime work, 1F1B.",
+                f"{OPTIONS['granularity']}-granularity profiles, measured comm table, measured host concurrency, per-step runtime work, 1F1B.",
     }
     return summary, payload
 
@@ -298,7 +298,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--results", default="bench/results")
-    parser.add_argument("--granularity", choices=("unit", "stage"), default="unit")
+    parser.add_argument("--granularity", choices=("unit", "stage"), default="stage")
     parser.add_argument("--statistic", choices=("median", "min"), default="median",
                         help="per-run statistic on both sides (min: the fastest repetition, for a contended host)")
     args = parser.parse_args()

@@ -88,7 +88,8 @@ def build_rows(model: str, global_batch: int, cluster: ClusterSpec, config: Perf
 
     plans = TableArtifact("plans", planset_to_table(planset), Provenance("arena-plan"), planset_metadata(planset),
                           get_kind("plans").version, f"plans of {model}")
-    result = profile_plans(plans, ProfileConfig(cache_dir=config.cache_dir / "profiles"), log=log, progress=progress)
+    # Per-layer profiles: a trace needs many (model, batch) pairs profiled, so the cheaper granularity.
+    result = profile_plans(plans, ProfileConfig(cache_dir=config.cache_dir / "profiles", granularity="unit"), log=log, progress=progress)
     return result.table.to_pylist()
 
 

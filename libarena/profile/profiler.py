@@ -59,7 +59,10 @@ class ProfileConfig:
     #: fraction of the device memory a plan may use
     memory_fraction: float = 0.9
     seed: int = 0
-    granularity: str = "unit"
+    #: stage: one executable per distinct stage (what the executor runs; 9.6% / 26.5% mean error against
+    #: direct measurement on 1 / 2 CPU devices); unit: one per distinct layer, summed (cheaper, less
+    #: accurate: 48.6% / 48.7%), see bench/results/profile*.json
+    granularity: str = "stage"
     statistic: str = "median"
     #: measured: devices that share hardware (XLA host devices on one CPU) slow each other down by the
     #: host's measured concurrency (libarena.profile.concurrency); independent: every device is its own chip

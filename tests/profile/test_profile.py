@@ -46,7 +46,7 @@ def cache_dir(tmp_path_factory):
 def first_run(plans_path, cache_dir):
     from libarena.profile import ProfileConfig, profile_plans
 
-    config = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3)
+    config = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3, granularity="unit")
     return profile_plans(read_table(plans_path, "plans"), config, comm=_cpu_comm())
 
 
@@ -101,7 +101,7 @@ def test_stage_breakdown_follows_the_1f1b_model(first_run):
 def test_second_run_is_served_from_the_cache(plans_path, cache_dir, first_run):
     from libarena.profile import ProfileConfig, profile_plans
 
-    again = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache_dir), comm=_cpu_comm())
+    again = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache_dir, granularity="unit"), comm=_cpu_comm())
     assert again.summary["stages_profiled"] == 0 and again.summary["stages_skipped"] == 24
     before = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in first_run.table.to_pylist()}
     after = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in again.table.to_pylist()}
@@ -168,7 +168,8 @@ def comm_table_path(tmp_path_factory):
 
 def test_cli_stdin_plans_to_perf_table_and_show(plans_path, cache_dir, comm_table_path, tmp_path, first_run):
     out = tmp_path / "perf.parquet"
-    proc = _cli("--device", "local", "--cache-dir", cache_dir, "--comm", comm_table_path, "-o", out, stdin=plans_path.read_bytes())
+    proc = _cli("--device", "local", "--granularity", "unit", "--cache-dir", cache_dir, "--comm", comm_table_path, "-o", out,
+                stdin=plans_path.read_bytes())
     assert proc.returncode == 0, proc.stderr.decode()
     log = proc.stderr.decode()
     assert "timer host" in log and "24 skipped" in log and "measured" in log
@@ -221,7 +222,8 @@ def test_memory_check_against_the_device(plans_path, cache_dir, first_run):
     """Same (cached) profiles, a device budget too small for the stage's state: rows do not fit."""
     from libarena.profile import ProfileConfig, profile_plans
 
-    tight = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache_dir, memory_fraction=1e-9), comm=_cpu_comm())
+    tight = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache_dir, memory_fraction=1e-9, granularity="unit"),
+                          comm=_cpu_comm())
     assert tight.summary["stages_profiled"] == 0
     assert not any(r["fits_in_memory"] for r in tight.table.to_pylist())
     est = next(e for e in first_run.estimates if not e.estimated)

@@ -51,7 +51,7 @@ def profile(
     warmup: int = typer.Option(2, "--warmup", help="untimed runs per stage executable"),
     repeats: int = typer.Option(7, "--repeats", help="timed runs per stage executable (median and spread reported)"),
     no_dp: bool = typer.Option(False, "--no-dp", help="do not profile the pure data-parallel plan (view dp)"),
-    granularity: str = typer.Option("unit", "--granularity", help="unit (identical layers profiled once) or stage"),
+    granularity: str = typer.Option("stage", "--granularity", help="stage (one executable per distinct stage: accurate) or unit (identical layers profiled once: cheaper)"),
     statistic: str = typer.Option("median", "--statistic", help="median of the timed runs, or min (contended hosts)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),

@@ -23,6 +23,7 @@ import typer
 
 from libarena.cli import JSON_HELP, QUIET_HELP, Reporter, print_json, refuse_json_with_stdout_data, run_app
 from libarena.errors import ArenaError
+from libarena.schedule.policies import policy_names
 
 app = typer.Typer(add_completion=False, help="AP-aware cluster scheduling: simulator, Arena and baselines.")
 trace_app = typer.Typer(add_completion=False, help="Workload traces.")
@@ -33,6 +34,7 @@ app.add_typer(perf_app, name="perf")
 TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow or raw ITP format)")
 PerfOpt = typer.Option(..., "--perf", help="performance table (perf_table artifact, or CSV/Parquet in its schema)")
 ClusterOpt = typer.Option(..., "--cluster", help="cluster spec (YAML/TOML)")
+PolicyOpt = typer.Option("arena", "--policy", help=", ".join(policy_names()))
 QuietOpt = typer.Option(False, "--quiet", "-q", help=QUIET_HELP)
 NoCacheOpt = typer.Option(False, "--no-cache", help="recompute even when the stage cache has this output")
 CacheDirOpt = typer.Option(None, "--cache-dir", help="cache root; outputs in DIR/stages/ (default .arena-cache)")
@@ -129,7 +131,7 @@ def simulate(
     trace: Path = TraceOpt,
     perf: Path = PerfOpt,
     cluster: Path = ClusterOpt,
-    policy: str = typer.Option("arena", "--policy", help="arena, fcfs, gavel, elasticflow, elasticflow-ls, sia"),
+    policy: str = PolicyOpt,
     output: Path = typer.Option(..., "-o", "--output", help="output directory"),
     view: Optional[str] = typer.Option(None, "--view", help="decision view: arena, dp, ap, dp-linear (default: the policy's)"),
     objective: Optional[str] = typer.Option(None, "--objective", help="arena: throughput, deadline, fairness"),
@@ -269,7 +271,7 @@ def compare(
 @app.command("policies")
 def list_policies() -> None:
     """List the registered policies and their decision views."""
-    from libarena.schedule.policies import get_policy, policy_names
+    from libarena.schedule.policies import get_policy
 
     for name in policy_names():
         cls = get_policy(name)
@@ -372,7 +374,7 @@ def serve(
     cluster: Path = ClusterOpt,
     perf: Path = PerfOpt,
     state: Path = StateOpt,
-    policy: str = typer.Option("arena", "--policy", help="arena, fcfs, gavel, elasticflow, elasticflow-ls, sia"),
+    policy: str = PolicyOpt,
     time_compression: float = typer.Option(1.0, "--time-compression", help="scheduler seconds per wall second"),
     tick: float = typer.Option(300.0, "--tick", help="scheduling interval in scheduler seconds"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster for arena-run (ray://... or host:port)"),
