@@ -24,6 +24,12 @@ stderr_console = Console(stderr=True, highlight=False)
 QUIET_HELP = "no progress bars or info logs on stderr (warnings and errors are still printed)"
 JSON_HELP = "print a one-object JSON summary of what was done on stdout (not with -o -)"
 
+#: The options every producing command shares, declared once (typer accepts one OptionInfo in many commands).
+QUIET_OPTION = typer.Option(False, "--quiet", "-q", help=QUIET_HELP)
+JSON_OPTION = typer.Option(False, "--json", help=JSON_HELP)
+NO_CACHE_OPTION = typer.Option(False, "--no-cache", help="recompute even when the stage cache has this output")
+CACHE_DIR_OPTION = typer.Option(None, "--cache-dir", help="cache root; outputs in DIR/stages/ (default .arena-cache)")
+
 
 class Reporter:
     """What a tool shows on stderr while it works: info logs, warnings, and rich progress bars.

@@ -16,7 +16,10 @@ from typing import Optional
 
 import typer
 
-from libarena.cli import JSON_HELP, QUIET_HELP, Reporter, print_json, refuse_json_with_stdout_data, run_app
+from libarena.cli import (
+    CACHE_DIR_OPTION, JSON_HELP, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
+    print_json, refuse_json_with_stdout_data, run_app,
+)
 from libarena.errors import ArenaError
 
 app = typer.Typer(
@@ -36,9 +39,9 @@ def analyze(
     output: str = typer.Option("-", "--output", "-o", help="operator table (Parquet), '-' = Arrow stream on stdout"),
     list_models: bool = typer.Option(False, "--list-models", help="list the model zoo and exit"),
     as_json: bool = typer.Option(False, "--json", help=f"{JSON_HELP}; with --list-models: the zoo as JSON"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
-    no_cache: bool = typer.Option(False, "--no-cache", help="analyze again even when the stage cache has this output"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="cache root; outputs in DIR/stages/ (default .arena-cache)"),
+    quiet: bool = QUIET_OPTION,
+    no_cache: bool = NO_CACHE_OPTION,
+    cache_dir: Optional[Path] = CACHE_DIR_OPTION,
 ) -> None:
     """Analyze a model (no subcommand)."""
     if ctx.invoked_subcommand is not None:

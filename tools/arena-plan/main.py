@@ -16,7 +16,10 @@ from typing import Optional
 import typer
 
 from libarena.artifacts import Provenance, input_ref, read_table, write_bytes
-from libarena.cli import JSON_HELP, QUIET_HELP, Reporter, print_json, refuse_json_with_stdout_data, run_app
+from libarena.cli import (
+    CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
+    print_json, refuse_json_with_stdout_data, run_app,
+)
 from libarena.errors import ArenaError
 
 app = typer.Typer(
@@ -51,10 +54,10 @@ def plan(
     comm_required: bool = typer.Option(
         False, "--comm-required", help="error when --comm has no measurements for a planned GPU type (default: fall back)"
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
-    no_cache: bool = typer.Option(False, "--no-cache", help="plan again even when the stage cache has this output"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="cache root; outputs in DIR/stages/ (default .arena-cache)"),
+    quiet: bool = QUIET_OPTION,
+    as_json: bool = JSON_OPTION,
+    no_cache: bool = NO_CACHE_OPTION,
+    cache_dir: Optional[Path] = CACHE_DIR_OPTION,
 ) -> None:
     """Plan every grid of the job (no subcommand)."""
     if ctx.invoked_subcommand is not None:
@@ -161,8 +164,8 @@ def export(
     gpu_type: Optional[str] = typer.Option(None, "--gpu-type"),
     num_gpus: Optional[int] = typer.Option(None, "--num-gpus"),
     stages: Optional[int] = typer.Option(None, "--stages"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = QUIET_OPTION,
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Write a (proxy) plan in another runtime's format (alpa: ManualStageOption JSON). Not cached: instant."""
     from libarena.hardware import get_gpu

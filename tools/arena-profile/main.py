@@ -18,7 +18,7 @@ from typing import Optional
 import typer
 
 from libarena.artifacts import Provenance, input_ref, read_table
-from libarena.cli import JSON_HELP, QUIET_HELP, Reporter, print_json, refuse_json_with_stdout_data, run_app
+from libarena.cli import JSON_OPTION, QUIET_OPTION, Reporter, print_json, refuse_json_with_stdout_data, run_app
 from libarena.errors import ArenaError
 
 app = typer.Typer(
@@ -53,8 +53,8 @@ def profile(
     no_dp: bool = typer.Option(False, "--no-dp", help="do not profile the pure data-parallel plan (view dp)"),
     granularity: str = typer.Option("stage", "--granularity", help="stage (one executable per distinct stage: accurate) or unit (identical layers profiled once: cheaper)"),
     statistic: str = typer.Option("median", "--statistic", help="median of the timed runs, or min (contended hosts)"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = QUIET_OPTION,
+    as_json: bool = JSON_OPTION,
     no_cache: bool = typer.Option(False, "--no-cache", help="profile again even when the stage cache has this output "
                                   "(stage profiles are still reused)"),
 ) -> None:
@@ -153,8 +153,8 @@ def comm_command(
     points: int = typer.Option(7, "--points", help="log-spaced volumes between them"),
     repeats: int = typer.Option(10, "--repeats", help="timed repetitions per volume"),
     device: str = typer.Option("local", "--device", help="platform to benchmark: local, cpu or gpu"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = QUIET_OPTION,
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Benchmark all-reduce, all-gather, reduce-scatter, all-to-all and P2P into a comm_table.
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from libarena.cli import QUIET_HELP, run_app, stderr_console
+from libarena.cli import QUIET_OPTION, run_app, stderr_console
 from libarena.errors import ArenaError
 
 app = typer.Typer(add_completion=False, help="Train a model under an arena-plan plan with adaptive parallelism (JAX + Ray).")
@@ -47,7 +47,7 @@ def run(
     learning_rate: float = typer.Option(1e-3, "--lr", help="Adam learning rate"),
     json_out: bool = typer.Option(False, "--json", help="print the run report as JSON on stdout"),
     report: Optional[Path] = typer.Option(None, "--report", help="also write the run report (JSON) here"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    quiet: bool = QUIET_OPTION,
 ) -> None:
     from libarena.artifacts import write_json
     from libarena.models.training import OptimizerConfig

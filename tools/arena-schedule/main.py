@@ -21,7 +21,10 @@ from typing import Optional
 
 import typer
 
-from libarena.cli import JSON_HELP, QUIET_HELP, Reporter, print_json, refuse_json_with_stdout_data, run_app
+from libarena.cli import (
+    CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
+    print_json, refuse_json_with_stdout_data, run_app,
+)
 from libarena.errors import ArenaError
 from libarena.schedule.policies import policy_names
 
@@ -35,9 +38,6 @@ TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow o
 PerfOpt = typer.Option(..., "--perf", help="performance table (perf_table artifact, or CSV/Parquet in its schema)")
 ClusterOpt = typer.Option(..., "--cluster", help="cluster spec (YAML/TOML)")
 PolicyOpt = typer.Option("arena", "--policy", help=", ".join(policy_names()))
-QuietOpt = typer.Option(False, "--quiet", "-q", help=QUIET_HELP)
-NoCacheOpt = typer.Option(False, "--no-cache", help="recompute even when the stage cache has this output")
-CacheDirOpt = typer.Option(None, "--cache-dir", help="cache root; outputs in DIR/stages/ (default .arena-cache)")
 
 
 def _workload_inputs(trace: Path, perf: Path, cluster: Path, seed: int, skip_bad_rows: bool):
@@ -150,9 +150,9 @@ def simulate(
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip bad trace rows, with a count"),
     plot: bool = typer.Option(False, "--plot", help="also write PNG figures"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics and a summary (output, cache, elapsed_s) as JSON on stdout"),
-    quiet: bool = QuietOpt,
-    no_cache: bool = NoCacheOpt,
-    cache_dir: Optional[Path] = CacheDirOpt,
+    quiet: bool = QUIET_OPTION,
+    no_cache: bool = NO_CACHE_OPTION,
+    cache_dir: Optional[Path] = CACHE_DIR_OPTION,
 ) -> None:
     """Simulate one policy; writes jobs.parquet, timeseries.parquet, decisions.msgpack, metrics.json."""
     from dataclasses import asdict
@@ -207,9 +207,9 @@ def compare(
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
     plot: bool = typer.Option(False, "--plot", help="write comparison PNGs"),
     as_json: bool = typer.Option(False, "--json", help='print {"policies": {name: {...}}} and a summary (output, cache, elapsed_s) on stdout'),
-    quiet: bool = QuietOpt,
-    no_cache: bool = NoCacheOpt,
-    cache_dir: Optional[Path] = CacheDirOpt,
+    quiet: bool = QUIET_OPTION,
+    no_cache: bool = NO_CACHE_OPTION,
+    cache_dir: Optional[Path] = CACHE_DIR_OPTION,
 ) -> None:
     """Run several policies on the same workload; print a table relative to Arena."""
     from dataclasses import asdict
@@ -322,8 +322,8 @@ def perf_build(
     cache_dir: Path = typer.Option(Path(".arena-cache"), "--cache-dir", help="content-addressed caches: operator tables, stage profiles, and whole outputs (DIR/stages/)"),
     seed: int = typer.Option(0, "--seed", help="seed of the trace adaptation (ElasticFlow/ITP traces)"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
-    quiet: bool = QuietOpt,
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = QUIET_OPTION,
+    as_json: bool = JSON_OPTION,
     no_cache: bool = typer.Option(False, "--no-cache", help="rebuild even when the stage cache has this output "
                                   "(cached operator tables and stage profiles are still reused)"),
 ) -> None:
