@@ -9,6 +9,7 @@ other than the local one are roofline-scaled estimates (``estimated`` = true).
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -29,8 +30,8 @@ from libarena.profile.concurrency import HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
 from libarena.profile.plans_input import GridKey, PlanInputs, PlanRecord, load_plan_inputs
-from libarena.profile.stage import StageSpec, build_stage_executables, worker_view
-from libarena.profile.timers import Timer, select_timer
+from libarena.profile.stage import CompiledStage, StageSpec, build_stage_executables, compile_stage, lower_stage, worker_view
+from libarena.profile.timers import Timer, Timing, select_timer
 from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
 
 #: Which plans of each grid are profiled.
@@ -42,7 +43,7 @@ STATISTICS = ("median", "min")
 #: repeated blocks of a transformer) then share one profile across every stage partition.
 GRANULARITIES = ("stage", "unit")
 CONCURRENCY_MODELS = ("measured", "independent")
-STAGE_RECORD_VERSION = 2
+STAGE_RECORD_VERSION = 3
 
 
 @dataclass
@@ -67,6 +68,13 @@ class ProfileConfig:
     #: measured: devices that share hardware (XLA host devices on one CPU) slow each other down by the
     #: host's measured concurrency (libarena.profile.concurrency); independent: every device is its own chip
     concurrency: str = "measured"
+    #: micro-batches dispatched back to back per timed region (the runtime does not wait between them,
+    #: so a lone, synchronised micro-batch would also time the launch and wait the pipeline hides)
+    burst: int = 4
+    #: threads compiling the next stages' executables while none is timed (compilation is host work)
+    compile_workers: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
+    #: stages lowered and compiled ahead of their timing, at most (bounds the executables held at once)
+    compile_ahead: int = 16
 
     def __post_init__(self) -> None:
         if self.statistic not in STATISTICS:
@@ -79,6 +87,8 @@ class ProfileConfig:
             raise ArenaError(f"unknown plan selection {self.selection!r} (known: {', '.join(SELECTIONS)})")
         if self.warmup < 0 or self.repeats < 1:
             raise ArenaError("warmup must be >= 0 and repeats >= 1")
+        if self.burst < 1 or self.compile_workers < 1 or self.compile_ahead < 1:
+            raise ArenaError("burst, compile_workers and compile_ahead must be >= 1")
 
 
 @dataclass
@@ -159,8 +169,14 @@ def profile_stage(
     warmup: int = 2,
     repeats: int = 7,
     seed: int = 0,
+    burst: int = 4,
+    compiled: CompiledStage | None = None,
+    compile_device_s: float | None = None,
 ) -> tuple[dict[str, Any], bool]:
-    """Profile one worker of one stage on the local device; returns (record, served_from_cache)."""
+    """Profile one worker of one stage on the local device; returns (record, served_from_cache).
+
+    ``compiled``: its executables compiled ahead (``compile_ahead``), which took ``compile_device_s`` of
+    the profiling run's wall time (its share of a parallel compilation)."""
     import jax
 
     key = stage_cache_key(spec, local, timer.name)
@@ -169,14 +185,13 @@ def profile_stage(
         if hit is not None:
             return hit, True
     t0 = time.perf_counter()
-    # The optimizer update depends only on the worker's optimizer shard sizes: one profile serves every
-    # micro-batch size (and every stage with the same parameter shapes).
     view = worker_view(spec)
-    opt_key = content_digest("optimizer-profile", STAGE_RECORD_VERSION, view.optimizer_elements, spec.dtype, local.platform,
-                             local.kind, timer.name, jax.__version__)
+    opt_key = optimizer_cache_key(spec, local, timer.name)
     opt_record = cache.get(opt_key) if cache is not None else None
-    execs = build_stage_executables(spec, device=local.device, seed=seed, with_optimizer=opt_record is None)
-    microbatch = timer.time(execs.run_microbatch, warmup, repeats)
+    if compiled is not None and opt_record is None and compiled.optimizer is None:
+        compiled = None  # compiled ahead without the optimizer, whose profile is not there after all
+    execs = build_stage_executables(spec, device=local.device, seed=seed, with_optimizer=opt_record is None, compiled=compiled)
+    microbatch = _time_burst(timer, execs.run_microbatch, warmup, repeats, burst)
     if opt_record is None:
         opt_record = {
             "optimizer": timer.time(execs.run_optimizer, warmup, repeats).to_dict(),
@@ -188,6 +203,10 @@ def profile_stage(
             cache.put(opt_key, opt_record)
     setup = _time_step_setup(execs, local.device, repeats)
     wall = time.perf_counter() - t0
+    compile_wall = execs.compile_s
+    if compiled is not None and compile_device_s is not None:
+        wall += compile_device_s  # compiled before t0, in parallel with other stages
+        compile_wall = compile_device_s
     out = execs.forward(execs.inputs["params"], execs.inputs["carry_in"], execs.inputs["batch"])[0]
     out_bytes = 0.0 if view.is_last(_model(spec)) else float(out.size * out.dtype.itemsize)
     carry_in_bytes = 0.0 if view.carry_in is None else float(np.prod(view.carry_in.shape) * np.dtype(view.carry_in.dtype).itemsize)
@@ -206,6 +225,8 @@ def profile_stage(
         "optimizer_key": opt_key,
         **setup,
         "compile_s": execs.compile_s,
+        #: this stage's part of the profiling run's wall time spent compiling (compile_s on one thread)
+        "compile_device_s": compile_wall,
         "device_s": wall,
         "cost": {**execs.cost, "optimizer": opt_record["cost"]},
         "memory": {**execs.memory, "optimizer": opt_record["memory"]},
@@ -217,6 +238,51 @@ def profile_stage(
     if cache is not None:
         cache.put(key, record)
     return record, False
+
+
+def optimizer_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) -> str:
+    """The optimizer update depends only on the worker's optimizer shard sizes: one profile serves every
+    micro-batch size (and every stage with the same parameter shapes)."""
+    import jax
+
+    return content_digest("optimizer-profile", STAGE_RECORD_VERSION, worker_view(spec).optimizer_elements, spec.dtype,
+                          local.platform, local.kind, timer_name, jax.__version__)
+
+
+def _time_burst(timer: Timer, region: Callable[[], Any], warmup: int, repeats: int, burst: int) -> Timing:
+    """Per-run timings of ``region`` dispatched ``burst`` times back to back in each timed run."""
+    if burst == 1:
+        return timer.time(region, warmup, repeats)
+
+    def runs() -> Any:
+        out = None
+        for _ in range(burst):
+            out = region()
+        return out
+
+    timing = timer.time(runs, warmup, repeats)
+    return Timing(tuple(t / burst for t in timing.samples))
+
+
+def compile_ahead(
+    specs: list[tuple[StageSpec, bool]], workers: int, log: Callable[[str], None]
+) -> tuple[dict[StageSpec, CompiledStage], dict[StageSpec, float]]:
+    """Lower ``specs`` (spec, with_optimizer) in this thread (tracing holds the GIL) and compile them on
+    ``workers`` threads (XLA releases it). Returns the executables and each one's share of the wall time,
+    in proportion to its own compilation time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.perf_counter()
+    lowered = [lower_stage(spec, with_optimizer=with_opt) for spec, with_opt in specs]
+    if workers > 1 and len(lowered) > 1:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arena-compile") as pool:
+            compiled = list(pool.map(compile_stage, lowered))
+    else:
+        compiled = [compile_stage(x) for x in lowered]
+    wall = time.perf_counter() - t0
+    total = sum(c.compile_s for c in compiled) or 1.0
+    log(f"compiled {len(compiled)} stages on {min(workers, len(compiled))} threads in {wall:.1f} s ({total:.1f} s of compilation)")
+    return ({c.lowered.spec: c for c in compiled}, {c.lowered.spec: wall * c.compile_s / total for c in compiled})
 
 
 def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
@@ -550,17 +616,44 @@ def profile_plans(
     concurrency = host_concurrency(local, local_devices, cache) if config.concurrency == "measured" else HostConcurrency()
     if concurrency.slowdowns:
         log(f"host concurrency: {', '.join(f'{k} devices at once run {v:.2f}x slower' for k, v in concurrency.slowdowns)} ({concurrency.source})")
+    def pieces_of(stage_spec: StageSpec) -> list[StageSpec]:
+        if config.granularity == "unit":
+            return [replace(stage_spec, start=i, stop=i + 1) for i in range(stage_spec.start, stage_spec.stop)]
+        return [stage_spec]
+
+    plan_pieces = [[pieces_of(st) for st in inputs.stage_specs(plan)] for plan, _ in work]
+    # Stages to profile, in the order they will be timed; each optimizer shape is compiled with its first.
+    pending: list[tuple[StageSpec, bool]] = []
+    queued: set[StageSpec] = set()
+    optimizers_queued: set[str] = set()
+    for spec in (spec for stages in plan_pieces for pieces in stages for spec in pieces):
+        if spec in queued or cache.get(stage_cache_key(spec, local, timer.name)) is not None:
+            continue
+        opt_key = optimizer_cache_key(spec, local, timer.name)
+        with_opt = opt_key not in optimizers_queued and cache.get(opt_key) is None
+        optimizers_queued.add(opt_key)
+        queued.add(spec)
+        pending.append((spec, with_opt))
+    ahead: dict[StageSpec, CompiledStage] = {}
+    ahead_cost: dict[StageSpec, float] = {}
+    next_pending = 0
+
     for done, (plan, is_dp) in enumerate(work):
         progress(ProgressUpdate("profiling plans", done, len(work), f"{plan.grid.gpu_type} {plan.plan_id}"))
         records, new_cost = [], 0.0
-        for stage_spec in inputs.stage_specs(plan):
-            if config.granularity == "unit":
-                pieces = [replace(stage_spec, start=i, stop=i + 1) for i in range(stage_spec.start, stage_spec.stop)]
-            else:
-                pieces = [stage_spec]
+        for stage_spec, pieces in zip(inputs.stage_specs(plan), plan_pieces[done]):
             piece_records = []
             for spec in pieces:
-                record, cached = profile_stage(spec, local, timer, cache, config.warmup, config.repeats, config.seed)
+                if spec in queued and spec not in ahead and next_pending < len(pending):
+                    # Compile the next stages together, before any of them is timed: compiling while a
+                    # stage runs would slow a host device down.
+                    batch = pending[next_pending : next_pending + config.compile_ahead]
+                    next_pending += len(batch)
+                    compiled, shares = compile_ahead(batch, config.compile_workers, log)
+                    ahead.update(compiled)
+                    ahead_cost.update(shares)
+                record, cached = profile_stage(spec, local, timer, cache, config.warmup, config.repeats, config.seed,
+                                               config.burst, ahead.pop(spec, None), ahead_cost.pop(spec, None))
                 stages_needed += 1
                 if cached:
                     stages_cached += 1

@@ -295,24 +295,40 @@ def _memory(compiled: Any) -> dict[str, float]:
     }
 
 
-def build_stage_executables(
-    spec: StageSpec, device: Any = None, seed: int = 0, optimizer: Any = None, with_optimizer: bool = True
-) -> StageExecutables:
-    """Compile the worker's forward, backward and optimizer executables for ``device`` (default: first).
+@dataclass
+class LoweredStage:
+    """A worker's forward, backward and optimizer lowered from abstract shapes (no arrays allocated):
+    compiling them (``compile_stage``) needs no device time and may run in parallel threads."""
 
-    ``with_optimizer=False`` leaves the optimizer out (its profile depends only on the worker's optimizer
-    shard sizes, so the profiler reuses one across micro-batch sizes)."""
-    import time
+    spec: StageSpec
+    view: WorkerView
+    forward: Any
+    backward: Any
+    optimizer: Any
+    #: cotangent of the stage output (abstract)
+    cotangent: Any
+    #: the optimizer state's abstract shapes (None without the optimizer)
+    opt_state: Any
+    lower_s: float
 
+
+@dataclass
+class CompiledStage:
+    lowered: LoweredStage
+    forward: Any
+    backward: Any
+    optimizer: Any
+    compile_s: float
+
+
+def _stage_functions(spec: StageSpec, view: WorkerView, optimizer: Any) -> tuple[Any, Any, Any, Any]:
     import jax
 
     from libarena.models.training import OptimizerConfig, apply_units, compute_dtype
 
     model = get_model(spec.model)
-    view = worker_view(spec)
     dtype = compute_dtype(spec.dtype)
-    device = device or jax.devices()[0]
-    first, last = view.is_first, view.is_last(model)
+    first = view.is_first
     start, stop = spec.start, spec.stop
 
     def forward(params: Any, carry: Any, batch: Any) -> Any:
@@ -333,6 +349,68 @@ def build_stage_executables(
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state
 
+    return forward, backward, update, tx
+
+
+def _abstract(tree: Any) -> Any:
+    import jax
+
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), tree)
+
+
+def lower_stage(spec: StageSpec, optimizer: Any = None, with_optimizer: bool = True) -> LoweredStage:
+    """Trace and lower the worker's executables from abstract shapes (see ``build_stage_executables``)."""
+    import time
+
+    import jax
+
+    view = worker_view(spec)
+    model = get_model(spec.model)
+    forward, backward, update, tx = _stage_functions(spec, view, optimizer)
+    t0 = time.perf_counter()
+    fwd = jax.jit(forward).lower(view.params, view.carry_in, view.batch)
+    out, residuals = _abstract(fwd.out_info)
+    cotangent = jax.ShapeDtypeStruct((), out.dtype) if view.is_last(model) else out
+    grad_acc = view.params
+    bwd = jax.jit(backward, donate_argnums=(2,)).lower(residuals, cotangent, grad_acc)
+    opt = opt_state = None
+    if with_optimizer:
+        opt_params = [jax.ShapeDtypeStruct((n,), np.float32) for n in view.optimizer_elements]
+        opt_state = jax.eval_shape(tx.init, opt_params)
+        opt = jax.jit(update, donate_argnums=(0, 2)).lower(opt_params, opt_params, opt_state)
+    return LoweredStage(spec, view, fwd, bwd, opt, cotangent, opt_state, time.perf_counter() - t0)
+
+
+def compile_stage(lowered: LoweredStage) -> CompiledStage:
+    """XLA-compile a lowered stage (host work only: safe to run in a thread next to other compilations)."""
+    import time
+
+    t0 = time.perf_counter()
+    fwd = lowered.forward.compile()
+    bwd = lowered.backward.compile()
+    opt = lowered.optimizer.compile() if lowered.optimizer is not None else None
+    return CompiledStage(lowered, fwd, bwd, opt, lowered.lower_s + time.perf_counter() - t0)
+
+
+def build_stage_executables(
+    spec: StageSpec, device: Any = None, seed: int = 0, optimizer: Any = None, with_optimizer: bool = True,
+    compiled: CompiledStage | None = None,
+) -> StageExecutables:
+    """Compile the worker's forward, backward and optimizer executables for ``device`` (default: first)
+    and place inputs for them (``compiled``: executables compiled ahead, e.g. in parallel threads).
+
+    ``with_optimizer=False`` leaves the optimizer out (its profile depends only on the worker's optimizer
+    shard sizes, so the profiler reuses one across micro-batch sizes)."""
+    import jax
+
+    if compiled is None:
+        compiled = compile_stage(lower_stage(spec, optimizer, with_optimizer))
+    lowered = compiled.lowered
+    with_optimizer = compiled.optimizer is not None
+    model = get_model(spec.model)
+    view = lowered.view
+    device = device or jax.devices()[0]
+
     with jax.default_device(device):
         params = _concrete(view.params, seed, device)
         batch_np = model.synthetic_samples(np.arange(view.local_batch), seed, spec.seq_len)
@@ -347,21 +425,15 @@ def build_stage_executables(
         if with_optimizer:
             opt_params = [jax.device_put(np.full((n,), 0.01, np.float32), device) for n in view.optimizer_elements]
             opt_grads = [jax.device_put(np.full((n,), 1e-3, np.float32), device) for n in view.optimizer_elements]
-            opt_state = jax.jit(tx.init)(opt_params)
+            # AdamW starts from zero moments and a zero count: placed from the host (no compilation).
+            opt_state = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), device), lowered.opt_state)
         else:
             opt_params, opt_grads, opt_state = [], [], None
-
-        t0 = time.perf_counter()
-        fwd = jax.jit(forward).lower(params, carry, batch).compile()
-        out, residuals = fwd(params, carry, batch)
         cotangent = (
-            jax.device_put(np.ones((), out.dtype), device)
-            if last
-            else _concrete(jax.ShapeDtypeStruct(out.shape, out.dtype), seed + 2, device)
+            jax.device_put(np.ones((), lowered.cotangent.dtype), device)
+            if view.is_last(model)
+            else _concrete(lowered.cotangent, seed + 2, device)
         )
-        bwd = jax.jit(backward, donate_argnums=(2,)).lower(residuals, cotangent, grad_acc).compile()
-        opt = jax.jit(update, donate_argnums=(0, 2)).lower(opt_params, opt_grads, opt_state).compile() if with_optimizer else None
-        compile_s = time.perf_counter() - t0
 
     inputs = {
         "params": params,
@@ -373,7 +445,8 @@ def build_stage_executables(
         "opt_grads": opt_grads,
         "opt_state": opt_state,
     }
-    execs = StageExecutables(view, fwd, None, None, inputs, compile_s)
+    fwd, bwd, opt = compiled.forward, compiled.backward, compiled.optimizer
+    execs = StageExecutables(view, fwd, None, None, inputs, compiled.compile_s)
     # Donated buffers are consumed by each call: keep the executables' outputs as the next inputs.
     execs.backward = _Rebinding(bwd, inputs, "grad_acc", position=0)
     execs.optimizer = _OptimizerRebinding(opt, inputs) if with_optimizer else None

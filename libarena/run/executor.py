@@ -4,8 +4,9 @@ Each stage owns a disjoint slice of the job's devices arranged as a ``(dp, tp)``
 are placed with ``NamedSharding``: the first parameter dimension whose logical axis is tensor-parallel
 (heads, mlp, vocab, expert, conv_out) goes on mesh axis ``tp``; batch dimensions go on ``dp``. Each stage's
 forward (returning its ``jax.vjp`` closure, so activations are kept rather than recomputed) and backward
-(which also accumulates the parameter gradients) are jitted; GSPMD inserts the tensor-parallel
-collectives and the data-parallel gradient reduction (gradients leave the backward replicated over ``dp``).
+(which also accumulates the parameter gradients) are jitted. Data parallelism is manual (``jax.shard_map``
+over ``dp``, tensor parallelism left to GSPMD, which inserts its collectives): each replica accumulates its own
+gradients over the micro-batches, and the update reduces them once per step.
 A 1F1B schedule drives the micro-batches; activations and their gradients move between stage meshes with
 ``jax.device_put``. The optimizer updates each stage in place; with ZeRO the Adam moments are sharded over
 ``dp`` as well.
@@ -119,38 +120,69 @@ class StageRuntime:
         def run(params, carry, batch):
             return apply_units(model, params, carry, batch, start, stop, dtype_)
 
-        constrain = jax.lax.with_sharding_constraint
-        out_sharding = self.replicated if last else self.carry_sharding
+        # Data parallelism is manual (shard_map over ``dp``; ``tp`` stays with GSPMD): every replica runs its
+        # share of the micro-batch and adds its own gradient to its own slot of the accumulator (leading ``dp``
+        # dimension), so micro-batches need no communication; the replicas' gradients are summed once per
+        # step, in the update. Every model computes per sample (GroupNorm, routing groups within samples), so
+        # this is the single-device step.
+        P = PartitionSpec
+        dp = stage.dp
+        manual = frozenset({DP_AXIS})
+        by_replica = P(DP_AXIS)
+        residual_layout: dict[str, Any] = {}
+
+        def local_forward(params, carry, batch):
+            def loss_or_activation(p, c):
+                return run(p, c, batch)
+
+            if first:
+                out, vjp = jax.vjp(lambda p: loss_or_activation(p, None), params)
+            else:
+                out, vjp = jax.vjp(loss_or_activation, params, carry)
+            leaves, residual_layout["treedef"] = jax.tree.flatten(vjp)
+            # Residuals leave the manual region stacked by replica (each keeps its own).
+            return (out[None] if last else out), [leaf[None] for leaf in leaves]
+
+        def local_backward(residuals, cotangent, accumulated):
+            vjp = jax.tree.unflatten(residual_layout["treedef"], [r[0] for r in residuals])
+            # The step's loss is the mean of the replicas' losses: each replica's share of the cotangent.
+            grads = vjp(cotangent / dp if last else cotangent)
+            param_grads = grads[0]
+            accumulated = jax.tree.map(lambda acc, g: acc + g[None].astype(acc.dtype), accumulated, param_grads)
+            return (accumulated,) if first else (accumulated, grads[1])
+
+        out_spec = by_replica
+        sharded_forward = jax.shard_map(local_forward, mesh=self.mesh, in_specs=(P(), by_replica, by_replica),
+                                        out_specs=(out_spec, by_replica), axis_names=manual, check_vma=False)
+        backward_out = (by_replica,) if first else (by_replica, by_replica)
+        sharded_backward = jax.shard_map(local_backward, mesh=self.mesh,
+                                         in_specs=(by_replica, P() if last else by_replica, by_replica),
+                                         out_specs=backward_out, axis_names=manual, check_vma=False)
+
+        def forward(params, carry, batch):
+            out, residuals = sharded_forward(params, carry, batch)
+            return (jnp.mean(out) if last else out), residuals
+
+        def backward(residuals, cotangent, accumulated):
+            result = sharded_backward(residuals, cotangent, accumulated)
+            return result[0] if first else result
 
         if first:
-            def forward(params, batch):
-                out, vjp = jax.vjp(lambda p: constrain(run(p, None, batch), out_sharding), params)
-                return out, vjp
-
-            def backward(vjp, cotangent, accumulated):
-                (grads,) = vjp(cotangent)
-                return constrain(jax.tree.map(jnp.add, accumulated, grads), self.param_shardings)
-
-            self.forward = jax.jit(forward)
-            self.backward = jax.jit(backward, donate_argnums=(2,))
+            self.forward = jax.jit(lambda params, batch: forward(params, None, batch))
         else:
-            def forward(params, carry, batch):
-                out, vjp = jax.vjp(lambda p, c: constrain(run(p, c, batch), out_sharding), params, carry)
-                return out, vjp
-
-            def backward(vjp, cotangent, accumulated):
-                grads, carry_grad = vjp(cotangent)
-                return constrain(jax.tree.map(jnp.add, accumulated, grads), self.param_shardings), constrain(carry_grad, self.carry_sharding)
-
             self.forward = jax.jit(forward)
-            self.backward = jax.jit(backward, donate_argnums=(2,))
+        self.backward = jax.jit(backward, donate_argnums=(2,))
 
         # Adam's initial state and the gradient accumulators are zeros: built on the host and placed, which
         # saves two compilations per stage.
-        self._param_shapes = shapes
+        self._grad_shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((dp, *leaf.shape), leaf.dtype), shapes)
+        self.grad_shardings = jax.tree.map(lambda sh: NamedSharding(self.mesh, P(DP_AXIS, *sh.spec)), self.param_shardings)
         self._opt_shapes = [jax.eval_shape(tx.init, t) for t in shapes]
 
-        def update(params, opt_state, grads):
+        def update(params, opt_state, accumulated):
+            # The one data-parallel reduction of the step: the replicas' gradient sums.
+            grads = jax.lax.with_sharding_constraint(jax.tree.map(lambda acc: jnp.sum(acc, axis=0), accumulated),
+                                                     self.param_shardings)
             new_params, new_state = [], []
             for p, s, g in zip(params, opt_state, grads):
                 u, s = tx.update(g, s, p)
@@ -162,7 +194,7 @@ class StageRuntime:
         self.loss_cotangent: Any = None
 
     def zero_grads(self) -> list[Any]:
-        return distributed.place_tree(_host_zeros(self._param_shapes), self.param_shardings)
+        return distributed.place_tree(_host_zeros(self._grad_shapes), self.grad_shardings)
 
     def init_opt(self, params: list[Any]) -> list[Any]:
         """Adam's initial state (zero moments, zero count) for this stage's units."""

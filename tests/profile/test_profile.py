@@ -184,6 +184,11 @@ def test_cli_bad_device(plans_path, cache_dir):
     assert "does not exist" in err
 
 
+def test_cli_bad_burst_is_one_line(plans_path, cache_dir, tmp_path):
+    err = _one_line_error(_cli("-i", plans_path, "--burst", "0", "--cache-dir", cache_dir, "-o", tmp_path / "x.parquet"))
+    assert "burst" in err and not (tmp_path / "x.parquet").exists()
+
+
 def test_cli_comm_table_for_other_hardware(plans_path, cache_dir, tmp_path):
     import pyarrow.csv as pacsv
     import pyarrow as pa
@@ -286,3 +291,57 @@ def test_cli_measure_runs_the_plan_with_the_runtime_executor(plans_path, cache_d
     (measured,) = [p["measured"] for p in perf.metadata["plans"] if "measured" in p]
     assert measured["runner"] == "libarena.run.measure_plan" and len(measured["samples_s"]) == 2
     assert perf.metadata["measured_plans"] == 1 and perf.metadata["mean_abs_error"] >= 0
+
+
+def test_stages_compiled_ahead_on_threads_run_like_stages_built_one_at_a_time():
+    """compile_ahead: lowered here, compiled on 2 threads; the executables compute what a stage built
+    directly computes, only the first stage of an optimizer shape compiles the optimizer, and the wall
+    time is shared out in full."""
+    import jax
+    import numpy as np
+
+    from libarena.profile.profiler import compile_ahead
+    from libarena.profile.stage import StageSpec, build_stage_executables
+
+    first, second = StageSpec(MODEL, 0, 3, 2), StageSpec(MODEL, 3, 6, 2)
+    compiled, shares = compile_ahead([(first, True), (second, False)], workers=2, log=lambda m: None)
+    assert compiled[first].optimizer is not None and compiled[second].optimizer is None
+    assert all(s > 0 for s in shares.values())
+    ahead = build_stage_executables(second, seed=3, compiled=compiled[second])
+    direct = build_stage_executables(second, seed=3, with_optimizer=False)
+    x = ahead.inputs
+    out_ahead = ahead.forward(x["params"], x["carry_in"], x["batch"])[0]
+    y = direct.inputs
+    out_direct = direct.forward(y["params"], y["carry_in"], y["batch"])[0]
+    np.testing.assert_allclose(np.asarray(out_ahead), np.asarray(out_direct), rtol=1e-6)
+    grads_ahead = jax.tree.leaves(ahead.run_microbatch())
+    grads_direct = jax.tree.leaves(direct.run_microbatch())
+    for a, b in zip(grads_ahead, grads_direct, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    opt = build_stage_executables(first, seed=3, compiled=compiled[first])
+    before = np.asarray(opt.inputs["opt_params"][0]).copy()
+    jax.block_until_ready(opt.run_optimizer())
+    assert not np.allclose(np.asarray(opt.inputs["opt_params"][0]), before)
+
+
+def test_burst_timing_reports_per_run_times():
+    """Each timed region dispatches ``burst`` runs back to back; samples are per run."""
+    from libarena.profile.profiler import _time_burst
+    from libarena.profile.timers import Timer, Timing
+
+    calls = []
+
+    class CountingTimer(Timer):
+        name = "counting"
+
+        def time(self, region, warmup, repeats):
+            samples = []
+            for _ in range(warmup + repeats):
+                before = len(calls)
+                region()
+                samples.append(float(len(calls) - before))
+            return Timing(tuple(samples[warmup:]))
+
+    timing = _time_burst(CountingTimer(), lambda: calls.append(1), warmup=1, repeats=3, burst=4)
+    assert timing.samples == (1.0, 1.0, 1.0) and len(calls) == 16
+    assert _time_burst(CountingTimer(), lambda: calls.append(1), 0, 2, 1).samples == (1.0, 1.0)

@@ -53,6 +53,9 @@ def profile(
     no_dp: bool = typer.Option(False, "--no-dp", help="do not profile the pure data-parallel plan (view dp)"),
     granularity: str = typer.Option("stage", "--granularity", help="stage (one executable per distinct stage: accurate) or unit (identical layers profiled once: cheaper)"),
     statistic: str = typer.Option("median", "--statistic", help="median of the timed runs, or min (contended hosts)"),
+    burst: int = typer.Option(4, "--burst", help="micro-batches dispatched back to back per timed run (as the runtime does)"),
+    compile_workers: Optional[int] = typer.Option(None, "--compile-workers", help="threads compiling stage executables "
+                                                  "ahead of timing (default: the host's cores, at most 8)"),
     quiet: bool = QUIET_OPTION,
     as_json: bool = JSON_OPTION,
     no_cache: bool = typer.Option(False, "--no-cache", help="profile again even when the stage cache has this output "
@@ -90,6 +93,8 @@ def profile(
         include_dp=not no_dp,
         granularity=granularity,
         statistic=statistic,
+        burst=burst,
+        **({"compile_workers": compile_workers} if compile_workers is not None else {}),
     )
     comm_model = load_comm_model(str(comm)) if comm is not None else None
     # What profile_plans checks first, checked before the cache key (which names the resolved device):
@@ -103,7 +108,8 @@ def profile(
     with Reporter(quiet=quiet) as reporter:
         # profiled stages stay in the profile cache (--cache-dir, or ~/.cache/arena/profile); outputs in its stages/
         cache = StageCache(cache_dir, "arena-profile", refresh=no_cache, log=reporter.log, warn=reporter.warn)
-        parameters = {k: v for k, v in asdict(config).items() if k != "cache_dir"}
+        # where and how fast stages compile does not change the output
+        parameters = {k: v for k, v in asdict(config).items() if k not in ("cache_dir", "compile_workers", "compile_ahead")}
         key = cache.key({**parameters, "measure": measure, "measure_repeats": measure_repeats,
                          "device_resolved": local.describe()},
                         [cache_input(plans, artifact), *inputs[1:]], library_versions("jax", "jaxlib"), code=[__file__])
@@ -130,6 +136,7 @@ def profile(
                     "statistic": statistic,
                     "warmup": warmup,
                     "repeats": repeats,
+                    "burst": burst,
                     "measure": measure,
                 },
                 inputs,
