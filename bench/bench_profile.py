@@ -177,6 +177,20 @@ def _iqr_rel(samples: list[float]) -> float:
     return (q[2] - q[0]) / statistics.median(samples)
 
 
+def noise_floor(plans: list[dict[str, Any]], n: int) -> float | None:
+    """Mean absolute deviation of one round's direct measurement from the median over all rounds, per plan,
+    averaged over the plans on ``n`` devices: what the same measurement, repeated, disagrees with itself by --
+    the floor under any estimate's error on this host (None with a single round)."""
+    deviations = []
+    for p in plans:
+        measured = [r["measured_s"] for r in p["rounds"]]
+        if p["num_gpus"] != n or len(measured) < 2:
+            continue
+        med = statistics.median(measured)
+        deviations.append(statistics.fmean(abs(m - med) / med for m in measured))
+    return statistics.fmean(deviations) if deviations else None
+
+
 def _aggregate(all_rows: list[dict[str, Any]], costs: list[dict[str, Any]], models: tuple[str, ...], rounds: int,
                calibration_s: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     per_plan: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
@@ -221,6 +235,7 @@ def _aggregate(all_rows: list[dict[str, Any]], costs: list[dict[str, Any]], mode
         summary[f"mean_signed_error_{n}_devices"] = statistics.fmean(p["error"] for p in subset)
         summary[f"plans_{n}_devices"] = len(subset)
         summary[f"measured_spread_{n}_devices_median"] = statistics.median(p["measured_iqr_within_run"] for p in subset)
+        summary[f"measurement_repeatability_{n}_devices"] = noise_floor(plans, n)
         ok &= mae <= MAE_TARGET
     ratios, ratios_no_compile = {}, {}
     for model in models:

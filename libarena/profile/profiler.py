@@ -60,9 +60,10 @@ class ProfileConfig:
     #: fraction of the device memory a plan may use
     memory_fraction: float = 0.9
     seed: int = 0
-    #: stage: one executable per distinct stage (what the executor runs; 9.6% / 26.5% mean error against
-    #: direct measurement on 1 / 2 CPU devices); unit: one per distinct layer, summed (cheaper, less
-    #: accurate: 48.6% / 48.7%), see bench/results/profile*.json
+    #: stage: one executable per distinct stage (what the executor runs); unit: one per distinct layer,
+    #: summed (identical layers profiled once: cheaper). Against direct measurement on 1 / 2 CPU devices:
+    #: stage 12.8% / 20.7% mean error, 4.2-4.4x cheaper; unit 27.3% / 12.6%, 7.8-9.1x cheaper, on a host
+    #: whose repeated measurements differ by 17-19% (bench/results/profile*.json)
     granularity: str = "stage"
     statistic: str = "median"
     #: measured: devices that share hardware (XLA host devices on one CPU) slow each other down by the
@@ -623,16 +624,18 @@ def profile_plans(
 
     plan_pieces = [[pieces_of(st) for st in inputs.stage_specs(plan)] for plan, _ in work]
     # Stages to profile, in the order they will be timed; each optimizer shape is compiled with its first.
+    # Identical stages (same key: the repeated layers at unit granularity, equal stages of other plans) once.
     pending: list[tuple[StageSpec, bool]] = []
-    queued: set[StageSpec] = set()
+    queued: dict[StageSpec, str] = {}
     optimizers_queued: set[str] = set()
     for spec in (spec for stages in plan_pieces for pieces in stages for spec in pieces):
-        if spec in queued or cache.get(stage_cache_key(spec, local, timer.name)) is not None:
+        key = stage_cache_key(spec, local, timer.name)
+        if key in queued.values() or spec in queued or cache.get(key) is not None:
             continue
         opt_key = optimizer_cache_key(spec, local, timer.name)
         with_opt = opt_key not in optimizers_queued and cache.get(opt_key) is None
         optimizers_queued.add(opt_key)
-        queued.add(spec)
+        queued[spec] = key
         pending.append((spec, with_opt))
     ahead: dict[StageSpec, CompiledStage] = {}
     ahead_cost: dict[StageSpec, float] = {}

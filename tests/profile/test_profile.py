@@ -47,7 +47,10 @@ def first_run(plans_path, cache_dir):
     from libarena.profile import ProfileConfig, profile_plans
 
     config = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3, granularity="unit")
-    return profile_plans(read_table(plans_path, "plans"), config, comm=_cpu_comm())
+    messages: list[str] = []
+    result = profile_plans(read_table(plans_path, "plans"), config, comm=_cpu_comm(), log=messages.append)
+    result.log_messages = messages
+    return result
 
 
 def test_profile_rows_views_and_timer(first_run):
@@ -70,6 +73,9 @@ def test_identical_stages_across_grids_are_profiled_once(first_run):
     # distinct (embed, the 4 identical blocks, head), at 2 micro-batch sizes (proxy 2, dp 8): 6 profiled.
     assert s["granularity"] == "unit"
     assert s["stages_needed"] == 24 and s["stages_profiled"] == 6 and s["stages_skipped"] == 18
+    # ... and only those 6 were compiled (ahead of timing, on threads): identical layers not again.
+    compiled = [int(m.split()[1]) for m in first_run.log_messages if m.startswith("compiled ")]
+    assert sum(compiled) == 6
 
 
 def test_other_gpu_types_are_roofline_scaled_estimates(first_run):
