@@ -626,16 +626,18 @@ def profile_plans(
     # Stages to profile, in the order they will be timed; each optimizer shape is compiled with its first.
     # Identical stages (same key: the repeated layers at unit granularity, equal stages of other plans) once.
     pending: list[tuple[StageSpec, bool]] = []
-    queued: dict[StageSpec, str] = {}
+    queued: set[StageSpec] = set()
+    keys_queued: set[str] = set()
     optimizers_queued: set[str] = set()
     for spec in (spec for stages in plan_pieces for pieces in stages for spec in pieces):
         key = stage_cache_key(spec, local, timer.name)
-        if key in queued.values() or spec in queued or cache.get(key) is not None:
+        if key in keys_queued or cache.get(key) is not None:
             continue
         opt_key = optimizer_cache_key(spec, local, timer.name)
         with_opt = opt_key not in optimizers_queued and cache.get(opt_key) is None
         optimizers_queued.add(opt_key)
-        queued[spec] = key
+        keys_queued.add(key)
+        queued.add(spec)
         pending.append((spec, with_opt))
     ahead: dict[StageSpec, CompiledStage] = {}
     ahead_cost: dict[StageSpec, float] = {}

@@ -132,13 +132,10 @@ class StageRuntime:
         residual_layout: dict[str, Any] = {}
 
         def local_forward(params, carry, batch):
-            def loss_or_activation(p, c):
-                return run(p, c, batch)
-
             if first:
-                out, vjp = jax.vjp(lambda p: loss_or_activation(p, None), params)
+                out, vjp = jax.vjp(lambda p: run(p, None, batch), params)
             else:
-                out, vjp = jax.vjp(loss_or_activation, params, carry)
+                out, vjp = jax.vjp(lambda p, c: run(p, c, batch), params, carry)
             leaves, residual_layout["treedef"] = jax.tree.flatten(vjp)
             # Residuals leave the manual region stacked by replica (each keeps its own).
             return (out[None] if last else out), [leaf[None] for leaf in leaves]
@@ -151,9 +148,8 @@ class StageRuntime:
             accumulated = jax.tree.map(lambda acc, g: acc + g[None].astype(acc.dtype), accumulated, param_grads)
             return (accumulated,) if first else (accumulated, grads[1])
 
-        out_spec = by_replica
         sharded_forward = jax.shard_map(local_forward, mesh=self.mesh, in_specs=(P(), by_replica, by_replica),
-                                        out_specs=(out_spec, by_replica), axis_names=manual, check_vma=False)
+                                        out_specs=(by_replica, by_replica), axis_names=manual, check_vma=False)
         backward_out = (by_replica,) if first else (by_replica, by_replica)
         sharded_backward = jax.shard_map(local_backward, mesh=self.mesh,
                                          in_specs=(by_replica, P() if last else by_replica, by_replica),
