@@ -252,8 +252,6 @@ def optimizer_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) ->
 
 def _time_burst(timer: Timer, region: Callable[[], Any], warmup: int, repeats: int, burst: int) -> Timing:
     """Per-run timings of ``region`` dispatched ``burst`` times back to back in each timed run."""
-    if burst == 1:
-        return timer.time(region, warmup, repeats)
 
     def runs() -> Any:
         out = None

@@ -421,12 +421,15 @@ def build_stage_executables(
                 value = value % view.int_modulo
             batch[name] = jax.device_put(value, device)
         carry = None if view.carry_in is None else _concrete(view.carry_in, seed + 1, device)
-        grad_acc = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), device), view.params)
+        def zeros(shapes: Any) -> Any:
+            return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), device), shapes)
+
+        grad_acc = zeros(view.params)
         if with_optimizer:
             opt_params = [jax.device_put(np.full((n,), 0.01, np.float32), device) for n in view.optimizer_elements]
             opt_grads = [jax.device_put(np.full((n,), 1e-3, np.float32), device) for n in view.optimizer_elements]
             # AdamW starts from zero moments and a zero count: placed from the host (no compilation).
-            opt_state = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), device), lowered.opt_state)
+            opt_state = zeros(lowered.opt_state)
         else:
             opt_params, opt_grads, opt_state = [], [], None
         cotangent = (
