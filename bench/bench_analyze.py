@@ -4,7 +4,8 @@ Table 2: GPT/BERT 512, MoE 1024, Wide-ResNet 1024), each through the real CLI in
 Per model: wall time of the whole ``arena-analyze`` process (interpreter start, imports, abstract
 lowering, per-instruction XLA costs, clustering, the Parquet write) and its peak RSS (``wait4``'s rusage
 of that child, so nothing of the parent or of other children is counted). Targets on the 2-core dev
-machine: moe__27B <= 60 s and <= 4 GiB; every other model within the same limits. Also records, as a
+machine: moe__27B <= 60 s and <= 4 GiB; every other model within the same limits and faster than it
+(the models that are not are listed). Also records, as a
 sanity check on the real sizes, each table's FLOPs against XLA's module total and, for GPT, against the
 analytic 6 * N * tokens. Writes bench/results/analyze.json.
 """
@@ -102,7 +103,11 @@ def run(results_dir: Path) -> bool:
                 file=sys.stderr,
                 flush=True,
             )
-    ok = all(r["within_targets"] for r in records)
+    largest = next(r for r in records if r["model"] == LARGEST_MODEL)
+    # The issue's second clause, reported as measured: analysis time follows the HLO instruction count,
+    # and the 32-layer GPT/BERT sizes have more instructions than moe__27B (16 layers).
+    slower_than_largest = [r["model"] for r in records if r is not largest and r["wall_s"] >= largest["wall_s"]]
+    ok = all(r["within_targets"] for r in records) and not slower_than_largest
     slowest = max(records, key=lambda r: r["wall_s"])
     biggest = max(records, key=lambda r: r["peak_rss_bytes"])
     load = os.getloadavg()
@@ -114,8 +119,9 @@ def run(results_dir: Path) -> bool:
                 "largest_model": LARGEST_MODEL,
                 "wall_s": TARGET_WALL_S,
                 "peak_rss_bytes": TARGET_RSS_BYTES,
-                "rule": "every model (moe__27B included) within both limits",
+                "rule": "every model (moe__27B included) within both limits, and every other model faster than moe__27B",
             },
+            "slower_than_largest_model": slower_than_largest,
             "machine": {
                 "cpus": os.cpu_count(),
                 "python": platform.python_version(),

@@ -15,7 +15,7 @@ The host is shared, so within a round each model is measured on 1 device, then p
 on 2 devices (profiling sits between the measurements it is compared with); with ``--rounds R`` the
 order alternates and the median over rounds is used per plan, with the spread reported. Per-plan rows,
 the estimate's breakdown (and what the idealised model -- independent devices, no per-step runtime work
--- would have said) go to ``results_dir/profile.json``.
+-- would have said) go to ``results_dir/profile.json`` (``--name`` to write another file).
 
     .venv/bin/python -m bench.bench_profile --rounds 1            # about 10 minutes on a quiet host
 """
@@ -273,7 +273,7 @@ def _aggregate(all_rows: list[dict[str, Any]], costs: list[dict[str, Any]], mode
     return summary, payload
 
 
-def run(results_dir: Path, rounds: int = 1, models: tuple[str, ...] = MODELS) -> bool:
+def run(results_dir: Path, rounds: int = 1, models: tuple[str, ...] = MODELS, name: str = "profile") -> bool:
     from libarena.hardware.comm import load_comm_model
     from libarena.profile import CommBenchConfig, ProfileCache, resolve_device, write_comm_table
     from libarena.profile.concurrency import host_concurrency
@@ -299,9 +299,9 @@ def run(results_dir: Path, rounds: int = 1, models: tuple[str, ...] = MODELS) ->
                 all_rows += rows
                 costs.append(cost)
                 # Partial results after every model: a long run that is stopped still leaves numbers.
-                write_json(results_dir / "profile.json", _aggregate(all_rows, costs, models, r + 1, calibration_s)[1])
+                write_json(results_dir / f"{name}.json", _aggregate(all_rows, costs, models, r + 1, calibration_s)[1])
     summary, payload = _aggregate(all_rows, costs, models, rounds, calibration_s)
-    write_json(results_dir / "profile.json", payload)
+    write_json(results_dir / f"{name}.json", payload)
     brief = {k: v for k, v in summary.items() if k != "cost_per_model"}
     _log(f"summary: {brief}")
     return bool(summary["met"])
@@ -314,9 +314,10 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--results", default="bench/results")
+    parser.add_argument("--name", default="profile", help="results file name (RESULTS/NAME.json)")
     parser.add_argument("--granularity", choices=("unit", "stage"), default="stage")
     parser.add_argument("--statistic", choices=("median", "min"), default="median",
                         help="per-run statistic on both sides (min: the fastest repetition, for a contended host)")
     args = parser.parse_args()
     OPTIONS.update(granularity=args.granularity, statistic=args.statistic)
-    sys.exit(0 if run(Path(args.results), args.rounds, tuple(args.models)) else 1)
+    sys.exit(0 if run(Path(args.results), args.rounds, tuple(args.models), args.name) else 1)

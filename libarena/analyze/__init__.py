@@ -10,6 +10,7 @@ Importing this package does not import JAX; analyze_model does.
 """
 
 from libarena.analyze.api import (
+    ANALYSIS_REVISION,
     DEFAULT_NUM_CLUSTERS,
     AnalyzeConfig,
     OperatorTable,
@@ -19,6 +20,7 @@ from libarena.analyze.api import (
 )
 
 __all__ = [
+    "ANALYSIS_REVISION",
     "DEFAULT_NUM_CLUSTERS",
     "AnalyzeConfig",
     "OperatorTable",

@@ -18,6 +18,9 @@ from libarena.errors import ArenaError
 
 KIND = "operator_table"
 DEFAULT_NUM_CLUSTERS = 16
+#: Revision of how tables are derived (same columns, different rows or costs): part of cache keys, so a
+#: cached table from an older analysis is not reused. 2: identical layers traced once (shared traces).
+ANALYSIS_REVISION = 2
 
 Log = Callable[[str], None]
 

@@ -97,8 +97,10 @@ def _roles(tree: Any, param_keys: set[tuple[int, str]], last_role: str) -> list[
     return roles
 
 
-def lower_train_step(model: Any, global_batch: int, seq_len: int | None, dtype: str) -> LoweredStep:
-    """Lower the full training step with ShapeDtypeStruct inputs: nothing is allocated or compiled."""
+def lower_train_step(model: Any, global_batch: int, seq_len: int | None, dtype: str, share_traces: bool = True) -> LoweredStep:
+    """Lower the full training step with ShapeDtypeStruct inputs: nothing is allocated or compiled.
+    ``share_traces``: identical layers are traced once and called (about 2x faster on 32-layer models;
+    each layer then carries its own copies of constants and broadcasts, the FLOPs are the same)."""
     import jax
     from jax.tree_util import DictKey, SequenceKey
 
@@ -107,7 +109,7 @@ def lower_train_step(model: Any, global_batch: int, seq_len: int | None, dtype: 
     params = abstract_params(model)
     opt_state = abstract_optimizer_state(params)
     batch = batch_spec(model, global_batch, seq_len)
-    step = make_train_step(model, dtype)
+    step = make_train_step(model, dtype, share_traces=share_traces)
     try:
         # keep_unused: entry parameter i is flattened input leaf i, whatever the step reads.
         lowered = jax.jit(step, keep_unused=True).lower(params, opt_state, batch)

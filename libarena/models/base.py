@@ -9,6 +9,7 @@ executables (arena-profile) and pipelined, sharded training (arena-run).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -83,6 +84,12 @@ class ModelDef(ABC):
     def synthetic_samples(self, indices: np.ndarray, seed: int, seq_len: int | None = None) -> Batch:
         """Deterministic, learnable training samples by global sample index (so data loading can resume
         exactly where it stopped after a checkpoint, whatever the new parallel layout)."""
+
+    def unit_signature(self, index: int) -> Hashable:
+        """Units with equal signatures run the same computation (``apply_unit`` depends on the index only
+        through the signature; shapes may still differ): their traces can be shared. Default: every unit
+        is its own."""
+        return ("unit", index)
 
     def expert_dispatch_shape(self, batch_size: int, seq_len: int | None = None) -> tuple[int, ...] | None:
         """Shape of the tensor one expert all-to-all moves per MoE unit at ``batch_size`` (in the compute

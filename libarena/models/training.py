@@ -4,7 +4,8 @@ run (sharded pipelines): parameter initialisation, unit ranges, the loss, the mi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,32 +74,60 @@ def batch_spec(model: ModelDef, batch_size: int, seq_len: int | None = None) -> 
     }
 
 
+@functools.lru_cache(maxsize=64)
+def _shared_unit(model: ModelDef, signature: Hashable, dtype: Any) -> Callable | None:
+    """One jitted function for all units of ``model`` with ``signature`` (None when only one unit has it).
+    JAX caches a jitted function's trace, derivative and lowering by argument shapes, so the repeated
+    layers are traced once; the HLO module calls one computation per distinct layer."""
+    import jax
+
+    indices = [i for i in range(len(model.units)) if model.unit_signature(i) == signature]
+    if len(indices) < 2:
+        return None
+    representative = indices[0]
+
+    def shared_unit(params: Params, carry: Carry, batch: Batch) -> Carry:
+        return model.apply_unit(representative, params, carry, batch, dtype)
+
+    shared_unit.__name__ = model.units[representative].kind  # op names read jit(<kind>), never a unit name
+    return jax.jit(shared_unit)
+
+
 def apply_units(
-    model: ModelDef, params: Sequence[Params], carry: Carry, batch: Batch, start: int, stop: int, dtype: Any
+    model: ModelDef, params: Sequence[Params], carry: Carry, batch: Batch, start: int, stop: int, dtype: Any,
+    share_traces: bool = False,
 ) -> Carry:
-    """Run units [start, stop) under one named scope per unit (arena-analyze attributes HLO ops by it)."""
+    """Run units [start, stop) under one named scope per unit (arena-analyze attributes HLO ops by it).
+    ``share_traces``: units with the same signature go through one jitted function (see ``_shared_unit``)."""
     import jax
 
     for offset, index in enumerate(range(start, stop)):
+        shared = _shared_unit(model, model.unit_signature(index), dtype) if share_traces else None
         with jax.named_scope(model.units[index].name):
-            carry = model.apply_unit(index, params[offset], carry, batch, dtype)
+            if shared is None:
+                carry = model.apply_unit(index, params[offset], carry, batch, dtype)
+            else:
+                carry = shared(params[offset], carry, batch)
     return carry
 
 
-def loss_fn(model: ModelDef, dtype: Any) -> Callable[[list[Params], Batch], Any]:
+def loss_fn(model: ModelDef, dtype: Any, share_traces: bool = False) -> Callable[[list[Params], Batch], Any]:
     def loss(params: list[Params], batch: Batch) -> Any:
-        return apply_units(model, params, None, batch, 0, len(model.units), dtype)
+        return apply_units(model, params, None, batch, 0, len(model.units), dtype, share_traces)
 
     return loss
 
 
-def make_train_step(model: ModelDef, dtype: str = "bf16", optimizer: OptimizerConfig | None = None) -> Callable:
-    """(params, opt_state, batch) -> (params, opt_state, loss): forward, backward and the optimizer update."""
+def make_train_step(
+    model: ModelDef, dtype: str = "bf16", optimizer: OptimizerConfig | None = None, share_traces: bool = False
+) -> Callable:
+    """(params, opt_state, batch) -> (params, opt_state, loss): forward, backward and the optimizer update.
+    ``share_traces``: trace each distinct layer once (``apply_units``); the computation is the same."""
     import jax
     import optax
 
     tx = (optimizer or OptimizerConfig()).build()
-    loss = loss_fn(model, compute_dtype(dtype))
+    loss = loss_fn(model, compute_dtype(dtype), share_traces)
 
     def train_step(params: list[Params], opt_state: Any, batch: Batch) -> tuple[list[Params], Any, Any]:
         value, grads = jax.value_and_grad(loss)(params, batch)

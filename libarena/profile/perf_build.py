@@ -60,10 +60,10 @@ def cached_operator_table(model: str, global_batch: int, config: PerfBuildConfig
     import jax
 
     from libarena import __version__
-    from libarena.analyze import AnalyzeConfig, analyze_model, read_operator_table
+    from libarena.analyze import ANALYSIS_REVISION, AnalyzeConfig, analyze_model, read_operator_table
 
     analyze_config = AnalyzeConfig(model, global_batch, dtype=config.dtype, num_clusters=config.num_clusters).validated()
-    key = content_digest("operator_table", __version__, jax.__version__, asdict(analyze_config))
+    key = content_digest("operator_table", __version__, ANALYSIS_REVISION, jax.__version__, asdict(analyze_config))
     path = config.cache_dir / "operator-tables" / f"{key}.parquet"
     if path.is_file():
         try:

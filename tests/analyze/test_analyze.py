@@ -28,6 +28,12 @@ def analyzed(family: str):
     return _CACHE[family]
 
 
+def jax_shapes(tree):
+    import jax
+
+    return jax.tree.map(lambda leaf: leaf.shape, tree)
+
+
 def col(ops, name):
     return np.asarray(ops.table.column(name).to_pylist())
 
@@ -71,12 +77,47 @@ def test_module_totals_are_jaxs_public_cost_analysis():
 
     model = get_model("gpt__tiny")
     params = abstract_params(model)
-    lowered = jax.jit(make_train_step(model, "bf16"), keep_unused=True).lower(
+    lowered = jax.jit(make_train_step(model, "bf16", share_traces=True), keep_unused=True).lower(
         params, abstract_optimizer_state(params), batch_spec(model, BATCH["gpt"])
     )
     public = lowered.cost_analysis()
     module = analyzed("gpt").metadata["module_cost"]
     assert module["flops"] == public["flops"] and module["bytes accessed"] == public["bytes accessed"]
+
+
+@pytest.mark.parametrize("family", ("gpt", "wide_resnet"))
+def test_repeated_layers_are_traced_once_with_the_same_costs(family):
+    """The analysis traces identical layers once (one called computation per distinct layer); per layer and
+    phase, XLA's FLOPs are those of the module traced layer by layer."""
+    from libarena.analyze import operators
+
+    model = get_model(f"{family}__tiny")
+    ops = analyzed(family)
+    # Units with the same signature and parameter shapes run the same called computations.
+    from libarena.models.training import abstract_params
+
+    unit, computation = col(ops, "unit_index"), col(ops, "computation")
+    entry = computation[0]
+    shapes = [str(jax_shapes(p)) for p in abstract_params(model)]
+    groups: dict[tuple, list[int]] = {}
+    for u in range(len(model.units)):
+        groups.setdefault((model.unit_signature(u), shapes[u]), []).append(u)
+    repeated = [g for g in groups.values() if len(g) > 1]
+    assert repeated
+    for members in repeated:
+        called = [set(computation[unit == u]) - {entry} for u in members]
+        assert called[0] and all(c == called[0] for c in called), members
+
+    plain, _ = operators.build_rows(operators.lower_train_step(model, BATCH[family], None, "bf16", share_traces=False),
+                                    [u.name for u in model.units])
+    assert len(plain.flops) < ops.table.num_rows  # no call plumbing, one copy of each shared constant
+    unit, phase, flops = col(ops, "unit_index"), col(ops, "phase"), col(ops, "flops")
+    plain_unit, plain_phase, plain_flops = np.asarray(plain.unit), np.asarray(plain.phase), np.asarray(plain.flops)
+    for u in range(len(model.units)):
+        for p in ("forward", "backward"):
+            assert flops[(unit == u) & (phase == p)].sum() == plain_flops[(plain_unit == u) & (plain_phase == p)].sum(), (u, p)
+    for u in range(1, len(model.units) - 1):
+        assert flops[(unit == u) & (phase == "forward")].sum() > 0
 
 
 def test_gpt_total_flops_match_six_n_tokens():

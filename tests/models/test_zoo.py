@@ -87,3 +87,21 @@ def test_training_step_reduces_loss(name):
         params, state, loss = step(params, state, model.synthetic_samples(np.arange(s * 16, (s + 1) * 16), 0))
         losses.append(float(loss))
     assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5])
+
+
+@pytest.mark.parametrize("name", ["gpt__tiny", pytest.param("wide_resnet__tiny", marks=pytest.mark.slow)])
+def test_shared_layer_traces_compute_the_same_step(name):
+    """``share_traces`` (the repeated layers as one called computation) changes how the step is traced,
+    not what it computes: loss, parameters and optimizer state match the layer-by-layer step."""
+    import jax
+
+    from libarena.models.training import init_optimizer_state, init_params, make_train_step
+
+    model = get_model(name)
+    params = init_params(model, seed=0)
+    state = init_optimizer_state(params)
+    batch = model.synthetic_samples(np.arange(4), 0)
+    plain = jax.jit(make_train_step(model, "fp32"))(params, state, batch)
+    shared = jax.jit(make_train_step(model, "fp32", share_traces=True))(params, state, batch)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(shared), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)

@@ -181,6 +181,9 @@ class TransformerModel(ModelDef):
 
     # -- computation -----------------------------------------------------------------------------------
 
+    def unit_signature(self, index: int) -> Any:
+        return ("block",) if 0 < index < len(self.units) - 1 else ("unit", index)
+
     def apply_unit(self, index: int, params: Params, carry: Carry, batch: Batch, compute_dtype: Any) -> Carry:
         import jax
         import jax.numpy as jnp

@@ -141,6 +141,12 @@ class WideResNetModel(ModelDef):
             axes.update(proj=conv, proj_scale=vec, proj_bias=vec)
         return axes
 
+    def unit_signature(self, index: int) -> Any:
+        # A block's computation depends on its index only through the stride (the projection shortcut
+        # shows in its parameters, the widths in its shapes: both part of a trace's key anyway).
+        blocks = self._blocks()
+        return ("block", blocks[index - 1].stride) if 0 < index <= len(blocks) else ("unit", index)
+
     def apply_unit(self, index: int, params: Params, carry: Carry, batch: Batch, compute_dtype: Any) -> Carry:
         import jax
         import jax.numpy as jnp
