@@ -38,8 +38,10 @@ NUM_CLUSTERS = 3
 DEVICE_COUNTS = (1, 2)
 MAE_TARGET = 0.05
 COST_TARGET = 10.0
-#: Same number of timed samples on both sides. The first steps after compiling run up to 1.5x slower
-#: (allocator and caches warming up) and single steps vary by about 20% on this host: 3 + 15.
+#: Same number of samples on both sides, at most: the profiler stops timing a stage after its timing
+#: budget (ProfileConfig.timing_budget_s, 10 s) once 5 samples are in, as it does outside the benchmark.
+#: The first steps after compiling run up to 1.5x slower (allocator and caches warming up) and single
+#: steps vary by about 20% on this host: 3 + 15.
 PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
 MEASURE_WARMUP, MEASURE_REPEATS = 3, 15
 
@@ -193,6 +195,8 @@ def noise_floor(plans: list[dict[str, Any]], n: int) -> float | None:
 
 def _aggregate(all_rows: list[dict[str, Any]], costs: list[dict[str, Any]], models: tuple[str, ...], rounds: int,
                calibration_s: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    from libarena.profile import ProfileConfig
+
     per_plan: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for row in all_rows:
         per_plan.setdefault((row["model"], row["num_gpus"], row["plan_id"]), []).append(row)
@@ -264,7 +268,8 @@ def _aggregate(all_rows: list[dict[str, Any]], costs: list[dict[str, Any]], mode
         "plans": plans,
         "costs": costs,
         "setup": {"models": list(models), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS),
-                  "profile": {"warmup": PROFILE_WARMUP, "repeats": PROFILE_REPEATS, **OPTIONS},
+                  "profile": {"warmup": PROFILE_WARMUP, "repeats": PROFILE_REPEATS,
+                              "timing_budget_s": ProfileConfig().timing_budget_s, **OPTIONS},
                   "measure": {"runner": "libarena.run.measure_plan", "warmup": MEASURE_WARMUP, "repeats": MEASURE_REPEATS,
                               "statistic": OPTIONS["statistic"]}},
         "note": "CPU host devices on a 2-core machine (shared with other work while measured: see the spreads). Estimates: "

@@ -69,6 +69,9 @@ class ProfileConfig:
     #: measured: devices that share hardware (XLA host devices on one CPU) slow each other down by the
     #: host's measured concurrency (libarena.profile.concurrency); independent: every device is its own chip
     concurrency: str = "measured"
+    #: stop timing a region after this many seconds of timed runs once 5 samples are in (None: always
+    #: ``repeats``); long stages (seconds per micro-batch) need fewer repetitions for the same median
+    timing_budget_s: float | None = 10.0
     #: micro-batches dispatched back to back per timed region (the runtime does not wait between them,
     #: so a lone, synchronised micro-batch would also time the launch and wait the pipeline hides)
     burst: int = 4
@@ -90,6 +93,8 @@ class ProfileConfig:
             raise ArenaError("warmup must be >= 0 and repeats >= 1")
         if self.burst < 1 or self.compile_workers < 1 or self.compile_ahead < 1:
             raise ArenaError("burst, compile_workers and compile_ahead must be >= 1")
+        if self.timing_budget_s is not None and not self.timing_budget_s > 0:
+            raise ArenaError(f"timing budget must be a positive number of seconds, got {self.timing_budget_s}")
 
 
 @dataclass
@@ -173,6 +178,7 @@ def profile_stage(
     burst: int = 4,
     compiled: CompiledStage | None = None,
     compile_device_s: float | None = None,
+    budget_s: float | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Profile one worker of one stage on the local device; returns (record, served_from_cache).
 
@@ -192,10 +198,10 @@ def profile_stage(
     if compiled is not None and opt_record is None and compiled.optimizer is None:
         compiled = None  # compiled ahead without the optimizer, whose profile is not there after all
     execs = build_stage_executables(spec, device=local.device, seed=seed, with_optimizer=opt_record is None, compiled=compiled)
-    microbatch = _time_burst(timer, execs.run_microbatch, warmup, repeats, burst)
+    microbatch = _time_burst(timer, execs.run_microbatch, warmup, repeats, burst, budget_s)
     if opt_record is None:
         opt_record = {
-            "optimizer": timer.time(execs.run_optimizer, warmup, repeats).to_dict(),
+            "optimizer": timer.time(execs.run_optimizer, warmup, repeats, budget_s).to_dict(),
             "cost": execs.cost["optimizer"],
             "memory": execs.memory["optimizer"],
             "state_bytes": execs.optimizer_state_bytes(),
@@ -250,7 +256,8 @@ def optimizer_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) ->
                           local.platform, local.kind, timer_name, jax.__version__)
 
 
-def _time_burst(timer: Timer, region: Callable[[], Any], warmup: int, repeats: int, burst: int) -> Timing:
+def _time_burst(timer: Timer, region: Callable[[], Any], warmup: int, repeats: int, burst: int,
+                budget_s: float | None = None) -> Timing:
     """Per-run timings of ``region`` dispatched ``burst`` times back to back in each timed run."""
 
     def runs() -> Any:
@@ -259,7 +266,7 @@ def _time_burst(timer: Timer, region: Callable[[], Any], warmup: int, repeats: i
             out = region()
         return out
 
-    timing = timer.time(runs, warmup, repeats)
+    timing = timer.time(runs, warmup, repeats, budget_s)
     return Timing(tuple(t / burst for t in timing.samples))
 
 
@@ -656,7 +663,8 @@ def profile_plans(
                     ahead.update(compiled)
                     ahead_cost.update(shares)
                 record, cached = profile_stage(spec, local, timer, cache, config.warmup, config.repeats, config.seed,
-                                               config.burst, ahead.pop(spec, None), ahead_cost.pop(spec, None))
+                                               config.burst, ahead.pop(spec, None), ahead_cost.pop(spec, None),
+                                               config.timing_budget_s)
                 stages_needed += 1
                 if cached:
                     stages_cached += 1

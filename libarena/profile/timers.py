@@ -41,12 +41,18 @@ class Timing:
         return {"median_s": self.median, "min_s": self.minimum, "spread_s": self.spread, "samples_s": list(self.samples)}
 
 
+#: Samples a timing keeps even when its time budget is spent (enough for a median and a spread).
+MIN_SAMPLES = 5
+
+
 class Timer(ABC):
     name: str
 
     @abstractmethod
-    def time(self, region: Callable[[], Any], warmup: int, repeats: int) -> Timing:
-        """Run ``region`` warmup + repeats times; time each of the last ``repeats`` runs."""
+    def time(self, region: Callable[[], Any], warmup: int, repeats: int, budget_s: float | None = None) -> Timing:
+        """Run ``region`` warmup + repeats times; time each of the last ``repeats`` runs. ``budget_s``:
+        stop early once the timed runs have taken that much wall time and ``MIN_SAMPLES`` (or ``repeats``)
+        are in (a stage that runs for seconds needs fewer repetitions than one that runs for microseconds)."""
 
     @classmethod
     def usable(cls, device: Any) -> bool:
@@ -59,14 +65,19 @@ def _block(value: Any) -> None:
     jax.block_until_ready(value)
 
 
+def _budget_spent(samples: list[float], repeats: int, started: float, budget_s: float | None) -> bool:
+    return budget_s is not None and len(samples) >= min(MIN_SAMPLES, repeats) and time.perf_counter() - started >= budget_s
+
+
 class HostTimer(Timer):
     name = "host"
 
-    def time(self, region, warmup, repeats):
+    def time(self, region, warmup, repeats, budget_s=None):
         for _ in range(warmup):
             _block(region())
-        samples = []
-        for _ in range(repeats):
+        samples: list[float] = []
+        started = time.perf_counter()
+        while len(samples) < repeats and not _budget_spent(samples, repeats, started, budget_s):
             t0 = time.perf_counter()
             _block(region())
             samples.append(time.perf_counter() - t0)
@@ -91,11 +102,12 @@ class CuptiTimer(Timer):
         platform = str(getattr(device, "platform", "")).lower()
         return platform in ("gpu", "cuda") and arena_cupti.available()
 
-    def time(self, region, warmup, repeats):
+    def time(self, region, warmup, repeats, budget_s=None):
         for _ in range(warmup):
             _block(region())
-        samples = []
-        for _ in range(repeats):
+        samples: list[float] = []
+        started = time.perf_counter()  # the budget is wall time, whatever the kernels add up to
+        while len(samples) < repeats and not _budget_spent(samples, repeats, started, budget_s):
             _block(None)
             self._recorder.start()
             _block(region())

@@ -195,6 +195,31 @@ def test_cli_bad_burst_is_one_line(plans_path, cache_dir, tmp_path):
     assert "burst" in err and not (tmp_path / "x.parquet").exists()
 
 
+def test_cli_bad_timing_budget_is_one_line(plans_path, cache_dir, tmp_path):
+    err = _one_line_error(_cli("-i", plans_path, "--timing-budget", "-1", "--cache-dir", cache_dir, "-o", tmp_path / "x.parquet"))
+    assert "timing budget" in err and not (tmp_path / "x.parquet").exists()
+
+
+def test_host_timer_stops_at_its_budget_with_enough_samples():
+    """A region that runs for a long time stops being repeated once the budget is spent, but never with
+    fewer than MIN_SAMPLES samples (or ``repeats`` when that is fewer); without a budget every repeat runs."""
+    import time
+
+    from libarena.profile.timers import MIN_SAMPLES, HostTimer
+
+    calls = []
+
+    def region():
+        calls.append(1)
+        time.sleep(0.02)
+
+    timing = HostTimer().time(region, 1, 30, budget_s=0.05)
+    assert len(timing.samples) == MIN_SAMPLES and len(calls) == 1 + MIN_SAMPLES  # 5 x 20 ms > 50 ms
+    assert len(HostTimer().time(region, 0, 3, budget_s=0.001).samples) == 3
+    assert len(HostTimer().time(region, 0, 8).samples) == 8
+    assert len(HostTimer().time(region, 0, 8, budget_s=60.0).samples) == 8
+
+
 def test_cli_comm_table_for_other_hardware(plans_path, cache_dir, tmp_path):
     import pyarrow.csv as pacsv
     import pyarrow as pa
@@ -340,7 +365,7 @@ def test_burst_timing_reports_per_run_times():
     class CountingTimer(Timer):
         name = "counting"
 
-        def time(self, region, warmup, repeats):
+        def time(self, region, warmup, repeats, budget_s=None):
             samples = []
             for _ in range(warmup + repeats):
                 before = len(calls)

@@ -54,6 +54,8 @@ def profile(
     granularity: str = typer.Option("stage", "--granularity", help="stage (one executable per distinct stage: accurate) or unit (identical layers profiled once: cheaper)"),
     statistic: str = typer.Option("median", "--statistic", help="median of the timed runs, or min (contended hosts)"),
     burst: int = typer.Option(4, "--burst", help="micro-batches dispatched back to back per timed run (as the runtime does)"),
+    timing_budget: float = typer.Option(10.0, "--timing-budget", help="seconds of timed runs per stage after which "
+                                        "timing stops once 5 runs are in (0: always --repeats)"),
     compile_workers: Optional[int] = typer.Option(None, "--compile-workers", help="threads compiling stage executables "
                                                   "ahead of timing (default: the host's cores, at most 8)"),
     quiet: bool = QUIET_OPTION,
@@ -94,6 +96,7 @@ def profile(
         granularity=granularity,
         statistic=statistic,
         burst=burst,
+        timing_budget_s=timing_budget if timing_budget != 0 else None,
         **({"compile_workers": compile_workers} if compile_workers is not None else {}),
     )
     comm_model = load_comm_model(str(comm)) if comm is not None else None
@@ -137,6 +140,7 @@ def profile(
                     "warmup": warmup,
                     "repeats": repeats,
                     "burst": burst,
+                    "timing_budget_s": config.timing_budget_s,
                     "measure": measure,
                 },
                 inputs,
