@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.stats import relative_iqr, relative_spread
 from libarena.artifacts import write_json
 
 RUNS, SAMPLES, WARMUP = 5, 15, 3
@@ -51,15 +52,12 @@ def _steal_ticks() -> int | None:
 
 def _summary(runs: list[list[float]]) -> dict[str, Any]:
     medians = [statistics.median(r) for r in runs]
-    iqr = []
-    for r in runs:
-        q = statistics.quantiles(r, n=4)
-        iqr.append((q[2] - q[0]) / statistics.median(r))
+    iqr = [relative_iqr(r) for r in runs]
     return {
         "run_medians_s": medians,
         "within_run_iqr_over_median": iqr,
         "within_run_iqr_over_median_median": statistics.median(iqr),
-        "across_runs_spread": (max(medians) - min(medians)) / statistics.median(medians),
+        "across_runs_spread": relative_spread(medians),
         "samples": runs,
     }
 
@@ -67,6 +65,7 @@ def _summary(runs: list[list[float]]) -> dict[str, Any]:
 def _xla_runs() -> list[list[float]]:
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     @jax.jit
     def chain(a: Any) -> Any:
@@ -75,7 +74,7 @@ def _xla_runs() -> list[list[float]]:
             out = (a @ out) * (1.0 / SIZE)  # scaled so values stay finite
         return out
 
-    a = jnp.asarray(__import__("numpy").random.default_rng(0).random((SIZE, SIZE), dtype="float32"))
+    a = jnp.asarray(np.random.default_rng(0).random((SIZE, SIZE), dtype=np.float32))
 
     def sample() -> float:
         t = time.perf_counter()

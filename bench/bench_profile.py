@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.stats import relative_iqr, relative_spread
 from libarena.artifacts import read_table, write_json
 
 MODELS = ("gpt__tiny", "moe__tiny", "wide_resnet__tiny", "gpt__small")
@@ -167,18 +168,6 @@ def _round(tmp: Path, model: str, plans_path: Path, comm: Any, calibration: Path
     return rows, cost
 
 
-def _spread(values: list[float]) -> float:
-    """Relative spread: (max - min) / median."""
-    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
-
-
-def _iqr_rel(samples: list[float]) -> float:
-    if len(samples) < 4:
-        return _spread(samples)
-    q = statistics.quantiles(samples, n=4)
-    return (q[2] - q[0]) / statistics.median(samples)
-
-
 def noise_floor(plans: list[dict[str, Any]], n: int) -> float | None:
     """Mean absolute deviation of one round's direct measurement from the median over all rounds, per plan,
     averaged over the plans on ``n`` devices: what the same measurement, repeated, disagrees with itself by --
@@ -218,9 +207,9 @@ def _aggregate(all_rows: list[dict[str, Any]], costs: list[dict[str, Any]], mode
                 "abs_error": abs(med["estimate_s"] - med["measured_s"]) / med["measured_s"],
                 "abs_error_independent": abs(med["estimate_independent_s"] - med["measured_s"]) / med["measured_s"],
                 "abs_error_independent_no_setup": abs(med["estimate_independent_no_setup_s"] - med["measured_s"]) / med["measured_s"],
-                "measured_spread_over_rounds": _spread([r["measured_s"] for r in rows]),
-                "estimate_spread_over_rounds": _spread([r["estimate_s"] for r in rows]),
-                "measured_iqr_within_run": statistics.median(_iqr_rel(r["measured_samples_s"]) for r in rows),
+                "measured_spread_over_rounds": relative_spread([r["measured_s"] for r in rows]),
+                "estimate_spread_over_rounds": relative_spread([r["estimate_s"] for r in rows]),
+                "measured_iqr_within_run": statistics.median(relative_iqr(r["measured_samples_s"]) for r in rows),
                 "breakdown": last["breakdown"],
                 "stages": last["stages"],
                 "rounds": [{k: r[k] for k in ("round", "estimate_s", "measured_s", "measured_samples_s", "measurement_device_s")} for r in rows],

@@ -48,11 +48,24 @@ MIN_SAMPLES = 5
 class Timer(ABC):
     name: str
 
-    @abstractmethod
     def time(self, region: Callable[[], Any], warmup: int, repeats: int, budget_s: float | None = None) -> Timing:
         """Run ``region`` warmup + repeats times; time each of the last ``repeats`` runs. ``budget_s``:
         stop early once the timed runs have taken that much wall time and ``MIN_SAMPLES`` (or ``repeats``)
-        are in (a stage that runs for seconds needs fewer repetitions than one that runs for microseconds)."""
+        are in (a stage that runs for seconds needs fewer repetitions than one that runs for microseconds).
+        The budget is wall time, whatever the timer itself reports."""
+        for _ in range(warmup):
+            _block(region())
+        samples: list[float] = []
+        started = time.perf_counter()
+        while len(samples) < repeats:
+            if budget_s is not None and len(samples) >= min(MIN_SAMPLES, repeats) and time.perf_counter() - started >= budget_s:
+                break
+            samples.append(self.sample(region))
+        return Timing(tuple(samples))
+
+    @abstractmethod
+    def sample(self, region: Callable[[], Any]) -> float:
+        """Seconds of one run of ``region``, as this timer sees them."""
 
     @classmethod
     def usable(cls, device: Any) -> bool:
@@ -65,23 +78,13 @@ def _block(value: Any) -> None:
     jax.block_until_ready(value)
 
 
-def _budget_spent(samples: list[float], repeats: int, started: float, budget_s: float | None) -> bool:
-    return budget_s is not None and len(samples) >= min(MIN_SAMPLES, repeats) and time.perf_counter() - started >= budget_s
-
-
 class HostTimer(Timer):
     name = "host"
 
-    def time(self, region, warmup, repeats, budget_s=None):
-        for _ in range(warmup):
-            _block(region())
-        samples: list[float] = []
-        started = time.perf_counter()
-        while len(samples) < repeats and not _budget_spent(samples, repeats, started, budget_s):
-            t0 = time.perf_counter()
-            _block(region())
-            samples.append(time.perf_counter() - t0)
-        return Timing(tuple(samples))
+    def sample(self, region):
+        t0 = time.perf_counter()
+        _block(region())
+        return time.perf_counter() - t0
 
 
 class CuptiTimer(Timer):
@@ -102,20 +105,14 @@ class CuptiTimer(Timer):
         platform = str(getattr(device, "platform", "")).lower()
         return platform in ("gpu", "cuda") and arena_cupti.available()
 
-    def time(self, region, warmup, repeats, budget_s=None):
-        for _ in range(warmup):
-            _block(region())
-        samples: list[float] = []
-        started = time.perf_counter()  # the budget is wall time, whatever the kernels add up to
-        while len(samples) < repeats and not _budget_spent(samples, repeats, started, budget_s):
-            _block(None)
-            self._recorder.start()
-            _block(region())
-            records = self._recorder.stop()
-            if not records:
-                raise ArenaError("cupti timer: CUPTI reported no kernels for the region (is the device a GPU?)")
-            samples.append(self._kernel_seconds(records))
-        return Timing(tuple(samples))
+    def sample(self, region):
+        _block(None)
+        self._recorder.start()
+        _block(region())
+        records = self._recorder.stop()
+        if not records:
+            raise ArenaError("cupti timer: CUPTI reported no kernels for the region (is the device a GPU?)")
+        return self._kernel_seconds(records)
 
 
 _TIMERS: dict[str, type[Timer]] = {}

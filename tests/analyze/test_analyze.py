@@ -28,12 +28,6 @@ def analyzed(family: str):
     return _CACHE[family]
 
 
-def jax_shapes(tree):
-    import jax
-
-    return jax.tree.map(lambda leaf: leaf.shape, tree)
-
-
 def col(ops, name):
     return np.asarray(ops.table.column(name).to_pylist())
 
@@ -89,16 +83,17 @@ def test_module_totals_are_jaxs_public_cost_analysis():
 def test_repeated_layers_are_traced_once_with_the_same_costs(family):
     """The analysis traces identical layers once (one called computation per distinct layer); per layer and
     phase, XLA's FLOPs are those of the module traced layer by layer."""
+    import jax
+
     from libarena.analyze import operators
+    from libarena.models.training import abstract_params
 
     model = get_model(f"{family}__tiny")
     ops = analyzed(family)
     # Units with the same signature and parameter shapes run the same called computations.
-    from libarena.models.training import abstract_params
-
     unit, computation = col(ops, "unit_index"), col(ops, "computation")
     entry = computation[0]
-    shapes = [str(jax_shapes(p)) for p in abstract_params(model)]
+    shapes = [str(jax.tree.map(lambda leaf: leaf.shape, p)) for p in abstract_params(model)]
     groups: dict[tuple, list[int]] = {}
     for u in range(len(model.units)):
         groups.setdefault((model.unit_signature(u), shapes[u]), []).append(u)

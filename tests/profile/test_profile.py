@@ -358,20 +358,17 @@ def test_stages_compiled_ahead_on_threads_run_like_stages_built_one_at_a_time():
 def test_burst_timing_reports_per_run_times():
     """Each timed region dispatches ``burst`` runs back to back; samples are per run."""
     from libarena.profile.profiler import _time_burst
-    from libarena.profile.timers import Timer, Timing
+    from libarena.profile.timers import Timer
 
     calls = []
 
     class CountingTimer(Timer):
         name = "counting"
 
-        def time(self, region, warmup, repeats, budget_s=None):
-            samples = []
-            for _ in range(warmup + repeats):
-                before = len(calls)
-                region()
-                samples.append(float(len(calls) - before))
-            return Timing(tuple(samples[warmup:]))
+        def sample(self, region):
+            before = len(calls)
+            region()
+            return float(len(calls) - before)
 
     timing = _time_burst(CountingTimer(), lambda: calls.append(1), warmup=1, repeats=3, burst=4)
     assert timing.samples == (1.0, 1.0, 1.0) and len(calls) == 16
