@@ -20,7 +20,8 @@ KIND = "operator_table"
 DEFAULT_NUM_CLUSTERS = 16
 #: Revision of how tables are derived (same columns, different rows or costs): part of cache keys, so a
 #: cached table from an older analysis is not reused. 2: identical layers traced once (shared traces).
-ANALYSIS_REVISION = 2
+#: 3: one Adam state (and update) per unit, so the optimizer's step-count work belongs to its unit.
+ANALYSIS_REVISION = 3
 
 Log = Callable[[str], None]
 
@@ -134,13 +135,18 @@ def check_writable(path: str | os.PathLike[str]) -> None:
 
 
 def _unit_activations(model: Any, params: list[Any], batch: dict[str, Any], dtype: Any) -> list[tuple[int, int]]:
-    """(input bytes, output bytes) of every unit at the analysed batch, by shape evaluation only."""
+    """(input bytes, output bytes) of every unit at the analysed batch, by shape evaluation only (through
+    the shared layer functions the lowering traced, so repeated layers are not traced again)."""
     import jax
+
+    from libarena.models.training import apply_units
 
     sizes = []
     carry = None
     for index in range(len(model.units)):
-        out = jax.eval_shape(lambda p, c, b, i=index: model.apply_unit(i, p, c, b, dtype), params[index], carry, batch)
+        out = jax.eval_shape(
+            lambda p, c, b, i=index: apply_units(model, [p], c, b, i, i + 1, dtype, share_traces=True), params[index], carry, batch
+        )
         sizes.append((_tree_bytes(carry), _tree_bytes(out)))
         carry = out
     return sizes
@@ -177,7 +183,7 @@ def analyze_model(
     from libarena.analyze import operators, xla_cost
     from libarena.analyze.clusters import UnitRecord, balanced_partition, cluster_records
     from libarena.models import get_model
-    from libarena.models.training import abstract_params, batch_spec, compute_dtype
+    from libarena.models.training import batch_spec, compute_dtype
 
     config = config.validated()
     model = get_model(config.model)
@@ -196,7 +202,7 @@ def analyze_model(
     timings["costs_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    params = abstract_params(model)
+    params = step.params
     batch = batch_spec(model, config.global_batch, config.seq_len)
     cdtype = compute_dtype(config.dtype)
     activations = _unit_activations(model, params, batch, cdtype)

@@ -12,6 +12,7 @@ attribute text (to rebuild the instruction in a probe module) and the metadata's
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -84,50 +85,62 @@ class HloModuleText:
         return self.computations[self.entry]
 
 
+_STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*')
+# The characters the scanners below act on; everything between them is skipped by the regex engine
+# (HLO lines are long and mostly names, shapes and metadata strings).
+_BRACKET_TOKEN = re.compile(r'["()\[\]{}]')
+_SPLIT_TOKEN = re.compile(r'"|/\*|[()\[\]{},]')
+
+
 def _closing_quote(text: str, start: int) -> int:
     """Index of the quote that closes the string opened at ``start`` (``len(text)`` if none; escapes skipped)."""
-    i, n = start + 1, len(text)
-    while i < n and text[i] != '"':
-        i += 2 if text[i] == "\\" else 1
-    return i
+    return min(_STRING_BODY.match(text, start + 1).end(), len(text))
 
 
 def _match_close(text: str, start: int) -> int:
     """Index just past the bracket that closes the one at ``start`` (quotes and nesting respected)."""
-    depth = 0
-    i, n = start, len(text)
-    while i < n:
-        ch = text[i]
+    depth, pos = 0, start
+    while True:
+        found = _BRACKET_TOKEN.search(text, pos)
+        if found is None:
+            break
+        i, ch = found.start(), found.group()
         if ch == '"':
-            i = _closing_quote(text, i)
-        elif ch in "([{":
+            pos = _closing_quote(text, i) + 1
+            continue
+        if ch in "([{":
             depth += 1
-        elif ch in ")]}":
+        else:
             depth -= 1
             if depth == 0:
                 return i + 1
-        i += 1
+        pos = i + 1
     raise ValueError(f"unbalanced brackets in {text[start:start + 80]!r}")
 
 
-def split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Split on ``sep`` outside brackets, quotes and ``/*...*/`` comments."""
-    parts, depth, start, i, n = [], 0, 0, 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch == '"':
-            i = _closing_quote(text, i)
-        elif ch == "/" and text.startswith("/*", i):
+def split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets, quotes and ``/*...*/`` comments."""
+    parts, depth, start, pos, n = [], 0, 0, 0, len(text)
+    while True:
+        found = _SPLIT_TOKEN.search(text, pos)
+        if found is None:
+            break
+        i, token = found.start(), found.group()
+        if token == '"':
+            pos = _closing_quote(text, i) + 1
+            continue
+        if token == "/*":
             end = text.find("*/", i + 2)
-            i = n if end < 0 else end + 1
-        elif ch in "([{":
+            pos = n if end < 0 else end + 2
+            continue
+        if token in "([{":
             depth += 1
-        elif ch in ")]}":
+        elif token in ")]}":
             depth -= 1
-        elif ch == sep and depth == 0:
+        elif depth == 0:
             parts.append(text[start:i])
             start = i + 1
-        i += 1
+        pos = i + 1
     tail = text[start:]
     if tail.strip():
         parts.append(tail)
@@ -138,13 +151,45 @@ def _strip_comments(text: str) -> str:
     return re.sub(r"/\*.*?\*/", "", text)
 
 
+#: Where a tuple result shape ends: ``) opcode(`` (inside a shape a ``)`` is followed by ``,`` or ``)``).
+_TUPLE_SHAPE_END = re.compile(r"\) (?=[a-z][a-z0-9\-]*\()")
+#: The start of an operand (an array or tuple shape) right after ``opcode(``; anything else is a literal.
+_OPERAND_START = re.compile(r"\(|[a-z][a-z0-9]*\[")
+_OPERAND_NAME = re.compile(r"[\w.\-]+")
+
+
+def _operands(line: str, start: int) -> tuple[list[tuple[str, str]], int] | None:
+    """``SHAPE %name, SHAPE %name)`` from ``start``: (operands, index past the closing parenthesis), or
+    None when the text is not that. Shapes never contain ``%``, so each operand ends at the next ``%name``
+    and the list ends at the first name followed by ``)``: the long tuple shapes are never scanned."""
+    operands = []
+    pos = start
+    while True:
+        mark = line.find(" %", pos)
+        if mark < 0:
+            return None
+        name = _OPERAND_NAME.match(line, mark + 2)
+        if name is None:
+            return None
+        shape = line[pos:mark].strip()
+        operands.append((_strip_comments(shape) if "/*" in shape else shape, name.group()))
+        after = name.end()
+        follow = line[after : after + 1]
+        if follow == ")":
+            return operands, after + 1
+        if follow != ",":
+            return None
+        pos = after + 1
+
+
 def parse_instruction(line: str, computation_names: set[str] | frozenset[str] = frozenset()) -> Instruction:
     head = _INSTRUCTION.match(line)
     if head is None:
         raise ValueError("not an instruction line")
     pos = head.end()
     if line[pos] == "(":
-        end = _match_close(line, pos)
+        found = _TUPLE_SHAPE_END.search(line, pos)
+        end = found.end() - 1 if found is not None else _match_close(line, pos)
         shape = _strip_comments(line[pos:end])
         pos = end + 1
     else:
@@ -156,16 +201,20 @@ def parse_instruction(line: str, computation_names: set[str] | frozenset[str] = 
         raise ValueError(f"no opcode after the shape of %{head.group(2)}")
     opcode = op.group(1)
     open_paren = op.end() - 1
-    close = _match_close(line, open_paren)
-    inner = line[open_paren + 1 : close - 1]
     operands: list[tuple[str, str]] = []
     literal = ""
-    if "%" in inner:
-        for part in split_top_level(inner):
-            shape_text, _, name = part.rpartition(" %")
-            operands.append((_strip_comments(shape_text), name))
+    listed = _operands(line, open_paren + 1) if _OPERAND_START.match(line, open_paren + 1) else None
+    if listed is not None:
+        operands, close = listed
     else:
-        literal = inner
+        close = _match_close(line, open_paren)
+        inner = line[open_paren + 1 : close - 1]
+        if "%" in inner:
+            for part in split_top_level(inner):
+                shape_text, _, name = part.rpartition(" %")
+                operands.append((_strip_comments(shape_text), name))
+        else:
+            literal = inner
     op_name = ""
     kept = []
     for attr in split_top_level(line[close:]):
@@ -242,6 +291,7 @@ def shape_leaves(shape: str) -> list[tuple[str, tuple[int, ...]]]:
     return [(found.group(1), dims)]
 
 
+@functools.lru_cache(maxsize=4096)  # shapes repeat across layers and rows
 def shape_bytes(shape: str) -> int:
     total = 0
     for element, dims in shape_leaves(shape):
@@ -252,6 +302,7 @@ def shape_bytes(shape: str) -> int:
     return total
 
 
+@functools.lru_cache(maxsize=4096)  # shapes repeat across layers and rows
 def element_type(shape: str) -> str:
     """Element type of an array shape; ``tuple`` for tuples."""
     shape = shape.strip()
@@ -261,6 +312,7 @@ def element_type(shape: str) -> str:
     return found.group(1) if found else shape.partition("[")[0]
 
 
+@functools.lru_cache(maxsize=4096)  # shapes repeat across layers and rows
 def without_layout(shape: str) -> str:
     """``bf16[8,1024]{1,0}`` -> ``bf16[8,1024]`` (also inside tuples)."""
     return re.sub(r"\{[^{}]*\}", "", shape)

@@ -59,7 +59,7 @@ class LeafRole:
     """What an entry parameter or an output of the step is."""
 
     role: str  # "param", "opt_state", "batch", "loss"
-    unit: int  # -1 when the leaf belongs to no unit (Adam's step count, the batch, the loss)
+    unit: int  # -1 when the leaf belongs to no unit (the batch, the loss)
     nbytes: int
 
 
@@ -69,29 +69,23 @@ class LoweredStep:
     text: str
     inputs: list[LeafRole]
     outputs: list[LeafRole]
+    params: list[Any]  # the abstract parameters (ShapeDtypeStruct trees), one per unit
 
 
 def _leaf_bytes(leaf: Any) -> int:
     return int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
 
 
-def _roles(tree: Any, param_keys: set[tuple[int, str]], last_role: str) -> list[LeafRole]:
+def _roles(tree: Any, last_role: str) -> list[LeafRole]:
+    """Role and unit of every leaf of (params, opt_state, batch-or-loss): both parameters and optimizer
+    state are lists with one entry per unit."""
     import jax
-    from jax.tree_util import DictKey, SequenceKey
 
     roles = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         arg = path[0].idx
-        if arg == 0:
-            roles.append(LeafRole("param", path[1].idx, _leaf_bytes(leaf)))
-        elif arg == 1:
-            # Optimizer state mirrors the parameter list (mu/nu); match the (unit, name) tail.
-            unit = -1
-            if len(path) >= 2 and isinstance(path[-2], SequenceKey) and isinstance(path[-1], DictKey):
-                key = (path[-2].idx, str(path[-1].key))
-                if key in param_keys:
-                    unit = key[0]
-            roles.append(LeafRole("opt_state", unit, _leaf_bytes(leaf)))
+        if arg in (0, 1):
+            roles.append(LeafRole("param" if arg == 0 else "opt_state", path[1].idx, _leaf_bytes(leaf)))
         else:
             roles.append(LeafRole(last_role, -1, _leaf_bytes(leaf)))
     return roles
@@ -102,7 +96,6 @@ def lower_train_step(model: Any, global_batch: int, seq_len: int | None, dtype: 
     ``share_traces``: identical layers are traced once and called (about 2x faster on 32-layer models;
     each layer then carries its own copies of constants and broadcasts, the FLOPs are the same)."""
     import jax
-    from jax.tree_util import DictKey, SequenceKey
 
     from libarena.models.training import abstract_optimizer_state, abstract_params, batch_spec, make_train_step
 
@@ -120,16 +113,13 @@ def lower_train_step(model: Any, global_batch: int, seq_len: int | None, dtype: 
             f"{model.name} cannot be built at global batch {global_batch}"
             f"{'' if seq_len is None else f', seq_len {seq_len}'}: {first}"
         ) from None
-    param_keys = set()
-    for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
-        if isinstance(path[0], SequenceKey) and isinstance(path[-1], DictKey):
-            param_keys.add((path[0].idx, str(path[-1].key)))
     module = xla_cost.hlo_module_of(lowered)
     return LoweredStep(
         hlo_module=module,
         text=xla_cost.module_text(module),
-        inputs=_roles((params, opt_state, batch), param_keys, "batch"),
-        outputs=_roles(out_shapes, param_keys, "loss"),
+        inputs=_roles((params, opt_state, batch), "batch"),
+        outputs=_roles(out_shapes, "loss"),
+        params=params,
     )
 
 

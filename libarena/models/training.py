@@ -118,33 +118,63 @@ def loss_fn(model: ModelDef, dtype: Any, share_traces: bool = False) -> Callable
     return loss
 
 
+@functools.lru_cache(maxsize=8)
+def _shared_update(optimizer: OptimizerConfig) -> Callable:
+    """One jitted per-unit update: JAX reuses its trace for every unit with the same parameter shapes."""
+    import jax
+
+    return jax.jit(functools.partial(_unit_update, optimizer.build()))
+
+
+def _unit_update(tx: Any, params: Params, opt_state: Any, grads: Params) -> tuple[Params, Any]:
+    import optax
+
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def update_units(
+    optimizer: OptimizerConfig, params: Sequence[Params], opt_state: Sequence[Any], grads: Sequence[Params],
+    share_traces: bool = False,
+) -> tuple[list[Params], list[Any]]:
+    """Adam on each unit with that unit's own state (see ``init_optimizer_state``). ``share_traces``:
+    one jitted update per distinct parameter shape, so the optimizer is traced once per distinct layer."""
+    tx = None if share_traces else optimizer.build()
+    new_params, new_state = [], []
+    for p, s, g in zip(params, opt_state, grads, strict=True):
+        p, s = _shared_update(optimizer)(p, s, g) if share_traces else _unit_update(tx, p, s, g)
+        new_params.append(p)
+        new_state.append(s)
+    return new_params, new_state
+
+
 def make_train_step(
     model: ModelDef, dtype: str = "bf16", optimizer: OptimizerConfig | None = None, share_traces: bool = False
 ) -> Callable:
     """(params, opt_state, batch) -> (params, opt_state, loss): forward, backward and the optimizer update.
-    ``share_traces``: trace each distinct layer once (``apply_units``); the computation is the same."""
+    ``share_traces``: trace each distinct layer (and its update) once; the computation is the same."""
     import jax
-    import optax
 
-    tx = (optimizer or OptimizerConfig()).build()
+    optimizer = optimizer or OptimizerConfig()
     loss = loss_fn(model, compute_dtype(dtype), share_traces)
 
-    def train_step(params: list[Params], opt_state: Any, batch: Batch) -> tuple[list[Params], Any, Any]:
+    def train_step(params: list[Params], opt_state: list[Any], batch: Batch) -> tuple[list[Params], list[Any], Any]:
         value, grads = jax.value_and_grad(loss)(params, batch)
         with jax.named_scope("optimizer"):
-            updates, opt_state = tx.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
+            params, opt_state = update_units(optimizer, params, opt_state, grads, share_traces)
         return params, opt_state, value
 
     return train_step
 
 
-def init_optimizer_state(params: list[Params], optimizer: OptimizerConfig | None = None) -> Any:
-    return (optimizer or OptimizerConfig()).build().init(params)
+def init_optimizer_state(params: Sequence[Params], optimizer: OptimizerConfig | None = None) -> list[Any]:
+    """One Adam state per unit (moments and step count), the layout pipeline stages hold and checkpoints store."""
+    tx = (optimizer or OptimizerConfig()).build()
+    return [tx.init(p) for p in params]
 
 
-def abstract_optimizer_state(abstract: list[Params], optimizer: OptimizerConfig | None = None) -> Any:
+def abstract_optimizer_state(abstract: Sequence[Params], optimizer: OptimizerConfig | None = None) -> list[Any]:
     import jax
 
     tx = (optimizer or OptimizerConfig()).build()
-    return jax.eval_shape(tx.init, abstract)
+    return [jax.eval_shape(tx.init, p) for p in abstract]

@@ -57,11 +57,10 @@ def param_signature(model: ModelDef) -> str:
 def _state_template(model: ModelDef, optimizer: OptimizerConfig) -> dict[str, Any]:
     import jax
 
-    from libarena.models.training import abstract_params
+    from libarena.models.training import abstract_optimizer_state, abstract_params
 
-    tx = optimizer.build()
     params = abstract_params(model)
-    opt = [jax.tree.leaves(jax.eval_shape(tx.init, p)) for p in params]
+    opt = [jax.tree.leaves(state) for state in abstract_optimizer_state(params, optimizer)]
     zeros = lambda s: np.zeros(s.shape, s.dtype)  # noqa: E731
     return {"params": jax.tree.map(zeros, params), "opt": jax.tree.map(zeros, opt)}
 
@@ -165,10 +164,11 @@ class CheckpointStore:
         for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(template)):
             if np.shape(got) != want.shape:
                 raise ArenaError(f"checkpoint {where} does not match {model.name}: array of shape {np.shape(got)}, expected {want.shape}")
-        tx = optimizer.build()
+        from libarena.models.training import abstract_optimizer_state
+
         opt = [
-            jax.tree.unflatten(jax.tree.structure(jax.eval_shape(tx.init, p)), [np.asarray(x) for x in leaves])
-            for p, leaves in zip(state["params"], state["opt"])
+            jax.tree.unflatten(jax.tree.structure(shapes), [np.asarray(x) for x in leaves])
+            for shapes, leaves in zip(abstract_optimizer_state(state["params"], optimizer), state["opt"])
         ]
         return list(state["params"]), opt, meta
 

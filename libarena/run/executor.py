@@ -32,7 +32,14 @@ import numpy as np
 
 from libarena.errors import ArenaError
 from libarena.models import ModelDef
-from libarena.models.training import OptimizerConfig, apply_units, compute_dtype, init_params
+from libarena.models.training import (
+    OptimizerConfig,
+    abstract_optimizer_state,
+    apply_units,
+    compute_dtype,
+    init_params,
+    update_units,
+)
 from libarena.run import distributed
 from libarena.run.plan import RunPlan, RunStage
 
@@ -103,9 +110,9 @@ class StageRuntime:
             self.param_shardings.append(
                 jax.tree.map(lambda sp: NamedSharding(self.mesh, PartitionSpec(*sp)), specs, is_leaf=lambda x: isinstance(x, tuple))
             )
+        self._opt_shapes = abstract_optimizer_state(shapes, optimizer)
         self.opt_shardings = []
-        for shape_tree, shard_tree in zip(shapes, self.param_shardings):
-            state_shape = jax.eval_shape(tx.init, shape_tree)
+        for state_shape, shard_tree in zip(self._opt_shapes, self.param_shardings):
 
             def moment_sharding(leaf, sharding):
                 spec = tuple(sharding.spec) + (None,) * (len(leaf.shape) - len(sharding.spec))
@@ -173,18 +180,12 @@ class StageRuntime:
         # saves two compilations per stage.
         self._grad_shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((dp, *leaf.shape), leaf.dtype), shapes)
         self.grad_shardings = jax.tree.map(lambda sh: NamedSharding(self.mesh, P(DP_AXIS, *sh.spec)), self.param_shardings)
-        self._opt_shapes = [jax.eval_shape(tx.init, t) for t in shapes]
 
         def update(params, opt_state, accumulated):
             # The one data-parallel reduction of the step: the replicas' gradient sums.
             grads = jax.lax.with_sharding_constraint(jax.tree.map(lambda acc: jnp.sum(acc, axis=0), accumulated),
                                                      self.param_shardings)
-            new_params, new_state = [], []
-            for p, s, g in zip(params, opt_state, grads):
-                u, s = tx.update(g, s, p)
-                new_params.append(optax.apply_updates(p, u))
-                new_state.append(s)
-            return new_params, new_state
+            return update_units(optimizer, params, opt_state, grads)
 
         self.update = jax.jit(update, out_shardings=(self.param_shardings, self.opt_shardings), donate_argnums=(0, 1))
         self.loss_cotangent: Any = None

@@ -49,15 +49,14 @@ def check_plans(model: ModelDef, plans: Sequence[RunPlan], global_batch: int, se
     batch = model.synthetic_samples(np.arange(global_batch), data_seed)
     # One compiled initialisation instead of op-by-op random calls (same values: unit i depends on (seed, i)).
     params = jax.device_get(jax.jit(lambda: init_params(model, seed))())
-    opt_state = init_optimizer_state(params, optimizer)
-    unit_opt = [jax.device_get(init_optimizer_state(p, optimizer)) for p in params]
+    opt_state = jax.device_get(init_optimizer_state(params, optimizer))
     step = jax.jit(make_train_step(model, dtype, optimizer))
     ref_params, ref_opt, ref_loss = jax.device_get(step(params, opt_state, batch))
     out = []
     for k, plan in enumerate(plans):
         devices = plan_devices[k] if plan_devices is not None else None
         executor = PipelineExecutor(model, plan, devices, dtype=dtype, optimizer=optimizer)
-        executor.load_state(params, unit_opt, 0)
+        executor.load_state(params, opt_state, 0)
         stats = executor.step(batch)
         new_params, new_opt = executor.host_state()
         out.append(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libarena.analyze import hlo_text
 from libarena.errors import ArenaError
@@ -62,3 +64,43 @@ def test_garbage_is_an_arena_error_naming_the_line():
         hlo_text.parse_module(bad)
     with pytest.raises(ArenaError, match="no ENTRY"):
         hlo_text.parse_module("HloModule m\n")
+
+
+def _split_char_by_char(text: str) -> list[str]:
+    """The plain definition split_top_level implements with a token regex: commas at depth 0, outside
+    quoted strings (backslash escapes) and /*...*/ comments."""
+    parts, depth, start, i, n = [], 0, 0, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 1
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    if text[start:].strip():
+        parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+@given(st.lists(st.sampled_from(['a', ' ', ',', '(', ')', '[', ']', '{', '}', '"', '\\', '/*', '*/', '=', 'x,y']), max_size=40))
+@settings(max_examples=400, deadline=None)
+def test_split_top_level_matches_the_character_scan(tokens):
+    text = "".join(tokens)
+    assert hlo_text.split_top_level(text) == _split_char_by_char(text)
+
+
+def test_match_close_skips_quoted_brackets_and_escapes():
+    line = 'f(a, "b)\\")", {c, (d)}) tail'
+    assert line[: hlo_text._match_close(line, 1)] == 'f(a, "b)\\")", {c, (d)})'
+    with pytest.raises(ValueError, match="unbalanced"):
+        hlo_text._match_close("(a, (b)", 0)

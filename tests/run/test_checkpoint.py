@@ -61,7 +61,7 @@ def _make_checkpoint(tmp_path: Path) -> tuple[Path, object]:
     model = micro_gpt()
     opt = OptimizerConfig()
     params = init_params(model, 0)
-    unit_opt = [init_optimizer_state(p, opt) for p in params]
+    unit_opt = init_optimizer_state(params, opt)
     store = CheckpointStore(tmp_path / "ckpt")
     meta = CheckpointMeta(model.name, 8, 2, 16, 0, "fp32", {"learning_rate": 1e-3, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.0},
                           param_signature(model), "p", 1)
