@@ -56,7 +56,8 @@ def abstract_params(model: ModelDef, units: Sequence[int] | None = None) -> list
     import jax
 
     indices = range(len(model.units)) if units is None else units
-    return [jax.eval_shape(lambda i=i: model.init_unit(i, unit_key(0, i))) for i in indices]
+    # One trace for all units (one eval_shape per unit costs a trace's fixed overhead each).
+    return jax.eval_shape(lambda: [model.init_unit(i, unit_key(0, i)) for i in indices])
 
 
 def param_count(model: ModelDef) -> int:
@@ -177,4 +178,4 @@ def abstract_optimizer_state(abstract: Sequence[Params], optimizer: OptimizerCon
     import jax
 
     tx = (optimizer or OptimizerConfig()).build()
-    return [jax.eval_shape(tx.init, p) for p in abstract]
+    return jax.eval_shape(lambda units: [tx.init(p) for p in units], list(abstract))

@@ -63,7 +63,7 @@ OPERATOR_TABLE = register_kind(
             Field("clusters", "list[dict]", "the layer-clustered view, fields: " + ", ".join(f.name for f in CLUSTER_FIELDS)),
             Field("module_cost", "dict", "XLA's module-level cost_analysis() totals, XLA's keys: flops, transcendentals, 'bytes accessed', 'bytes accessedout{}' (bytes written)"),
             Field("units", "list[dict]", "per-unit totals the clusters are summed from: index, name, kind, cluster, num_ops, forward_flops, backward_flops, flops, bytes, optimizer_flops, optimizer_bytes, param_count, param_bytes, input_activation_bytes, activation_bytes, saved_activation_bytes, tp_allreduce_bytes, alltoall_bytes"),
-            Field("attribution", "dict", "instructions, unattributed_ops, unattributed_flops, unattributed_bytes (instructions with no unit: hoisted shared constants, Adam's step count and bias correction, the root tuple), cost_probes"),
+            Field("attribution", "dict", "instructions, unattributed_ops, unattributed_flops, unattributed_bytes (instructions with no unit: a constant shared by several units, the root tuple), cost_probes"),
             Field("expert_dispatch_shape", "list[int] | None", "shape of the tensor one expert all-to-all moves (MoE), [experts, groups, capacity, hidden]"),
         ),
         notes=(
