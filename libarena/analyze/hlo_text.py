@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from libarena.errors import ArenaError
@@ -88,8 +89,8 @@ class HloModuleText:
 _STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*')
 # The characters the scanners below act on; everything between them is skipped by the regex engine
 # (HLO lines are long and mostly names, shapes and metadata strings).
-_BRACKET_TOKEN = re.compile(r'["()\[\]{}]')
-_SPLIT_TOKEN = re.compile(r'"|/\*|[()\[\]{},]')
+_BRACKETS = re.compile(r'"|/\*|[()\[\]{}]')
+_BRACKETS_AND_COMMAS = re.compile(r'"|/\*|[()\[\]{},]')
 
 
 def _closing_quote(text: str, start: int) -> int:
@@ -97,42 +98,42 @@ def _closing_quote(text: str, start: int) -> int:
     return min(_STRING_BODY.match(text, start + 1).end(), len(text))
 
 
+def _tokens(text: str, pattern: re.Pattern[str], pos: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, character) of every match of ``pattern`` (one of the two above) from ``pos``, outside
+    quoted strings and comments."""
+    n = len(text)
+    while True:
+        found = pattern.search(text, pos)
+        if found is None:
+            return
+        i, token = found.start(), found.group()
+        if token == '"':
+            pos = _closing_quote(text, i) + 1
+        elif token == "/*":
+            end = text.find("*/", i + 2)
+            pos = n if end < 0 else end + 2
+        else:
+            yield i, token
+            pos = i + 1
+
+
 def _match_close(text: str, start: int) -> int:
     """Index just past the bracket that closes the one at ``start`` (quotes and nesting respected)."""
-    depth, pos = 0, start
-    while True:
-        found = _BRACKET_TOKEN.search(text, pos)
-        if found is None:
-            break
-        i, ch = found.start(), found.group()
-        if ch == '"':
-            pos = _closing_quote(text, i) + 1
-            continue
-        if ch in "([{":
+    depth = 0
+    for i, token in _tokens(text, _BRACKETS, start):
+        if token in "([{":
             depth += 1
         else:
             depth -= 1
             if depth == 0:
                 return i + 1
-        pos = i + 1
     raise ValueError(f"unbalanced brackets in {text[start:start + 80]!r}")
 
 
 def split_top_level(text: str) -> list[str]:
     """Split on commas outside brackets, quotes and ``/*...*/`` comments."""
-    parts, depth, start, pos, n = [], 0, 0, 0, len(text)
-    while True:
-        found = _SPLIT_TOKEN.search(text, pos)
-        if found is None:
-            break
-        i, token = found.start(), found.group()
-        if token == '"':
-            pos = _closing_quote(text, i) + 1
-            continue
-        if token == "/*":
-            end = text.find("*/", i + 2)
-            pos = n if end < 0 else end + 2
-            continue
+    parts, depth, start = [], 0, 0
+    for i, token in _tokens(text, _BRACKETS_AND_COMMAS):
         if token in "([{":
             depth += 1
         elif token in ")]}":
@@ -140,7 +141,6 @@ def split_top_level(text: str) -> list[str]:
         elif depth == 0:
             parts.append(text[start:i])
             start = i + 1
-        pos = i + 1
     tail = text[start:]
     if tail.strip():
         parts.append(tail)
