@@ -5,6 +5,7 @@ run (sharded pipelines): parameter initialisation, unit ranges, the loss, the mi
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,16 +95,35 @@ def _shared_unit(model: ModelDef, signature: Hashable, dtype: Any) -> Callable |
     return jax.jit(shared_unit)
 
 
+def _shape_key(tree: Any) -> Hashable:
+    import jax
+
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves)
+
+
+@functools.lru_cache(maxsize=16)
+def _repeated_units(model: ModelDef) -> frozenset[int]:
+    """Units that share their signature and parameter shapes with another unit. Only those gain from a
+    jitted function: the first trace through one costs about twice a plain trace (JAX linearizes the
+    call), which a unit traced only once never earns back (wide_resnet's first block of each stage)."""
+    keys = [(model.unit_signature(i), _shape_key(p)) for i, p in enumerate(abstract_params(model))]
+    counts = Counter(keys)
+    return frozenset(i for i, key in enumerate(keys) if counts[key] > 1)
+
+
 def apply_units(
     model: ModelDef, params: Sequence[Params], carry: Carry, batch: Batch, start: int, stop: int, dtype: Any,
     share_traces: bool = False,
 ) -> Carry:
     """Run units [start, stop) under one named scope per unit (arena-analyze attributes HLO ops by it).
-    ``share_traces``: units with the same signature go through one jitted function (see ``_shared_unit``)."""
+    ``share_traces``: units with the same signature and parameter shapes go through one jitted function
+    (see ``_shared_unit``)."""
     import jax
 
     for offset, index in enumerate(range(start, stop)):
-        shared = _shared_unit(model, model.unit_signature(index), dtype) if share_traces else None
+        repeated = share_traces and index in _repeated_units(model)
+        shared = _shared_unit(model, model.unit_signature(index), dtype) if repeated else None
         with jax.named_scope(model.units[index].name):
             if shared is None:
                 carry = model.apply_unit(index, params[offset], carry, batch, dtype)
@@ -143,6 +163,8 @@ def update_units(
     tx = None if share_traces else optimizer.build()
     new_params, new_state = [], []
     for p, s, g in zip(params, opt_state, grads, strict=True):
+        # Every unit through the jitted update, even one whose shapes no other unit has: its constants
+        # then stay its own (XLA would share them between plain updates, leaving them to no unit).
         p, s = _shared_update(optimizer)(p, s, g) if share_traces else _unit_update(tx, p, s, g)
         new_params.append(p)
         new_state.append(s)
