@@ -137,19 +137,10 @@ def check_writable(path: str | os.PathLike[str]) -> None:
 def _unit_activations(model: Any, params: list[Any], batch: dict[str, Any], dtype: Any) -> list[tuple[int, int]]:
     """(input bytes, output bytes) of every unit at the analysed batch, by shape evaluation only (through
     the shared layer functions the lowering traced, so repeated layers are not traced again)."""
-    import jax
+    from libarena.models.training import unit_outputs
 
-    from libarena.models.training import apply_units
-
-    sizes = []
-    carry = None
-    for index in range(len(model.units)):
-        out = jax.eval_shape(
-            lambda p, c, b, i=index: apply_units(model, [p], c, b, i, i + 1, dtype, share_traces=True), params[index], carry, batch
-        )
-        sizes.append((_tree_bytes(carry), _tree_bytes(out)))
-        carry = out
-    return sizes
+    outputs = unit_outputs(model, params, batch, dtype, share_traces=True)
+    return [(_tree_bytes(outputs[i - 1]) if i else 0, _tree_bytes(out)) for i, out in enumerate(outputs)]
 
 
 def _tree_bytes(tree: Any) -> int:

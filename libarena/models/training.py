@@ -132,6 +132,22 @@ def apply_units(
     return carry
 
 
+def unit_outputs(
+    model: ModelDef, params: Sequence[Params], batch: Batch, dtype: Any, share_traces: bool = False
+) -> list[Carry]:
+    """Shape of every unit's output at ``batch`` (shape evaluation only; ``share_traces`` as in apply_units)."""
+    import jax
+
+    outputs = []
+    carry = None
+    for index in range(len(model.units)):
+        carry = jax.eval_shape(
+            lambda p, c, b, i=index: apply_units(model, [p], c, b, i, i + 1, dtype, share_traces), params[index], carry, batch
+        )
+        outputs.append(carry)
+    return outputs
+
+
 def loss_fn(model: ModelDef, dtype: Any, share_traces: bool = False) -> Callable[[list[Params], Batch], Any]:
     def loss(params: list[Params], batch: Batch) -> Any:
         return apply_units(model, params, None, batch, 0, len(model.units), dtype, share_traces)

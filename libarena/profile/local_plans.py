@@ -22,7 +22,7 @@ def model_clusters(model_name: str, global_batch: int, dtype: str = "fp32", num_
     import jax
     import numpy as np
 
-    from libarena.models.training import abstract_params, apply_units, batch_spec, compute_dtype
+    from libarena.models.training import abstract_params, batch_spec, compute_dtype, unit_outputs
 
     model = get_model(model_name)
     units = model.units
@@ -33,11 +33,7 @@ def model_clusters(model_name: str, global_batch: int, dtype: str = "fp32", num_
     batch = batch_spec(model, global_batch)
     cdt = compute_dtype(dtype)
     params = abstract_params(model)
-    sizes = []
-    carry = None
-    for i in range(n):
-        carry = jax.eval_shape(lambda p, c, b, i=i: apply_units(model, [p], c, b, i, i + 1, cdt), params[i], carry, batch)
-        sizes.append(float(np.prod(carry.shape) * np.dtype(carry.dtype).itemsize))
+    sizes = [float(np.prod(out.shape) * np.dtype(out.dtype).itemsize) for out in unit_outputs(model, params, batch, cdt)]
     records = []
     for c in range(k):
         members = range(edges[c], edges[c + 1])
