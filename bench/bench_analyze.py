@@ -4,14 +4,14 @@ Table 2: GPT/BERT 512, MoE 1024, Wide-ResNet 1024), each through the real CLI in
 Per model: wall time of the whole ``arena-analyze`` process (interpreter start, imports, abstract
 lowering, per-instruction XLA costs, clustering, the Parquet write, with an empty stage cache) and its
 peak RSS (``wait4``'s rusage of that child, so nothing of the parent or of other children is counted).
-Every model runs ``ROUNDS`` times, round by round (so a burst of load hits every model alike); the
-median is reported with the runs' spread.
 
 Targets on the 2-core dev machine: moe__27B <= 60 s and <= 4 GiB; every other model within the same
-limits and faster than it. "Faster" is judged beyond the noise: a model is slower when its fastest run is
-slower than moe__27B's slowest. Models with moe__27B's own computation graph (moe__1.3B ... moe__10B:
-same layers, other widths) take the same time; the abstract lowering does not depend on widths. The
-models whose median alone is not below moe__27B's are listed too. Also records, as a sanity check on the
+limits and faster than it. The machine is a shared VM whose speed drifts by tens of percent within
+minutes, so "faster" is measured side by side: in each of ``ROUNDS`` rounds every model runs right next
+to a run of moe__27B (which goes first and second in turn), and the median of the model's wall-time
+ratios decides. A median within ``SAME_TIME_TOLERANCE`` of 1 is the same time (listed: moe__1.3B …
+moe__10B lower moe__27B's own graph at other widths, and the abstract lowering does not depend on
+widths); above it, slower. Also records, as a sanity check on the
 real sizes, each table's FLOPs against XLA's module total and, for GPT, against the analytic
 6 * N * tokens. Writes bench/results/analyze.json.
 """
@@ -37,6 +37,10 @@ LARGEST_MODEL = "moe__27B"
 TARGET_WALL_S = 60.0
 TARGET_RSS_BYTES = 4 * 2**30
 ROUNDS = 3
+#: Paired ratios within this of 1 count as the same time. The noise floor, measured: moe__690M ... moe__10B
+#: (moe__27B's graph at other widths, except moe__690M's fewer layers) gave single paired ratios of
+#: 0.84-1.10 in one run of this benchmark (2026-11-22).
+SAME_TIME_TOLERANCE = 0.10
 
 
 def _tool() -> list[str]:
@@ -98,25 +102,31 @@ def run(results_dir: Path, rounds: int = ROUNDS) -> bool:
 
     from bench.stats import relative_spread
 
-    jobs = [(e.name, LARGEST_BATCH[e.family]) for e in list_models(include_test_sizes=False)]
-    # The largest model first: its numbers are the headline target.
-    jobs.sort(key=lambda job: job[0] != LARGEST_MODEL)
-    runs: dict[str, list[dict[str, Any]]] = {model: [] for model, _ in jobs}
+    jobs = dict((e.name, LARGEST_BATCH[e.family]) for e in list_models(include_test_sizes=False))
+    others = [model for model in jobs if model != LARGEST_MODEL]
+    runs: dict[str, list[dict[str, Any]]] = {model: [] for model in jobs}
+    ratios: dict[str, list[float]] = {model: [] for model in others}
     with tempfile.TemporaryDirectory(prefix="bench-analyze-") as tmp:
         for round_index in range(rounds):
-            for model, batch in jobs:
-                run_dir = Path(tmp) / f"{model}-{round_index}"
-                run_dir.mkdir()
-                record = _run_one(model, batch, run_dir / "ops.parquet")
-                runs[model].append(record)
+            for k, model in enumerate(others):
+                # Side by side: each model right next to a run of moe__27B, which goes first and second in turn.
+                pair = [LARGEST_MODEL, model] if (round_index + k) % 2 == 0 else [model, LARGEST_MODEL]
+                walls = {}
+                for name in pair:
+                    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=tmp))
+                    record = _run_one(name, jobs[name], run_dir / "ops.parquet")
+                    runs[name].append(record)
+                    walls[name] = record["wall_s"]
+                ratios[model].append(walls[model] / walls[LARGEST_MODEL])
                 print(
-                    f"bench_analyze: round {round_index + 1}/{rounds} {model:>18} b={batch:<5} {record['wall_s']:6.1f} s  "
-                    f"{record['peak_rss_bytes'] / 2**30:5.2f} GiB{'' if record['exit_code'] == 0 else '  FAILED'}",
+                    f"bench_analyze: round {round_index + 1}/{rounds} {model:>18} b={jobs[model]:<5} {walls[model]:6.1f} s "
+                    f"(moe__27B {walls[LARGEST_MODEL]:.1f} s, ratio {ratios[model][-1]:.2f})  "
+                    f"{runs[model][-1]['peak_rss_bytes'] / 2**30:5.2f} GiB{'' if runs[model][-1]['exit_code'] == 0 else '  FAILED'}",
                     file=sys.stderr,
                     flush=True,
                 )
     records = []
-    for model, _ in jobs:
+    for model in [LARGEST_MODEL, *others]:
         walls = [r["wall_s"] for r in runs[model]]
         record = dict(runs[model][0])
         record.update(
@@ -127,17 +137,19 @@ def run(results_dir: Path, rounds: int = ROUNDS) -> bool:
             peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs[model]),
             exit_code=max((r["exit_code"] for r in runs[model]), key=abs),
         )
+        if model != LARGEST_MODEL:
+            record["ratio_to_largest_model"] = round(statistics.median(ratios[model]), 3)
+            record["ratio_to_largest_model_runs"] = [round(x, 3) for x in ratios[model]]
         record["within_targets"] = (
             record["exit_code"] == 0 and max(walls) <= TARGET_WALL_S and record["peak_rss_bytes"] <= TARGET_RSS_BYTES
         )
         records.append(record)
-    largest = next(r for r in records if r["model"] == LARGEST_MODEL)
-    others = [r for r in records if r is not largest]
+    largest = records[0]
     # Analysis time follows the number of distinct layer computations and HLO instructions, not the
     # parameter count: see the module docstring for how "faster" is judged.
-    slower_than_largest = [r["model"] for r in others if min(r["wall_s_runs"]) > max(largest["wall_s_runs"])]
-    median_not_below = [r["model"] for r in others if r["wall_s"] >= largest["wall_s"]]
-    ok = all(r["within_targets"] for r in records) and not slower_than_largest
+    slower_than_largest = [r["model"] for r in records[1:] if r["ratio_to_largest_model"] > 1 + SAME_TIME_TOLERANCE]
+    same_time = [r["model"] for r in records[1:] if abs(r["ratio_to_largest_model"] - 1) <= SAME_TIME_TOLERANCE]
+    ok = all(r["within_targets"] for r in records) and not slower_than_largest and not same_time
     slowest = max(records, key=lambda r: r["wall_s"])
     biggest = max(records, key=lambda r: r["peak_rss_bytes"])
     load = os.getloadavg()
@@ -150,11 +162,12 @@ def run(results_dir: Path, rounds: int = ROUNDS) -> bool:
                 "wall_s": TARGET_WALL_S,
                 "peak_rss_bytes": TARGET_RSS_BYTES,
                 "rule": "every model (moe__27B included) within both limits in every run, and every other model "
-                "faster than moe__27B (its fastest run slower than moe__27B's slowest counts as slower)",
+                "faster than moe__27B: the median of its wall-time ratios to a moe__27B run side by side below "
+                f"1 - {SAME_TIME_TOLERANCE}",
             },
             "rounds": rounds,
             "slower_than_largest_model": slower_than_largest,
-            "median_not_below_largest_model": median_not_below,
+            "same_time_as_largest_model": same_time,
             "machine": {
                 "cpus": os.cpu_count(),
                 "python": platform.python_version(),
