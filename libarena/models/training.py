@@ -77,16 +77,13 @@ def batch_spec(model: ModelDef, batch_size: int, seq_len: int | None = None) -> 
 
 
 @functools.lru_cache(maxsize=64)
-def _shared_unit(model: ModelDef, signature: Hashable, dtype: Any) -> Callable | None:
-    """One jitted function for all units of ``model`` with ``signature`` (None when only one unit has it).
-    JAX caches a jitted function's trace, derivative and lowering by argument shapes, so the repeated
-    layers are traced once; the HLO module calls one computation per distinct layer."""
+def _shared_unit(model: ModelDef, signature: Hashable, dtype: Any) -> Callable:
+    """One jitted function for all units of ``model`` with ``signature``. JAX caches a jitted function's
+    trace, derivative and lowering by argument shapes, so the repeated layers are traced once; the HLO
+    module calls one computation per distinct layer."""
     import jax
 
-    indices = [i for i in range(len(model.units)) if model.unit_signature(i) == signature]
-    if len(indices) < 2:
-        return None
-    representative = indices[0]
+    representative = next(i for i in range(len(model.units)) if model.unit_signature(i) == signature)
 
     def shared_unit(params: Params, carry: Carry, batch: Batch) -> Carry:
         return model.apply_unit(representative, params, carry, batch, dtype)
@@ -122,13 +119,11 @@ def apply_units(
     import jax
 
     for offset, index in enumerate(range(start, stop)):
-        repeated = share_traces and index in _repeated_units(model)
-        shared = _shared_unit(model, model.unit_signature(index), dtype) if repeated else None
         with jax.named_scope(model.units[index].name):
-            if shared is None:
-                carry = model.apply_unit(index, params[offset], carry, batch, dtype)
+            if share_traces and index in _repeated_units(model):
+                carry = _shared_unit(model, model.unit_signature(index), dtype)(params[offset], carry, batch)
             else:
-                carry = shared(params[offset], carry, batch)
+                carry = model.apply_unit(index, params[offset], carry, batch, dtype)
     return carry
 
 
