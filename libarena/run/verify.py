@@ -66,8 +66,7 @@ def check_plans(model: ModelDef, plans: Sequence[RunPlan], global_batch: int, se
 
 
 def _adam_moments(state: Any) -> tuple[list[Any], list[Any]]:
-    """(mu leaves, nu leaves) of every Adam state in ``state``, in order (per-unit states concatenate to
-    the whole-model order because both follow the units' order)."""
+    """(mu leaves, nu leaves) of every Adam state in ``state`` (one per unit, in the units' order)."""
     import jax
 
     mus, nus = [], []
