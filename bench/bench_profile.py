@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import relative_iqr, relative_spread
-from libarena.artifacts import read_table, write_json
+from libarena.artifacts import write_json
+from libarena.plan import read_plans
 
 MODELS = ("gpt__tiny", "moe__tiny", "wide_resnet__tiny", "gpt__small")
 GLOBAL_BATCH = 16
@@ -74,7 +75,7 @@ def _profile(tmp: Path, model: str, plans_path: Path, comm: Any, calibration: Pa
 
     cache = tmp / f"cache-{model}-{round_index}"
     shutil.copytree(calibration, cache)  # the host-concurrency entry: measured once per host, not per model
-    plans = read_table(plans_path, "plans")
+    plans = read_plans(plans_path, require_costs=False)
     t0 = time.perf_counter()
     result = profile_plans(plans, ProfileConfig(cache_dir=cache, selection="exhaustive", warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS,
                                                 **OPTIONS), comm=comm)
@@ -87,14 +88,14 @@ def _profile(tmp: Path, model: str, plans_path: Path, comm: Any, calibration: Pa
     ideal = profile_plans(plans, ProfileConfig(cache_dir=cache, selection="exhaustive", concurrency="independent",
                                                warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS, **OPTIONS), comm=comm)
     assert ideal.summary["stages_profiled"] == 0
-    ideal_by = {(e.grid.num_gpus, e.plan.plan_id): e for e in ideal.estimates}
+    ideal_by = {(e.resources.num_gpus, e.plan.plan_id): e for e in ideal.estimates}
     estimates = {}
     for e in result.estimates:
         it = e.iteration
-        i = ideal_by[(e.grid.num_gpus, e.plan.plan_id)].iteration
-        estimates[(e.grid.num_gpus, e.plan.plan_id)] = {
+        i = ideal_by[(e.resources.num_gpus, e.plan.plan_id)].iteration
+        estimates[(e.resources.num_gpus, e.plan.plan_id)] = {
             "plan": e.plan,
-            "grid": e.grid,
+            "grid": e.resources,
             "estimate_s": e.iter_time_s,
             "breakdown": it.to_dict(),
             "stages": [{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
@@ -112,13 +113,11 @@ def _measure(plans_path: Path, plan_keys: list[tuple[dict[str, Any], str]], n: i
 
 
 def _round(tmp: Path, model: str, plans_path: Path, comm: Any, calibration: Path, round_index: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from libarena.profile import load_plan_inputs
-
-    inputs = load_plan_inputs(read_table(plans_path, "plans"))
+    planset = read_plans(plans_path, require_costs=False)
     keys: dict[int, list[tuple[dict[str, Any], str]]] = {}
-    for p in inputs.plans:
-        keys.setdefault(p.grid.num_gpus, []).append((p.grid.to_dict(), p.plan_id))
-    for grid in sorted({p.grid for p in inputs.plans}, key=lambda g: g.num_gpus):
+    for p in planset.plans():
+        keys.setdefault(p.grid.num_gpus, []).append((p.resources.to_dict(), p.plan_id))
+    for grid in sorted({p.resources for p in planset.plans()}, key=lambda g: g.num_gpus):
         keys[grid.num_gpus].append((grid.to_dict(), "dp"))
     counts = sorted(keys)
     # Measurements on both sides of the profiling run; the order flips every round.

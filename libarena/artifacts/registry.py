@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from libarena.errors import ArenaError
+from libarena.registry import Registry
 
 #: Arrow types by the short names used in column declarations (and in schemas/).
 ARROW_TYPES: dict[str, pa.DataType] = {
@@ -73,32 +73,24 @@ class ArtifactKind:
         return pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
 
 
-_KINDS: dict[str, ArtifactKind] = {}
-
-
-def register_kind(kind: ArtifactKind) -> ArtifactKind:
-    if kind.name in _KINDS and _KINDS[kind.name] != kind:
-        raise ValueError(f"artifact kind {kind.name!r} registered twice with different schemas")
-    for col in kind.columns:
-        if col.type not in ARROW_TYPES:
-            raise ValueError(f"artifact kind {kind.name!r}: column {col.name!r} has unknown type {col.type!r}")
-    _KINDS[kind.name] = kind
-    return kind
-
-
-def get_kind(name: str) -> ArtifactKind:
-    _load_builtin_kinds()
-    try:
-        return _KINDS[name]
-    except KeyError:
-        raise ArenaError(f"unknown artifact kind {name!r} (known: {', '.join(sorted(_KINDS))})") from None
-
-
-def all_kinds() -> list[ArtifactKind]:
-    _load_builtin_kinds()
-    return [_KINDS[k] for k in sorted(_KINDS)]
-
-
 def _load_builtin_kinds() -> None:
     # The kinds live in libarena.artifacts.kinds.*, one module per artifact, each calling register_kind.
     import libarena.artifacts.kinds  # noqa: F401
+
+
+KINDS: Registry[ArtifactKind] = Registry("artifact kind", _load_builtin_kinds)
+
+
+def register_kind(kind: ArtifactKind) -> ArtifactKind:
+    for col in kind.columns:
+        if col.type not in ARROW_TYPES:
+            raise ValueError(f"artifact kind {kind.name!r}: column {col.name!r} has unknown type {col.type!r}")
+    return KINDS.register(kind.name, kind)
+
+
+def get_kind(name: str) -> ArtifactKind:
+    return KINDS.get(name)
+
+
+def all_kinds() -> list[ArtifactKind]:
+    return [kind for _, kind in KINDS.items()]

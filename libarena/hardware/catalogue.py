@@ -7,8 +7,11 @@ GPU types are registered by name (``register_gpu``); the rest of the code looks 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from libarena.errors import ArenaError
+from libarena.hardware.roofline import roofline_seconds
+from libarena.registry import Registry
 
 TERA = 1e12
 GIGA = 1e9
@@ -47,6 +50,10 @@ class GPUSpec:
     def ridge_point(self, dtype: str) -> float:
         return self.peak(dtype) / self.hbm_bandwidth
 
+    def roofline_seconds(self, flops: Any, bytes_moved: Any, dtype: str) -> Any:
+        """Roofline time (eq. 2) of operators on this GPU; scalars or arrays (see hardware.roofline)."""
+        return roofline_seconds(flops, bytes_moved, self.peak(dtype), self.hbm_bandwidth)
+
 
 def normalize_dtype(dtype: str) -> str:
     aliases = {"float32": "fp32", "f32": "fp32", "bfloat16": "bf16", "float16": "fp16", "f16": "fp16", "half": "fp16"}
@@ -56,28 +63,20 @@ def normalize_dtype(dtype: str) -> str:
     return key
 
 
-_GPUS: dict[str, GPUSpec] = {}
-_ALIASES: dict[str, str] = {}
+#: GPU types by name; aliases and look-ups are case-insensitive ("A100" finds "a100").
+GPUS: Registry[GPUSpec] = Registry("GPU type", case_sensitive=False)
 
 
 def register_gpu(spec: GPUSpec) -> GPUSpec:
-    if spec.name in _GPUS:
-        raise ValueError(f"GPU type {spec.name!r} registered twice")
-    _GPUS[spec.name] = spec
-    for alias in (spec.name, *spec.aliases):
-        _ALIASES[alias.lower()] = spec.name
-    return spec
+    return GPUS.register(spec.name, spec, spec.aliases)
 
 
 def get_gpu(name: str) -> GPUSpec:
-    key = _ALIASES.get(str(name).lower())
-    if key is None:
-        raise ArenaError(f"unknown GPU type {name!r} (known: {', '.join(sorted(_GPUS))})")
-    return _GPUS[key]
+    return GPUS.get(name)
 
 
 def gpu_names() -> list[str]:
-    return sorted(_GPUS)
+    return GPUS.names()
 
 
 # PCIe and network figures per direction: PCIe 4.0 x16 = 32 GB/s (the paper quotes 64 GB/s both ways),

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 
 from libarena.errors import ArenaError
 from libarena.models.base import ModelConfig, ModelDef
-
-_FAMILIES: dict[str, type[ModelDef]] = {}
-_SIZES: dict[str, dict[str, ModelConfig]] = {}
+from libarena.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -24,41 +22,45 @@ class ZooEntry:
     paper_size: bool
 
 
-def register_family(cls: type[ModelDef]) -> type[ModelDef]:
-    _FAMILIES[cls.family] = cls
-    _SIZES.setdefault(cls.family, {})
-    return cls
-
-
-def register_size(family: str, size: str, config: ModelConfig) -> None:
-    if family not in _FAMILIES:
-        raise ValueError(f"family {family!r} is not registered")
-    if size in _SIZES[family]:
-        raise ValueError(f"{family}__{size} registered twice")
-    _SIZES[family][size] = config
-
-
 def _ensure_loaded() -> None:
     import libarena.models.zoo  # noqa: F401  (registers the built-in families and sizes)
 
 
+FAMILIES: Registry[type[ModelDef]] = Registry("model family", _ensure_loaded)
+#: family -> its sizes (size name -> config)
+_SIZES: dict[str, Registry[ModelConfig]] = {}
+
+
+def register_family(cls: type[ModelDef]) -> type[ModelDef]:
+    FAMILIES.register(cls.family, cls)
+    _SIZES.setdefault(cls.family, Registry(f"size of model family {cls.family!r}"))
+    return cls
+
+
+def register_size(family: str, size: str, config: ModelConfig) -> None:
+    if family not in _SIZES:
+        raise ValueError(f"family {family!r} is not registered")
+    if size in _SIZES[family]:
+        raise ValueError(f"{family}__{size} registered twice")
+    _SIZES[family].register(size, config)
+
+
 def get_model(identifier: str) -> ModelDef:
-    _ensure_loaded()
     family, sep, size = str(identifier).partition("__")
-    if not sep or family not in _FAMILIES:
+    if not sep or family not in FAMILIES:
         raise ArenaError(
-            f"unknown model {identifier!r}: expected family__size with family one of {', '.join(sorted(_FAMILIES))}"
+            f"unknown model {identifier!r}: expected family__size with family one of {', '.join(FAMILIES.names())}"
         )
     sizes = _SIZES[family]
     if size not in sizes:
-        raise ArenaError(f"unknown size {size!r} for model family {family!r} (known: {', '.join(sizes)})")
-    return _FAMILIES[family](size, sizes[size])
+        known = ", ".join(name for name, _ in sizes.items())
+        raise ArenaError(f"unknown size {size!r} for model family {family!r} (known: {known})")
+    return FAMILIES.get(family)(size, sizes.get(size))
 
 
 def list_models(include_test_sizes: bool = True) -> list[ZooEntry]:
-    _ensure_loaded()
     entries = []
-    for family in sorted(_SIZES):
+    for family in FAMILIES.names():
         for size, config in _SIZES[family].items():
             paper = size not in TEST_SIZES
             if paper or include_test_sizes:
@@ -67,8 +69,7 @@ def list_models(include_test_sizes: bool = True) -> list[ZooEntry]:
 
 
 def families() -> list[str]:
-    _ensure_loaded()
-    return sorted(_FAMILIES)
+    return FAMILIES.names()
 
 
 #: Sizes that exist for tests and CPU profiling, not in the paper.

@@ -1,6 +1,8 @@
-"""arena-plan: grids, load-aware parallelism planning, Pareto frontiers and proxy plans (§3.2-3.3).
+"""arena-plan: grids, load-aware parallelism planning, Pareto frontiers and proxy plans (§3.2-3.3), and the
+one parallel-plan type every later stage uses.
 
-Pure numpy/pyarrow (never imports JAX). The API the profiler, runtime and scheduler use::
+Pure numpy/pyarrow (never imports JAX, never a model: it reads operator tables). The API the profiler, runtime
+and scheduler use::
 
     from libarena.plan import PlannerConfig, plan_job, read_plans, write_plans
     planset = plan_job(read_table("ops.parquet", "operator_table"), load_cluster("c.yaml"), PlannerConfig())
@@ -8,32 +10,49 @@ Pure numpy/pyarrow (never imports JAX). The API the profiler, runtime and schedu
         plan.grid.gpu_type, plan.grid.num_gpus, plan.grid.pipeline_degree
         for stage in plan.stages:                # StagePlan: clusters, num_gpus, dp, tp, zero, memory...
             ...
+    planset.layout.stage_unit_ranges(plan)       # the model units each stage executes
 """
 
-from libarena.plan.config import PlannerConfig
-from libarena.plan.grids import Grid, enumerate_grids, stage_offsets
+from libarena.plan.config import (
+    MICROBATCHES_PER_STAGE,
+    PlannerConfig,
+    microbatch_count,
+    replica_microbatch,
+    runnable_microbatch_count,
+)
+from libarena.plan.grids import Grid, Resources, enumerate_grids, stage_offsets
 from libarena.plan.io import planset_from_artifact, planset_metadata, planset_to_table, read_plans, write_plans
+from libarena.plan.layout import StageLayout
 from libarena.plan.model import ModelProfile, load_model_profile, operator_table_digest
 from libarena.plan.planner import communication_load, plan_job
-from libarena.plan.types import GridResult, ParallelPlan, PlanSet, StagePlan
+from libarena.plan.types import DP_PLAN_ID, GridResult, ParallelPlan, PlanSet, StagePlan, data_parallel_plan, make_plan
 
 __all__ = [
+    "DP_PLAN_ID",
+    "MICROBATCHES_PER_STAGE",
     "Grid",
     "GridResult",
     "ModelProfile",
     "ParallelPlan",
     "PlanSet",
     "PlannerConfig",
+    "Resources",
+    "StageLayout",
     "StagePlan",
     "communication_load",
+    "data_parallel_plan",
     "enumerate_grids",
     "load_model_profile",
+    "make_plan",
+    "microbatch_count",
     "operator_table_digest",
     "plan_job",
     "planset_from_artifact",
     "planset_metadata",
     "planset_to_table",
     "read_plans",
+    "replica_microbatch",
+    "runnable_microbatch_count",
     "stage_offsets",
     "write_plans",
 ]

@@ -1,8 +1,37 @@
-"""Typed planner configuration."""
+"""Typed planner configuration, and the micro-batch rule every stage of the pipeline shares."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from libarena.errors import ArenaError
+
+#: The paper's micro-batches per pipeline stage (§5.1: "4x the number of pipeline stages").
+MICROBATCHES_PER_STAGE = 4
+
+
+def microbatch_count(stages: int, per_stage: int = MICROBATCHES_PER_STAGE, fixed: int | None = None) -> int:
+    """B, the micro-batches of one iteration: ``fixed``, or ``per_stage`` x the pipeline degree.
+
+    The planner and the profiler price plans at this B even when it does not divide the global batch (the
+    micro-batch size G / B is then fractional, see :func:`replica_microbatch`); the runtime needs whole
+    micro-batches and runs ``runnable_microbatch_count(G, B)`` of them.
+    """
+    return fixed if fixed else per_stage * stages
+
+
+def runnable_microbatch_count(global_batch: int, count: int) -> int:
+    """The largest micro-batch count <= ``count`` that splits ``global_batch`` evenly (what the runtime runs)."""
+    b = max(1, count)
+    while b > 1 and global_batch % b:
+        b -= 1
+    return b
+
+
+def replica_microbatch(global_batch: int, num_microbatches: int, dp: int = 1) -> int:
+    """Samples one data-parallel replica processes per micro-batch (rounded up; at least one)."""
+    return max(1, math.ceil(global_batch / (num_microbatches * dp)))
 
 
 @dataclass(frozen=True)
@@ -10,7 +39,7 @@ class PlannerConfig:
     #: Largest GPU count of a grid (grids use powers of two up to it and up to what the cluster has).
     max_gpus: int = 16
     #: Micro-batches per iteration B = microbatches_per_stage x s (the paper uses 4 x s) ...
-    microbatches_per_stage: int = 4
+    microbatches_per_stage: int = MICROBATCHES_PER_STAGE
     #: ... unless fixed here.
     num_microbatches: int | None = None
     #: Frontier size cap per grid (the paper's threshold); 0 = no cap.
@@ -29,5 +58,14 @@ class PlannerConfig:
     #: Refuse (with a one-line error) exhaustive grids with more candidate plans than this.
     exhaustive_limit: int = 2_000_000
 
+    def __post_init__(self) -> None:
+        for name in ("max_gpus", "microbatches_per_stage"):
+            if getattr(self, name) < 1:
+                raise ArenaError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_microbatches is not None and self.num_microbatches < 1:
+            raise ArenaError(f"num_microbatches must be at least 1, got {self.num_microbatches}")
+        if not 0 < self.usable_memory_fraction <= 1:
+            raise ArenaError(f"usable memory fraction must be in (0, 1], got {self.usable_memory_fraction}")
+
     def microbatches(self, stages: int) -> int:
-        return self.num_microbatches if self.num_microbatches else self.microbatches_per_stage * stages
+        return microbatch_count(stages, self.microbatches_per_stage, self.num_microbatches)

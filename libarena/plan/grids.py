@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, get_gpu
 from libarena.plan.config import PlannerConfig
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A job on an allocation: (model, global batch) on ``num_gpus`` GPUs of one type over ``num_nodes``
+    nodes -- what a performance-table row describes (a grid without its pipeline degree)."""
+
+    model: str
+    global_batch: int
+    gpu_type: str
+    num_gpus: int
+    num_nodes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -24,6 +40,10 @@ class Grid:
     @property
     def key(self) -> tuple[str, int, str, int, int, int]:
         return (self.model, self.global_batch, self.gpu_type, self.num_gpus, self.num_nodes, self.pipeline_degree)
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(self.model, self.global_batch, self.gpu_type, self.num_gpus, self.num_nodes)
 
     @property
     def label(self) -> str:

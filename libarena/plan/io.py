@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -12,12 +13,13 @@ from libarena.artifacts import Provenance, read_table, write_table
 from libarena.artifacts.registry import get_kind
 from libarena.errors import ArenaError
 from libarena.plan.grids import Grid
-from libarena.plan.types import GridResult, ParallelPlan, PlanSet, StagePlan, infeasible_plan_id
+from libarena.plan.layout import StageLayout
+from libarena.plan.types import GridResult, ParallelPlan, PlanSet, infeasible_plan_id, make_plan
 
 
 def grid_columns(grid: Any, pipeline_degree: int) -> dict[str, Any]:
-    """The columns naming a grid, shared by the ``plans`` and ``perf_table`` rows (``grid`` is anything with
-    model, global_batch, gpu_type, num_gpus and num_nodes: a planner Grid or the profiler's GridKey)."""
+    """The columns naming a grid, shared by the ``plans`` and ``perf_table`` rows (``grid``: a Grid or
+    its Resources)."""
     return {
         "model": grid.model,
         "global_batch": grid.global_batch,
@@ -125,10 +127,10 @@ def write_plans(path: str | os.PathLike[str], planset: PlanSet, provenance: Prov
     write_table(path, "plans", planset_to_table(planset), provenance, planset_metadata(planset))
 
 
-def read_plans(path: str | os.PathLike[str]) -> PlanSet:
-    """Read a ``plans`` artifact back into a :class:`PlanSet` (grids in file order)."""
-    artifact = read_table(path, "plans")
-    return planset_from_artifact(artifact)
+def read_plans(path: str | os.PathLike[str], require_costs: bool = True) -> PlanSet:
+    """Read a ``plans`` artifact back into a :class:`PlanSet` (grids in file order); see
+    :func:`planset_from_artifact` for ``require_costs``."""
+    return planset_from_artifact(read_table(path, "plans"), require_costs)
 
 
 _POSITIVE_INTS = ("global_batch", "num_gpus", "num_nodes", "pipeline_degree", "gpus_per_node", "num_microbatches")
@@ -141,12 +143,13 @@ def _finite_non_negative(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-def check_plans(artifact, costs: bool = True) -> None:
+def check_plans(artifact: Any, costs: bool = True) -> None:
     """Validate a plans artifact's metadata and rows beyond their types (one-line ArenaError naming row and
     column), so every reader (show, export, arena-profile, arena-run) can index the stage lists safely.
 
     ``costs=False`` checks only the plans' shape (stages, GPUs, micro-batches): what a reader that does
-    not use the planner's cost estimates (arena-profile) needs.
+    not use the planner's cost estimates (arena-profile) needs, and all that plans enumerated outside the
+    planner have.
     """
     source, meta = artifact.source, artifact.metadata
     if not isinstance(meta.get("clusters"), list) or not meta["clusters"]:
@@ -164,13 +167,15 @@ def check_plans(artifact, costs: bool = True) -> None:
         value = meta.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ArenaError(f"{source}: plans metadata {key!r} must be a non-negative integer, got {value!r}")
-    for i, rec in enumerate(meta["clusters"]):
-        units = rec.get("units") if isinstance(rec, dict) else None
-        if not isinstance(units, list) or not units or not all(isinstance(u, str) for u in units):
-            raise ArenaError(f"{source}: plans metadata clusters[{i}] must be a record with a non-empty list of 'units'")
+    StageLayout.from_cluster_records(meta["clusters"], f"{source}: plans metadata")
     num_clusters = len(meta["clusters"])
     if artifact.table.num_rows == 0:
         raise ArenaError(f"{source}: the plans table is empty")
+    models = sorted({str(m) for m in artifact.table.column("model").to_pylist() if m is not None})
+    if len(models) > 1:
+        raise ArenaError(f"{source}: plans of several models ({', '.join(models)}); one model per plans file")
+    if models and models[0] != meta["model"]["name"]:
+        raise ArenaError(f"{source}: plans for {models[0]} but the operator table in metadata is for {meta['model']['name']}")
     for r, row in enumerate(artifact.table.to_pylist(), start=1):
         def bad(column: str, problem: str) -> ArenaError:
             return ArenaError(f"{source}: row {r}, column {column!r}: {problem}")
@@ -195,7 +200,9 @@ def check_plans(artifact, costs: bool = True) -> None:
                 or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])) or bounds[-1] >= num_clusters):
             raise bad("stage_boundaries", f"expected {degree} increasing cluster indices from 0 below {num_clusters}, "
                                           f"got {bounds!r}")
-        for column in _SHAPE_LISTS + (_COST_LISTS if costs else ()):
+        # Without costs only the shape is needed; stage offsets then default to the stages side by side.
+        lists = _SHAPE_LISTS + (_COST_LISTS if costs else ("stage_gpu_offsets",) if row["stage_gpu_offsets"] else ())
+        for column in lists:
             values = row[column]
             if values is None or len(values) != degree or not all(_finite_non_negative(v) for v in values):
                 raise bad(column, f"expected {degree} finite non-negative values (one per stage), got {values!r}")
@@ -208,9 +215,26 @@ def check_plans(artifact, costs: bool = True) -> None:
                                         f"{row['num_gpus']} GPUs")
 
 
-def planset_from_artifact(artifact) -> PlanSet:
-    check_plans(artifact)
+def _costs(row: dict[str, Any], column: str, degree: int, default: float) -> list[float]:
+    """A per-stage cost list, or ``default`` per stage where the row has none (only a reader that does not
+    require costs gets here with a missing or malformed list; check_plans vets them otherwise)."""
+    values = row.get(column)
+    if values is None or len(values) != degree or not all(_finite_non_negative(v) for v in values):
+        return [default] * degree
+    return [float(v) for v in values]
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def planset_from_artifact(artifact: Any, require_costs: bool = True) -> PlanSet:
+    """The :class:`PlanSet` of a plans artifact. ``require_costs=False`` accepts plans without the planner's
+    cost estimates (enumerated outside arena-plan): what the profiler and the runtime read, since they
+    time and run a plan's structure, never its estimates."""
+    check_plans(artifact, require_costs)
     meta = artifact.metadata
+    num_clusters = len(meta["clusters"])
     rows = artifact.table.to_pylist()
     order: list[tuple] = []
     by_grid: dict[tuple, list[dict[str, Any]]] = {}
@@ -235,49 +259,35 @@ def planset_from_artifact(artifact) -> PlanSet:
         )
         common = dict(
             num_microbatches=first["num_microbatches"],
-            plans_considered=first["plans_considered"],
-            plans_out_of_memory=first["plans_out_of_memory"],
-            comm_model=first["comm_model"],
+            plans_considered=first["plans_considered"] or 0,
+            plans_out_of_memory=first["plans_out_of_memory"] or 0,
+            comm_model=first["comm_model"] or "",
         )
         if not first["feasible"]:
-            grids.append(
-                GridResult(grid, (), infeasible_reason=first["infeasible_reason"], min_memory_bytes=first["memory_per_gpu_bytes"], **common)
-            )
+            grids.append(GridResult(grid, (), infeasible_reason=first["infeasible_reason"] or "",
+                                    min_memory_bytes=_number(first["memory_per_gpu_bytes"]), **common))
             continue
         plans = []
         for row in group:
-            bounds = row["stage_boundaries"]
-            ends = bounds[1:] + [len(meta["clusters"])]
-            stages = tuple(
-                StagePlan(
-                    index=j,
-                    first_cluster=bounds[j],
-                    end_cluster=ends[j],
-                    num_gpus=row["gpus_per_stage"][j],
-                    dp=row["dp_per_stage"][j],
-                    tp=row["tp_per_stage"][j],
-                    zero=bool(row["zero_per_stage"][j]),
-                    gpu_offset=row["stage_gpu_offsets"][j],
-                    memory_bytes=row["memory_per_stage_bytes"][j],
-                    comm_per_microbatch_s=row["comm_per_microbatch_s"][j],
-                    grad_sync_s=row["grad_sync_s"][j],
-                )
-                for j in range(len(bounds))
-            )
-            plans.append(
-                ParallelPlan(
-                    grid=grid,
-                    plan_id=row["plan_id"],
-                    num_microbatches=row["num_microbatches"],
-                    stages=stages,
-                    computation_bias=row["computation_bias"],
-                    communication_load=row["communication_load"],
-                    memory_per_gpu_bytes=row["memory_per_gpu_bytes"],
-                    is_proxy=row["is_proxy"],
-                    on_frontier=row["on_frontier"],
-                    p2p_per_microbatch_s=tuple(row["p2p_per_microbatch_s"]),
-                )
-            )
+            degree = len(row["stage_boundaries"])
+            shape = make_plan(grid, row["stage_boundaries"], row["gpus_per_stage"], row["dp_per_stage"], row["tp_per_stage"],
+                              row["zero_per_stage"], row["num_microbatches"], num_clusters, str(row["plan_id"]),
+                              row["stage_gpu_offsets"] or None)
+            memory = _costs(row, "memory_per_stage_bytes", degree, math.nan)
+            comm = _costs(row, "comm_per_microbatch_s", degree, 0.0)
+            grad = _costs(row, "grad_sync_s", degree, 0.0)
+            stages = tuple(replace(st, memory_bytes=memory[j], comm_per_microbatch_s=comm[j], grad_sync_s=grad[j])
+                           for j, st in enumerate(shape.stages))
+            plans.append(replace(
+                shape,
+                stages=stages,
+                computation_bias=_number(row["computation_bias"]),
+                communication_load=_number(row["communication_load"]),
+                memory_per_gpu_bytes=_number(row["memory_per_gpu_bytes"]),
+                is_proxy=bool(row["is_proxy"]),
+                on_frontier=bool(row["on_frontier"]),
+                p2p_per_microbatch_s=tuple(_costs(row, "p2p_per_microbatch_s", degree - 1, 0.0)),
+            ))
         feasible_min = min(p.memory_per_gpu_bytes for p in plans)
         grids.append(GridResult(grid, tuple(plans), min_memory_bytes=feasible_min, **common))
     model = meta["model"]

@@ -1,10 +1,7 @@
 """The planner's view of a model: the operator table's clustered operators, validated, as numpy arrays.
 
-Roofline loads (eq. 2) are computed per HLO instruction and summed per cluster: for an instruction with
-F FLOPs and M bytes moved on a GPU with peak P (training dtype) and memory bandwidth W,
-``L = F / R(F/M) = F / min(P, W F/M) = max(F/P, M/W)`` -- the same expression, which also charges
-zero-FLOP instructions (copies, transposes, collectives' local parts) ``M / W``. Every phase counts
-(forward, backward and optimizer update all run on the stage's GPUs).
+Roofline loads (eq. 2, libarena.hardware.roofline) are computed per HLO instruction and summed per
+cluster. Every phase counts (forward, backward and optimizer update all run on the stage's GPUs).
 
 The operator table is XLA's HLO *before* fusion, so eq. 2 charges every elementwise instruction its own
 round trip to memory. That is the paper's planner load and stays as it is (it ranks partitions); the
@@ -80,12 +77,12 @@ class ModelProfile:
 
     def loads(self, gpu: GPUSpec) -> np.ndarray:
         """Roofline load (seconds on one GPU) of each cluster, eq. 2, summed over its instructions."""
-        per_op = np.maximum(self.op_flops / gpu.peak(self.dtype), self.op_bytes / gpu.hbm_bandwidth)
+        per_op = gpu.roofline_seconds(self.op_flops, self.op_bytes, self.dtype)
         return _cluster_sums(per_op, self.op_cluster, self.num_clusters)
 
     def fused_loads(self, gpu: GPUSpec) -> tuple[np.ndarray, np.ndarray]:
         """Per-cluster roofline seconds on one GPU after fusion: (forward + backward, optimizer update)."""
-        per_op = np.maximum(self.op_flops / gpu.peak(self.dtype), self.op_fused_bytes / gpu.hbm_bandwidth)
+        per_op = gpu.roofline_seconds(self.op_flops, self.op_fused_bytes, self.dtype)
         optimizer = np.where(self.op_is_optimizer, per_op, 0.0)
         return (
             _cluster_sums(per_op - optimizer, self.op_cluster, self.num_clusters),

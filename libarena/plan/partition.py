@@ -37,6 +37,15 @@ def load_proportional_assignment(loads: np.ndarray, num_gpus: int, starts: np.nd
     return cum[ends] - cum[starts]
 
 
+def computation_bias(loads: np.ndarray, boundaries: list[int] | np.ndarray, gpus: list[int] | np.ndarray) -> float:
+    """b_comp (eq. 3) of one plan: Euclidean distance of its GPU assignment ``gpus`` to the stages starting at
+    clusters ``boundaries`` from the load-proportional assignment."""
+    starts = np.asarray(boundaries, dtype=np.int64)[None, :]
+    ends = np.asarray([*list(boundaries)[1:], len(loads)], dtype=np.int64)[None, :]
+    ideal = load_proportional_assignment(np.asarray(loads, dtype=np.float64), int(sum(gpus)), starts, ends)[0]
+    return float(np.sqrt(((np.asarray(gpus, dtype=np.float64) - ideal) ** 2).sum()))
+
+
 def normalize_power_of_two(ideal: np.ndarray, num_gpus: int) -> tuple[np.ndarray, np.ndarray]:
     """Powers of two per stage summing to ``num_gpus`` closest (Euclidean) to each row of ``ideal``.
 

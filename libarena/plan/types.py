@@ -1,13 +1,27 @@
-"""Typed results of planning: stages, plans, grid results and the plan set (one job on one cluster)."""
+"""The parallel plan, in one representation for the whole pipeline: stages, plans, grid results and the plan
+set (one job on one cluster).
+
+arena-plan makes them (with its cost estimates), ``plan.io`` reads and writes them, the profiler times them
+and the runtime runs them (``run.RunPlan`` binds a plan to the model units its stages execute, through the
+plan set's :class:`~libarena.plan.layout.StageLayout`). Plans made outside the planner (the profiler's
+pure data-parallel plan, the runtime search's candidates, enumerations for tests) are built with
+:func:`make_plan` and carry no cost estimates (NaN).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from libarena.artifacts import content_digest
-from libarena.plan.grids import Grid
+from libarena.errors import ArenaError
+from libarena.plan.grids import Grid, Resources
+from libarena.plan.layout import StageLayout
+
+#: Plan id of the pure data-parallel plan of a grid's GPUs (the performance table's ``dp`` view).
+DP_PLAN_ID = "dp"
 
 
 @dataclass(frozen=True)
@@ -23,13 +37,19 @@ class StagePlan:
     zero: bool
     #: First GPU of the stage within the grid's GPUs (buddy placement; see grids.stage_offsets).
     gpu_offset: int
-    memory_bytes: float
-    comm_per_microbatch_s: float
-    grad_sync_s: float
+    #: The planner's estimates (NaN / 0 for plans it did not price).
+    memory_bytes: float = math.nan
+    comm_per_microbatch_s: float = 0.0
+    grad_sync_s: float = 0.0
 
     @property
     def clusters(self) -> range:
         return range(self.first_cluster, self.end_cluster)
+
+    @property
+    def intra(self) -> tuple[int, int, int, bool]:
+        """(GPU count, dp, tp, zero): the stage's intra-stage parallelism."""
+        return (self.num_gpus, self.dp, self.tp, self.zero)
 
 
 @dataclass(frozen=True)
@@ -38,13 +58,35 @@ class ParallelPlan:
     plan_id: str
     num_microbatches: int
     stages: tuple[StagePlan, ...]
-    computation_bias: float
-    communication_load: float
-    memory_per_gpu_bytes: float
+    #: The planner's metrics (NaN for plans it did not price).
+    computation_bias: float = math.nan
+    communication_load: float = math.nan
+    memory_per_gpu_bytes: float = math.nan
     is_proxy: bool = False
     on_frontier: bool = True
     #: One-direction P2P time per micro-batch across each stage boundary (s - 1 entries).
     p2p_per_microbatch_s: tuple[float, ...] = ()
+
+    @property
+    def pipeline_degree(self) -> int:
+        return len(self.stages)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(st.num_gpus for st in self.stages)
+
+    @property
+    def resources(self) -> Resources:
+        return self.grid.resources
+
+    @property
+    def stage_gpu_offsets(self) -> list[int]:
+        return [st.gpu_offset for st in self.stages]
+
+    @property
+    def label(self) -> str:
+        parts = [f"[{st.first_cluster}:{st.end_cluster}) {st.num_gpus}g dp{st.dp} tp{st.tp}{' z' if st.zero else ''}" for st in self.stages]
+        return f"{self.plan_id or 'plan'} B={self.num_microbatches}: " + " | ".join(parts)
 
     @property
     def stage_boundaries(self) -> list[int]:
@@ -65,6 +107,40 @@ class ParallelPlan:
     @property
     def zero_per_stage(self) -> list[int]:
         return [int(st.zero) for st in self.stages]
+
+
+def make_plan(
+    grid: Grid, boundaries: Sequence[int], gpus: Sequence[int], dp: Sequence[int], tp: Sequence[int],
+    zero: Sequence[int] | None, num_microbatches: int, num_clusters: int, plan_id: str | None = None,
+    offsets: Sequence[int] | None = None, is_proxy: bool = False, on_frontier: bool = True,
+) -> ParallelPlan:
+    """A plan from its structure (no cost estimates): stage s covers clusters [boundaries[s], boundaries[s+1]).
+
+    ``offsets``: each stage's first GPU within the grid's (default: stages one after another); ``plan_id``
+    defaults to the planner's deterministic id of the structure."""
+    s = len(boundaries)
+    zero = list(zero) if zero else [0] * s
+    if not (len(gpus) == len(dp) == len(tp) == len(zero) == s) or (offsets is not None and len(offsets) != s):
+        raise ArenaError(f"plan {plan_id or '?'}: per-stage lists have different lengths")
+    if offsets is None:
+        offsets = [sum(gpus[:j]) for j in range(s)]
+    ends = [*boundaries[1:], num_clusters]
+    stages = []
+    for j in range(s):
+        a, b = int(boundaries[j]), int(ends[j])
+        if not 0 <= a < b <= num_clusters:
+            raise ArenaError(f"plan {plan_id or '?'}: stage {j} spans clusters [{a}, {b}) outside the {num_clusters} clusters")
+        stages.append(StagePlan(j, a, b, int(gpus[j]), int(dp[j]), int(tp[j]), bool(zero[j]), int(offsets[j])))
+    if plan_id is None:
+        plan_id = make_plan_id(grid, [int(b) for b in boundaries], [int(g) for g in gpus], [int(d) for d in dp],
+                               [int(t) for t in tp], [int(z) for z in zero])
+    return ParallelPlan(grid, plan_id, int(num_microbatches), tuple(stages), is_proxy=is_proxy, on_frontier=on_frontier)
+
+
+def data_parallel_plan(grid: Grid, num_clusters: int, num_microbatches: int = 1) -> ParallelPlan:
+    """Pure data parallelism on the grid's GPUs: one stage of every cluster, dp = the grid's GPU count."""
+    n = grid.num_gpus
+    return make_plan(grid, [0], [n], [n], [1], [0], num_microbatches, num_clusters, DP_PLAN_ID, on_frontier=False)
 
 
 def make_plan_id(grid: Grid, boundaries: list[int], gpus: list[int], dp: list[int], tp: list[int], zero: list[int]) -> str:
@@ -125,6 +201,15 @@ class PlanSet:
     @property
     def model_name(self) -> str:
         return str(self.model.get("name", ""))
+
+    @property
+    def layout(self) -> StageLayout:
+        """Which model units each cluster covers (the plans' stages resolved to units)."""
+        return StageLayout.from_cluster_records(self.clusters)
+
+    def plans(self) -> list[ParallelPlan]:
+        """Every plan of every feasible grid, in file order."""
+        return [p for g in self.grids for p in g.plans]
 
     def proxy_plans(self) -> list[ParallelPlan]:
         return [g.proxy for g in self.grids if g.proxy is not None]

@@ -2,12 +2,13 @@
 
 Public API (the scheduler's ``perf build`` and the CLI call these)::
 
+    from libarena.plan import read_plans
     from libarena.profile import ProfileConfig, profile_plans, write_perf_table
-    result = profile_plans(read_table("plans.parquet", "plans"), ProfileConfig(selection="proxy"), comm=None)
+    result = profile_plans(read_plans("plans.parquet", require_costs=False), ProfileConfig(selection="proxy"))
     result.table          # perf_table rows (views arena / ap / dp)
     result.estimates      # PlanEstimate per profiled plan (stage breakdown, 1F1B terms, memory)
     result.summary        # timer, comm model, stages needed / profiled / skipped
-    measure_estimates(plans_artifact, result)   # --measure: direct measurement side by side
+    measure_estimates(planset, result)            # --measure: direct measurement side by side
     write_perf_table("perf.parquet", result, Provenance("arena-profile"))
 
 Lower level: ``StageSpec`` + ``build_stage_executables`` / ``profile_stage`` (one worker of one stage on
@@ -23,11 +24,11 @@ from libarena.profile.comm_bench import CommBenchConfig
 from libarena.profile.concurrency import HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
-from libarena.profile.plans_input import GridKey, PlanInputs, PlanRecord, load_plan_inputs
+from libarena.profile.estimate import PlanEstimate, perf_rows
 from libarena.profile.profiler import (
     SELECTIONS,
-    PlanEstimate,
     ProfileConfig,
+    ProfiledJob,
     ProfileResult,
     estimate_plan,
     profile_plans,
@@ -40,16 +41,14 @@ from libarena.profile.timers import Timer, Timing, select_timer, timer_names
 __all__ = [
     "SELECTIONS",
     "CommBenchConfig",
-    "GridKey",
     "HostConcurrency",
     "IterationEstimate",
     "LocalDevice",
     "PlanEstimate",
-    "PlanInputs",
-    "PlanRecord",
     "ProfileCache",
     "ProfileConfig",
     "ProfileResult",
+    "ProfiledJob",
     "RooflineSpec",
     "StageSpec",
     "StageTimes",
@@ -60,10 +59,10 @@ __all__ = [
     "estimate_plan",
     "format_perf_table",
     "host_concurrency",
-    "load_plan_inputs",
     "local_roofline",
     "measure_estimates",
     "one_f_one_b",
+    "perf_rows",
     "profile_plans",
     "profile_stage",
     "resolve_device",

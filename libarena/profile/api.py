@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from libarena.artifacts import Provenance, write_table
+from libarena.plan import PlanSet, write_plans
 from libarena.errors import ArenaError
 from libarena.profile.comm_bench import CommBenchConfig, benchmark_in_subprocess
 from libarena.profile.measure import measure_in_subprocess
@@ -18,7 +19,7 @@ from libarena.profile.profiler import ProfileResult
 
 
 def measure_estimates(
-    plans_artifact: Any,
+    planset: PlanSet,
     result: ProfileResult,
     repeats: int = 3,
     warmup: int = 1,
@@ -39,7 +40,7 @@ def measure_estimates(
         return []
     by_devices: dict[int, list[Any]] = {}
     for e in todo:
-        by_devices.setdefault(e.grid.num_gpus, []).append(e)
+        by_devices.setdefault(e.resources.num_gpus, []).append(e)
     if platform != "cpu":
         import jax
 
@@ -51,9 +52,9 @@ def measure_estimates(
     measured: dict[tuple[Any, str], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="arena-profile-") as tmp:
         plans_path = Path(tmp) / "plans.parquet"
-        write_table(plans_path, "plans", plans_artifact.table, plans_artifact.provenance, plans_artifact.metadata)
+        write_plans(plans_path, planset, Provenance("arena-profile --measure"))
         for n, estimates in sorted(by_devices.items()):
-            wanted = [(e.grid.to_dict(), e.plan.plan_id) for e in estimates]
+            wanted = [(e.resources.to_dict(), e.plan.plan_id) for e in estimates]
             log(f"--measure: running {len(wanted)} plan(s) on {n} {platform} device(s) with the runtime's executor")
             for out in measure_in_subprocess(plans_path, wanted, n, platform=platform, warmup=warmup, repeats=repeats):
                 measured[(tuple(sorted(out["grid"].items())), out["plan_id"])] = out

@@ -14,6 +14,7 @@ from typing import Any
 from libarena.artifacts import content_digest
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import get_gpu, gpu_names, normalize_dtype
+from libarena.hardware.roofline import roofline_seconds
 
 #: GPU type name of host (CPU) devices in plans and tables; not a catalogue entry.
 CPU_TYPE = "cpu"
@@ -21,7 +22,7 @@ CPU_TYPE = "cpu"
 
 @dataclass(frozen=True)
 class RooflineSpec:
-    """Peak FLOP/s and memory bandwidth of a device: R(I) = min(peak, I * bandwidth)."""
+    """Peak FLOP/s and memory bandwidth of a device (its roofline)."""
 
     name: str
     peak_flops: float
@@ -33,16 +34,9 @@ class RooflineSpec:
     def peak(self, dtype: str) -> float:
         return dict(self.peaks).get(normalize_dtype(dtype), self.peak_flops)
 
-    def roofline(self, intensity: float, dtype: str) -> float:
-        return min(self.peak(dtype), intensity * self.bandwidth)
-
     def time(self, flops: float, bytes_: float, dtype: str) -> float:
-        """Roofline time of an operator group: FLOPs at the attainable rate, or bytes at the bandwidth."""
-        if flops <= 0:
-            return bytes_ / self.bandwidth
-        if bytes_ <= 0:
-            return flops / self.peak(dtype)
-        return flops / self.roofline(flops / bytes_, dtype)
+        """Roofline time of an operator group (eq. 2)."""
+        return float(roofline_seconds(flops, bytes_, self.peak(dtype), self.bandwidth))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "peak_flops": self.peak_flops, "bandwidth": self.bandwidth, "source": self.source, "peaks": dict(self.peaks)}

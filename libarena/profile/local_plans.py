@@ -2,9 +2,10 @@
 
 The accuracy benchmark and the tests profile *every* plan of the 1- and 2-device grids of the tiny and
 small models; this module enumerates them (stage partitions of the clusters, power-of-two GPU splits,
-every dp x tp factorisation) and writes them as a ``plans`` artifact of the same shape arena-plan
-produces, with a ``clusters`` metadata entry computed from the model's units (activation, TP all-reduce
-and all-to-all volumes at the global batch).
+every dp x tp factorisation) as plans of the one plan type, and writes them as a ``plans`` artifact with a
+``clusters`` metadata entry computed from the model's units (activation, TP all-reduce and all-to-all
+volumes at the global batch). They carry no planner cost estimates (read them with
+``read_plans(path, require_costs=False)``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import itertools
 import math
 from typing import Any
 
-from libarena.artifacts import Provenance, write_table
+from libarena.artifacts import Provenance
 from libarena.models import get_model
+from libarena.plan import MICROBATCHES_PER_STAGE, Grid, GridResult, ParallelPlan, PlanSet, make_plan, microbatch_count, write_plans
+from libarena.plan.partition import power_of_two_compositions
 
 
 def model_clusters(model_name: str, global_batch: int, dtype: str = "fp32", num_clusters: int | None = None) -> list[dict[str, Any]]:
@@ -60,92 +63,62 @@ def model_clusters(model_name: str, global_batch: int, dtype: str = "fp32", num_
     return records
 
 
-def _powers_of_two_splits(total: int, parts: int) -> list[tuple[int, ...]]:
-    powers = [2**i for i in range(int(math.log2(total)) + 1)]
-    return [combo for combo in itertools.product(powers, repeat=parts) if sum(combo) == total]
-
-
 def enumerate_grid_plans(
     model_name: str,
     global_batch: int,
     num_gpus: int,
     gpu_type: str,
     num_clusters: int,
-    microbatches_per_stage: int = 4,
+    microbatches_per_stage: int = MICROBATCHES_PER_STAGE,
     max_stages: int | None = None,
-) -> list[dict[str, Any]]:
-    """Rows (plans kind) of every plan of one grid whose micro-batches split evenly."""
-    rows = []
+) -> list[ParallelPlan]:
+    """Every plan of one grid (one node of ``num_gpus`` GPUs) whose micro-batches split evenly; the first is
+    marked as the proxy."""
+    plans = []
     max_stages = min(max_stages or num_gpus, num_gpus, num_clusters)
     for s in range(1, max_stages + 1):
-        B = microbatches_per_stage * s
+        B = microbatch_count(s, microbatches_per_stage)
+        grid = Grid(model_name, global_batch, gpu_type, num_gpus, 1, num_gpus, s)
         for cuts in itertools.combinations(range(1, num_clusters), s - 1):
             bounds = [0, *cuts]
-            for gpus in _powers_of_two_splits(num_gpus, s):
+            for gpus in power_of_two_compositions(num_gpus, s):
                 options = [[(g // tp, tp) for tp in (2**i for i in range(int(math.log2(g)) + 1))] for g in gpus]
                 for choice in itertools.product(*options):
                     dps = [d for d, _ in choice]
                     if any(global_batch % (B * d) for d in dps):
                         continue
-                    offsets = list(itertools.accumulate([0, *gpus[:-1]]))
                     plan_id = "s{}-b{}-g{}-{}".format(
                         s, ".".join(map(str, bounds)), ".".join(map(str, gpus)), ".".join(f"{d}x{t}" for d, t in choice)
                     )
-                    rows.append(
-                        {
-                            "model": model_name,
-                            "global_batch": global_batch,
-                            "gpu_type": gpu_type,
-                            "num_gpus": num_gpus,
-                            "num_nodes": 1,
-                            "pipeline_degree": s,
-                            "plan_id": plan_id,
-                            "feasible": True,
-                            "infeasible_reason": "",
-                            "num_microbatches": B,
-                            "stage_boundaries": bounds,
-                            "gpus_per_stage": list(gpus),
-                            "dp_per_stage": dps,
-                            "tp_per_stage": [t for _, t in choice],
-                            "zero_per_stage": [0] * s,
-                            "is_proxy": False,
-                            "gpus_per_node": num_gpus,
-                            "stage_gpu_offsets": offsets,
-                            "on_frontier": True,
-                        }
-                    )
-    if rows:
-        rows[0]["is_proxy"] = True
-    return rows
+                    plans.append(make_plan(grid, bounds, list(gpus), dps, [t for _, t in choice], None, B, num_clusters,
+                                           plan_id, is_proxy=not plans))
+    return plans
 
 
 def write_plans_table(
     path: str,
     model_name: str,
     global_batch: int,
-    rows: list[dict[str, Any]],
+    plans: list[ParallelPlan],
     clusters: list[dict[str, Any]],
     dtype: str = "fp32",
     seq_len: int = 0,
 ) -> None:
-    """A ``plans`` artifact with the metadata the profiler reads (model record, clusters, dtype)."""
-    import pyarrow as pa
-
-    from libarena.artifacts.registry import get_kind
-
-    kind = get_kind("plans")
-    full = [{c.name: r.get(c.name) for c in kind.columns} for r in rows]
-    table = pa.Table.from_pylist(full, schema=kind.arrow_schema())
-    model = get_model(model_name)
-    metadata = {
-        "model": model.describe(),
-        "operator_table_sha256": "",
-        "cluster": "local",
-        "clusters": clusters,
-        "global_batch": global_batch,
-        "seq_len": seq_len,
-        "dtype": dtype,
-        "planner": {"source": "libarena.profile.local_plans (every plan of the grid)"},
-        "comm_model": "",
-    }
-    write_table(path, "plans", table, Provenance("arena-profile", {"enumerated": True}), metadata)
+    """A ``plans`` artifact of ``plans`` (one grid result per grid) with the metadata the profiler reads
+    (model record, clusters, dtype)."""
+    by_grid: dict[Any, list[ParallelPlan]] = {}
+    for plan in plans:
+        by_grid.setdefault(plan.grid, []).append(plan)
+    grids = [GridResult(grid, tuple(group), group[0].num_microbatches, len(group), 0) for grid, group in by_grid.items()]
+    planset = PlanSet(
+        model=get_model(model_name).describe(),
+        global_batch=global_batch,
+        seq_len=seq_len,
+        dtype=dtype,
+        cluster_name="local",
+        operator_table_sha256="",
+        clusters=clusters,
+        grids=grids,
+        planner={"source": "libarena.profile.local_plans (every plan of the grid)"},
+    )
+    write_plans(path, planset, Provenance("arena-profile", {"enumerated": True}))

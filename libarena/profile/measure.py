@@ -16,45 +16,28 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from libarena.errors import ArenaError
-from libarena.profile.plans_input import PlanInputs, PlanRecord
+from libarena.plan import DP_PLAN_ID, ParallelPlan, Resources
 from libarena.profile.subprocess_devices import run_module_with_devices
 
 
-def plan_row(plan: PlanRecord) -> dict[str, Any]:
-    """A ``plans`` row for ``plan`` (also for the profiler's own pure data-parallel plan)."""
-    return {
-        **plan.grid.to_dict(),
-        "plan_id": plan.plan_id,
-        "pipeline_degree": plan.pipeline_degree,
-        "num_microbatches": plan.num_microbatches,
-        "stage_boundaries": list(plan.stage_boundaries),
-        "gpus_per_stage": list(plan.gpus_per_stage),
-        "dp_per_stage": list(plan.dp_per_stage),
-        "tp_per_stage": list(plan.tp_per_stage),
-        "zero_per_stage": list(plan.zero_per_stage),
-        "stage_gpu_offsets": list(plan.offsets()),
-        "is_proxy": plan.is_proxy,
-        "feasible": True,
-    }
-
-
-def measure_one(inputs: PlanInputs, plan: PlanRecord, devices: list[Any], warmup: int = 2, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
-    """Run ``plan`` with the runtime's executor on ``devices``: steady-state step time and device-seconds."""
-    from libarena.run import measure_plan
+def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 2, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
+    """Run ``plan`` of ``job`` (a profiler ProfiledJob) with the runtime's executor on ``devices``: steady-state
+    step time and device-seconds."""
+    from libarena.run import RunPlan, measure_plan
 
     if plan.grid.num_gpus > len(devices):
         raise ArenaError(f"plan {plan.plan_id} needs {plan.grid.num_gpus} devices, {len(devices)} available")
-    default_shapes = inputs.model.batch_shapes(1, None)
-    if inputs.seq_len is not None and inputs.model.batch_shapes(1, inputs.seq_len) != default_shapes:
-        raise ArenaError(f"plan {plan.plan_id}: the runtime trains at the model's own sequence length, the plans use {inputs.seq_len}")
-    clusters = [{"units": list(units)} for units in inputs.clusters]
+    default_shapes = job.model.batch_shapes(1, None)
+    if job.seq_len is not None and job.model.batch_shapes(1, job.seq_len) != default_shapes:
+        raise ArenaError(f"plan {plan.plan_id}: the runtime trains at the model's own sequence length, the plans use {job.seq_len}")
     m = measure_plan(
-        inputs.model, plan_row(plan), warmup=max(1, warmup), steps=repeats, devices=devices[: plan.grid.num_gpus],
-        dtype=inputs.dtype, seed=seed, profile_stages=False, clusters=clusters,
+        job.model, RunPlan.from_plan(plan, job.layout, job.model), warmup=max(1, warmup), steps=repeats,
+        devices=devices[: plan.grid.num_gpus], dtype=job.dtype, seed=seed, profile_stages=False,
     )
     times = list(m.step_times_s)
     steady = statistics.median(times)
@@ -92,21 +75,27 @@ def measure_in_subprocess(
 def _main(request_path: str, result_path: str) -> None:
     import jax
 
-    from libarena.artifacts import read_table, write_json
-    from libarena.profile.plans_input import GridKey, load_plan_inputs
+    from libarena.artifacts import write_json
+    from libarena.plan import data_parallel_plan, read_plans
+    from libarena.profile.profiler import ProfiledJob
 
     request = json.loads(Path(request_path).read_text())
-    inputs = load_plan_inputs(read_table(request["plans"], "plans"))
+    planset = read_plans(request["plans"], require_costs=False)
+    job = ProfiledJob.of(planset)
     devices = jax.devices()
-    by_key = {(p.grid, p.plan_id): p for p in inputs.plans}
+    by_key = {(p.resources, p.plan_id): p for p in planset.plans()}
+    grids = {g.grid.resources: g.grid for g in planset.grids}
     out = []
-    for grid_dict, plan_id in request["plans_to_measure"]:
-        grid = GridKey(**grid_dict)
-        plan = inputs.dp_plan(grid) if plan_id == "dp" else by_key.get((grid, plan_id))
+    for resources_dict, plan_id in request["plans_to_measure"]:
+        resources = Resources(**resources_dict)
+        if plan_id == DP_PLAN_ID and resources in grids:
+            plan = data_parallel_plan(replace(grids[resources], pipeline_degree=1), job.layout.num_clusters)
+        else:
+            plan = by_key.get((resources, plan_id))
         if plan is None:
-            raise ArenaError(f"plan {plan_id} of grid {grid_dict} is not in {request['plans']}")
-        result = measure_one(inputs, plan, devices, request["warmup"], request["repeats"])
-        result["grid"] = grid_dict
+            raise ArenaError(f"plan {plan_id} of grid {resources_dict} is not in {request['plans']}")
+        result = measure_one(job, plan, devices, request["warmup"], request["repeats"])
+        result["grid"] = resources_dict
         out.append(result)
         print(f"measured {plan_id}: {result['iter_time_s'] * 1e3:.2f} ms/iteration", file=sys.stderr, flush=True)
     write_json(result_path, out)

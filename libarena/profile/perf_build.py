@@ -26,7 +26,7 @@ from libarena.artifacts.registry import get_kind
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec
 from libarena.plan import PlannerConfig, load_model_profile, plan_job, planset_metadata, planset_to_table
-from libarena.profile.roofline import RooflineConfig, perf_rows
+from libarena.profile.roofline import RooflineConfig, roofline_rows
 from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
 
 MODES = ("auto", "local", "roofline")
@@ -83,13 +83,11 @@ def build_rows(model: str, global_batch: int, cluster: ClusterSpec, config: Perf
     profile = load_model_profile(ops)
     planset = plan_job(profile, cluster, config.planner)
     if _mode_for(model, config.mode) == "roofline":
-        return perf_rows(profile, planset, cluster, config.roofline)
+        return roofline_rows(profile, planset, cluster, config.roofline)
     from libarena.profile import ProfileConfig, profile_plans
 
-    plans = TableArtifact("plans", planset_to_table(planset), Provenance("arena-plan"), planset_metadata(planset),
-                          get_kind("plans").version, f"plans of {model}")
     # Per-layer profiles: a trace needs many (model, batch) pairs profiled, so the cheaper granularity.
-    result = profile_plans(plans, ProfileConfig(cache_dir=config.cache_dir / "profiles", granularity="unit"), log=log, progress=progress)
+    result = profile_plans(planset, ProfileConfig(cache_dir=config.cache_dir / "profiles", granularity="unit"), log=log, progress=progress)
     return result.table.to_pylist()
 
 

@@ -24,13 +24,16 @@ from libarena.artifacts.registry import get_kind
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommModel
-from libarena.plan.io import grid_columns
+from libarena.models import ModelDef, get_model
+from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan
 from libarena.profile.cache import ProfileCache, default_cache_dir
 from libarena.profile.concurrency import HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
-from libarena.profile.plans_input import GridKey, PlanInputs, PlanRecord, load_plan_inputs
-from libarena.profile.stage import CompiledStage, StageSpec, build_stage_executables, compile_stage, lower_stage, worker_view
+from libarena.profile.estimate import PlanEstimate, perf_rows
+from libarena.profile.stage import (
+    CompiledStage, StageSpec, build_stage_executables, compile_stage, lower_stage, plan_stage_specs, worker_view,
+)
 from libarena.profile.timers import Timer, Timing, select_timer
 from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
 
@@ -97,44 +100,31 @@ class ProfileConfig:
             raise ArenaError(f"timing budget must be a positive number of seconds, got {self.timing_budget_s}")
 
 
-@dataclass
-class PlanEstimate:
-    """The profiler's result for one plan of one grid."""
+@dataclass(frozen=True)
+class ProfiledJob:
+    """What profiling a plan set needs besides its plans: the model, where the stages sit in it, the dtype."""
 
-    grid: GridKey
-    plan: PlanRecord
-    iteration: IterationEstimate
-    stages: list[dict[str, Any]]
-    fits_in_memory: bool
-    memory_per_stage_bytes: list[float]
-    timer: str
-    estimated: bool
-    profiling_cost_device_s: float
-    comm_sources: list[str]
+    planset: PlanSet
+    model: ModelDef
+    layout: StageLayout
+
+    @classmethod
+    def of(cls, planset: PlanSet) -> ProfiledJob:
+        model = get_model(planset.model_name)
+        layout = planset.layout
+        layout.check_units([u.name for u in model.units], model.name)
+        return cls(planset, model, layout)
 
     @property
-    def iter_time_s(self) -> float:
-        return self.iteration.iter_time_s
+    def dtype(self) -> str:
+        return self.planset.dtype or "fp32"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.grid.to_dict(),
-            "plan_id": self.plan.plan_id,
-            "pipeline_degree": self.plan.pipeline_degree,
-            "num_microbatches": self.plan.num_microbatches,
-            "is_proxy": self.plan.is_proxy,
-            "dp_per_stage": list(self.plan.dp_per_stage),
-            "tp_per_stage": list(self.plan.tp_per_stage),
-            "iter_time_s": self.iter_time_s,
-            "iteration": self.iteration.to_dict(),
-            "fits_in_memory": self.fits_in_memory,
-            "memory_per_stage_bytes": self.memory_per_stage_bytes,
-            "timer": self.timer,
-            "estimated": self.estimated,
-            "profiling_cost_device_s": self.profiling_cost_device_s,
-            "comm_sources": self.comm_sources,
-            "stages": self.stages,
-        }
+    @property
+    def seq_len(self) -> int | None:
+        return self.planset.seq_len or None
+
+    def stage_specs(self, plan: ParallelPlan) -> list[StageSpec]:
+        return plan_stage_specs(self.model, self.layout, plan, self.dtype, self.seq_len)
 
 
 @dataclass
@@ -391,15 +381,6 @@ def _model(spec: StageSpec) -> Any:
 # Communication of a stage
 
 
-def _gpus_per_node(plan: PlanRecord) -> int:
-    if plan.gpus_per_node:
-        return plan.gpus_per_node
-    try:
-        return get_gpu(plan.grid.gpu_type).default_gpus_per_node
-    except ArenaError:
-        return max(1, plan.grid.num_gpus // max(1, plan.grid.num_nodes))
-
-
 def _price(comm: CommModel, primitive: str, volume: float, group: int, gpu_type: str, crosses: bool, used: list[str]) -> float:
     if volume <= 0 or (group <= 1 and primitive != "p2p"):
         return 0.0
@@ -415,18 +396,18 @@ def _price(comm: CommModel, primitive: str, volume: float, group: int, gpu_type:
 
 
 def stage_communication(
-    inputs: PlanInputs, plan: PlanRecord, j: int, records: list[dict[str, Any]], comm: CommModel, used: list[str]
+    job: ProfiledJob, plan: ParallelPlan, j: int, records: list[dict[str, Any]], comm: CommModel, used: list[str]
 ) -> tuple[float, float, float]:
     """(per-micro-batch collectives, P2P, once-per-iteration gradient sync) of stage j, seconds."""
-    g = _gpus_per_node(plan)
+    g = plan.grid.gpus_per_node
     gpu_type = plan.grid.gpu_type
     s, B = plan.pipeline_degree, plan.num_microbatches
-    dp, tp, zero = plan.dp_per_stage[j], plan.tp_per_stage[j], bool(plan.zero_per_stage[j])
+    stage = plan.stages[j]
+    dp, tp, zero = stage.dp, stage.tp, stage.zero
     rec = records[j]
-    bounds = list(plan.stage_boundaries) + [len(inputs.clusters)]
-    clusters = inputs.cluster_records[bounds[j] : bounds[j + 1]]
+    clusters = job.planset.clusters[stage.first_cluster : stage.end_cluster]
     comm_mb = 0.0
-    units = {u.name: u for u in inputs.model.units}
+    units = {u.name: u for u in job.model.units}
     for c in clusters:
         # Every collective is its own operator (latency floor each): a unit's tp_allreduces (alltoalls)
         # happen in the forward and again in the backward pass, splitting the cluster's volume evenly.
@@ -439,7 +420,7 @@ def stage_communication(
             count = max(1, sum(2 * u.alltoalls for u in members))
             volume = float(c.get("alltoall_bytes", 0.0)) / (B * dp)
             comm_mb += count * _price(comm, "all-to-all", volume / count, dp, gpu_type, dp * tp > g, used)
-    offsets = plan.offsets()
+    offsets = plan.stage_gpu_offsets
     p2p = 0.0
     if j + 1 < s:
         crosses = offsets[j] // g != offsets[j + 1] // g
@@ -480,8 +461,8 @@ def _roofline_ratio(record: dict[str, Any], names: tuple[str, ...], local: Roofl
 
 
 def estimate_plan(
-    inputs: PlanInputs,
-    plan: PlanRecord,
+    job: ProfiledJob,
+    plan: ParallelPlan,
     records: list[dict[str, Any]],
     new_cost_s: float,
     local: LocalDevice,
@@ -510,14 +491,14 @@ def estimate_plan(
         compute = rec["microbatch"].get(stat, rec["microbatch"]["median_s"])
         optimizer = rec["optimizer"].get(stat, rec["optimizer"]["median_s"])
         if target_spec is not None:
-            compute *= _roofline_ratio(rec, ("forward", "backward"), local_spec, target_spec, inputs.dtype)
-            optimizer *= _roofline_ratio(rec, ("optimizer",), local_spec, target_spec, inputs.dtype)
-        comm_mb, p2p, grad = stage_communication(inputs, plan, j, records, comm, used)
-        workers = plan.dp_per_stage[j] * plan.tp_per_stage[j]
+            compute *= _roofline_ratio(rec, ("forward", "backward"), local_spec, target_spec, job.dtype)
+            optimizer *= _roofline_ratio(rec, ("optimizer",), local_spec, target_spec, job.dtype)
+        comm_mb, p2p, grad = stage_communication(job, plan, j, records, comm, used)
+        workers = plan.stages[j].num_gpus
         # The runtime resets every replica's gradient buffers and places each micro-batch's inputs on the
         # stages that read the batch (first: samples, last: targets), from the host, every step.
         reads_batch = j == 0 or j == s - 1
-        setup = plan.dp_per_stage[j] * (rec["grad_reset_s"] + (B * rec["input_put_s"] if reads_batch else 0.0))
+        setup = plan.stages[j].dp * (rec["grad_reset_s"] + (B * rec["input_put_s"] if reads_batch else 0.0))
         st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup)
         stage_times.append(st)
         inflight = min(s - j, B)
@@ -543,25 +524,25 @@ def estimate_plan(
         capacity = local.memory_bytes
     fits = max(memory) <= memory_fraction * capacity
     return PlanEstimate(
-        grid=plan.grid,
         plan=plan,
         iteration=iteration,
-        stages=stage_rows,
         fits_in_memory=bool(fits),
         memory_per_stage_bytes=memory,
         timer="estimated" if estimated else timer_name,
         estimated=estimated,
         profiling_cost_device_s=new_cost_s,
+        stages=stage_rows,
         comm_sources=sorted(set(used)),
     )
 
 
-def select_plans(inputs: PlanInputs, selection: str) -> list[PlanRecord]:
+def select_plans(planset: PlanSet, selection: str) -> list[ParallelPlan]:
+    """The plans to profile of every allocation (all its grids' plans, whatever their pipeline degree)."""
     chosen = []
-    by_grid: dict[GridKey, list[PlanRecord]] = {}
-    for plan in inputs.plans:
-        by_grid.setdefault(plan.grid, []).append(plan)
-    for plans in by_grid.values():
+    by_resources: dict[Resources, list[ParallelPlan]] = {}
+    for plan in planset.plans():
+        by_resources.setdefault(plan.resources, []).append(plan)
+    for plans in by_resources.values():
         if selection == "exhaustive":
             chosen.extend(plans)
         elif selection == "frontier":
@@ -572,10 +553,10 @@ def select_plans(inputs: PlanInputs, selection: str) -> list[PlanRecord]:
     return chosen
 
 
-def check_comm_model(comm: CommModel, inputs: PlanInputs) -> None:
+def check_comm_model(comm: CommModel, planset: PlanSet) -> None:
     """A measured table must cover at least one of the planned GPU types (else it is for other hardware)."""
     if isinstance(comm, MeasuredCommModel):
-        types = sorted({p.grid.gpu_type for p in inputs.plans} | {g.gpu_type for g in inputs.infeasible_grids})
+        types = sorted({g.grid.gpu_type for g in planset.grids})
         if not any(comm.covers(t) for t in types):
             raise ArenaError(
                 f"the communication table {comm.source_name} measures {', '.join(comm.gpu_types)}, "
@@ -584,39 +565,43 @@ def check_comm_model(comm: CommModel, inputs: PlanInputs) -> None:
 
 
 def profile_plans(
-    plans_artifact: Any,
+    planset: PlanSet,
     config: ProfileConfig | None = None,
     comm: CommModel | None = None,
     log: Callable[[str], None] | None = None,
     progress: ProgressCallback | None = None,
 ) -> ProfileResult:
-    """Profile a ``plans`` artifact into performance-table rows (and per-plan estimates).
+    """Profile a plan set (``plan.read_plans(path, require_costs=False)``) into performance-table rows and
+    per-plan estimates.
 
     ``progress`` hears one update per profiled plan (the tools draw it as a progress bar)."""
     config = config or ProfileConfig()
     log = log or (lambda message: None)
     progress = progress or no_progress
-    inputs = load_plan_inputs(plans_artifact)
+    job = ProfiledJob.of(planset)
     comm = comm or AlphaBetaCommModel()
-    check_comm_model(comm, inputs)
+    check_comm_model(comm, planset)
     local = resolve_device(config.device)
     timer = select_timer(config.timer, local.device)
     cache = ProfileCache(config.cache_dir or default_cache_dir())
-    needs_scaling = any(p.grid.gpu_type != local.gpu_type for p in inputs.plans) or any(
-        g.gpu_type != local.gpu_type for g in inputs.infeasible_grids
-    )
+    needs_scaling = any(g.grid.gpu_type != local.gpu_type for g in planset.grids)
     local_spec = local_roofline(local, cache) if needs_scaling else None
     log(f"device {local.label} ({local.kind}, counts as {local.gpu_type}); timer {timer.name}; comm {comm.describe()}")
 
-    selected = select_plans(inputs, config.selection)
-    grids = sorted({p.grid for p in inputs.plans} | set(inputs.infeasible_grids), key=lambda g: (g.gpu_type, g.num_gpus, g.num_nodes, g.global_batch))
-    dp_plans = {g: inputs.dp_plan(g) for g in grids} if config.include_dp else {}
+    selected = select_plans(planset, config.selection)
+    # One grid per allocation stands for it (its pipeline degree does not matter to the dp plan).
+    allocations: dict[Resources, Any] = {}
+    for g in planset.grids:
+        allocations.setdefault(g.grid.resources, g.grid)
+    resources = sorted(allocations, key=lambda r: (r.gpu_type, r.num_gpus, r.num_nodes, r.global_batch))
+    num_clusters = job.layout.num_clusters
+    dp_plans = {r: data_parallel_plan(replace(allocations[r], pipeline_degree=1), num_clusters) for r in resources} if config.include_dp else {}
     work = [(p, False) for p in selected] + [(p, True) for p in dp_plans.values()]
 
     stages_needed = stages_cached = stages_profiled = 0
     seen_this_run: set[str] = set()
     estimates: list[PlanEstimate] = []
-    dp_estimates: dict[GridKey, PlanEstimate] = {}
+    dp_estimates: dict[Resources, PlanEstimate] = {}
     overhead = dispatch_overhead(local, cache, timer) if config.granularity == "unit" else 0.0
     local_devices = max([p.grid.num_gpus for p, _ in work if p.grid.gpu_type == local.gpu_type] or [1])
     concurrency = host_concurrency(local, local_devices, cache) if config.concurrency == "measured" else HostConcurrency()
@@ -627,7 +612,7 @@ def profile_plans(
             return [replace(stage_spec, start=i, stop=i + 1) for i in range(stage_spec.start, stage_spec.stop)]
         return [stage_spec]
 
-    plan_pieces = [[pieces_of(st) for st in inputs.stage_specs(plan)] for plan, _ in work]
+    plan_pieces = [[pieces_of(st) for st in job.stage_specs(plan)] for plan, _ in work]
     # Stages to profile, in the order they will be timed; each optimizer shape is compiled with its first.
     # Identical stages (same key: the repeated layers at unit granularity, equal stages of other plans) once.
     pending: list[tuple[StageSpec, bool]] = []
@@ -651,7 +636,7 @@ def profile_plans(
     for done, (plan, is_dp) in enumerate(work):
         progress(ProgressUpdate("profiling plans", done, len(work), f"{plan.grid.gpu_type} {plan.plan_id}"))
         records, new_cost = [], 0.0
-        for stage_spec, pieces in zip(inputs.stage_specs(plan), plan_pieces[done]):
+        for stage_spec, pieces in zip(job.stage_specs(plan), plan_pieces[done]):
             piece_records = []
             for spec in pieces:
                 if spec in queued and spec not in ahead and next_pending < len(pending):
@@ -682,17 +667,17 @@ def profile_plans(
             else:
                 records.append(piece_records[0])
         estimate = estimate_plan(
-            inputs, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction, config.statistic, concurrency
+            job, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction, config.statistic, concurrency
         )
         if is_dp:
-            dp_estimates[plan.grid] = estimate
+            dp_estimates[plan.resources] = estimate
         else:
             estimates.append(estimate)
     progress(ProgressUpdate("profiling plans", len(work), len(work)))
     what = "units" if config.granularity == "unit" else "stages"
     log(f"{stages_needed} {what}: {stages_profiled} profiled, {stages_cached} skipped (identical, served from the cache)")
 
-    rows = perf_rows(inputs, estimates, dp_estimates, grids)
+    rows = perf_rows(estimates, dp_estimates, resources)
     kind = get_kind("perf_table")
     table = pa.Table.from_pylist(rows, schema=kind.arrow_schema()) if rows else kind.arrow_schema().empty_table()
     sources = sorted({src for e in [*estimates, *dp_estimates.values()] for src in e.comm_sources})
@@ -715,54 +700,11 @@ def profile_plans(
     }
     metadata = {
         **summary,
-        "model": inputs.model.describe(),
-        "operator_table_sha256": inputs.operator_table_sha256,
+        "model": job.model.describe(),
+        "operator_table_sha256": planset.operator_table_sha256,
         "plans": [e.to_dict() for e in [*estimates, *dp_estimates.values()]],
     }
     return ProfileResult(table, [*estimates, *dp_estimates.values()], summary, metadata)
-
-
-def perf_rows(
-    inputs: PlanInputs, estimates: list[PlanEstimate], dp_estimates: dict[GridKey, PlanEstimate], grids: list[GridKey]
-) -> list[dict[str, Any]]:
-    """Rows of the performance table: ``arena`` per proxy plan; per (model, batch, GPU type, GPUs, nodes)
-    ``ap`` (the best profiled plan) and ``dp`` (pure data parallelism)."""
-    by_grid: dict[GridKey, list[PlanEstimate]] = {}
-    for e in estimates:
-        by_grid.setdefault(e.grid, []).append(e)
-
-    def row(e: PlanEstimate, view: str, cost: float) -> dict[str, Any]:
-        g = e.grid
-        return {
-            **grid_columns(g, e.plan.pipeline_degree),
-            "plan_id": e.plan.plan_id,
-            "view": view,
-            "iter_time_s": e.iter_time_s,
-            "throughput": g.global_batch / e.iter_time_s if e.iter_time_s > 0 else math.nan,
-            "fits_in_memory": e.fits_in_memory,
-            "timer": e.timer,
-            "estimated": e.estimated,
-            "profiling_cost_device_s": cost,
-            "measured_iter_time_s": None,
-            "measured_cost_device_s": None,
-        }
-
-    rows = []
-    for g in grids:
-        plans = by_grid.get(g, [])
-        if plans:
-            # One arena row per proxy plan: the planner's grids also split by pipeline degree, each with
-            # its own proxy (the scheduler keeps the best row of a configuration).
-            proxies = [e for e in plans if e.plan.is_proxy] or plans[:1]
-            for proxy in proxies:
-                rows.append(row(proxy, "arena", proxy.profiling_cost_device_s))
-            fitting = [e for e in plans if e.fits_in_memory] or plans
-            best = min(fitting, key=lambda e: e.iter_time_s)
-            rows.append(row(best, "ap", sum(e.profiling_cost_device_s for e in plans)))
-        if g in dp_estimates:
-            e = dp_estimates[g]
-            rows.append(row(e, "dp", e.profiling_cost_device_s))
-    return rows
 
 
 def write_perf_table(path: str, result: ProfileResult, provenance: Provenance) -> None:

@@ -12,17 +12,17 @@ Pure numpy (no JAX): it works from the planner's ModelProfile and ParallelPlan o
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from libarena.hardware import ClusterSpec, get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel, CommModel
+from libarena.plan import Grid, GridResult, ParallelPlan, PlanSet, Resources, data_parallel_plan
 from libarena.plan.costs import StageCostModel
 from libarena.plan.model import ModelProfile
-from libarena.plan.types import ParallelPlan, PlanSet
+from libarena.profile.estimate import PlanEstimate, perf_rows
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
 
 TIMER = "roofline"
@@ -52,9 +52,9 @@ def phase_seconds(profile: ModelProfile, gpu_type: str) -> tuple[np.ndarray, np.
     return profile.fused_loads(get_gpu(gpu_type))
 
 
-def estimate_plan(profile: ModelProfile, plan: ParallelPlan, config: RooflineConfig = RooflineConfig(),
-                  phases: tuple[np.ndarray, np.ndarray] | None = None) -> IterationEstimate:
-    """1F1B iteration time of ``plan`` from roofline loads (the planner's comm figures for collectives);
+def roofline_iteration(profile: ModelProfile, plan: ParallelPlan, config: RooflineConfig = RooflineConfig(),
+                       phases: tuple[np.ndarray, np.ndarray] | None = None) -> IterationEstimate:
+    """1F1B iteration time of a priced ``plan`` from roofline loads (the planner's comm figures for collectives);
     ``phases`` is phase_seconds() for the plan's GPU type when the caller already has it."""
     compute, optimizer = phases if phases is not None else phase_seconds(profile, plan.grid.gpu_type)
     B = plan.num_microbatches
@@ -70,29 +70,22 @@ def estimate_plan(profile: ModelProfile, plan: ParallelPlan, config: RooflineCon
     return one_f_one_b(stages, B)
 
 
-def dp_plan_estimate(
-    profile: ModelProfile, gpu_type: str, num_gpus: int, gpus_per_node: int, comm: CommModel, config: RooflineConfig,
-    phases: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[IterationEstimate, bool]:
-    """Data parallelism on ``num_gpus`` GPUs (every GPU holds the whole model; ZeRO-1 when only that fits,
-    see RooflineConfig.dp_zero): time and whether it fits."""
-    costs = StageCostModel(profile, get_gpu(gpu_type), gpus_per_node, comm, config.memory_fraction)
-    O, B = profile.num_clusters, config.dp_microbatches
+def priced_data_parallel_plan(profile: ModelProfile, grid: Grid, comm: CommModel, config: RooflineConfig) -> tuple[ParallelPlan, bool]:
+    """Data parallelism on the grid's GPUs (every GPU holds the whole model; ZeRO-1 when only that fits, see
+    RooflineConfig.dp_zero), priced by the planner's cost model: the plan and whether it fits."""
+    costs = StageCostModel(profile, get_gpu(grid.gpu_type), grid.gpus_per_node, comm, config.memory_fraction)
+    O, B, n = profile.num_clusters, config.dp_microbatches, grid.num_gpus
     zero = False
-    fits = float(costs.memory(0, O, num_gpus, 1, False, 1, B)) <= costs.capacity
-    if not fits and config.dp_zero and num_gpus > 1:
-        zero = fits = float(costs.memory(0, O, num_gpus, 1, True, 1, B)) <= costs.capacity
-    compute, optimizer = phases if phases is not None else phase_seconds(profile, gpu_type)
-    stage = StageTimes(
-        compute_s=float(compute.sum()) / (B * num_gpus) / config.achieved_fraction,
-        comm_s=float(costs.comm_per_microbatch(0, O, num_gpus, 1, B)),
-        grad_sync_s=float(costs.grad_sync(0, O, num_gpus, 1, zero)),
-        optimizer_s=float(optimizer.sum()) / (num_gpus if zero else 1) / config.achieved_fraction,
-    )
-    return one_f_one_b([stage], B), fits
+    fits = float(costs.memory(0, O, n, 1, False, 1, B)) <= costs.capacity
+    if not fits and config.dp_zero and n > 1:
+        zero = fits = float(costs.memory(0, O, n, 1, True, 1, B)) <= costs.capacity
+    plan = data_parallel_plan(grid, O, B)
+    stage = replace(plan.stages[0], zero=zero, comm_per_microbatch_s=float(costs.comm_per_microbatch(0, O, n, 1, B)),
+                    grad_sync_s=float(costs.grad_sync(0, O, n, 1, zero)))
+    return replace(plan, stages=(stage,)), fits
 
 
-def perf_rows(
+def roofline_rows(
     profile: ModelProfile,
     planset: PlanSet,
     cluster: ClusterSpec,
@@ -101,35 +94,22 @@ def perf_rows(
 ) -> list[dict[str, Any]]:
     """Performance-table rows (views arena, ap, dp) for every GPU configuration the planner considered."""
     comm = comm or AlphaBetaCommModel()
-    configurations: dict[tuple[str, int, int], list[Any]] = {}
+    grids: dict[Resources, list[GridResult]] = {}
     for grid_result in planset.grids:
-        g = grid_result.grid
-        configurations.setdefault((g.gpu_type, g.num_gpus, g.num_nodes), []).append(grid_result)
-    rows = []
-
-    def row(view: str, gpu_type: str, n: int, nodes: int, stages: int, plan_id: str, estimate: IterationEstimate, fits: bool) -> dict[str, Any]:
-        t = estimate.iter_time_s
-        return {
-            "model": profile.name, "global_batch": profile.global_batch, "gpu_type": gpu_type, "num_gpus": n,
-            "num_nodes": nodes, "pipeline_degree": stages, "plan_id": plan_id, "view": view, "iter_time_s": t,
-            "throughput": profile.global_batch / t if t > 0 else math.nan, "fits_in_memory": fits, "timer": TIMER,
-            "estimated": True, "profiling_cost_device_s": 0.0,
-        }
-
+        grids.setdefault(grid_result.grid.resources, []).append(grid_result)
+    resources = sorted(grids, key=lambda r: (r.gpu_type, r.num_gpus, r.num_nodes))
     phases_by_type: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for (gpu_type, n, nodes), grid_results in sorted(configurations.items()):
-        phases = phases_by_type.setdefault(gpu_type, phase_seconds(profile, gpu_type))
-        candidates = []
-        for grid_result in grid_results:
-            for plan in grid_result.plans:
-                estimate = estimate_plan(profile, plan, config, phases)
-                candidates.append((estimate, plan))
-                if plan.is_proxy:
-                    rows.append(row("arena", gpu_type, n, nodes, plan.grid.pipeline_degree, plan.plan_id, estimate, True))
-        if candidates:
-            best_estimate, best = min(candidates, key=lambda c: (c[0].iter_time_s, c[1].plan_id))
-            rows.append(row("ap", gpu_type, n, nodes, best.grid.pipeline_degree, best.plan_id, best_estimate, True))
-        per_node = grid_results[0].grid.gpus_per_node
-        dp_estimate, dp_fits = dp_plan_estimate(profile, gpu_type, n, per_node, comm, config, phases)
-        rows.append(row("dp", gpu_type, n, nodes, 1, f"{gpu_type}-n{n}-dp", dp_estimate, dp_fits))
-    return rows
+
+    def estimate(plan: ParallelPlan, fits: bool) -> PlanEstimate:
+        phases = phases_by_type.setdefault(plan.grid.gpu_type, phase_seconds(profile, plan.grid.gpu_type))
+        return PlanEstimate(plan, roofline_iteration(profile, plan, config, phases), fits,
+                            [st.memory_bytes for st in plan.stages], TIMER, True, 0.0)
+
+    estimates, dp_estimates = [], {}
+    for r in resources:
+        for grid_result in grids[r]:
+            # the planner kept only plans that fit in memory
+            estimates.extend(estimate(plan, True) for plan in grid_result.plans)
+        dp_plan, dp_fits = priced_data_parallel_plan(profile, replace(grids[r][0].grid, pipeline_degree=1), comm, config)
+        dp_estimates[r] = estimate(dp_plan, dp_fits)
+    return perf_rows(estimates, dp_estimates, resources)

@@ -31,6 +31,7 @@ import numpy as np
 
 from libarena.errors import ArenaError
 from libarena.models import ModelDef, get_model
+from libarena.plan import replica_microbatch
 
 #: Logical axes split by Megatron-style tensor parallelism (see libarena.models.base.LOGICAL_AXES).
 TP_AXES = ("heads", "mlp", "vocab", "conv_out")
@@ -114,6 +115,40 @@ class WorkerView:
             "optimizer_elements": self.optimizer_elements,
             "int_modulo": self.int_modulo,
         }
+
+
+def plan_stage_specs(model: ModelDef, layout: Any, plan: Any, dtype: str, seq_len: int | None) -> list[StageSpec]:
+    """One worker's StageSpec per stage of ``plan`` (a ParallelPlan; ``layout`` its plan set's StageLayout)."""
+    has_experts = _has_expert_axis(model)
+    specs = []
+    for stage, (start, stop) in zip(plan.stages, layout.stage_unit_ranges(plan)):
+        specs.append(
+            StageSpec(
+                model=model.name,
+                start=start,
+                stop=stop,
+                micro_batch=replica_microbatch(plan.grid.global_batch, plan.num_microbatches, stage.dp),
+                tp=stage.tp,
+                ep=stage.dp if has_experts else 1,
+                zero_shards=stage.dp if stage.zero else 1,
+                dtype=dtype,
+                seq_len=seq_len,
+            )
+        )
+    return specs
+
+
+def _has_expert_axis(model: ModelDef) -> bool:
+    def walk(tree: Any) -> bool:
+        if isinstance(tree, dict):
+            return any(walk(v) for v in tree.values())
+        if isinstance(tree, tuple):
+            return EXPERT_AXIS in tree
+        if isinstance(tree, list):
+            return any(walk(v) for v in tree)
+        return False
+
+    return any(walk(model.param_axes(i)) for i in range(len(model.units)))
 
 
 def _is_axes_leaf(x: Any) -> bool:

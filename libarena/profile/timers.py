@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from libarena.errors import ArenaError
+from libarena.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -115,12 +116,11 @@ class CuptiTimer(Timer):
         return self._kernel_seconds(records)
 
 
-_TIMERS: dict[str, type[Timer]] = {}
+TIMERS: Registry[type[Timer]] = Registry("timer")
 
 
 def register_timer(cls: type[Timer]) -> type[Timer]:
-    _TIMERS[cls.name] = cls
-    return cls
+    return TIMERS.register(cls.name, cls)
 
 
 register_timer(HostTimer)
@@ -128,16 +128,16 @@ register_timer(CuptiTimer)
 
 
 def timer_names() -> list[str]:
-    return ["auto", *sorted(_TIMERS)]
+    return ["auto", *TIMERS.names()]
 
 
 def select_timer(name: str, device: Any) -> Timer:
     """The timer called ``name`` (``auto``: cupti where usable on ``device``, else host)."""
     if name == "auto":
         return CuptiTimer() if CuptiTimer.usable(device) else HostTimer()
-    cls = _TIMERS.get(name)
-    if cls is None:
+    if name not in TIMERS:
         raise ArenaError(f"unknown timer {name!r} (known: {', '.join(timer_names())})")
+    cls = TIMERS.get(name)
     if not cls.usable(device):
         raise ArenaError(f"timer {name!r} cannot time device {device} (needs an NVIDIA GPU and cupti-python)")
     return cls()

@@ -3,8 +3,8 @@ plan-independent checkpoints, Ray actors, and the runtime pruning of the AP sear
 
 The API other stages use (``arena-profile --measure`` calls ``measure_plan``)::
 
-    from libarena.run import RunPlan, plan_from_row, plan_from_parallel_plan, measure_plan, train, TrainConfig
-    plan = plan_from_parallel_plan(planset.plan(plan_id), get_model(name), planset.clusters)
+    from libarena.run import RunPlan, measure_plan, train, TrainConfig
+    plan = RunPlan.from_plan(planset.plan(plan_id), planset.layout, get_model(name))
     m = measure_plan(get_model(name), plan, warmup=1, steps=3)   # step_time_s, stage_time_s, stage_peak_memory_bytes
     report = train(model, plan, TrainConfig(global_batch=32, steps=50, checkpoint_dir="ckpt"))
 
@@ -16,7 +16,7 @@ Importing this package does not import JAX (the executor imports it when used).
 """
 
 from libarena.run.executor import PipelineExecutor, StepStats, one_f_one_b
-from libarena.run.plan import RunPlan, RunStage, as_run_plan, cluster_unit_ranges, plan_from_parallel_plan, plan_from_row, simple_plan
+from libarena.run.plan import RunPlan, simple_plan
 from libarena.run.search import SearchConfig, SearchResult, SearchSpace, full_search, pruned_search
 from libarena.run.train import PlanMeasurement, TrainConfig, TrainReport, batch_for_step, measure_plan, train
 
@@ -24,21 +24,16 @@ __all__ = [
     "PipelineExecutor",
     "PlanMeasurement",
     "RunPlan",
-    "RunStage",
     "SearchConfig",
     "SearchResult",
     "SearchSpace",
     "StepStats",
     "TrainConfig",
     "TrainReport",
-    "as_run_plan",
     "batch_for_step",
-    "cluster_unit_ranges",
     "full_search",
     "measure_plan",
     "one_f_one_b",
-    "plan_from_parallel_plan",
-    "plan_from_row",
     "pruned_search",
     "simple_plan",
     "train",

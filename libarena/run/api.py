@@ -11,7 +11,7 @@ from typing import Any
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
 from libarena.run.cluster import JobSpec, LocalClusterConfig
-from libarena.run.plan import RunPlan, plan_from_parallel_plan
+from libarena.run.plan import RunPlan
 from libarena.run.search import SearchConfig, SearchSpace
 
 SELECTIONS = ("proxy", "pruned", "full")
@@ -44,7 +44,7 @@ def load_plans(path: str, model: str, global_batch: int) -> Any:
     """The plans artifact as an arena-plan PlanSet, checked against the job."""
     from libarena.plan import read_plans
 
-    planset = read_plans(path)
+    planset = read_plans(path, require_costs=False)  # the runtime runs a plan's structure, not its estimates
     if planset.model_name != model:
         raise ArenaError(f"{path} holds plans for model {planset.model_name!r}, not {model!r}")
     if planset.global_batch != global_batch:
@@ -151,7 +151,7 @@ def run(request: RunRequest) -> dict[str, Any]:
     searching = request.selection in ("pruned", "full") and not request.plan_id
     if searching and grid is None:
         raise ArenaError("--search needs --grid GPU_TYPE,NUM_GPUS[,S]: the allocated resources")
-    chosen = None if searching else plan_from_parallel_plan(select_plan(planset, grid, request.plan_id), model, planset.clusters)
+    chosen = None if searching else RunPlan.from_plan(select_plan(planset, grid, request.plan_id), planset.layout, model)
     gpu_type = chosen.gpu_type if chosen else grid.gpu_type
     need = chosen.num_gpus if chosen else grid.num_gpus
     started_ray = False

@@ -41,7 +41,8 @@ from libarena.models.training import (
     update_units,
 )
 from libarena.run import distributed
-from libarena.run.plan import RunPlan, RunStage
+from libarena.plan import StagePlan
+from libarena.run.plan import RunPlan
 
 #: Logical parameter axes split by tensor (and expert) parallelism.
 TP_LOGICAL_AXES = ("heads", "mlp", "vocab", "expert", "conv_out")
@@ -79,14 +80,15 @@ def _is_axes_leaf(x: Any) -> bool:
 class StageRuntime:
     """Meshes, shardings and compiled functions of one pipeline stage (cached: plans share stages)."""
 
-    def __init__(self, model: ModelDef, stage: RunStage, devices: Sequence[Any], microbatch: int, dtype: str,
-                 optimizer: OptimizerConfig, first: bool, last: bool):
+    def __init__(self, model: ModelDef, stage: StagePlan, units: range, devices: Sequence[Any], microbatch: int,
+                 dtype: str, optimizer: OptimizerConfig, first: bool, last: bool):
         import jax
         import jax.numpy as jnp
         import optax
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
         self.stage = stage
+        self.units = units
         self.first, self.last = first, last
         self.devices = list(devices)
         self.mesh = Mesh(np.array(self.devices, dtype=object).reshape(stage.dp, stage.tp), (DP_AXIS, TP_AXIS))
@@ -94,15 +96,15 @@ class StageRuntime:
         self.carry_sharding = NamedSharding(self.mesh, PartitionSpec(DP_AXIS))
         self.batch_sharding = self.carry_sharding
         self.uses_batch = first or last
-        start, stop = stage.first_unit, stage.end_unit
+        start, stop = units.start, units.stop
         dtype_ = compute_dtype(dtype)
         tx = optimizer.build()
 
         from libarena.models.training import unit_key
 
-        shapes = [jax.eval_shape(lambda i=i: model.init_unit(i, unit_key(0, i))) for i in stage.units]
+        shapes = [jax.eval_shape(lambda i=i: model.init_unit(i, unit_key(0, i))) for i in units]
         self.param_shardings = []
-        for i, shape_tree in zip(stage.units, shapes):
+        for i, shape_tree in zip(units, shapes):
             axes = model.param_axes(i)
             specs = jax.tree.map(
                 lambda ax, leaf: param_partition(ax, leaf.shape, stage.tp), axes, shape_tree, is_leaf=_is_axes_leaf
@@ -213,12 +215,12 @@ def _host_zeros(shapes: Any) -> Any:
 _STAGE_CACHE: dict[tuple, StageRuntime] = {}
 
 
-def stage_runtime(model: ModelDef, stage: RunStage, devices: Sequence[Any], microbatch: int, dtype: str,
+def stage_runtime(model: ModelDef, stage: StagePlan, units: range, devices: Sequence[Any], microbatch: int, dtype: str,
                   optimizer: OptimizerConfig, first: bool, last: bool) -> StageRuntime:
-    key = (model.name, stage.first_unit, stage.end_unit, stage.dp, stage.tp, stage.zero, microbatch, dtype, optimizer,
+    key = (model.name, units.start, units.stop, stage.dp, stage.tp, stage.zero, microbatch, dtype, optimizer,
            tuple(d.id for d in devices), first, last)
     if key not in _STAGE_CACHE:
-        _STAGE_CACHE[key] = StageRuntime(model, stage, devices, microbatch, dtype, optimizer, first, last)
+        _STAGE_CACHE[key] = StageRuntime(model, stage, units, devices, microbatch, dtype, optimizer, first, last)
     return _STAGE_CACHE[key]
 
 
@@ -284,7 +286,8 @@ class PipelineExecutor:
         offsets = plan.offsets()
         S = plan.pipeline_degree
         self.stages = [
-            stage_runtime(model, st, all_devices[off: off + st.num_gpus], plan.microbatch_size, dtype, self.optimizer, j == 0, j == S - 1)
+            stage_runtime(model, st, plan.units(j), all_devices[off: off + st.num_gpus], plan.microbatch_size, dtype,
+                          self.optimizer, j == 0, j == S - 1)
             for j, (st, off) in enumerate(zip(plan.stages, offsets))
         ]
         self.order = one_f_one_b(S, plan.num_microbatches)
@@ -300,7 +303,7 @@ class PipelineExecutor:
 
         # Compiled per stage and written straight into the stage's shardings.
         self.params = [
-            jax.jit(lambda units=tuple(rt.stage.units): init_params(self.model, seed, units), out_shardings=rt.param_shardings)()
+            jax.jit(lambda units=tuple(rt.units): init_params(self.model, seed, units), out_shardings=rt.param_shardings)()
             for rt in self.stages
         ]
         self.opt_state = [rt.init_opt(p) for rt, p in zip(self.stages, self.params)]
@@ -314,8 +317,8 @@ class PipelineExecutor:
             raise ArenaError(f"state has {len(unit_params)} units, model {self.model.name} has {len(self.model.units)}")
         # Host copies first: placing fresh buffers means the donating update never deletes the caller's arrays.
         unit_params, unit_opt_state = jax.device_get((list(unit_params), list(unit_opt_state)))
-        self.params = [rt.place_params([unit_params[i] for i in rt.stage.units]) for rt in self.stages]
-        self.opt_state = [rt.place_opt_state([unit_opt_state[i] for i in rt.stage.units]) for rt in self.stages]
+        self.params = [rt.place_params([unit_params[i] for i in rt.units]) for rt in self.stages]
+        self.opt_state = [rt.place_opt_state([unit_opt_state[i] for i in rt.units]) for rt in self.stages]
         self.step_count = int(step)
 
     def host_state(self) -> tuple[list[Any], list[Any]]:

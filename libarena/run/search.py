@@ -32,7 +32,11 @@ import numpy as np
 
 from libarena.errors import ArenaError
 from libarena.models import ModelDef
-from libarena.run.plan import RunPlan, RunStage, cluster_unit_ranges, plan_from_parallel_plan
+from libarena.hardware import get_gpu
+from libarena.plan import MICROBATCHES_PER_STAGE, Grid, StageLayout, make_plan, microbatch_count, runnable_microbatch_count
+from libarena.plan.costs import intra_stage_options
+from libarena.plan.partition import computation_bias, partitions, power_of_two_compositions
+from libarena.run.plan import RunPlan
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class SearchConfig:
     warmup_steps: int = 1
     timed_steps: int = 2
     #: Micro-batches B = microbatches_per_stage x s, as arena-plan does, reduced until B divides the batch.
-    microbatches_per_stage: int = 4
+    microbatches_per_stage: int = MICROBATCHES_PER_STAGE
     allow_zero: bool = True
 
 
@@ -97,45 +101,18 @@ class SearchResult:
 
 
 def cluster_loads(clusters: Sequence[Mapping[str, Any]], gpu_type: str, dtype: str) -> np.ndarray:
-    """Roofline seconds of each cluster's forward+backward on one GPU: max(F / peak, M / bandwidth)."""
-    from libarena.hardware import get_gpu
-
-    gpu = get_gpu(gpu_type)
+    """Roofline seconds (eq. 2) of each cluster's forward+backward on one GPU, from its FLOPs and bytes."""
     flops = np.array([float(c.get("flops", 0.0)) for c in clusters])
     moved = np.array([float(c.get("bytes", 0.0)) for c in clusters])
-    loads = np.maximum(flops / gpu.peak(dtype or "fp32"), moved / gpu.hbm_bandwidth)
+    loads = get_gpu(gpu_type).roofline_seconds(flops, moved, dtype or "fp32")
     if not np.all(loads > 0):
         loads = np.where(loads > 0, loads, max(float(loads.max(initial=0.0)), 1.0) * 1e-6)
     return loads
 
 
-def computation_bias(loads: np.ndarray, bounds: Sequence[int], gpus: Sequence[int]) -> float:
-    """b_comp (eq. 3) of GPU assignment ``gpus`` to the stages starting at clusters ``bounds``."""
-    n = sum(gpus)
-    ends = list(bounds[1:]) + [len(loads)]
-    share = loads / loads.sum() * n
-    ideal = np.array([share[a:b].sum() for a, b in zip(bounds, ends)])
-    return float(np.sqrt(((np.asarray(gpus, dtype=float) - ideal) ** 2).sum()))
-
-
-def _compositions(n: int, s: int) -> list[tuple[int, ...]]:
-    from libarena.plan.partition import power_of_two_compositions
-
-    return list(power_of_two_compositions(n, s))
-
-
-def _intra_options(g: int, allow_zero: bool) -> list[tuple[int, int, bool]]:
-    from libarena.plan.costs import intra_stage_options
-
-    return list(intra_stage_options(g, allow_zero))
-
-
 def microbatches(global_batch: int, stages: int, per_stage: int) -> int:
-    """B = per_stage x s (arena-plan's rule), lowered until it divides the global batch."""
-    b = max(1, per_stage * stages)
-    while b > 1 and global_batch % b:
-        b -= 1
-    return b
+    """arena-plan's B for ``stages`` stages, as many as the runtime can split the global batch into."""
+    return runnable_microbatch_count(global_batch, microbatch_count(stages, per_stage))
 
 
 @dataclass(frozen=True)
@@ -153,15 +130,21 @@ class SearchSpace:
     def num_clusters(self) -> int:
         return len(self.clusters)
 
+    @property
+    def layout(self) -> StageLayout:
+        return StageLayout.from_cluster_records(self.clusters)
+
+    def grid(self, stages: int) -> Grid:
+        per_node = get_gpu(self.gpu_type).default_gpus_per_node
+        nodes = max(1, -(-self.num_gpus // per_node))
+        return Grid(self.model.name, self.global_batch, self.gpu_type, self.num_gpus, nodes, per_node, stages)
+
     def make_plan(self, bounds: Sequence[int], choices: Sequence[tuple[int, int, int, bool]], num_microbatches: int, tag: str) -> RunPlan:
-        ranges = cluster_unit_ranges(self.model, self.clusters)
-        ends = list(bounds[1:]) + [len(ranges)]
-        stages = tuple(
-            RunStage(ranges[a][0], ranges[b - 1][1], g, dp, tp, zero, None, a, b)
-            for (a, b), (g, dp, tp, zero) in zip(zip(bounds, ends), choices)
-        )
         spec = "_".join(f"{a}:{g}g{dp}x{tp}{'z' if z else ''}" for a, (g, dp, tp, z) in zip(bounds, choices))
-        return RunPlan(self.model.name, self.global_batch, num_microbatches, stages, f"{tag}-s{len(bounds)}-{spec}", self.gpu_type)
+        plan = make_plan(self.grid(len(bounds)), bounds, [c[0] for c in choices], [c[1] for c in choices],
+                         [c[2] for c in choices], [int(c[3]) for c in choices], num_microbatches, self.num_clusters,
+                         f"{tag}-s{len(bounds)}-{spec}")
+        return RunPlan.from_plan(plan, self.layout, self.model)
 
     def valid(self, plan: RunPlan) -> bool:
         return all(plan.microbatch_size % st.dp == 0 for st in plan.stages)
@@ -169,16 +152,14 @@ class SearchSpace:
 
 def full_space(space: SearchSpace, config: SearchConfig) -> list[RunPlan]:
     """Every plan of every grid of the resources."""
-    from libarena.plan.partition import partitions
-
     out = []
     n, O = space.num_gpus, space.num_clusters
     for s in range(1, min(n, O) + 1):
         B = microbatches(space.global_batch, s, config.microbatches_per_stage)
         starts, _ = partitions(O, s)
         for bounds in starts.tolist():
-            for gpus in _compositions(n, s):
-                for intra in itertools.product(*[_intra_options(g, config.allow_zero) for g in gpus]):
+            for gpus in power_of_two_compositions(n, s):
+                for intra in itertools.product(*[intra_stage_options(g, config.allow_zero) for g in gpus]):
                     choices = [(g, dp, tp, z) for g, (dp, tp, z) in zip(gpus, intra)]
                     plan = space.make_plan(bounds, choices, B, "full")
                     if space.valid(plan):
@@ -189,8 +170,6 @@ def full_space(space: SearchSpace, config: SearchConfig) -> list[RunPlan]:
 def pruned_space(space: SearchSpace, frontier: Sequence[Any], pipeline_degree: int, config: SearchConfig) -> list[RunPlan]:
     """Rules 2 and 3 inside the grid of pipeline degree ``pipeline_degree`` (``frontier``: its Pareto
     ParallelPlans from arena-plan)."""
-    from libarena.plan.partition import partitions
-
     if not frontier:
         raise ArenaError(f"no Pareto plans for {space.gpu_type} x{space.num_gpus} with {pipeline_degree} stages in the plans file")
     loads = cluster_loads(space.clusters, space.gpu_type, space.dtype)
@@ -207,7 +186,7 @@ def pruned_space(space: SearchSpace, frontier: Sequence[Any], pipeline_degree: i
     starts, _ = partitions(O, s)
     for bounds in starts.tolist():
         ends = bounds[1:] + [O]
-        for gpus in _compositions(n, s):
+        for gpus in power_of_two_compositions(n, s):
             if computation_bias(loads, bounds, gpus) > threshold:
                 continue
             per_stage = []
@@ -215,7 +194,7 @@ def pruned_space(space: SearchSpace, frontier: Sequence[Any], pipeline_degree: i
                 if (a, b) in fixed:
                     per_stage.append(sorted(c for c in fixed[(a, b)] if c[0] == g))
                 else:
-                    per_stage.append([(g, dp, tp, z) for dp, tp, z in _intra_options(g, config.allow_zero)])
+                    per_stage.append([(g, dp, tp, z) for dp, tp, z in intra_stage_options(g, config.allow_zero)])
             for choices in itertools.product(*per_stage):
                 key = (tuple(bounds), choices)
                 if key in seen:
@@ -290,10 +269,10 @@ def pruned_search(space: SearchSpace, planset: Any, measure: MeasureFn, config: 
         for g in grids.values():
             if g.proxy is None:
                 continue
-            proxy = plan_from_parallel_plan(g.proxy, space.model, space.clusters)
-            if space.global_batch % proxy.num_microbatches:  # same micro-batch rule as the candidates
-                proxy = replace(proxy, num_microbatches=microbatches(space.global_batch, proxy.pipeline_degree, config.microbatches_per_stage))
-            proxies.append(proxy)
+            plan = g.proxy
+            if space.global_batch % plan.num_microbatches:  # same micro-batch rule as the candidates
+                plan = replace(plan, num_microbatches=microbatches(space.global_batch, plan.pipeline_degree, config.microbatches_per_stage))
+            proxies.append(RunPlan.from_plan(plan, space.layout, space.model))
         selection_trials = _run_trials(proxies, measure, space.num_gpus)
         selection_cost = sum(t.cost_device_s for t in selection_trials)
         ok = [t for t in selection_trials if not t.error]

@@ -162,17 +162,13 @@ class PlanMeasurement:
         return out
 
 
-def measure_plan(model: ModelDef, plan: Any, warmup: int = 1, steps: int = 3, devices: Sequence[Any] | None = None,
+def measure_plan(model: ModelDef, plan: RunPlan, warmup: int = 1, steps: int = 3, devices: Sequence[Any] | None = None,
                  dtype: str = "fp32", optimizer: OptimizerConfig | None = None, seed: int = 0, data_seed: int = 0,
-                 profile_stages: bool = True, clusters: Sequence[Any] | None = None) -> PlanMeasurement:
+                 profile_stages: bool = True) -> PlanMeasurement:
     """Run ``warmup`` + ``steps`` training steps of ``plan`` and time them; with ``profile_stages`` one more
-    step is run task by task for per-stage busy time and peak memory. ``plan``: a RunPlan, a ``plans``
-    row or an arena-plan ParallelPlan (the latter two with the plans metadata's ``clusters``)."""
+    step is run task by task for per-stage busy time and peak memory."""
     import jax
 
-    from libarena.run.plan import as_run_plan
-
-    plan = as_run_plan(plan, model, clusters)
     t0 = time.perf_counter()
     devices = list(jax.devices()) if devices is None else list(devices)
     executor = PipelineExecutor(model, plan, devices, dtype, optimizer)

@@ -32,13 +32,13 @@ def test_direct_measurement_of_a_two_stage_pipeline(tmp_path):
     from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
     from libarena.profile.measure import measure_in_subprocess
 
-    rows = [r for r in enumerate_grid_plans("gpt__tiny", 8, 2, "cpu", 2) if r["pipeline_degree"] == 2]
+    plans = [p for p in enumerate_grid_plans("gpt__tiny", 8, 2, "cpu", 2) if p.pipeline_degree == 2]
     path = tmp_path / "plans.parquet"
-    write_plans_table(str(path), "gpt__tiny", 8, rows, model_clusters("gpt__tiny", 8, num_clusters=2))
+    write_plans_table(str(path), "gpt__tiny", 8, plans, model_clusters("gpt__tiny", 8, num_clusters=2))
     grid = {"model": "gpt__tiny", "global_batch": 8, "gpu_type": "cpu", "num_gpus": 2, "num_nodes": 1}
-    (result,) = measure_in_subprocess(path, [(grid, rows[0]["plan_id"])], 2, warmup=1, repeats=2)
+    (result,) = measure_in_subprocess(path, [(grid, plans[0].plan_id)], 2, warmup=1, repeats=2)
     # The runtime's own executor ran it (no second pipeline runner in the profiler).
     assert result["runner"] == "libarena.run.measure_plan"
-    assert result["plan_id"] == rows[0]["plan_id"] and len(result["samples_s"]) == 2
+    assert result["plan_id"] == plans[0].plan_id and len(result["samples_s"]) == 2
     assert 0 < result["iter_time_s"] < result["first_step_s"] < result["wall_s"]
     assert result["device_s"] == pytest.approx(2 * result["wall_s"])

@@ -29,10 +29,10 @@ def moe_tiny_plans():
 
 
 def test_roofline_rows_cover_every_configuration(moe_tiny_plans):
-    from libarena.profile.roofline import perf_rows
+    from libarena.profile.roofline import roofline_rows
 
     profile, planset, cluster = moe_tiny_plans
-    rows = perf_rows(profile, planset, cluster)
+    rows = roofline_rows(profile, planset, cluster)
     configurations = {(g.grid.gpu_type, g.grid.num_gpus, g.grid.num_nodes) for g in planset.grids}
     for key in configurations:
         views = {r["view"] for r in rows if (r["gpu_type"], r["num_gpus"], r["num_nodes"]) == key}
@@ -71,12 +71,12 @@ def test_roofline_phase_times_lie_between_pure_compute_and_unfused_memory_traffi
 
 
 def test_roofline_estimate_follows_the_1f1b_formula(moe_tiny_plans):
-    from libarena.profile.roofline import RooflineConfig, estimate_plan
+    from libarena.profile.roofline import RooflineConfig, roofline_iteration
 
     profile, planset, _ = moe_tiny_plans
     plan = next(g.proxy for g in planset.grids if g.proxy is not None and g.grid.pipeline_degree == 2)
-    slow = estimate_plan(profile, plan, RooflineConfig(achieved_fraction=0.25))
-    fast = estimate_plan(profile, plan, RooflineConfig(achieved_fraction=0.5))
+    slow = roofline_iteration(profile, plan, RooflineConfig(achieved_fraction=0.25))
+    fast = roofline_iteration(profile, plan, RooflineConfig(achieved_fraction=0.5))
     # Halving the attained fraction doubles compute and optimizer time; communication stays.
     compute_fast = fast.iter_time_s - fast.grad_sync_s
     assert slow.iter_time_s > fast.iter_time_s
@@ -130,23 +130,29 @@ def test_perf_build_rejects_unknown_mode():
 def test_dp_view_shards_adam_state_only_when_the_replicated_state_does_not_fit():
     from libarena.hardware.comm import AlphaBetaCommModel
     from libarena.plan import load_model_profile
-    from libarena.profile.roofline import RooflineConfig, dp_plan_estimate
+    from libarena.plan import Grid
+    from libarena.profile.roofline import RooflineConfig, priced_data_parallel_plan, roofline_iteration
     from tests.plan.optables import cluster_record, operator_table
 
     def profile(total_params: float):
         records = [cluster_record(i, flops=1e13, bytes_=1e9, param_count=total_params / 4) for i in range(4)]
         return load_model_profile(operator_table(records, global_batch=64))
 
+    def dp_plan_estimate(model_profile, gpus: int, config: RooflineConfig):
+        grid = Grid(model_profile.name, 64, "a100", gpus, max(1, gpus // 8), 8, 1)
+        plan, fits = priced_data_parallel_plan(model_profile, grid, comm, config)
+        return roofline_iteration(model_profile, plan, config), fits
+
     comm, plain = AlphaBetaCommModel(), RooflineConfig(dp_zero=False)
     # 2.5B fp32 parameters: 20 GB of weights + gradients and 20 GB of Adam state exceed an A100-40GB's 36 GB;
     # with the Adam state sharded over 8 replicas (2.5 GB each) they fit.
     big = profile(2.5e9)
-    assert not dp_plan_estimate(big, "a100", 8, 8, comm, plain)[1]
-    zero_estimate, fits = dp_plan_estimate(big, "a100", 8, 8, comm, RooflineConfig())
+    assert not dp_plan_estimate(big, 8, plain)[1]
+    zero_estimate, fits = dp_plan_estimate(big, 8, RooflineConfig())
     assert fits
-    assert not dp_plan_estimate(big, "a100", 1, 8, comm, RooflineConfig())[1]  # one GPU has nothing to shard with
+    assert not dp_plan_estimate(big, 1, RooflineConfig())[1]  # one GPU has nothing to shard with
     # A model whose replicated state fits is priced exactly as before (no ZeRO, same time).
     small = profile(1e9)
-    assert dp_plan_estimate(small, "a100", 8, 8, comm, RooflineConfig())[0].iter_time_s == pytest.approx(
-        dp_plan_estimate(small, "a100", 8, 8, comm, plain)[0].iter_time_s)
+    assert dp_plan_estimate(small, 8, RooflineConfig())[0].iter_time_s == pytest.approx(
+        dp_plan_estimate(small, 8, plain)[0].iter_time_s)
     assert zero_estimate.iter_time_s > 0

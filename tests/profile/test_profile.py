@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from libarena.artifacts import read_table
+from libarena.plan import read_plans
 from libarena.errors import ArenaError
 
 MODEL = "gpt__tiny"
@@ -48,7 +49,7 @@ def first_run(plans_path, cache_dir):
 
     config = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3, granularity="unit")
     messages: list[str] = []
-    result = profile_plans(read_table(plans_path, "plans"), config, comm=_cpu_comm(), log=messages.append)
+    result = profile_plans(read_plans(plans_path, require_costs=False), config, comm=_cpu_comm(), log=messages.append)
     result.log_messages = messages
     return result
 
@@ -107,7 +108,7 @@ def test_stage_breakdown_follows_the_1f1b_model(first_run):
 def test_second_run_is_served_from_the_cache(plans_path, cache_dir, first_run):
     from libarena.profile import ProfileConfig, profile_plans
 
-    again = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache_dir, granularity="unit"), comm=_cpu_comm())
+    again = profile_plans(read_plans(plans_path, require_costs=False), ProfileConfig(cache_dir=cache_dir, granularity="unit"), comm=_cpu_comm())
     assert again.summary["stages_profiled"] == 0 and again.summary["stages_skipped"] == 24
     before = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in first_run.table.to_pylist()}
     after = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in again.table.to_pylist()}
@@ -117,24 +118,21 @@ def test_second_run_is_served_from_the_cache(plans_path, cache_dir, first_run):
 
 def test_cpu_plans_without_a_comm_table_need_one(tmp_path, cache_dir):
     """The alpha-beta model knows catalogue GPUs only: a 2-device CPU plan without --comm is an error."""
-    from libarena.profile import ProfileConfig, load_plan_inputs
-    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
-    from libarena.profile.profiler import stage_communication
-
-    rows = enumerate_grid_plans(MODEL, BATCH, 2, "cpu", 2)
-    path = tmp_path / "p.parquet"
-    write_plans_table(str(path), MODEL, BATCH, rows, model_clusters(MODEL, BATCH, num_clusters=2))
-    inputs = load_plan_inputs(read_table(path, "plans"))
     from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+    from libarena.profile.profiler import ProfiledJob, stage_communication
 
-    plan = inputs.plans[0]  # dp 2
+    plans = enumerate_grid_plans(MODEL, BATCH, 2, "cpu", 2)
+    path = tmp_path / "p.parquet"
+    write_plans_table(str(path), MODEL, BATCH, plans, model_clusters(MODEL, BATCH, num_clusters=2))
+    job = ProfiledJob.of(read_plans(path, require_costs=False))
+    plan = job.planset.plans()[0]  # dp 2
     fake = [{"activation_out_bytes": 0.0, "activation_in_bytes": 0.0, "param_bytes": 1e6}]
     with pytest.raises(ArenaError, match="arena-profile comm"):
-        stage_communication(inputs, plan, 0, fake, AlphaBetaCommModel(), [])
+        stage_communication(job, plan, 0, fake, AlphaBetaCommModel(), [])
     used: list[str] = []
-    seconds = stage_communication(inputs, plan, 0, fake, _cpu_comm(), used)[2]
+    seconds = stage_communication(job, plan, 0, fake, _cpu_comm(), used)[2]
     assert seconds > 0 and used == ["all-reduce/2xcpu: measured"]
-    del ProfileConfig
 
 
 # -- CLI ----------------------------------------------------------------------------------------------
@@ -247,7 +245,7 @@ def test_stage_granularity_profiles_whole_stages(plans_path, cache_dir):
     from libarena.profile import ProfileConfig, profile_plans
 
     config = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3, granularity="stage", include_dp=False)
-    result = profile_plans(read_table(plans_path, "plans"), config, comm=_cpu_comm())
+    result = profile_plans(read_plans(plans_path, require_costs=False), config, comm=_cpu_comm())
     s = result.summary
     assert s["stages_needed"] == 2 and s["stages_profiled"] + s["stages_skipped"] == 2 and s["stages_skipped"] >= 1
     (stage,) = next(e for e in result.estimates if not e.estimated).stages
@@ -258,7 +256,7 @@ def test_memory_check_against_the_device(plans_path, cache_dir, first_run):
     """Same (cached) profiles, a device budget too small for the stage's state: rows do not fit."""
     from libarena.profile import ProfileConfig, profile_plans
 
-    tight = profile_plans(read_table(plans_path, "plans"), ProfileConfig(cache_dir=cache_dir, memory_fraction=1e-9, granularity="unit"),
+    tight = profile_plans(read_plans(plans_path, require_costs=False), ProfileConfig(cache_dir=cache_dir, memory_fraction=1e-9, granularity="unit"),
                           comm=_cpu_comm())
     assert tight.summary["stages_profiled"] == 0
     assert not any(r["fits_in_memory"] for r in tight.table.to_pylist())
@@ -275,7 +273,10 @@ def test_cli_sigterm_mid_run_exits_2_keeps_the_cache_valid_and_a_rerun_resumes(p
     import time
 
     cache, out = tmp_path / "cache", tmp_path / "perf.parquet"
-    args = [sys.executable, "-m", "arena_profile.main", "-i", str(plans_path), "--cache-dir", str(cache), "--no-dp", "-o", str(out)]
+    # Two distinct stages (the proxy's and the dp plan's micro-batch), each timed long enough that the kill
+    # lands after the first stage's entry and before the run ends.
+    args = [sys.executable, "-m", "arena_profile.main", "-i", str(plans_path), "--cache-dir", str(cache),
+            "--repeats", "300", "--timing-budget", "0", "-o", str(out)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def stage_entries() -> list:

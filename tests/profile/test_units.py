@@ -162,58 +162,66 @@ def test_perf_table_import_missing_required_column_is_an_error(tmp_path):
 # -- plans input --------------------------------------------------------------------------------------
 
 
-def _plans(tmp_path, clusters=None, model="gpt__tiny", **overrides):
+def _plans(tmp_path, clusters=None, model="gpt__tiny"):
+    """The two-device plans of gpt__tiny as a plans artifact (rows relabelled as ``model``)."""
+    import pyarrow as pa
+
+    from libarena.artifacts import write_table
     from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
 
-    rows = enumerate_grid_plans("gpt__tiny", 8, 2, "cpu", 2)
-    for r in rows:
-        r.update(overrides)
-        r["model"] = model
+    plans = enumerate_grid_plans("gpt__tiny", 8, 2, "cpu", 2)
     path = tmp_path / "plans.parquet"
-    write_plans_table(str(path), "gpt__tiny", 8, rows, model_clusters("gpt__tiny", 8, num_clusters=2) if clusters is None else clusters)
-    return read_table(path, "plans")
+    write_plans_table(str(path), "gpt__tiny", 8, plans, model_clusters("gpt__tiny", 8, num_clusters=2) if clusters is None else clusters)
+    art = read_table(path, "plans")
+    if model != "gpt__tiny":
+        table = art.table.set_column(art.table.schema.get_field_index("model"), "model", pa.array([model] * art.table.num_rows))
+        meta = {**art.metadata, "model": {**art.metadata["model"], "name": model}}
+        write_table(path, "plans", table, art.provenance, meta)
+    return path
 
 
 def test_plans_parse_into_stage_specs(tmp_path):
-    from libarena.profile.plans_input import load_plan_inputs
+    from libarena.plan import data_parallel_plan, read_plans
+    from libarena.profile.profiler import ProfiledJob
 
-    inputs = load_plan_inputs(_plans(tmp_path))
-    ids = [p.plan_id for p in inputs.plans]
-    assert ids == ["s1-b0-g2-2x1", "s1-b0-g2-1x2", "s2-b0.1-g1.1-1x1.1x1"]
-    pipeline = inputs.plans[2]
-    specs = inputs.stage_specs(pipeline)
+    job = ProfiledJob.of(read_plans(_plans(tmp_path), require_costs=False))
+    plans = job.planset.plans()
+    assert [p.plan_id for p in plans] == ["s1-b0-g2-2x1", "s1-b0-g2-1x2", "s2-b0.1-g1.1-1x1.1x1"]
+    specs = job.stage_specs(plans[2])
     assert [(s.start, s.stop) for s in specs] == [(0, 3), (3, 6)]
     assert all(s.micro_batch == 1 for s in specs)  # 8 samples / (4 x 2 micro-batches)
-    tp_plan = inputs.stage_specs(inputs.plans[1])[0]
+    tp_plan = job.stage_specs(plans[1])[0]
     assert (tp_plan.tp, tp_plan.micro_batch) == (2, 2)
-    dp = inputs.dp_plan(inputs.plans[0].grid)
-    assert inputs.stage_specs(dp)[0].micro_batch == 4
+    dp = data_parallel_plan(plans[0].grid, job.layout.num_clusters)
+    assert job.stage_specs(dp)[0].micro_batch == 4
 
 
 def test_plans_without_clusters_or_with_foreign_units_are_rejected(tmp_path):
-    from libarena.profile.plans_input import load_plan_inputs
+    from libarena.plan import read_plans
+    from libarena.profile.profiler import ProfiledJob
 
     with pytest.raises(ArenaError, match="clusters"):
-        load_plan_inputs(_plans(tmp_path, clusters=[]))
+        read_plans(_plans(tmp_path, clusters=[]), require_costs=False)
     bad = [{"index": 0, "units": ["layer0"]}, {"index": 1, "units": ["layer1"]}]
-    with pytest.raises(ArenaError, match="do not match"):
-        load_plan_inputs(_plans(tmp_path, clusters=bad))
+    with pytest.raises(ArenaError, match="does not have"):
+        ProfiledJob.of(read_plans(_plans(tmp_path, clusters=bad), require_costs=False))
 
 
 def test_plans_for_an_unknown_model_are_rejected(tmp_path):
-    from libarena.profile.plans_input import load_plan_inputs
+    from libarena.plan import read_plans
+    from libarena.profile.profiler import ProfiledJob
 
     with pytest.raises(ArenaError, match="unknown"):
-        load_plan_inputs(_plans(tmp_path, model="gpt__nonexistent"))
+        ProfiledJob.of(read_plans(_plans(tmp_path, model="gpt__nonexistent"), require_costs=False))
 
 
 def test_every_plan_of_a_two_device_grid_is_enumerated():
     from libarena.profile.local_plans import enumerate_grid_plans
 
-    rows = enumerate_grid_plans("gpt__tiny", 16, 2, "cpu", 3)
+    plans = enumerate_grid_plans("gpt__tiny", 16, 2, "cpu", 3)
     # s=1: dp2, tp2; s=2: two cut points x (1, 1) GPUs.
-    assert len(rows) == 4 and sum(r["is_proxy"] for r in rows) == 1
-    assert {tuple(r["stage_boundaries"]) for r in rows if r["pipeline_degree"] == 2} == {(0, 1), (0, 2)}
+    assert len(plans) == 4 and sum(p.is_proxy for p in plans) == 1
+    assert {tuple(p.stage_boundaries) for p in plans if p.pipeline_degree == 2} == {(0, 1), (0, 2)}
 
 
 # -- per-worker shapes --------------------------------------------------------------------------------
@@ -322,12 +330,15 @@ def test_profile_package_does_not_import_jax():
 
 
 def test_plan_selection_proxy_frontier_exhaustive(tmp_path):
-    from libarena.profile.plans_input import load_plan_inputs
+    from dataclasses import replace
+
+    from libarena.plan import read_plans
     from libarena.profile.profiler import select_plans
 
-    inputs = load_plan_inputs(_plans(tmp_path))
+    planset = read_plans(_plans(tmp_path), require_costs=False)
     # mark one plan off the frontier (an --exhaustive extra row)
-    inputs.plans[2] = type(inputs.plans[2])(**{**inputs.plans[2].__dict__, "on_frontier": False})
-    assert [p.plan_id for p in select_plans(inputs, "proxy")] == ["s1-b0-g2-2x1"]
-    assert [p.plan_id for p in select_plans(inputs, "frontier")] == ["s1-b0-g2-2x1", "s1-b0-g2-1x2"]
-    assert len(select_plans(inputs, "exhaustive")) == 3
+    grid = next(i for i, g in enumerate(planset.grids) if g.grid.pipeline_degree == 2)
+    planset.grids[grid] = replace(planset.grids[grid], plans=(replace(planset.grids[grid].plans[0], on_frontier=False),))
+    assert [p.plan_id for p in select_plans(planset, "proxy")] == ["s1-b0-g2-2x1"]
+    assert [p.plan_id for p in select_plans(planset, "frontier")] == ["s1-b0-g2-2x1", "s1-b0-g2-1x2"]
+    assert len(select_plans(planset, "exhaustive")) == 3

@@ -7,7 +7,8 @@ import pytest
 from libarena.errors import ArenaError
 from libarena.models import get_model
 from libarena.run.executor import one_f_one_b, param_partition, zero_partition
-from libarena.run.plan import RunPlan, RunStage, cluster_unit_ranges, plan_from_row, simple_plan
+from libarena.plan import Grid, StageLayout, make_plan
+from libarena.run.plan import RunPlan, simple_plan
 
 
 @pytest.mark.parametrize("stages,micro", [(1, 1), (1, 4), (2, 4), (3, 2), (4, 8), (4, 4)])
@@ -58,27 +59,29 @@ def test_validation_errors_are_one_line() -> None:
         simple_plan(model, 8, [0], [8], [1], 2).validate(model, 8)
     with pytest.raises(ArenaError, match="not divisible"):
         simple_plan(model, 8, [0], [1], [1], 3).validate(model, 1)
+    short = make_plan(Grid(model.name, 8, "cpu", 1, 1, 1, 1), [0], [1], [1], [1], None, 1, 1, "short")
     with pytest.raises(ArenaError, match="cover 3 of"):
-        RunPlan(model.name, 8, 1, (RunStage(0, 3, 1, 1, 1),)).validate(model)
+        RunPlan(short, ((0, 3),)).validate(model)
 
 
-def test_plan_row_maps_clusters_to_units() -> None:
+def test_a_plan_binds_its_clusters_to_model_units() -> None:
     model = get_model("gpt__tiny")
     clusters = [{"units": ["embed"]}, {"units": ["block_00", "block_01"]}, {"units": ["block_02", "block_03"]}, {"units": ["head"]}]
-    assert cluster_unit_ranges(model, clusters) == [(0, 1), (1, 3), (3, 5), (5, 6)]
-    row = {"model": "gpt__tiny", "plan_id": "p", "global_batch": 8, "num_microbatches": 4, "gpu_type": "a100",
-           "stage_boundaries": [0, 2], "gpus_per_stage": [2, 1], "dp_per_stage": [2, 1], "tp_per_stage": [1, 1],
-           "zero_per_stage": [1, 0], "stage_gpu_offsets": [0, 2], "feasible": True}
-    plan = plan_from_row(row, model, clusters)
-    assert [(st.first_unit, st.end_unit) for st in plan.stages] == [(0, 3), (3, 6)]
-    assert plan.stages[0].zero and plan.num_gpus == 3 and plan.offsets() == [0, 2]
-    plan.validate(model, 3)
+    layout = StageLayout.from_cluster_records(clusters)
+    assert [layout.unit_range(c, c + 1) for c in range(4)] == [(0, 1), (1, 3), (3, 5), (5, 6)]
+    grid = Grid("gpt__tiny", 8, "a100", 3, 1, 4, 2)
+    plan = make_plan(grid, [0, 2], [2, 1], [2, 1], [1, 1], [1, 0], 4, 4, "p", offsets=[0, 2])
+    run_plan = RunPlan.from_plan(plan, layout, model)
+    assert run_plan.unit_ranges == ((0, 3), (3, 6))
+    assert run_plan.stages[0].zero and run_plan.num_gpus == 3 and run_plan.offsets() == [0, 2]
+    run_plan.validate(model, 3)
     with pytest.raises(ArenaError, match="not 'moe__tiny'"):
-        plan_from_row(row, get_model("moe__tiny"), clusters)
+        RunPlan.from_plan(plan, layout, get_model("moe__tiny"))
     with pytest.raises(ArenaError, match="not the contiguous units"):
-        cluster_unit_ranges(model, [{"units": ["embed"]}, {"units": ["block_01"]}])
+        StageLayout.from_cluster_records([{"units": ["embed"]}, {"units": ["block_01"]}]).check_units(
+            [u.name for u in model.units], model.name)
     with pytest.raises(ArenaError, match="does not have"):
-        cluster_unit_ranges(model, [{"units": ["stem"]}])
+        StageLayout.from_cluster_records([{"units": ["stem"]}]).check_units([u.name for u in model.units], model.name)
 
 
 def test_job_hosts_spread_the_gpus_evenly() -> None:

@@ -71,8 +71,8 @@ def profile(
     from libarena.artifacts.stage_cache import StageCache, cache_input, library_versions
     from libarena.hardware.comm import AlphaBetaCommModel, load_comm_model
     from libarena.profile import ProfileConfig, measure_estimates, profile_plans, resolve_device, write_perf_table
-    from libarena.profile.plans_input import load_plan_inputs
-    from libarena.profile.profiler import check_comm_model
+    from libarena.plan import planset_from_artifact
+    from libarena.profile.profiler import ProfiledJob, check_comm_model
 
     if all_frontier and exhaustive:
         raise ArenaError("--all-frontier and --exhaustive exclude each other")
@@ -102,7 +102,9 @@ def profile(
     comm_model = load_comm_model(str(comm)) if comm is not None else None
     # What profile_plans checks first, checked before the cache key (which names the resolved device):
     # bad plans, then a comm table for other hardware, then a device that is not here.
-    check_comm_model(comm_model or AlphaBetaCommModel(), load_plan_inputs(artifact))
+    planset = planset_from_artifact(artifact, require_costs=False)
+    ProfiledJob.of(planset)  # the plans' model and clusters
+    check_comm_model(comm_model or AlphaBetaCommModel(), planset)
     local = resolve_device(device)
     inputs = [input_ref(plans, "plans")] if plans != "-" else [{"path": "-", "kind": "plans"}]
     if comm is not None:
@@ -119,9 +121,9 @@ def profile(
         summary: dict = {}
 
         def produce(path: str) -> None:
-            result = profile_plans(artifact, config, comm=comm_model, log=reporter.log, progress=reporter.progress)
+            result = profile_plans(planset, config, comm=comm_model, log=reporter.log, progress=reporter.progress)
             if measure:
-                measure_estimates(artifact, result, repeats=measure_repeats, log=reporter.log)
+                measure_estimates(planset, result, repeats=measure_repeats, log=reporter.log)
             s = result.summary
             summary.update(timer=s["timer"], stages_needed=s["stages_needed"], stages_profiled=s["stages_profiled"],
                            stages_skipped=s["stages_skipped"])

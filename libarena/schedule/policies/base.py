@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from libarena.errors import ArenaError
+from libarena.registry import Registry
 from libarena.schedule.config import APSearch, PolicyConfig, ProfilingKind
 from libarena.schedule.perf import DECISION_VIEWS
 
@@ -77,18 +78,6 @@ class Policy:
         return int(above[0]) if above.size else int(ok[-1])
 
 
-_POLICIES: dict[str, type[Policy]] = {}
-
-
-def register_policy(cls: type[Policy]) -> type[Policy]:
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in _POLICIES and _POLICIES[cls.name] is not cls:
-        raise ValueError(f"policy {cls.name!r} registered twice")
-    _POLICIES[cls.name] = cls
-    return cls
-
-
 def _load() -> None:
     import libarena.schedule.policies as pkg
 
@@ -97,14 +86,18 @@ def _load() -> None:
             importlib.import_module(f"{pkg.__name__}.{module.name}")
 
 
+POLICIES: Registry[type[Policy]] = Registry("policy", _load)
+
+
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    return POLICIES.register(cls.name, cls)
+
+
 def policy_names() -> list[str]:
-    _load()
-    return sorted(_POLICIES)
+    return POLICIES.names()
 
 
 def get_policy(name: str) -> type[Policy]:
-    _load()
-    try:
-        return _POLICIES[name]
-    except KeyError:
-        raise ArenaError(f"unknown policy {name!r} (known: {', '.join(sorted(_POLICIES))})") from None
+    return POLICIES.get(name)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from libarena.errors import ArenaError
+from libarena.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -98,28 +98,22 @@ class JobLauncher(ABC):
         pass
 
 
-_LAUNCHERS: dict[str, Callable[[LauncherContext], JobLauncher]] = {}
-
-
-def register_launcher(cls: type[JobLauncher]) -> type[JobLauncher]:
-    _LAUNCHERS[cls.name] = cls
-    return cls
-
-
 def _load() -> None:
     for mod in ("arena_run", "perf_table"):
         importlib.import_module(f"libarena.schedule.live.launchers.{mod}")
 
 
+LAUNCHERS: Registry[Callable[[LauncherContext], JobLauncher]] = Registry("launcher", _load)
+
+
+def register_launcher(cls: type[JobLauncher]) -> type[JobLauncher]:
+    LAUNCHERS.register(cls.name, cls)
+    return cls
+
+
 def launcher_names() -> list[str]:
-    _load()
-    return sorted(_LAUNCHERS)
+    return LAUNCHERS.names()
 
 
 def get_launcher(name: str, context: LauncherContext) -> JobLauncher:
-    _load()
-    try:
-        factory = _LAUNCHERS[name]
-    except KeyError:
-        raise ArenaError(f"unknown launcher {name!r} (known: {', '.join(sorted(_LAUNCHERS))})") from None
-    return factory(context)
+    return LAUNCHERS.get(name)(context)
