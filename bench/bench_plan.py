@@ -36,15 +36,17 @@ def _zoo_jobs() -> list[tuple[str, int]]:
 
 
 def run(results_dir: Path) -> bool:
-    from libarena.profile.perf_build import PerfBuildConfig, cached_operator_table
+    from libarena.analyze import AnalyzeConfig
     from libarena.hardware import load_cluster
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.analyze import operator_table
     from libarena.plan import PlannerConfig, load_model_profile, plan_job
 
     cluster = load_cluster(PAPER_CLUSTER)
     config = PlannerConfig()
 
     def timed_plan(model: str, batch: int) -> dict[str, Any]:
-        profile = load_model_profile(cached_operator_table(model, batch, PerfBuildConfig(), lambda message: None))
+        profile = load_model_profile(operator_table(AnalyzeConfig(model, batch), CacheSettings()))
         start = time.perf_counter()
         planset = plan_job(profile, cluster, config)
         wall = time.perf_counter() - start

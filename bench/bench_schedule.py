@@ -38,12 +38,10 @@ def run(results_dir: Path, perf: Path | None = None, policies: tuple[str, ...] =
     if not perf.is_file():
         # The pipeline's own table: analyze -> plan -> roofline rows for every (model, batch) the row trace's
         # adaptation uses (a superset of philly's); operator tables are cached in .arena-cache/.
-        from libarena.hardware import load_cluster
-        from libarena.schedule.perf_build import build_perf_table_for_trace
+        from libarena.pipeline.perf_build import PerfBuildConfig, perf_build
 
         print(f"bench_schedule: building {perf} with arena-schedule perf build (first run: ~10 minutes)", file=sys.stderr)
-        build_perf_table_for_trace(TRACES / "simulate_trace_row.csv", load_cluster(CLUSTER), perf,
-                                   log=lambda message: print(message, file=sys.stderr))
+        perf_build(CLUSTER, str(perf), PerfBuildConfig(), trace=TRACES / "simulate_trace_row.csv")
     traces = [("philly", "simulate_trace_philly.csv", TARGETS["philly_wall_s"])]
     if row:
         traces.append(("row", "simulate_trace_row.csv", TARGETS["row_wall_s"]))

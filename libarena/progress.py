@@ -9,6 +9,7 @@ planner and the scheduler stay fast to start.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 from dataclasses import dataclass
 
 
@@ -34,3 +35,26 @@ ProgressCallback = Callable[[ProgressUpdate], None]
 def no_progress(update: ProgressUpdate) -> None:
     """The default callback: progress is not reported."""
     del update
+
+
+class Report(Protocol):
+    """Where a pipeline step reports what it does (the tools pass their libarena.cli.Reporter)."""
+
+    def log(self, message: str) -> None: ...
+
+    def warn(self, message: str) -> None: ...
+
+    def progress(self, update: ProgressUpdate) -> None: ...
+
+
+class SilentReport:
+    """Reports nothing (library callers, tests, benchmarks)."""
+
+    def log(self, message: str) -> None:
+        del message
+
+    def warn(self, message: str) -> None:
+        del message
+
+    def progress(self, update: ProgressUpdate) -> None:
+        del update

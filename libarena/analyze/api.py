@@ -42,8 +42,8 @@ class AnalyzeConfig:
     dtype: str = "bf16"
     num_clusters: int = DEFAULT_NUM_CLUSTERS
 
-    def validated(self) -> AnalyzeConfig:
-        """The config with the dtype normalised; ArenaError (one line) for anything out of range."""
+    def __post_init__(self) -> None:
+        """ArenaError (one line) for anything out of range; the dtype is normalised (``float32`` -> ``fp32``)."""
         from libarena.hardware.catalogue import normalize_dtype
         from libarena.models import get_model
 
@@ -59,7 +59,7 @@ class AnalyzeConfig:
             raise ArenaError(f"global batch {self.global_batch} is out of range (at most {MAX_GLOBAL_BATCH})")
         if self.seq_len is not None and self.seq_len > MAX_SEQ_LEN:
             raise ArenaError(f"seq_len {self.seq_len} is out of range (at most {MAX_SEQ_LEN})")
-        return AnalyzeConfig(self.model, self.global_batch, self.seq_len, normalize_dtype(str(self.dtype)), self.num_clusters)
+        object.__setattr__(self, "dtype", normalize_dtype(str(self.dtype)))
 
     def parameters(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,7 +176,6 @@ def analyze_model(
     from libarena.models import get_model
     from libarena.models.training import batch_spec, compute_dtype
 
-    config = config.validated()
     model = get_model(config.model)
     say = log or (lambda _msg: None)
     timings: dict[str, float] = {}

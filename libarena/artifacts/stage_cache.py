@@ -301,6 +301,27 @@ class StageCache:
         self._store_quietly(outcome, {TABLE_OUTPUT: Path(output)})
         return outcome
 
+    def table(self, key: str, produce: Callable[[str], None], scratch: str | os.PathLike[str]) -> Path:
+        """A single-table output for use by a later stage (no ``-o`` copy): the entry's own file, produced
+        straight into the cache on a miss. Where the cache cannot be written, ``produce`` writes into
+        ``scratch`` (a directory the caller owns) instead."""
+        hit = self.lookup(key)
+        if hit is not None and TABLE_OUTPUT in hit:
+            return hit[TABLE_OUTPUT]
+        try:
+            staging = self._staging(key)
+        except OSError as exc:
+            self.warn(f"cannot write the stage cache {self.root}: {_os_reason(exc)}")
+            path = Path(scratch) / TABLE_OUTPUT
+            produce(str(path))
+            return path
+        try:
+            produce(str(staging / TABLE_OUTPUT))
+            return self._commit(key, staging) / TABLE_OUTPUT
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
     def produce_tree(self, key: str, out_dir: str | os.PathLike[str], produce: Callable[[], None]) -> StageOutcome:
         """A directory output (simulate, compare): restore the cached files into ``out_dir``, or run
         ``produce()`` and cache every file it wrote there."""

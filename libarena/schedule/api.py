@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from enum import Enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, load_cluster
 from libarena.progress import ProgressCallback
 from libarena.schedule.config import SimulatorConfig
-from libarena.schedule.entities import JobSpec
+from libarena.schedule.entities import JobSpec, count_index_at_least
 from libarena.schedule.perf import PerfLookup, load_perf
 from libarena.schedule.policies import Policy, get_policy
 from libarena.schedule.simulator import SimulationResult, Simulator
@@ -37,7 +38,34 @@ def make_policy(name: str, **options: Any) -> Policy:
     unknown = sorted(set(given) - fields)
     if unknown:
         raise ArenaError(f"policy {name!r} has no option {', '.join(unknown)} (its options: {', '.join(sorted(fields))})")
+    for key, value in given.items():
+        default = getattr(base, key)
+        if isinstance(default, Enum) and not isinstance(value, Enum):  # e.g. --objective deadline
+            try:
+                given[key] = type(default)(value)
+            except ValueError:
+                raise ArenaError(f"{key} {value!r}: expected one of {', '.join(o.value for o in type(default))}") from None
     return cls(dataclasses.replace(base, **given))
+
+
+def load_workload(trace: Path, perf: Path, cluster: Path, *, seed: int = 0,
+                  skip_bad_rows: bool = False) -> tuple[Workload, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The workload of a trace, a performance table (``-``: piped on stdin) and a cluster spec, with the
+    provenance entries of the inputs and their cache-key entries (a table piped on stdin is keyed by its
+    decoded content)."""
+    from libarena.artifacts import input_ref, read_table
+    from libarena.artifacts.kinds.perf_table import check_perf_table
+    from libarena.artifacts.stage_cache import cache_input
+
+    refs = [input_ref(trace), input_ref(perf), input_ref(cluster)]
+    if str(perf) != "-":
+        return prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows), refs, refs
+    spec = load_cluster(cluster)
+    art = read_table("-", "perf_table")
+    check_perf_table(art.table, art.source)
+    workload = prepare_workload(trace, PerfLookup(art.table, spec, source=art.source), spec, seed=seed,
+                                skip_bad_rows=skip_bad_rows)
+    return workload, refs, [refs[0], cache_input("-", art), refs[2]]
 
 
 def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathLike[str] | PerfLookup,
@@ -55,7 +83,7 @@ def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathL
         if not lookup.has(model, batch) or gpu_type not in lookup.type_index:
             return None
         truth = lookup.get(model, batch).truth[lookup.type_index[gpu_type]]
-        c = max(0, (gpus - 1).bit_length())
+        c = count_index_at_least(gpus)
         runnable = [k for k in range(c, truth.size) if truth[k] > 0]
         return truth[runnable[0]] / batch if runnable else None
 

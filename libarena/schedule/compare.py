@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+
+from libarena.progress import ProgressUpdate, Report, SilentReport
 
 #: metrics in the --json output, per policy
 JSON_METRICS = ("avg_jct_s", "avg_throughput", "peak_throughput", "finished_jobs", "unfinished_jobs", "dropped_jobs",
@@ -38,3 +41,30 @@ def compare_table(metrics: dict[str, dict[str, Any]]) -> Table:
                       str(m["unfinished_jobs"]), f"{m['avg_throughput']:.1f}", gain, f"{m['peak_throughput']:.1f}",
                       f"{m['reschedules_per_job']:.2f}", f"{1000 * m['decision_time_per_tick_median_s']:.2f}")
     return table
+
+
+def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output: Path, inputs: list[dict[str, Any]],
+                   plot: bool = False, report: Report = SilentReport()) -> dict[str, dict[str, Any]]:
+    """Simulate every policy on ``workload`` one after another: one sub-directory of ``output`` per policy,
+    ``compare.json`` and (``plot``) the comparison's figures. Returns the metrics by policy."""
+    from libarena.artifacts import write_json
+    from libarena.schedule.api import run_policy, write_run
+    from libarena.schedule.metrics import summary_line
+
+    output.mkdir(parents=True, exist_ok=True)
+    metrics, runs = {}, {}
+    for i, (name, policy) in enumerate(policies.items()):
+        report.progress(ProgressUpdate("policies", i, len(policies), name))
+        res = run_policy(workload, policy, config, progress=report.progress)
+        params = {"policy": name, "view": policy.view, "tick_s": config.tick_s, "horizon_s": config.horizon_s,
+                  "seed": config.seed}
+        metrics[name] = write_run(output / name, res, workload, config, params, inputs)
+        runs[name] = res
+        report.log(summary_line(metrics[name]))
+    report.progress(ProgressUpdate("policies", len(policies), len(policies)))
+    write_json(output / "compare.json", compare_json(metrics))
+    if plot:
+        from libarena.schedule.plots import plot_runs
+
+        plot_runs(runs, output)
+    return metrics

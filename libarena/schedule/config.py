@@ -6,7 +6,7 @@ number, a stated assumption). Times are seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 
 from libarena.errors import ArenaError
@@ -55,7 +55,22 @@ class OverheadConfig:
     def ap_search_s(self, kind: APSearch) -> float:
         return self.pruned_ap_search_s if kind == APSearch.PRUNED else self.full_ap_search_s
 
-    def validate(self) -> None:
+    @classmethod
+    def from_assignments(cls, assignments: list[str]) -> OverheadConfig:
+        """The defaults with ``NAME=SECONDS`` overrides (``--overhead checkpoint_resume_s=120``)."""
+        names = {f.name for f in fields(cls)}
+        updates = {}
+        for pair in assignments:
+            key, sep, value = pair.partition("=")
+            if not sep or key not in names:
+                raise ArenaError(f"--overhead {pair!r}: expected NAME=SECONDS with NAME one of {', '.join(sorted(names))}")
+            try:
+                updates[key] = float(value)
+            except ValueError:
+                raise ArenaError(f"--overhead {pair!r}: {value!r} is not a number") from None
+        return cls(**updates)
+
+    def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
             if value < 0:
                 raise ArenaError(f"overhead {name} must be >= 0, got {value}")
@@ -74,12 +89,11 @@ class SimulatorConfig:
     #: (the queued jobs are reported unfinished): guards against policies that can never place a job.
     stall_ticks: int = 2000
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         if not self.tick_s > 0:
             raise ArenaError(f"tick must be > 0 seconds, got {self.tick_s}")
         if self.horizon_s is not None and not self.horizon_s > 0:
             raise ArenaError(f"horizon must be > 0 seconds, got {self.horizon_s}")
-        self.overheads.validate()
 
 
 class Objective(str, Enum):
@@ -100,6 +114,12 @@ class PolicyConfig:
     #: Queued jobs (oldest first) offered to one ILP round (gavel, sia); running jobs are always in it.
     ilp_max_queued: int = 48
 
+    def __post_init__(self) -> None:
+        if self.max_gpus_per_job < 1:
+            raise ArenaError(f"max GPUs per job must be >= 1, got {self.max_gpus_per_job}")
+        if not self.ilp_time_limit_s > 0 or self.ilp_max_queued < 1:
+            raise ArenaError("the ILP time limit must be > 0 seconds and at least one queued job offered to it")
+
 
 @dataclass(frozen=True)
 class ArenaPolicyConfig(PolicyConfig):
@@ -119,7 +139,8 @@ class ArenaPolicyConfig(PolicyConfig):
     #: Defragmenting migration every this many seconds (0 disables).
     defrag_interval_s: float = 3600.0
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.num_queues < 1:
             raise ArenaError(f"number of queues must be >= 1, got {self.num_queues}")
         if self.search_depth < 1:

@@ -7,7 +7,10 @@ the sum of running jobs' samples/s at each tick (execution truth); average and p
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -129,3 +132,18 @@ def summarize(res: SimulationResult, records: pa.Table | None = None) -> dict:
 
 def json_safe(metrics: dict) -> dict:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+
+
+def summary_line(m: dict) -> str:
+    """One line of a run's metrics (what the tools log after a simulation)."""
+    return (f"{m['policy']}: {m['finished_jobs']}/{m['submitted_jobs']} finished ({m['unfinished_jobs']} unfinished, "
+            f"{m['dropped_jobs']} dropped), avg JCT {m['avg_jct_s'] / 3600:.2f} h, avg queuing "
+            f"{m['avg_queuing_s'] / 3600:.2f} h, avg throughput {m['avg_throughput']:.1f} samples/s, peak "
+            f"{m['peak_throughput']:.1f}, {m['reschedules_per_job']:.2f} reschedules/job, simulated in "
+            f"{m['simulation_wall_s']:.1f} s")
+
+
+def read_metrics(path: str | os.PathLike[str]) -> dict:
+    """metrics.json as written (NaN stored as null), with null numbers back to NaN for the text summaries."""
+    doc = json.loads(Path(path).read_text())
+    return {k: (float("nan") if v is None else v) for k, v in doc.items()}

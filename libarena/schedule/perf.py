@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec
+from libarena.schedule.entities.allocation import count_index
 
 TABLE_VIEWS = ("arena", "dp", "ap")
 DECISION_VIEWS = ("arena", "dp", "ap", "dp-linear")
@@ -90,7 +91,7 @@ class PerfLookup:
             n = cols["num_gpus"][r]
             if n is None or n < 1 or n & (n - 1):
                 continue
-            c = n.bit_length() - 1
+            c = count_index(n)
             if c >= self.num_counts:
                 continue
             gpn = int(self.gpus_per_node[ti])

@@ -59,7 +59,6 @@ class Simulator:
         #: hears (jobs settled, total jobs) whenever a job finishes or is dropped, at scheduling ticks
         self.progress = progress
         self._progress_reported = -1
-        self.config.validate()
         if not specs:
             raise ArenaError(f"{trace_source}: the trace has no jobs")
         self.perf = perf

@@ -261,20 +261,20 @@ def test_dtype_and_cluster_count_are_honoured():
 
 
 @pytest.mark.parametrize(
-    "config, message",
+    "args, kwargs, message",
     [
-        (AnalyzeConfig("nope__1B", 8), "unknown model"),
-        (AnalyzeConfig("gpt__3B", 8), "unknown size"),
-        (AnalyzeConfig("gpt__tiny", 0), "global batch"),
-        (AnalyzeConfig("gpt__tiny", -3), "global batch"),
-        (AnalyzeConfig("gpt__tiny", 8, dtype="int3"), "unknown dtype"),
-        (AnalyzeConfig("gpt__tiny", 8, seq_len=0), "seq_len"),
-        (AnalyzeConfig("gpt__tiny", 8, num_clusters=0), "clusters"),
+        (("nope__1B", 8), {}, "unknown model"),
+        (("gpt__3B", 8), {}, "unknown size"),
+        (("gpt__tiny", 0), {}, "global batch"),
+        (("gpt__tiny", -3), {}, "global batch"),
+        (("gpt__tiny", 8), {"dtype": "int3"}, "unknown dtype"),
+        (("gpt__tiny", 8), {"seq_len": 0}, "seq_len"),
+        (("gpt__tiny", 8), {"num_clusters": 0}, "clusters"),
     ],
 )
-def test_bad_configs_are_one_line_errors(config, message):
+def test_bad_configs_are_one_line_errors(args, kwargs, message):
     with pytest.raises(ArenaError, match=message):
-        config.validated()
+        AnalyzeConfig(*args, **kwargs)
 
 
 def test_analyze_model_takes_a_model_name_too():
@@ -284,6 +284,7 @@ def test_analyze_model_takes_a_model_name_too():
         analyze_model("nope__1B", 8)
     with pytest.raises(TypeError):
         analyze_model(AnalyzeConfig("gpt__tiny", 8), 8)
+    assert AnalyzeConfig("gpt__tiny", 8, dtype="float32").dtype == "fp32"  # normalised on construction
 
 
 def test_a_sequence_longer_than_the_model_supports_is_a_clear_error():

@@ -121,7 +121,7 @@ def test_perf_build_then_simulate_end_to_end(tmp_path: Path):
 
 def test_perf_build_rejects_unknown_mode():
     from libarena.errors import ArenaError
-    from libarena.profile.perf_build import PerfBuildConfig
+    from libarena.pipeline.perf_build import PerfBuildConfig
 
     with pytest.raises(ArenaError, match="unknown perf build mode"):
         PerfBuildConfig(mode="guess")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from libarena.errors import ArenaError
-from libarena.schedule.traces import ZOO, is_zoo_model, read_trace, trace_stats
+from libarena.schedule.traces import TEST_SIZES, ZOO, is_zoo_model, read_trace, trace_stats
 
 HEADER = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type\n"
 GOOD = "a,0,100,gpt__1.3B,5000,256,2,a100\n"
@@ -93,3 +93,6 @@ def test_adaptation_zoo_matches_the_model_registry():
     registry = {e.name for e in list_models(include_test_sizes=False)}
     ours = {f"{f}__{s}" for f, (sizes, _) in ZOO.items() for s in sizes}
     assert ours == registry
+    everything = {e.name for e in list_models()}
+    assert {f"{f}__{s}" for f in ZOO for s in TEST_SIZES} | ours == everything
+    assert all(is_zoo_model(name) for name in everything) and not is_zoo_model("gpt__3B")

@@ -46,10 +46,9 @@ def analyze(
     """Analyze a model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
-    from libarena.analyze import AnalyzeConfig, analyze_model, check_writable
-    from libarena.artifacts import Provenance
-    from libarena.artifacts.stage_cache import StageCache, library_versions
-    from libarena.progress import ProgressUpdate
+    from libarena.analyze import AnalyzeConfig, check_writable
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.analyze import analyze as run_analyze
 
     if list_models:
         from libarena.analyze.show import render_zoo, zoo_rows
@@ -66,35 +65,18 @@ def analyze(
         raise ArenaError("missing --model: the zoo model to analyze (see --list-models)")
     if global_batch is None:
         raise ArenaError("missing --global-batch: the global batch size to analyze the step at")
-    config = AnalyzeConfig(model, global_batch, seq_len, dtype, num_clusters).validated()
+    config = AnalyzeConfig(model, global_batch, seq_len, dtype, num_clusters)
     refuse_json_with_stdout_data(as_json, output)
     if output == "-" and sys.stdout.isatty():
         raise ArenaError("refusing to write an Arrow stream to a terminal: use -o FILE or pipe the output")
     check_writable(output)
     where = "stdout" if output == "-" else output
     with Reporter(quiet=quiet, prefix="arena-analyze: ") as reporter:
-        cache = StageCache(cache_dir, "arena-analyze", refresh=no_cache, log=reporter.log, warn=reporter.warn)
-        parameters = config.parameters()
-        key = cache.key(parameters, versions=library_versions("jax", "jaxlib"), code=[__file__])
-        task = f"analyzing {config.model} at global batch {config.global_batch}"
-        phases: list[str] = []
-
-        def phase(message: str) -> None:  # analyze_model reports its phases (lowering, costs, clustering)
-            phases.append(message)
-            reporter.log(message)
-            reporter.progress(ProgressUpdate(task, len(phases), None, message))
-
-        def produce(path: str) -> None:
-            reporter.progress(ProgressUpdate(task, 0, None, "lowering the training step"))
-            ops = analyze_model(config, log=phase)
-            ops.write(path, Provenance(tool="arena-analyze", parameters=parameters))
-            reporter.log(f"wrote {ops.num_rows} instructions, {len(ops.clusters)} clusters to {where}")
-
-        outcome = cache.produce_table(key, output, produce)
+        outcome = run_analyze(config, output, CacheSettings(cache_dir, no_cache), reporter)
     if outcome.cache_hit:
         reporter.log(f"cached: {where} is {outcome.entry} ({outcome.rows} instructions; --no-cache analyzes again)")
     if as_json:
-        print_json({"tool": "arena-analyze", **outcome.summary(), "parameters": parameters,
+        print_json({"tool": "arena-analyze", **outcome.summary(), "parameters": config.parameters(),
                     "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 

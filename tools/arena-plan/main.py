@@ -1,6 +1,7 @@
 """arena-plan: operator table -> per-grid Pareto frontiers and proxy plans (thin CLI over libarena.plan).
 
     arena-analyze --model moe__2.4B --global-batch 256 -o - | arena-plan --cluster c.yaml -o plans.parquet
+    arena-plan --model moe__2.4B --global-batch 256 --cluster c.yaml -o plans.parquet   # analyzed on the way (cached)
     arena-plan ... -o plans.parquet [--quiet] [--json] [--no-cache] [--cache-dir .arena-cache]
     arena-plan show plans.parquet [--json] [--proxies]
     arena-plan export plans.parquet --format alpa --gpu-type a100 --num-gpus 16 --stages 4 -o alpa.json
@@ -15,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from libarena.artifacts import Provenance, input_ref, read_table, write_bytes
+from libarena.artifacts import write_bytes
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
     print_json, refuse_json_with_stdout_data, run_app,
@@ -37,6 +38,8 @@ def _refuse_binary_to_terminal(output: str) -> None:
 def plan(
     ctx: typer.Context,
     ops: str = typer.Option("-", "--ops", "-i", help="operator table (Parquet, or '-' for an Arrow stream on stdin)"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="plan a zoo model instead of --ops (analyzed on the way, cached)"),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", "-b", help="with --model: the global batch size"),
     cluster: Optional[Path] = typer.Option(None, "--cluster", "-c", help="cluster spec (YAML or TOML)"),
     output: str = typer.Option("-", "--output", "-o", help="plans file (Parquet), '-' = Arrow stream on stdout"),
     max_gpus: int = typer.Option(16, "--max-gpus", help="largest GPU count of a grid (powers of two up to it)"),
@@ -62,31 +65,19 @@ def plan(
     """Plan every grid of the job (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
-    from dataclasses import asdict
-
-    from libarena.artifacts.stage_cache import StageCache, cache_input, library_versions
-    from libarena.hardware import load_cluster
-    from libarena.hardware.comm import load_comm_model
-    from libarena.plan import PlannerConfig, load_model_profile, plan_job, write_plans
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.plan import PlanStep, plan as run_plan, plan_model
+    from libarena.plan import PlannerConfig
 
     if cluster is None:
         raise ArenaError("missing --cluster: the cluster spec to plan for")
-    for name, value in (("--max-gpus", max_gpus), ("--microbatches-per-stage", microbatches_per_stage)):
-        if value < 1:
-            raise ArenaError(f"{name} must be at least 1, got {value}")
-    if num_microbatches is not None and num_microbatches < 1:
-        raise ArenaError(f"--num-microbatches must be at least 1, got {num_microbatches}")
-    if not 0 < memory_fraction <= 1:
-        raise ArenaError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
-    if ops == "-" and sys.stdin.isatty():
-        raise ArenaError("no operator table: pipe one from arena-analyze or pass --ops FILE")
+    if (model is None) != (global_batch is None):
+        raise ArenaError("--model and --global-batch go together (or give an operator table with --ops)")
+    if model is None and ops == "-" and sys.stdin.isatty():
+        raise ArenaError("no operator table: pipe one from arena-analyze, pass --ops FILE, or --model and --global-batch")
     _refuse_binary_to_terminal(output)
     refuse_json_with_stdout_data(as_json, output)
-    spec = load_cluster(cluster)
-    comm_model = load_comm_model(str(comm)) if comm is not None else None
-    if comm_required and comm_model is None:
-        raise ArenaError("--comm-required needs --comm")
-    config = PlannerConfig(
+    step = PlanStep(cluster, PlannerConfig(
         max_gpus=max_gpus,
         microbatches_per_stage=microbatches_per_stage,
         num_microbatches=num_microbatches,
@@ -98,38 +89,16 @@ def plan(
         pipeline_degrees=tuple(stages) if stages else None,
         exhaustive=exhaustive,
         exhaustive_limit=exhaustive_limit,
-    )
-    artifact = read_table(ops, "operator_table")
-    profile = load_model_profile(artifact)
-    inputs = [input_ref(ops, "operator_table", digest=profile.digest if ops == "-" else None), input_ref(cluster)]
-    if comm is not None:
-        inputs.append(input_ref(comm, "comm_table"))
+    ), comm, comm_required)
     where = "stdout" if output == "-" else output
+    cache = CacheSettings(cache_dir, no_cache)
     with Reporter(quiet=quiet, prefix="arena-plan: ") as reporter:
-        cache = StageCache(cache_dir, "arena-plan", refresh=no_cache, log=reporter.log, warn=reporter.warn)
-        key = cache.key({"planner": asdict(config), "comm_required": comm_required},
-                        [cache_input(ops, artifact), *inputs[1:]], library_versions("scipy", "highspy"), code=[__file__])
-        summary: dict = {}
+        if model is not None:
+            from libarena.analyze import AnalyzeConfig
 
-        def produce(path: str) -> None:
-            planset = plan_job(profile, spec, config, comm=comm_model, require_measured_comm=comm_required)
-            if not planset.grids:
-                raise ArenaError(f"cluster {spec.name!r} offers no grid for this job (check --gpu-type, --num-gpus, --stages, --max-gpus)")
-            provenance = Provenance(tool="arena-plan", parameters=dict(planset.planner), inputs=inputs)
-            write_plans(path, planset, provenance)
-            feasible = [r for r in planset.grids if r.feasible]
-            summary.update(model=planset.model_name, grids=len(planset.grids), feasible_grids=len(feasible),
-                           plans=sum(len(r.plans) for r in feasible))
-            if not feasible:
-                reporter.warn(f"{planset.model_name} fits in no grid of {spec.name}; every grid is listed as infeasible")
-            else:
-                reporter.log(f"{planset.model_name}: {len(feasible)} of {len(planset.grids)} grids feasible, "
-                             f"{summary['plans']} plans written to {where}")
-            if comm_model is not None:
-                for name in sorted({r.grid.gpu_type for r in planset.grids if not comm_model.covers(r.grid.gpu_type)}):
-                    reporter.log(f"note: {comm} has no measurements for {name}; priced with the alpha-beta model")
-
-        outcome = cache.produce_table(key, output, produce)
+            outcome, summary = plan_model(AnalyzeConfig(model, global_batch), step, output, cache, reporter)
+        else:
+            outcome, summary = run_plan(ops, step, output, cache, reporter)
     if outcome.cache_hit:
         reporter.log(f"cached: {where} from {outcome.entry} ({outcome.rows} rows; --no-cache plans again)")
     if as_json:

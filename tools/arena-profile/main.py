@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from libarena.artifacts import Provenance, input_ref, read_table
+from libarena.artifacts import read_table
 from libarena.cli import JSON_OPTION, QUIET_OPTION, Reporter, print_json, refuse_json_with_stdout_data, run_app
 from libarena.errors import ArenaError
 
@@ -66,25 +66,14 @@ def profile(
     """Profile plans (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
-    from dataclasses import asdict
-
-    from libarena.artifacts.stage_cache import StageCache, cache_input, library_versions
-    from libarena.hardware.comm import AlphaBetaCommModel, load_comm_model
-    from libarena.profile import ProfileConfig, measure_estimates, profile_plans, resolve_device, write_perf_table
-    from libarena.plan import planset_from_artifact
-    from libarena.profile.profiler import ProfiledJob, check_comm_model
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.profile import MeasureSettings, profile as run_profile
+    from libarena.profile import ProfileConfig
 
     if all_frontier and exhaustive:
         raise ArenaError("--all-frontier and --exhaustive exclude each other")
     _refuse_binary_to_terminal(output)
     refuse_json_with_stdout_data(as_json, output)
-    artifact = read_table(plans, "plans")
-    if ops is not None:
-        from libarena.plan.model import operator_table_digest
-
-        digest = operator_table_digest(read_table(ops, "operator_table"))
-        if artifact.metadata.get("operator_table_sha256") != digest:
-            raise ArenaError(f"{artifact.source}: the plans were not made from the operator table {ops} (sha256 differs)")
     config = ProfileConfig(
         device=device,
         timer=timer,
@@ -99,62 +88,16 @@ def profile(
         timing_budget_s=timing_budget if timing_budget != 0 else None,
         **({"compile_workers": compile_workers} if compile_workers is not None else {}),
     )
-    comm_model = load_comm_model(str(comm)) if comm is not None else None
-    # What profile_plans checks first, checked before the cache key (which names the resolved device):
-    # bad plans, then a comm table for other hardware, then a device that is not here.
-    planset = planset_from_artifact(artifact, require_costs=False)
-    ProfiledJob.of(planset)  # the plans' model and clusters
-    check_comm_model(comm_model or AlphaBetaCommModel(), planset)
-    local = resolve_device(device)
-    inputs = [input_ref(plans, "plans")] if plans != "-" else [{"path": "-", "kind": "plans"}]
-    if comm is not None:
-        inputs.append(input_ref(comm, "comm_table"))
     where = "stdout" if output == "-" else output
     with Reporter(quiet=quiet) as reporter:
         # profiled stages stay in the profile cache (--cache-dir, or ~/.cache/arena/profile); outputs in its stages/
-        cache = StageCache(cache_dir, "arena-profile", refresh=no_cache, log=reporter.log, warn=reporter.warn)
-        # where and how fast stages compile does not change the output
-        parameters = {k: v for k, v in asdict(config).items() if k not in ("cache_dir", "compile_workers", "compile_ahead")}
-        key = cache.key({**parameters, "measure": measure, "measure_repeats": measure_repeats,
-                         "device_resolved": local.describe()},
-                        [cache_input(plans, artifact), *inputs[1:]], library_versions("jax", "jaxlib"), code=[__file__])
-        summary: dict = {}
-
-        def produce(path: str) -> None:
-            result = profile_plans(planset, config, comm=comm_model, log=reporter.log, progress=reporter.progress)
-            if measure:
-                measure_estimates(planset, result, repeats=measure_repeats, log=reporter.log)
-            s = result.summary
-            summary.update(timer=s["timer"], stages_needed=s["stages_needed"], stages_profiled=s["stages_profiled"],
-                           stages_skipped=s["stages_skipped"])
-            reporter.log(
-                f"{len(result.table)} rows; timer {s['timer']}; communication: {s['comm_model']}; "
-                f"stages: {s['stages_needed']} needed, {s['stages_profiled']} profiled, {s['stages_skipped']} skipped (cached)"
-            )
-            provenance = Provenance(
-                "arena-profile",
-                {
-                    "device": device,
-                    "timer": s["timer"],
-                    "selection": config.selection,
-                    "granularity": granularity,
-                    "statistic": statistic,
-                    "warmup": warmup,
-                    "repeats": repeats,
-                    "burst": burst,
-                    "timing_budget_s": config.timing_budget_s,
-                    "measure": measure,
-                },
-                inputs,
-            )
-            write_perf_table(path, result, provenance)
-
-        outcome = cache.produce_table(key, output, produce)
+        outcome, summary = run_profile(plans, config, output, comm=comm, ops=ops,
+                                       measure=MeasureSettings(measure, measure_repeats),
+                                       cache=CacheSettings(cache_dir, no_cache), report=reporter)
     if outcome.cache_hit:
         reporter.log(f"cached: {where} from {outcome.entry} ({outcome.rows} rows; --no-cache profiles again)")
     if as_json:
-        print_json({"tool": "arena-profile", **outcome.summary(), **summary, "device": local.describe(),
-                    "elapsed_s": round(reporter.elapsed_s(), 4)})
+        print_json({"tool": "arena-profile", **outcome.summary(), **summary, "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 
 @app.command("comm")

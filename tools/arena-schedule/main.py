@@ -2,7 +2,7 @@
 
     arena-schedule simulate --trace T.csv --perf perf.parquet --cluster C.yaml --policy arena -o run/
     arena-schedule compare --policies arena,fcfs,elasticflow-ls,gavel,sia --trace ... -o compare/
-    arena-schedule perf build --trace T.csv --cluster C.yaml -o perf.parquet
+    arena-schedule perf build --trace T.csv --cluster C.yaml -o perf.parquet   (or --pair MODEL,BATCH ...)
     (simulate, compare and perf build: [--quiet] [--json] [--no-cache] [--cache-dir .arena-cache])
     arena-schedule trace stats T.csv
     arena-schedule policies
@@ -40,90 +40,10 @@ ClusterOpt = typer.Option(..., "--cluster", help="cluster spec (YAML/TOML)")
 PolicyOpt = typer.Option("arena", "--policy", help=", ".join(policy_names()))
 
 
-def _workload_inputs(trace: Path, perf: Path, cluster: Path, seed: int, skip_bad_rows: bool):
-    """The workload, the provenance entries of its inputs, and their cache-key entries (a perf table piped on
-    stdin is keyed by its decoded content)."""
-    from libarena.artifacts import input_ref
-    from libarena.artifacts.stage_cache import cache_input
-    from libarena.schedule.api import prepare_workload
-
-    refs = [input_ref(trace), input_ref(perf), input_ref(cluster)]
-    if str(perf) != "-":
-        return prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows), refs, refs
-    from libarena.artifacts import read_table
-    from libarena.artifacts.kinds.perf_table import check_perf_table
-    from libarena.hardware import load_cluster
-    from libarena.schedule.perf import PerfLookup
-
-    spec = load_cluster(cluster)
-    art = read_table("-", "perf_table")
-    check_perf_table(art.table, art.source)
-    workload = prepare_workload(trace, PerfLookup(art.table, spec, source=art.source), spec, seed=seed,
-                                skip_bad_rows=skip_bad_rows)
-    return workload, refs, [refs[0], cache_input("-", art), refs[2]]
-
-
-def _read_metrics(path: Path) -> dict:
-    """metrics.json as written (NaN stored as null), with null numbers back to NaN for the text summaries."""
-    doc = json.loads(path.read_text())
-    return {k: (float("nan") if v is None else v) for k, v in doc.items()}
-
-
-def _overheads(pairs: list[str]):
-    import dataclasses
-
-    from libarena.schedule.config import OverheadConfig
-
-    base = OverheadConfig()
-    names = {f.name for f in dataclasses.fields(base)}
-    updates = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or key not in names:
-            raise ArenaError(f"--overhead {pair!r}: expected NAME=SECONDS with NAME one of {', '.join(sorted(names))}")
-        try:
-            updates[key] = float(value)
-        except ValueError:
-            raise ArenaError(f"--overhead {pair!r}: {value!r} is not a number") from None
-    return dataclasses.replace(base, **updates)
-
-
 def _sim_config(tick: float, horizon: Optional[float], seed: int, overhead: list[str]):
-    from libarena.schedule.config import SimulatorConfig
+    from libarena.schedule.config import OverheadConfig, SimulatorConfig
 
-    cfg = SimulatorConfig(tick_s=tick, horizon_s=horizon, seed=seed, overheads=_overheads(overhead))
-    cfg.validate()
-    return cfg
-
-
-def _policy_options(view, objective, no_hetero, no_elastic, no_pruning, no_profiler, queues, search_depth,
-                    promotion_time, max_gpus) -> dict:
-    from libarena.schedule.config import Objective
-
-    opts: dict = {"view": view, "max_gpus_per_job": max_gpus}
-    if objective is not None:
-        try:
-            opts["objective"] = Objective(objective)
-        except ValueError:
-            raise ArenaError(f"--objective {objective!r}: expected one of {', '.join(o.value for o in Objective)}") from None
-    if no_hetero:
-        opts["hetero"] = False
-    if no_elastic:
-        opts["elastic"] = False
-    if no_pruning:
-        opts["pruning"] = False
-    if no_profiler:
-        opts["profiler"] = False
-    opts.update(num_queues=queues, search_depth=search_depth, promotion_time_s=promotion_time)
-    return opts
-
-
-def _summary_line(m: dict) -> str:
-    return (f"{m['policy']}: {m['finished_jobs']}/{m['submitted_jobs']} finished ({m['unfinished_jobs']} unfinished, "
-            f"{m['dropped_jobs']} dropped), avg JCT {m['avg_jct_s'] / 3600:.2f} h, avg queuing "
-            f"{m['avg_queuing_s'] / 3600:.2f} h, avg throughput {m['avg_throughput']:.1f} samples/s, peak "
-            f"{m['peak_throughput']:.1f}, {m['reschedules_per_job']:.2f} reschedules/job, simulated in "
-            f"{m['simulation_wall_s']:.1f} s")
+    return SimulatorConfig(tick_s=tick, horizon_s=horizon, seed=seed, overheads=OverheadConfig.from_assignments(overhead))
 
 
 @app.command()
@@ -155,42 +75,23 @@ def simulate(
     cache_dir: Optional[Path] = CACHE_DIR_OPTION,
 ) -> None:
     """Simulate one policy; writes jobs.parquet, timeseries.parquet, decisions.msgpack, metrics.json."""
-    from dataclasses import asdict
-
-    from libarena.artifacts.stage_cache import StageCache, library_versions
-    from libarena.schedule.api import make_policy, run_policy, write_run
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.schedule import simulate as run_simulate
+    from libarena.schedule.api import make_policy
 
     cfg = _sim_config(tick, horizon, seed, overhead)
-    pol = make_policy(policy, **_policy_options(view, objective, no_hetero, no_elastic, no_pruning, no_profiler,
-                                                queues, search_depth, promotion_time, max_gpus))
-    workload, refs, key_inputs = _workload_inputs(trace, perf, cluster, seed, skip_bad_rows)
-    _report_skipped(workload.skipped)
-    params = {"policy": policy, "view": pol.view, "tick_s": tick, "horizon_s": horizon, "seed": seed,
-              "overheads": cfg.overheads.__dict__, "policy_config": {k: str(v) for k, v in pol.config.__dict__.items()}}
+    pol = make_policy(policy, view=view, objective=objective, hetero=False if no_hetero else None,
+                      elastic=False if no_elastic else None, pruning=False if no_pruning else None,
+                      profiler=False if no_profiler else None, num_queues=queues, search_depth=search_depth,
+                      promotion_time_s=promotion_time, max_gpus_per_job=max_gpus)
     with Reporter(quiet=quiet) as reporter:
-        cache = StageCache(cache_dir, "arena-schedule simulate", refresh=no_cache, log=reporter.log, warn=reporter.warn)
-        key = cache.key({**params, "simulator": asdict(cfg), "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
-                        library_versions("matplotlib") if plot else None, code=[__file__])
-
-        def produce() -> None:
-            res = run_policy(workload, pol, cfg, progress=reporter.progress)
-            write_run(output, res, workload, cfg, params, refs, plot)
-
-        outcome = cache.produce_tree(key, output, produce)
-    metrics = _read_metrics(output / "metrics.json")
-    if outcome.cache_hit:
-        reporter.log(f"cached: {output}/ from {outcome.entry} ({len(outcome.files)} files; --no-cache simulates again)")
-    reporter.log(_summary_line(metrics))
+        outcome, metrics = run_simulate(trace, perf, cluster, pol, cfg, output, skip_bad_rows=skip_bad_rows, plot=plot,
+                                        cache=CacheSettings(cache_dir, no_cache), report=reporter)
     if as_json:
         from libarena.schedule.metrics import json_safe
 
         print_json({**json_safe(metrics), "tool": "arena-schedule simulate", **outcome.summary(),
                     "elapsed_s": round(reporter.elapsed_s(), 4)})
-
-
-def _report_skipped(skipped: list[str]) -> None:
-    if skipped:
-        print(f"skipped {len(skipped)} bad row(s); first: {skipped[0]}", file=sys.stderr)
 
 
 @app.command()
@@ -212,52 +113,19 @@ def compare(
     cache_dir: Optional[Path] = CACHE_DIR_OPTION,
 ) -> None:
     """Run several policies on the same workload; print a table relative to Arena."""
-    from dataclasses import asdict
-
-    from libarena.artifacts import write_json
-    from libarena.artifacts.stage_cache import StageCache, library_versions
-    from libarena.progress import ProgressUpdate
-    from libarena.schedule.api import make_policy, run_policy, write_run
-    from libarena.schedule.compare import compare_json, compare_table
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.schedule import compare as run_compare
+    from libarena.schedule.api import make_policy
+    from libarena.schedule.compare import compare_table
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names or len(set(names)) != len(names):
         raise ArenaError(f"--policies {policies!r}: give distinct policy names separated by commas")
     cfg = _sim_config(tick, horizon, seed, overhead)
     pols = {name: make_policy(name) for name in names}
-    workload, inputs, key_inputs = _workload_inputs(trace, perf, cluster, seed, skip_bad_rows)
-    _report_skipped(workload.skipped)
     with Reporter(quiet=quiet) as reporter:
-        cache = StageCache(cache_dir, "arena-schedule compare", refresh=no_cache, log=reporter.log, warn=reporter.warn)
-        key = cache.key({"policies": names, "policy_configs": {n: {k: str(v) for k, v in p.config.__dict__.items()}
-                                                               for n, p in pols.items()},
-                         "tick_s": tick, "horizon_s": horizon, "seed": seed, "simulator": asdict(cfg),
-                         "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
-                        library_versions("matplotlib") if plot else None, code=[__file__])
-
-        def produce() -> None:
-            output.mkdir(parents=True, exist_ok=True)
-            metrics, runs = {}, {}
-            for i, (name, pol) in enumerate(pols.items()):
-                reporter.progress(ProgressUpdate("policies", i, len(pols), name))
-                res = run_policy(workload, pol, cfg, progress=reporter.progress)
-                params = {"policy": name, "view": pol.view, "tick_s": tick, "horizon_s": horizon, "seed": seed}
-                metrics[name] = write_run(output / name, res, workload, cfg, params, inputs)
-                runs[name] = res
-                reporter.log(_summary_line(metrics[name]))
-            reporter.progress(ProgressUpdate("policies", len(pols), len(pols)))
-            write_json(output / "compare.json", compare_json(metrics))
-            if plot:
-                from libarena.schedule.plots import plot_runs
-
-                plot_runs(runs, output)
-
-        outcome = cache.produce_tree(key, output, produce)
-    metrics = {name: _read_metrics(output / name / "metrics.json") for name in names}
-    if outcome.cache_hit:
-        reporter.log(f"cached: {output}/ from {outcome.entry} ({len(outcome.files)} files; --no-cache simulates again)")
-        for name in names:
-            reporter.log(_summary_line(metrics[name]))
+        outcome, metrics = run_compare(trace, perf, cluster, pols, cfg, output, skip_bad_rows=skip_bad_rows, plot=plot,
+                                       cache=CacheSettings(cache_dir, no_cache), report=reporter)
     if as_json:
         doc = json.loads((output / "compare.json").read_text())
         print_json({**doc, "tool": "arena-schedule compare", **outcome.summary(),
@@ -292,7 +160,8 @@ def trace_stats_cmd(
 
     types = load_cluster(cluster).gpu_types if cluster else None
     tr = read_trace(file, gpu_types=types, seed=seed, skip_bad_rows=skip_bad_rows)
-    _report_skipped(tr.skipped)
+    if tr.skipped:
+        Reporter().warn(f"skipped {len(tr.skipped)} bad row(s); first: {tr.skipped[0]}")
     stats = trace_stats(tr)
     if as_json:
         print(json.dumps(stats, indent=2, sort_keys=True))
@@ -315,11 +184,13 @@ def trace_stats_cmd(
 
 @perf_app.command("build")
 def perf_build(
-    trace: Path = TraceOpt,
     cluster: Path = ClusterOpt,
     output: Path = typer.Option(..., "-o", "--output"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="build the rows every (model, batch) of this trace needs"),
+    pair: list[str] = typer.Option([], "--pair", help="and/or these pairs, MODEL,GLOBAL_BATCH (repeatable)"),
     mode: str = typer.Option("auto", "--mode", help="local (profile on this device), roofline (execution-free), auto (local for tiny/small models)"),
-    cache_dir: Path = typer.Option(Path(".arena-cache"), "--cache-dir", help="content-addressed caches: operator tables, stage profiles, and whole outputs (DIR/stages/)"),
+    granularity: str = typer.Option("unit", "--granularity", help="local profiles: unit (identical layers profiled once) or stage (one executable per stage)"),
+    cache_dir: Path = typer.Option(Path(".arena-cache"), "--cache-dir", help="content-addressed caches: stage outputs (DIR/stages/, operator tables included) and stage profiles (DIR/profiles/)"),
     seed: int = typer.Option(0, "--seed", help="seed of the trace adaptation (ElasticFlow/ITP traces)"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
     quiet: bool = QUIET_OPTION,
@@ -327,42 +198,22 @@ def perf_build(
     no_cache: bool = typer.Option(False, "--no-cache", help="rebuild even when the stage cache has this output "
                                   "(cached operator tables and stage profiles are still reused)"),
 ) -> None:
-    """Build the performance table a trace needs (analyze -> plan -> profile per (model, batch) and GPU type)."""
-    from dataclasses import asdict
-
-    from libarena.artifacts import input_ref
-    from libarena.artifacts.stage_cache import StageCache, library_versions
-    from libarena.hardware import load_cluster
-    from libarena.profile.perf_build import PerfBuildConfig
-    from libarena.schedule.perf_build import build_perf_table_for_trace, trace_pairs
+    """Build the performance table a trace (or a list of pairs) needs: analyze -> plan -> profile per (model, batch)."""
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.perf_build import PerfBuildConfig, parse_pair, perf_build as run_perf_build
 
     refuse_json_with_stdout_data(as_json, output)
-    spec = load_cluster(cluster)
-    config = PerfBuildConfig(mode=mode, cache_dir=cache_dir)
-    inputs = [input_ref(trace), input_ref(cluster)]
-    pairs = trace_pairs(trace, spec, seed, skip_bad_rows)  # reads and checks the trace before the key
-    device = None
-    if mode != "roofline":  # local profiles measure this machine: its device is part of the key
-        from libarena.profile import resolve_device
-
-        device = resolve_device("local").describe()
+    config = PerfBuildConfig(mode=mode, granularity=granularity)
+    pairs = [parse_pair(text) for text in pair]
     where = "stdout" if str(output) == "-" else str(output)
     with Reporter(quiet=quiet) as reporter:
-        cache = StageCache(cache_dir, "arena-schedule perf build", refresh=no_cache, log=reporter.log, warn=reporter.warn)
-        key = cache.key({**{k: v for k, v in asdict(config).items() if k != "cache_dir"}, "seed": seed,
-                         "skip_bad_rows": skip_bad_rows, "device": device}, inputs,
-                        library_versions("jax", "jaxlib", "scipy", "highspy"), code=[__file__])
-
-        def produce(path: str) -> None:
-            table = build_perf_table_for_trace(trace, spec, path, config, seed, skip_bad_rows, inputs, reporter.log,
-                                               reporter.progress)
-            reporter.log(f"wrote {table.num_rows} performance rows to {where}")
-
-        outcome = cache.produce_table(key, str(output), produce)
+        outcome, summary = run_perf_build(cluster, str(output), config, trace=trace, pairs=pairs, seed=seed,
+                                          skip_bad_rows=skip_bad_rows, cache=CacheSettings(cache_dir, no_cache),
+                                          report=reporter)
     if outcome.cache_hit:
         reporter.log(f"cached: {where} from {outcome.entry} ({outcome.rows} rows; --no-cache builds again)")
     if as_json:
-        print_json({"tool": "arena-schedule perf build", **outcome.summary(), "pairs": [list(p) for p in pairs],
+        print_json({"tool": "arena-schedule perf build", **outcome.summary(), **summary,
                     "elapsed_s": round(reporter.elapsed_s(), 4)})
 
 
@@ -390,8 +241,11 @@ def serve(
     """Run the live scheduler: the policy against (compressed) real time, state in SQLite; survives kill -9."""
     from libarena.schedule.live.server import ServeConfig, Server
 
+    from libarena.schedule.config import OverheadConfig
+
     cfg = ServeConfig(cluster, perf, state, policy=policy, tick_s=tick, compression=time_compression,
-                      launcher=launcher, workdir=workdir, address=address, overheads=_overheads(overhead), poll_s=poll,
+                      launcher=launcher, workdir=workdir, address=address,
+                      overheads=OverheadConfig.from_assignments(overhead), poll_s=poll,
                       profile_script=profile_script, launcher_options={"checkpoint_every": checkpoint_every})
     server = Server(cfg)
     print(f"arena-schedule: serving {state} (policy {policy}, tick {tick:g} s, compression {time_compression:g}, "
@@ -453,24 +307,20 @@ def logs(
     output_lines: int = typer.Option(20, "--output-lines", help="lines of the job's own output to show (0: none)"),
 ) -> None:
     """A job's events and decisions, then the end of its current run's output."""
-    from libarena.schedule.live.status import log_lines
+    from libarena.schedule.live.status import job_output, log_lines
     from libarena.schedule.live.store import Store
 
     store = Store(state)
     try:
-        row = store.job(job)
-        if row is None:
-            raise ArenaError(f"{state}: no job {job!r}")
+        output = job_output(store, job, state, output_lines)  # also: an unknown job is an error
         for line in log_lines(store, job, tail):
             print(line)
-        snap = (row["state"] or {}).get("snapshot") or {}
-        workdir = Path(store.get_meta("workdir") or state.with_name(state.name + ".d"))
     finally:
         store.close()
-    out = workdir / "launcher" / "jobs" / job / f"v{snap.get('version', 0)}" / "output.log"
-    if output_lines > 0 and out.exists():
-        print(f"--- {out} (last {output_lines} lines)")
-        for line in out.read_text(errors="replace").splitlines()[-output_lines:]:
+    if output is not None:
+        path, lines = output
+        print(f"--- {path} (last {output_lines} lines)")
+        for line in lines:
             print(line)
 
 

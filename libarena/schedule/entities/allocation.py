@@ -5,6 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def count_index(num_gpus: int) -> int:
+    """c with 2 ** c = ``num_gpus`` (a power of two): allocations and performance tables index GPU counts by it."""
+    return int(num_gpus).bit_length() - 1
+
+
+def count_index_at_least(num_gpus: int) -> int:
+    """The smallest c with 2 ** c >= ``num_gpus``: a request of ``num_gpus`` rounded up to a buddy block."""
+    return max(0, (int(num_gpus) - 1).bit_length())
+
+
 @dataclass(frozen=True, slots=True)
 class Allocation:
     type_index: int

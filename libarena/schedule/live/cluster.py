@@ -29,7 +29,6 @@ class LiveCluster(Simulator):
                  now: float = 0.0):
         # the Simulator's state, without a trace: jobs are added as they are submitted
         self.config = config or SimulatorConfig()
-        self.config.validate()
         self.perf = perf
         self.cluster_spec = cluster
         self.cluster = ClusterState(cluster, perf.gpu_types)

@@ -1,9 +1,10 @@
 """Profiling on arrival: a job whose (model, global batch) is not in the performance table is profiled
-(arena-analyze -> arena-plan -> arena-profile on one local device) before it is scheduled.
+(the pipeline's analyze -> plan -> profile on one local device: ``arena-schedule perf build --pair``) before
+it is scheduled.
 
 Profiling runs one (model, batch) at a time, each as a detached shell script in its own directory (so it
 survives a scheduler restart, which then picks up its result or restarts it). The script is a template with
-{model}, {batch}, {cluster} and {out} (the perf table to write); the default is the real three-tool chain.
+{model}, {batch}, {cluster} and {out} (the perf table to write); the default is the pipeline's perf build.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 
 from libarena.schedule.live.launchers.arena_run import _alive, tool
 
-DEFAULT_SCRIPT = ("{analyze} -m {model} -b {batch} -o ops.parquet && {plan} -i ops.parquet -c {cluster} -o plans.parquet "
-                  "&& {profile} -i plans.parquet -o {out} --device local")
+DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {cluster} --mode local --granularity stage "
+                  "--cache-dir .arena-cache -o {out}")
 
 
 class ArrivalProfiler:
@@ -51,8 +52,7 @@ class ArrivalProfiler:
             (d / name).unlink(missing_ok=True)
         q = shlex.quote
         body = self.script.format(model=q(key[0]), batch=key[1], cluster=q(str(self.cluster_path.resolve())),
-                                  out=q(str(d / "perf.parquet")), analyze=q(tool("arena-analyze")),
-                                  plan=q(tool("arena-plan")), profile=q(tool("arena-profile")))
+                                  out=q(str(d / "perf.parquet")), schedule=q(tool("arena-schedule")))
         (d / "run.sh").write_text(f"{body}\ncode=$?; echo $code > exit_code.tmp; mv -f exit_code.tmp exit_code; exit $code\n")
         with open(d / "output.log", "ab") as log:
             proc = subprocess.Popen(["/bin/sh", str(d / "run.sh")], cwd=str(d), stdout=log, stderr=subprocess.STDOUT,

@@ -51,13 +51,12 @@ class ServeConfig:
     profile_script: str | None = None
     launcher_options: dict[str, Any] = field(default_factory=dict)
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         if not self.tick_s > 0:
             raise ArenaError(f"--tick must be > 0 seconds, got {self.tick_s}")
         if not self.poll_s > 0:
             raise ArenaError(f"poll interval must be > 0 seconds, got {self.poll_s}")
         VirtualClock(0.0, self.compression)
-        self.overheads.validate()
 
     def settings(self) -> dict[str, Any]:
         """What must not change across restarts of the same state database."""
@@ -81,7 +80,6 @@ class Server:
     def __init__(self, config: ServeConfig):
         from libarena.schedule.api import make_policy
 
-        config.validate()
         self.config = config
         self.store = Store(config.state, create=True)
         settings = config.settings()

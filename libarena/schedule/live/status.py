@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from libarena.schedule.live import store as st
@@ -97,3 +98,18 @@ def log_lines(store: Store, job_id: str, limit: int | None = None) -> list[str]:
         detail = " ".join(f"{k}={v}" for k, v in e["detail"].items() if k not in ("view_throughput", "true_throughput"))
         out.append(f"{when}{t} {e['kind']} {detail}".rstrip())
     return out
+
+
+def job_output(store: Store, job_id: str, state_path: Path, lines: int) -> tuple[Path, list[str]] | None:
+    """The last ``lines`` of the output of the job's current run (arena-run's log), when it has one."""
+    from libarena.errors import ArenaError
+
+    row = store.job(job_id)
+    if row is None:
+        raise ArenaError(f"{state_path}: no job {job_id!r}")
+    snap = (row["state"] or {}).get("snapshot") or {}
+    workdir = Path(store.get_meta("workdir") or state_path.with_name(state_path.name + ".d"))
+    out = workdir / "launcher" / "jobs" / job_id / f"v{snap.get('version', 0)}" / "output.log"
+    if lines <= 0 or not out.exists():
+        return None
+    return out, out.read_text(errors="replace").splitlines()[-lines:]

@@ -12,6 +12,7 @@ import numpy as np
 from libarena.errors import ArenaError
 from libarena.registry import Registry
 from libarena.schedule.config import APSearch, PolicyConfig, ProfilingKind
+from libarena.schedule.entities.allocation import count_index_at_least
 from libarena.schedule.perf import DECISION_VIEWS
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class Policy:
     def requested_count_on(self, job: Job, t: int) -> int | None:
         """Rigid count on type t: the requested count, or the smallest larger count the view can run
         (a job that does not fit as requested gets more GPUs, the paper's Case 2), else the largest runnable."""
-        c_req = max(0, (job.spec.requested_gpus - 1).bit_length())
+        c_req = count_index_at_least(job.spec.requested_gpus)
         ok = np.flatnonzero((job.view_thr[t] > 0) & self.allowed[t])
         if ok.size == 0:
             return None

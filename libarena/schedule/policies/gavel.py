@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from libarena.schedule.config import APSearch, ProfilingKind
-from libarena.schedule.entities import Job, JobState
+from libarena.schedule.entities import Job, JobState, count_index
 from libarena.schedule.policies.base import Policy, register_policy
 from libarena.schedule.policies.ilp import solve_assignment
 
@@ -89,12 +89,12 @@ class GavelPolicy(Policy):
             if k is None or job.state == JobState.QUEUED or k == 0:
                 continue
             t, gpus, _ = opts[k]
-            sim.rescale(job, t, gpus.bit_length() - 1)
+            sim.rescale(job, t, count_index(gpus))
         for job, opts, k in zip(jobs, groups, choice):
             if k is None or job.state != JobState.QUEUED:
                 continue
             t, gpus, _ = opts[k]
-            if sim.launch(job, t, gpus.bit_length() - 1):
+            if sim.launch(job, t, count_index(gpus)):
                 launched.add(job.index)
         if launched:
             self.queue = [j for j in self.queue if j.index not in launched]

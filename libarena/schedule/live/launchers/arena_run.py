@@ -2,7 +2,8 @@
 
 Layout under the launcher's work directory::
 
-    plans/<model>__b<batch>.parquet       arena-analyze | arena-plan output, shared by a model's jobs
+    plans/<model>__b<batch>.parquet       arena-plan --model output, shared by a model's jobs
+    cache/                                 the stage cache of those plans (operator tables included)
     jobs/<job>/ckpt/                       the job's checkpoints (every version resumes from them)
     jobs/<job>/v<version>/request.json     the launch request (written first: the idempotency record)
                          /run.sh, pid, output.log, report.json, exit_code
@@ -64,7 +65,7 @@ class ArenaRunLauncher(JobLauncher):
         self.extra_args: list[str] = list(context.options.get("arena_run_args", []))
         self._children: dict[tuple[str, int], subprocess.Popen] = {}
         #: the tools' commands (default: this environment's console scripts); a wrapper can be put in their place
-        self.commands: dict[str, str] = {name: tool(name) for name in ("arena-analyze", "arena-plan", "arena-run")}
+        self.commands: dict[str, str] = {name: tool(name) for name in ("arena-plan", "arena-run")}
         self.commands.update(context.options.get("commands") or {})
 
     def run_dir(self, job_id: str, version: int) -> Path:
@@ -78,11 +79,12 @@ class ArenaRunLauncher(JobLauncher):
 
     def script(self, req: LaunchRequest, run_dir: Path) -> str:
         plans = self.plans_path(req.model, req.global_batch)
-        tmp = run_dir / "ops.parquet"
         q = shlex.quote
-        prepare = (f"if [ ! -f {q(str(plans))} ]; then {q(self.commands['arena-analyze'])} -m {q(req.model)} -b {req.global_batch} "
-                   f"-o {q(str(tmp))} && {q(self.commands['arena-plan'])} -i {q(str(tmp))} -c {q(str(self.ctx.cluster_path))} "
-                   f"-o {q(str(run_dir / 'plans.parquet'))} && mv -f {q(str(run_dir / 'plans.parquet'))} {q(str(plans))}; fi")
+        # arena-plan --model analyzes on the way (both steps cached under the launcher's directory)
+        prepare = (f"if [ ! -f {q(str(plans))} ]; then {q(self.commands['arena-plan'])} --model {q(req.model)} "
+                   f"--global-batch {req.global_batch} --cluster {q(str(self.ctx.cluster_path))} "
+                   f"--cache-dir {q(str(self.root / 'cache'))} -o {q(str(run_dir / 'plans.parquet'))} "
+                   f"&& mv -f {q(str(run_dir / 'plans.parquet'))} {q(str(plans))}; fi")
         run = [self.commands["arena-run"], "--plan", str(plans), "--model", req.model, "--global-batch", str(req.global_batch),
                "--steps", str(req.iterations), "--checkpoint-dir", str(self.checkpoint_dir(req.job_id)),
                "--grid", f"{req.gpu_type},{req.num_gpus}", "--checkpoint-every", str(self.checkpoint_every),

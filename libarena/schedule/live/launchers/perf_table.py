@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 
 from libarena.errors import ArenaError
+from libarena.schedule.entities import count_index
 from libarena.schedule.live.launchers.base import JobLauncher, LaunchRequest, LauncherContext, RunStatus, register_launcher
 
 
@@ -40,7 +41,7 @@ class PerfTableLauncher(JobLauncher):
     def _rate(self, req: LaunchRequest) -> float:
         mp = self.perf.get(req.model, req.global_batch)
         t = self.perf.type_index[req.gpu_type]
-        c = req.num_gpus.bit_length() - 1
+        c = count_index(req.num_gpus)
         thr = float(mp.truth[t, c])
         if not thr > 0:
             raise ArenaError(f"job {req.job_id}: {req.model} cannot run on {req.num_gpus} x {req.gpu_type}")
