@@ -46,7 +46,7 @@ from libarena.errors import ArenaError
 
 #: Bump when the key recipe or the entry layout changes: older entries then simply stop matching.
 CACHE_FORMAT = 1
-#: The default cache root (relative to the working directory), shared with ``perf build``'s operator tables.
+#: The default cache root (relative to the working directory): every stage's entries, and perf build's stage profiles.
 DEFAULT_CACHE_DIR = Path(".arena-cache")
 MANIFEST = "MANIFEST.json"
 #: The file name of a single-table output inside its entry.

@@ -182,3 +182,23 @@ def test_profile_is_cached_and_keyed_by_the_device(work):
     assert (work / "perf1.parquet").read_bytes() == (work / "perf2.parquet").read_bytes()
     assert (work / "pc" / "stages" / "arena-profile").is_dir()
     assert not any(p.name == "stages" for p in (work / "pc").glob("*/*.json"))
+
+
+def test_one_cache_serves_analyze_plan_model_and_perf_build(work):
+    """The operator table arena-analyze caches is the one arena-plan --model and perf build --pair read (no second
+    analysis); arena-plan --model plans exactly what arena-plan --ops plans from that table."""
+    from libarena.plan import read_plans
+
+    ok(invoke("arena-analyze", ["--model", "gpt__tiny", "--global-batch", "8", "-o", "default-ops.parquet"], cwd=work))
+    analyses = entries(work, "arena-analyze")
+    by_model = ok(invoke("arena-plan", ["--model", "gpt__tiny", "--global-batch", "8", "--cluster", "cluster.yaml",
+                                        "--max-gpus", "2", "-o", "by-model.parquet"], cwd=work))
+    assert "analyzing" not in by_model.stderr and entries(work, "arena-analyze") == analyses
+    ok(invoke("arena-plan", ["--ops", "default-ops.parquet", "--cluster", "cluster.yaml", "--max-gpus", "2",
+                             "-o", "by-ops.parquet"], cwd=work))
+    assert read_plans(work / "by-model.parquet").to_table().equals(read_plans(work / "by-ops.parquet").to_table())
+    pair = summary(invoke("arena-schedule", ["perf", "build", "--pair", "gpt__tiny,8", "--cluster", "cluster.yaml",
+                                             "--mode", "roofline", "--json", "-o", "pair.parquet"], cwd=work))
+    assert pair["pairs"] == [["gpt__tiny", 8]] and entries(work, "arena-analyze") == analyses
+    bad = invoke("arena-plan", ["--model", "gpt__tiny", "--cluster", "cluster.yaml", "-o", "x.parquet"], cwd=work)
+    assert bad.code == 2 and "--global-batch" in bad.stderr

@@ -1,0 +1,28 @@
+"""Profiling on arrival with the default script: the pipeline's perf build of the new (model, batch), run
+detached the way the live scheduler runs it, gives performance rows for the cluster's GPU types."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from libarena.artifacts import read_table
+from libarena.schedule.live.profiling import ArrivalProfiler
+from tests.live.helpers import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_profiling_script_builds_rows_for_a_new_pair(tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"name": "c", "node_groups": [{"gpu_type": "a100", "nodes": 1, "gpus_per_node": 2}]}))
+    profiler = ArrivalProfiler(tmp_path / "profiles", cluster)
+    profiler.request("gpt__tiny", 8)
+    done: list = []
+    wait_until(lambda: bool(done.extend(profiler.poll()) or done), 240)
+    ((model, batch, path, message),) = done
+    assert (model, batch, message) == ("gpt__tiny", 8, "profiled"), (tmp_path / "profiles").glob("*/output.log")
+    rows = read_table(path, "perf_table").table.to_pylist()
+    assert {r["view"] for r in rows} == {"arena", "ap", "dp"}
+    assert {(r["gpu_type"], r["num_gpus"]) for r in rows} == {("a100", 1), ("a100", 2)}
+    assert all(r["estimated"] and r["iter_time_s"] > 0 for r in rows)  # profiled here, scaled to the A100
