@@ -76,7 +76,7 @@ def _plans(model: str, root: Path) -> Path:
 
 
 def _structure(plan) -> tuple:
-    return (plan.num_microbatches, tuple((st.first_unit, st.end_unit, st.num_gpus, st.dp, st.tp, st.zero) for st in plan.stages))
+    return (plan.num_microbatches, tuple((a, b, st.num_gpus, st.dp, st.tp, st.zero) for (a, b), st in zip(plan.unit_ranges, plan.stages)))
 
 
 def head_to_head(model, plans: dict[str, object], config: BenchConfig) -> dict:

@@ -134,13 +134,17 @@ def check_writable(path: str | os.PathLike[str]) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _unit_activations(model: Any, params: list[Any], batch: dict[str, Any], dtype: Any) -> list[tuple[int, int]]:
-    """(input bytes, output bytes) of every unit at the analysed batch, by shape evaluation only (through
-    the shared layer functions the lowering traced, so repeated layers are not traced again)."""
-    from libarena.models.training import unit_outputs
+def _unit_activations(model: Any, params: list[Any], global_batch: int, seq_len: int | None,
+                      dtype: Any) -> tuple[list[tuple[int, int]], list[Any]]:
+    """Per unit at the analysed batch: (input bytes, output bytes) and what it keeps for its backward pass
+    (models.training.saved_activations), by shape evaluation only (through the shared layer functions the
+    lowering traced, so repeated layers are not traced again)."""
+    from libarena.models.training import batch_spec, saved_activations, unit_outputs
 
-    outputs = unit_outputs(model, params, batch, dtype, share_traces=True)
-    return [(_tree_bytes(outputs[i - 1]) if i else 0, _tree_bytes(out)) for i, out in enumerate(outputs)]
+    outputs = unit_outputs(model, params, batch_spec(model, global_batch, seq_len), dtype, share_traces=True)
+    doubled = unit_outputs(model, params, batch_spec(model, 2 * global_batch, seq_len), dtype, share_traces=True)
+    saved = saved_activations(model, params, global_batch, seq_len, dtype, outputs, doubled)
+    return [(_tree_bytes(outputs[i - 1]) if i else 0, _tree_bytes(out)) for i, out in enumerate(outputs)], saved
 
 
 def _tree_bytes(tree: Any) -> int:
@@ -193,9 +197,8 @@ def analyze_model(
 
     t = time.perf_counter()
     params = step.params
-    batch = batch_spec(model, config.global_batch, config.seq_len)
     cdtype = compute_dtype(config.dtype)
-    activations = _unit_activations(model, params, batch, cdtype)
+    activations, saved = _unit_activations(model, params, config.global_batch, config.seq_len, cdtype)
     seq_len = config.seq_len or model.config.seq_len
     dispatch = model.expert_dispatch_shape(config.global_batch, seq_len)
     dispatch_bytes = float(np.prod(dispatch, dtype=np.int64)) * np.dtype(cdtype).itemsize if dispatch else 0.0
@@ -204,7 +207,6 @@ def analyze_model(
     phase = np.asarray(rows.phase)
     flops = np.asarray(rows.flops)
     moved = np.asarray(rows.bytes_read) + np.asarray(rows.bytes_written)
-    saved = np.asarray(rows.saved_activation) * np.asarray(rows.result_bytes, dtype=np.float64)
     num_units = len(unit_specs)
 
     def per_unit(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -212,11 +214,9 @@ def analyze_model(
         return np.bincount(unit[keep], weights=values[keep], minlength=num_units)
 
     fwd, bwd, opt = phase == "forward", phase == "backward", phase == "optimizer"
-    everything = np.ones(len(unit), dtype=bool)
     fwd_flops, bwd_flops = per_unit(flops, fwd), per_unit(flops, bwd)
-    compute_bytes = per_unit(moved, fwd | bwd)
+    compute_bytes, fwd_bytes = per_unit(moved, fwd | bwd), per_unit(moved, fwd)
     opt_flops, opt_bytes = per_unit(flops, opt), per_unit(moved, opt)
-    saved_bytes = per_unit(saved, everything)
     num_ops = np.bincount(unit[unit >= 0], minlength=num_units)
 
     records = []
@@ -239,13 +239,15 @@ def analyze_model(
                 backward_flops=float(bwd_flops[i]),
                 flops=float(fwd_flops[i] + bwd_flops[i]),
                 bytes=float(compute_bytes[i]),
+                forward_bytes=float(fwd_bytes[i]),
                 optimizer_flops=float(opt_flops[i]),
                 optimizer_bytes=float(opt_bytes[i]),
                 param_count=count,
                 param_bytes=float(_tree_bytes(params[i])),
                 input_activation_bytes=float(in_bytes),
                 activation_bytes=float(out_bytes),
-                saved_activation_bytes=float(saved_bytes[i]),
+                saved_activation_bytes=float(saved[i].per_batch),
+                saved_constant_bytes=float(saved[i].constant),
                 tp_allreduce_bytes=float(spec.tp_allreduces * reduced * 2),
                 alltoall_bytes=float(spec.alltoalls * dispatch_bytes * 2),
             )

@@ -79,13 +79,16 @@ class UnitRecord:
     backward_flops: float
     flops: float
     bytes: float
+    forward_bytes: float
     optimizer_flops: float
     optimizer_bytes: float
     param_count: int
     param_bytes: float
     input_activation_bytes: float
     activation_bytes: float
+    #: what the unit keeps for its backward pass: the part that grows with the batch, and the rest
     saved_activation_bytes: float
+    saved_constant_bytes: float
     tp_allreduce_bytes: float
     alltoall_bytes: float
 
@@ -97,8 +100,11 @@ class UnitRecord:
 
 _SUMMED = (
     "flops", "bytes", "optimizer_flops", "optimizer_bytes", "param_bytes",
-    "saved_activation_bytes", "tp_allreduce_bytes", "alltoall_bytes",
+    "saved_activation_bytes", "saved_constant_bytes", "tp_allreduce_bytes", "alltoall_bytes",
+    "input_activation_bytes", "forward_flops", "forward_bytes",
 )
+#: A recomputing stage holds one unit's saved activations at a time (during that unit's backward).
+_LARGEST = {"max_unit_saved_activation_bytes": "saved_activation_bytes", "max_unit_saved_constant_bytes": "saved_constant_bytes"}
 
 
 def cluster_records(units: Sequence[UnitRecord], ranges: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
@@ -116,5 +122,7 @@ def cluster_records(units: Sequence[UnitRecord], ranges: Sequence[tuple[int, int
         }
         for name in _SUMMED:
             record[name] = float(sum(getattr(u, name) for u in members))
+        for name, unit_field in _LARGEST.items():
+            record[name] = float(max(getattr(u, unit_field) for u in members))
         records.append(record)
     return records

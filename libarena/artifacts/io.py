@@ -270,9 +270,11 @@ def _check_header(header: dict[str, Any], expect: tuple[str, ...], source: str) 
         raise ArenaError(f"{source}: is a {found} artifact, expected {' or '.join(expect)}")
     spec = get_kind(found)
     version = header["schema_version"]
-    if version != spec.version:
+    if version not in spec.readable_versions():
+        readable = " and ".join(str(v) for v in spec.readable_versions())
         raise ArenaError(
-            f"{source}: {found} schema version {version} is not supported (this Arena reads version {spec.version})"
+            f"{source}: {found} schema version {version} is not supported (this Arena reads version {readable}; "
+            f"re-run {spec.produced_by} to regenerate it)"
         )
     return spec
 
@@ -328,15 +330,15 @@ def read_table(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> T
     spec = _check_header(header, kinds, source)
     if spec.format != "table":
         raise ArenaError(f"{source}: {spec.name} is not a table")
-    table = conform_table(spec, table.replace_schema_metadata(None), source=source)
-    return TableArtifact(
-        spec.name,
-        table,
-        Provenance.from_dict(header.get("provenance", {})),
-        dict(header.get("metadata", {})),
-        spec.version,
-        source,
-    )
+    table, metadata = table.replace_schema_metadata(None), dict(header.get("metadata", {}))
+    if header["schema_version"] != spec.version:
+        try:
+            table, metadata = spec.upgrade(header["schema_version"], table, metadata)
+        except (KeyError, TypeError, ValueError, pa.ArrowException) as exc:
+            raise ArenaError(f"{source}: cannot read this {spec.name} of schema version {header['schema_version']} "
+                             f"({type(exc).__name__}: {exc}); re-run {spec.produced_by} to regenerate it") from None
+    table = conform_table(spec, table, source=source)
+    return TableArtifact(spec.name, table, Provenance.from_dict(header.get("provenance", {})), metadata, spec.version, source)
 
 
 def check_columns(table: pa.Table, source: str, *, non_null: tuple[str, ...] = (),

@@ -7,6 +7,7 @@ from this registry (``make schemas``) and a test fails when the two drift apart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -49,6 +50,10 @@ class Field:
     description: str
 
 
+#: An upgrade of a table artifact by one schema version: (table, metadata) of version v -> of version v + 1.
+Upgrade = Callable[[pa.Table, dict[str, Any]], tuple[pa.Table, dict[str, Any]]]
+
+
 @dataclass(frozen=True)
 class ArtifactKind:
     name: str
@@ -62,6 +67,24 @@ class ArtifactKind:
     #: Columns may be imported from CSV/Parquet written outside Arena (e.g. a measured perf table).
     importable: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Readers of older versions: ``(v, upgrade)`` turns a version-v table into version v + 1 (tables only).
+    upgrades: tuple[tuple[int, Upgrade], ...] = ()
+
+    def readable_versions(self) -> list[int]:
+        """This version and every older one a chain of upgrades reaches."""
+        steps = dict(self.upgrades)
+        out = [self.version]
+        while out[-1] - 1 in steps:
+            out.append(out[-1] - 1)
+        return sorted(out)
+
+    def upgrade(self, version: int, table: pa.Table, metadata: dict[str, Any]) -> tuple[pa.Table, dict[str, Any]]:
+        """A version-``version`` table and metadata brought to this version."""
+        steps = dict(self.upgrades)
+        while version < self.version:
+            table, metadata = steps[version](table, metadata)
+            version += 1
+        return table, metadata
 
     def column(self, name: str) -> Column:
         for col in self.columns:

@@ -111,20 +111,102 @@ def _repeated_units(model: ModelDef) -> frozenset[int]:
 
 def apply_units(
     model: ModelDef, params: Sequence[Params], carry: Carry, batch: Batch, start: int, stop: int, dtype: Any,
-    share_traces: bool = False,
+    share_traces: bool = False, remat: bool = False,
 ) -> Carry:
     """Run units [start, stop) under one named scope per unit (arena-analyze attributes HLO ops by it).
     ``share_traces``: units with the same signature and parameter shapes go through one jitted function
-    (see ``_shared_unit``)."""
+    (see ``_shared_unit``). ``remat``: each unit keeps only its input for the backward pass and recomputes
+    its activations there (see ``recompute_in_backward``)."""
     import jax
 
     for offset, index in enumerate(range(start, stop)):
         with jax.named_scope(model.units[index].name):
             if share_traces and index in _repeated_units(model):
-                carry = _shared_unit(model, model.unit_signature(index), dtype)(params[offset], carry, batch)
+                unit = _shared_unit(model, model.unit_signature(index), dtype)
             else:
-                carry = model.apply_unit(index, params[offset], carry, batch, dtype)
+                unit = functools.partial(_apply_unit, model, index, dtype)
+            if remat:
+                unit = recompute_in_backward(unit)
+            carry = unit(params[offset], carry, batch)
     return carry
+
+
+def _apply_unit(model: ModelDef, index: int, dtype: Any, params: Params, carry: Carry, batch: Batch) -> Carry:
+    return model.apply_unit(index, params, carry, batch, dtype)
+
+
+def recompute_in_backward(unit: Callable[[Params, Carry, Batch], Carry]) -> Callable[[Params, Carry, Batch], Carry]:
+    """Activation recomputation (coarse-grained, per layer, as Alpa's remat) inside one differentiated function
+    (the whole training step): the forward pass keeps only the unit's inputs; the backward pass runs the unit's
+    forward again and then its backward (``recomputed_vjp``). The pipeline's stages, whose forward and backward
+    are separate executables, use ``forward_keeping_inputs`` / ``backward_from_inputs`` instead, which keep the
+    parameters out of what a micro-batch holds."""
+    import jax
+
+    @jax.custom_vjp
+    def recomputed(params: Params, carry: Carry, batch: Batch) -> Carry:
+        return unit(params, carry, batch)
+
+    def forward(params: Params, carry: Carry, batch: Batch) -> tuple[Carry, tuple[Params, Carry, Batch]]:
+        return unit(params, carry, batch), (params, carry, batch)
+
+    def backward(saved: tuple[Params, Carry, Batch], gradient: Carry) -> tuple[Params, Carry, Batch]:
+        return recomputed_vjp(unit, *saved, gradient)
+
+    recomputed.defvjp(forward, backward)
+    return recomputed
+
+
+def recomputed_vjp(unit: Callable[[Params, Carry, Batch], Carry], params: Params, carry: Carry, batch: Batch,
+                   gradient: Carry) -> tuple[Params, Carry, Batch]:
+    """Cotangents of (params, carry, batch) for ``gradient``, running ``unit``'s forward again first.
+
+    The recomputation is made to depend on ``gradient`` (the gradient arriving from the unit after it).
+    Without that data dependency XLA's CPU scheduler hoists every unit's recomputation to the start of the
+    backward pass (an optimization barrier does not survive its pipeline), and all the activations the
+    recomputation was meant to avoid are alive at once again. The dependency is ``+ 0 * g[0]`` on one input:
+    exact (x + 0 == x) unless the gradient is already NaN or infinite, and IEEE semantics keep XLA from
+    folding it away."""
+    import jax
+    import jax.numpy as jnp
+
+    first = jax.lax.stop_gradient(jax.tree.leaves(gradient)[0]).reshape(-1)[0]
+    # the first floating-point input (the activation, or a parameter of the first unit) carries the tie
+    leaves, treedef = jax.tree.flatten((carry, params))
+    k = next(i for i, leaf in enumerate(leaves) if jnp.issubdtype(leaf.dtype, jnp.floating))
+    leaves[k] = leaves[k] + jnp.zeros((), leaves[k].dtype) * first.astype(leaves[k].dtype)
+    carry, params = jax.tree.unflatten(treedef, leaves)
+    _, vjp = jax.vjp(unit, params, carry, batch)
+    return vjp(gradient)
+
+
+def forward_keeping_inputs(model: ModelDef, params: Sequence[Params], carry: Carry, batch: Batch, start: int, stop: int,
+                           dtype: Any) -> tuple[Carry, list[Carry]]:
+    """Units [start, stop) of a recomputing pipeline stage: the output, and each unit's input activation (all
+    that the stage keeps per micro-batch for its backward pass)."""
+    inputs = []
+    for offset, index in enumerate(range(start, stop)):
+        inputs.append(carry)
+        carry = apply_units(model, [params[offset]], carry, batch, index, index + 1, dtype)
+    return carry, inputs
+
+
+def backward_from_inputs(model: ModelDef, params: Sequence[Params], inputs: Sequence[Carry], batch: Batch, start: int,
+                         stop: int, dtype: Any, cotangent: Carry) -> tuple[list[Params], Carry]:
+    """The backward pass of a recomputing stage (see ``forward_keeping_inputs``): last unit first, each unit's
+    forward runs again from its saved input just before its own backward, so one unit's activations are alive
+    at a time. Returns the parameters' gradients and the gradient of the stage's input activation."""
+    grads: list[Params] = [None] * (stop - start)
+    gradient = cotangent
+    for offset in reversed(range(stop - start)):
+        index = start + offset
+        unit = functools.partial(_apply_named_unit, model, index, dtype)
+        grads[offset], gradient, _ = recomputed_vjp(unit, params[offset], inputs[offset], batch, gradient)
+    return grads, gradient
+
+
+def _apply_named_unit(model: ModelDef, index: int, dtype: Any, params: Params, carry: Carry, batch: Batch) -> Carry:
+    return apply_units(model, [params], carry, batch, index, index + 1, dtype)
 
 
 def unit_outputs(
@@ -143,9 +225,63 @@ def unit_outputs(
     return outputs
 
 
-def loss_fn(model: ModelDef, dtype: Any, share_traces: bool = False) -> Callable[[list[Params], Batch], Any]:
+@dataclass(frozen=True)
+class SavedActivations:
+    """Bytes a unit keeps for its backward pass (its vjp residuals, without the parameters and the batch entries it
+    merely references), split into the part that grows with the batch and the part that does not (compute-dtype
+    copies of parameters)."""
+
+    per_batch: int
+    constant: int
+
+
+def saved_activations(model: ModelDef, params: Sequence[Params], batch_size: int, seq_len: int | None, dtype: Any,
+                      outputs: Sequence[Carry], outputs_doubled: Sequence[Carry]) -> list[SavedActivations]:
+    """What every unit keeps for its backward at ``batch_size`` (``outputs``: unit_outputs at that batch,
+    ``outputs_doubled`` at twice it): JAX's own residuals of the unit's vjp, which are exactly what the runtime
+    holds per in-flight micro-batch. Shape evaluation only; identical units are evaluated once."""
+    import jax
+
+    def residual_leaves(index: int, carry: Carry, batch: Batch) -> list[Any]:
+        unit = functools.partial(_apply_unit, model, index, dtype)
+        if carry is None:
+            res = jax.eval_shape(lambda p, b: jax.vjp(lambda q: unit(q, None, b), p)[1], params[index], batch)
+        else:
+            res = jax.eval_shape(lambda p, c, b: jax.vjp(lambda q, d: unit(q, d, b), p, c)[1], params[index], carry, batch)
+        referenced = Counter((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves((params[index], batch)))
+        kept = []
+        for leaf in jax.tree.leaves(res):
+            key = (tuple(leaf.shape), str(leaf.dtype))
+            if referenced[key] > 0:  # the unit's own parameters or batch entries: referenced, not copied
+                referenced[key] -= 1
+            else:
+                kept.append(leaf)
+        return kept
+
+    batch = batch_spec(model, batch_size, seq_len)
+    doubled = batch_spec(model, 2 * batch_size, seq_len)
+    cache: dict[Hashable, SavedActivations] = {}
+    out = []
+    for i in range(len(model.units)):
+        carry = outputs[i - 1] if i else None
+        key = (model.unit_signature(i), _shape_key(params[i]), _shape_key(carry))
+        if key not in cache:
+            at_batch = residual_leaves(i, carry, batch)
+            at_double = residual_leaves(i, outputs_doubled[i - 1] if i else None, doubled)
+            # a residual whose shape does not change with the batch is a constant (e.g. a bf16 copy of a weight)
+            constant = sum(_leaf_bytes(a) for a, b in zip(at_batch, at_double) if tuple(a.shape) == tuple(b.shape))
+            cache[key] = SavedActivations(sum(_leaf_bytes(a) for a in at_batch) - constant, constant)
+        out.append(cache[key])
+    return out
+
+
+def _leaf_bytes(leaf: Any) -> int:
+    return int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+
+
+def loss_fn(model: ModelDef, dtype: Any, share_traces: bool = False, remat: bool = False) -> Callable[[list[Params], Batch], Any]:
     def loss(params: list[Params], batch: Batch) -> Any:
-        return apply_units(model, params, None, batch, 0, len(model.units), dtype, share_traces)
+        return apply_units(model, params, None, batch, 0, len(model.units), dtype, share_traces, remat)
 
     return loss
 
@@ -183,14 +319,16 @@ def update_units(
 
 
 def make_train_step(
-    model: ModelDef, dtype: str = "bf16", optimizer: OptimizerConfig | None = None, share_traces: bool = False
+    model: ModelDef, dtype: str = "bf16", optimizer: OptimizerConfig | None = None, share_traces: bool = False,
+    remat: bool = False,
 ) -> Callable:
     """(params, opt_state, batch) -> (params, opt_state, loss): forward, backward and the optimizer update.
-    ``share_traces``: trace each distinct layer (and its update) once; the computation is the same."""
+    ``share_traces``: trace each distinct layer (and its update) once; the computation is the same.
+    ``remat``: every unit recomputes its activations in the backward pass (same results)."""
     import jax
 
     optimizer = optimizer or OptimizerConfig()
-    loss = loss_fn(model, compute_dtype(dtype), share_traces)
+    loss = loss_fn(model, compute_dtype(dtype), share_traces, remat)
 
     def train_step(params: list[Params], opt_state: list[Any], batch: Batch) -> tuple[list[Params], list[Any], Any]:
         value, grads = jax.value_and_grad(loss)(params, batch)

@@ -48,6 +48,9 @@ class PlannerConfig:
     usable_memory_fraction: float = 0.9
     #: Consider ZeRO-1 (optimizer state sharded across the data-parallel group) as an intra-stage option.
     allow_zero: bool = True
+    #: Consider activation recomputation (each unit recomputes its activations in the backward pass) as an
+    #: intra-stage option: chosen where it is needed to fit in memory or lets the stage communicate less.
+    allow_remat: bool = True
     #: Restrict grids (None = all).
     gpu_types: tuple[str, ...] | None = None
     num_gpus: tuple[int, ...] | None = None

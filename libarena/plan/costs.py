@@ -9,9 +9,17 @@ Memory per GPU (mixed-precision Adam, Megatron-style TP dividing weights and act
 * weights and gradients in the parameter dtype: ``2 * param_bytes / tp``;
 * Adam state (m and v in fp32, plus an fp32 master copy when parameters are stored in 16 bits):
   ``(8 or 12) * param_count / tp``, divided by dp too under ZeRO-1;
-* saved activations of the 1F1B in-flight micro-batches (stage j of s holds min(s - j, B) of them):
-  ``inflight * saved_activation_bytes / (B * dp * tp)``;
+* saved activations of the 1F1B in-flight micro-batches (stage j of s holds min(s - j, B) of them): what the
+  units keep for their backward pass, ``inflight * (saved_activation_bytes / (B * dp * tp) + saved_constant_bytes / tp)``
+  (the second term: compute-dtype copies of the weights, which do not shrink with the micro-batch);
+* with activation recomputation (``remat``) a micro-batch in flight keeps only its units' input activations,
+  ``inflight * input_activation_bytes / (B * dp)`` (replicated over tp, as activations between layers are), plus,
+  during one unit's backward, that unit's recomputed activations: ``(max_unit_saved_activation_bytes / (B * dp)
+  + max_unit_saved_constant_bytes) / tp`` (the largest unit's);
 * the P2P receive and send buffers of one micro-batch: ``(act_in + act_out) / (B * dp)``.
+
+Recomputation costs one more forward pass of the stage: ``forward seconds / (dp * tp)`` per iteration, from
+the fusion-aware roofline of its forward instructions (``recompute_seconds``).
 
 Communication of a stage, split as eq. 4 needs it:
 
@@ -24,7 +32,8 @@ Communication of a stage, split as eq. 4 needs it:
   weights (same bandwidth volume, twice the latency steps -- so ZeRO is chosen only when memory needs it).
 
 Known simplifications: all weights and saved activations count as TP-sharded (Megatron keeps layer-norm
-inputs and dropout masks replicated, so TP memory is slightly optimistic); no activation recomputation;
+inputs and dropout masks replicated, so TP memory is slightly optimistic); recomputation is all or nothing per
+stage (every unit of the stage recomputes);
 MoE expert weights are counted as replicated across dp even though the all-to-all assumes expert
 parallelism (memory is pessimistic there); the micro-batch size G / B may be fractional.
 """
@@ -54,8 +63,10 @@ class StageCostModel:
         a = self.profile.arrays
         self._pre = {
             name: np.concatenate([[0.0], np.cumsum(a[name])])
-            for name in ("param_bytes", "param_count", "saved_activation_bytes")
+            for name in ("param_bytes", "param_count", "saved_activation_bytes", "saved_constant_bytes", "input_activation_bytes")
         }
+        self._range_max = {name: _range_max(a[name]) for name in ("max_unit_saved_activation_bytes", "max_unit_saved_constant_bytes")}
+        self._pre["recompute_s"] = np.concatenate([[0.0], np.cumsum(self.profile.fused_forward_loads(self.gpu))])
         self._act = a["activation_bytes"]
         self._tp_bytes = a["tp_allreduce_bytes"]
         self._a2a = a["alltoall_bytes"]
@@ -77,7 +88,7 @@ class StageCostModel:
         pre = self._pre[name]
         return pre[b] - pre[a]
 
-    def memory(self, a, b, dp, tp, zero, inflight, num_microbatches: int):
+    def memory(self, a, b, dp, tp, zero, inflight, num_microbatches: int, remat=False):
         """Peak bytes per GPU of the stage [a, b) (all arguments but B broadcast as arrays)."""
         a = np.asarray(a)
         b = np.asarray(b)
@@ -85,14 +96,21 @@ class StageCostModel:
         B = num_microbatches
         param_bytes = self._range("param_bytes", a, b)
         param_count = self._range("param_count", a, b)
-        saved = self._range("saved_activation_bytes", a, b)
         weights_grads = 2.0 * param_bytes / tp
         optimizer = self.optimizer_bytes_per_param * param_count / (tp * np.where(zero, dp, 1))
-        activations = np.minimum(inflight, B) * saved / (B * dp * tp)
+        kept = self._range("saved_activation_bytes", a, b) / (B * dp * tp) + self._range("saved_constant_bytes", a, b) / tp
+        recomputing = (np.minimum(inflight, B) * self._range("input_activation_bytes", a, b) / (B * dp)
+                       + (self._range_max["max_unit_saved_activation_bytes"][a, b] / (B * dp)
+                          + self._range_max["max_unit_saved_constant_bytes"][a, b]) / tp)
+        activations = np.where(remat, recomputing, np.minimum(inflight, B) * kept)
         act_in = np.where(a > 0, self._act[np.clip(a - 1, 0, O - 1)], 0.0)
         act_out = np.where(b < O, self._act[np.clip(b - 1, 0, O - 1)], 0.0)
         buffers = (act_in + act_out) / (B * dp)
         return weights_grads + optimizer + activations + buffers
+
+    def recompute_seconds(self, a, b):
+        """Seconds of one more forward pass of the stage [a, b) per iteration on one GPU (divide by dp x tp)."""
+        return self._range("recompute_s", np.asarray(a), np.asarray(b))
 
     def cluster_comm_prefix(self, dp: int, tp: int, num_microbatches: int) -> np.ndarray:
         """Prefix sums over clusters of the per-micro-batch intra-stage communication under (dp, tp)."""
@@ -149,15 +167,26 @@ class StageCostModel:
         return self._grad_all[key][a, b]
 
 
-def intra_stage_options(num_gpus: int, allow_zero: bool) -> list[tuple[int, int, bool]]:
-    """(dp, tp, zero) with dp * tp = num_gpus, powers of two; fixed order (tp ascending, zero last) so
-    ties resolve the same way everywhere: least tensor parallelism, no ZeRO unless it pays."""
+def _range_max(values: np.ndarray) -> np.ndarray:
+    """M[a, b] = max(values[a:b]) for every 0 <= a < b <= len(values) (0 elsewhere): (O+1) x (O+1)."""
+    n = len(values)
+    out = np.zeros((n + 1, n + 1))
+    for a in range(n):
+        out[a, a + 1:] = np.maximum.accumulate(values[a:])
+    return out
+
+
+def intra_stage_options(num_gpus: int, allow_zero: bool, allow_remat: bool = False) -> list[tuple[int, int, bool, bool]]:
+    """(dp, tp, zero, remat) with dp * tp = num_gpus, powers of two; fixed order (tp ascending, then no ZeRO
+    before ZeRO, no recomputation before recomputation) so ties resolve the same way everywhere: least tensor
+    parallelism, no ZeRO and no recomputation unless they pay."""
     out = []
     tp = 1
     while tp <= num_gpus:
         dp = num_gpus // tp
-        out.append((dp, tp, False))
-        if allow_zero and dp > 1:
-            out.append((dp, tp, True))
+        for remat in (False, True) if allow_remat else (False,):
+            out.append((dp, tp, False, remat))
+            if allow_zero and dp > 1:
+                out.append((dp, tp, True, remat))
         tp *= 2
     return out

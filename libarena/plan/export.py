@@ -8,6 +8,8 @@
       "num_micro_batches": B,
       "layer_num": O,                         # one Alpa pipeline layer per Arena cluster
       "layers": [{"index": i, "units": [model units of cluster i]}, ...],
+      "remat_layer": false,                   # activation recomputation of every layer (Alpa's is all or none:
+                                              # a plan recomputing in some stages only cannot be exported)
       "stage_option": {
         "forward_stage_layer_ids": [[0, 1, 2], [3, 4], ...],     # layer ids of each forward stage
         "submesh_physical_shapes": [[hosts, gpus_per_host], ...],# (1, c) inside a node, (c/g, g) across nodes
@@ -22,7 +24,7 @@ Use it with Alpa as::
     spec = json.load(open("alpa.json"))
     method = alpa.PipeshardParallel(
         num_micro_batches=spec["num_micro_batches"],
-        layer_option=alpa.AutoLayerOption(layer_num=spec["layer_num"]),  # or mark the "layers" boundaries
+        layer_option=alpa.AutoLayerOption(layer_num=spec["layer_num"], remat_layer=spec["remat_layer"]),
         stage_option=alpa.ManualStageOption(**spec["stage_option"]))
 
 Alpa's automatic layer construction balances FLOPs, not Arena's clusters; for an exact match mark a
@@ -60,6 +62,9 @@ def alpa_stage_option(plan: ParallelPlan) -> dict[str, Any]:
 
 
 def export_alpa(planset: PlanSet, plan: ParallelPlan) -> dict[str, Any]:
+    if plan.recomputes and not all(st.remat for st in plan.stages):
+        raise ArenaError(f"plan {plan.plan_id} recomputes activations in some stages only ({plan.remat_per_stage}); "
+                         "Alpa's remat_layer applies to every layer, so this plan has no Alpa equivalent")
     return {
         "format": "alpa.ManualStageOption",
         "format_version": 1,
@@ -72,6 +77,8 @@ def export_alpa(planset: PlanSet, plan: ParallelPlan) -> dict[str, Any]:
         "num_micro_batches": plan.num_microbatches,
         "layer_num": len(planset.clusters),
         "layers": [{"index": int(c.get("index", i)), "units": list(c.get("units", []))} for i, c in enumerate(planset.clusters)],
+        # alpa.ManualLayerOption(remat_layer=...): activation recomputation of every layer
+        "remat_layer": plan.recomputes,
         "stage_option": alpa_stage_option(plan),
     }
 

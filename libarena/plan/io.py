@@ -42,6 +42,7 @@ def plan_columns(plan: ParallelPlan) -> dict[str, Any]:
         "dp_per_stage": plan.dp_per_stage,
         "tp_per_stage": plan.tp_per_stage,
         "zero_per_stage": plan.zero_per_stage,
+        "remat_per_stage": plan.remat_per_stage,
         "stage_gpu_offsets": [st.gpu_offset for st in plan.stages],
         "computation_bias": plan.computation_bias,
         "communication_load": plan.communication_load,
@@ -75,7 +76,8 @@ def _plan_row(result: GridResult, plan: ParallelPlan) -> dict[str, Any]:
 
 def _infeasible_row(result: GridResult) -> dict[str, Any]:
     empty_stage_lists = {column: [] for column in (
-        "stage_boundaries", "gpus_per_stage", "dp_per_stage", "tp_per_stage", "zero_per_stage", "stage_gpu_offsets",
+        "stage_boundaries", "gpus_per_stage", "dp_per_stage", "tp_per_stage", "zero_per_stage", "remat_per_stage",
+        "stage_gpu_offsets",
         "memory_per_stage_bytes", "comm_per_microbatch_s", "grad_sync_s", "p2p_per_microbatch_s")}
     return {
         **grid_columns(result.grid, result.grid.pipeline_degree),
@@ -135,7 +137,7 @@ def read_plans(path: str | os.PathLike[str], require_costs: bool = True) -> Plan
 
 _POSITIVE_INTS = ("global_batch", "num_gpus", "num_nodes", "pipeline_degree", "gpus_per_node", "num_microbatches")
 #: per-stage lists every reader needs (the plan's shape) and those only the planner's cost view uses
-_SHAPE_LISTS = ("gpus_per_stage", "dp_per_stage", "tp_per_stage", "zero_per_stage")
+_SHAPE_LISTS = ("gpus_per_stage", "dp_per_stage", "tp_per_stage", "zero_per_stage", "remat_per_stage")
 _COST_LISTS = ("stage_gpu_offsets", "memory_per_stage_bytes", "comm_per_microbatch_s", "grad_sync_s")
 
 
@@ -272,7 +274,7 @@ def planset_from_artifact(artifact: Any, require_costs: bool = True) -> PlanSet:
             degree = len(row["stage_boundaries"])
             shape = make_plan(grid, row["stage_boundaries"], row["gpus_per_stage"], row["dp_per_stage"], row["tp_per_stage"],
                               row["zero_per_stage"], row["num_microbatches"], num_clusters, str(row["plan_id"]),
-                              row["stage_gpu_offsets"] or None)
+                              row["stage_gpu_offsets"] or None, remat=row["remat_per_stage"])
             memory = _costs(row, "memory_per_stage_bytes", degree, math.nan)
             comm = _costs(row, "comm_per_microbatch_s", degree, 0.0)
             grad = _costs(row, "grad_sync_s", degree, 0.0)

@@ -68,6 +68,8 @@ class ModelProfile:
     #: the instruction belongs to the optimizer update (see fused_loads).
     op_fused_bytes: np.ndarray
     op_is_optimizer: np.ndarray
+    #: the instruction belongs to the forward pass (what activation recomputation repeats)
+    op_is_forward: np.ndarray
     digest: str
     source: str
 
@@ -88,6 +90,16 @@ class ModelProfile:
             _cluster_sums(per_op - optimizer, self.op_cluster, self.num_clusters),
             _cluster_sums(optimizer, self.op_cluster, self.num_clusters),
         )
+
+    def forward_loads(self, gpu: GPUSpec) -> np.ndarray:
+        """Roofline load (eq. 2) of each cluster's forward instructions: what recomputing it adds to its load."""
+        per_op = gpu.roofline_seconds(self.op_flops, self.op_bytes, self.dtype)
+        return _cluster_sums(np.where(self.op_is_forward, per_op, 0.0), self.op_cluster, self.num_clusters)
+
+    def fused_forward_loads(self, gpu: GPUSpec) -> np.ndarray:
+        """Per-cluster roofline seconds of the forward pass on one GPU after fusion (a recomputation's time)."""
+        per_op = gpu.roofline_seconds(self.op_flops, self.op_fused_bytes, self.dtype)
+        return _cluster_sums(np.where(self.op_is_forward, per_op, 0.0), self.op_cluster, self.num_clusters)
 
     @property
     def param_bytes_per_param(self) -> float:
@@ -187,7 +199,7 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
     seq_len = meta.get("seq_len") or 0
     opcode = table.column("opcode").to_numpy(zero_copy_only=False).astype(str)
     param_bytes = _column(table, "param_bytes", source).astype(np.float64)
-    is_optimizer = table.column("phase").to_numpy(zero_copy_only=False).astype(str) == "optimizer"
+    phase = table.column("phase").to_numpy(zero_copy_only=False).astype(str)
     return ModelProfile(
         name=str(model["name"]),
         model=dict(model),
@@ -200,7 +212,8 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
         op_bytes=moved,
         op_cluster=cluster,
         op_fused_bytes=fused_bytes(opcode, moved, param_bytes),
-        op_is_optimizer=is_optimizer,
+        op_is_optimizer=phase == "optimizer",
+        op_is_forward=phase == "forward",
         digest=operator_table_digest(artifact),
         source=source,
     )

@@ -60,33 +60,37 @@ class StageTable:
     not depend on the grid's other stages).
     """
 
-    def __init__(self, costs: StageCostModel, max_gpus: int, stages: int, num_microbatches: int, global_batch: int, allow_zero: bool):
+    def __init__(self, costs: StageCostModel, max_gpus: int, stages: int, num_microbatches: int, global_batch: int,
+                 allow_zero: bool, allow_remat: bool = False):
         O = costs.num_clusters
         self.levels = levels = max_gpus.bit_length()
         self.stages = stages
         self.num_clusters = O
         B = num_microbatches
         options = [
-            (level, dp, tp, zero)
+            (level, dp, tp, zero, remat)
             for level in range(levels)
-            for dp, tp, zero in intra_stage_options(1 << level, allow_zero)
+            for dp, tp, zero, remat in intra_stage_options(1 << level, allow_zero, allow_remat)
             if dp <= global_batch / B  # a replica needs at least one sample per micro-batch
         ]
         lv = np.array([o[0] for o in options])
         dp = np.array([o[1] for o in options], dtype=np.float64)[:, None, None, None]
         tp = np.array([o[2] for o in options], dtype=np.float64)[:, None, None, None]
         zero = np.array([o[3] for o in options])[:, None, None, None]
+        remat = np.array([o[4] for o in options])[:, None, None, None]
         a = np.arange(O + 1)[None, :, None, None]
         b = np.arange(O + 1)[None, None, :, None]
         inflight = np.arange(1, stages + 1)[None, None, None, :]
         a_safe = np.minimum(a, O - 1)
         valid = a < b
-        mem = costs.memory(a_safe, b, dp, tp, zero, inflight, B)  # (opt, a, b, k)
+        mem = costs.memory(a_safe, b, dp, tp, zero, inflight, B, remat)  # (opt, a, b, k)
         comm = np.stack([costs.comm_per_microbatch(a_safe[0, :, :, 0], b[0, :, :, 0], o[1], o[2], B) for o in options])
         grad = np.stack([costs.grad_sync(a_safe[0, :, :, 0], b[0, :, :, 0], o[1], o[2], o[3]) for o in options])
         comm = comm[:, :, :, None]
         grad = grad[:, :, :, None]
-        obj = np.where(valid & (mem <= costs.capacity), B * comm + grad, np.inf)
+        # A recomputing stage pays one more forward pass (spread over its GPUs) beside its communication.
+        recompute = np.where(remat, costs.recompute_seconds(a_safe[0, :, :, 0], b[0, :, :, 0])[None, :, :, None] / (dp * tp), 0.0)
+        obj = np.where(valid & (mem <= costs.capacity), B * comm + grad + recompute, np.inf)
         full = obj.shape
         min_memory = np.empty((O + 1, O + 1, levels, stages))
         best = np.empty((O + 1, O + 1, levels, stages))
@@ -95,8 +99,8 @@ class StageTable:
             sel = np.flatnonzero(lv == level)
             o = obj[sel]
             best[:, :, level, :] = o.min(axis=0)
-            # First option (least tp, no ZeRO) within a relative 1e-9 of the best: float noise must not
-            # flip ties such as ZeRO's RS+AG against the equal-volume all-reduce.
+            # First option (least tp, no ZeRO, no recomputation) within a relative 1e-9 of the best: float
+            # noise must not flip ties such as ZeRO's RS+AG against the equal-volume all-reduce.
             chosen[:, :, level, :] = sel[np.argmax(o <= best[None, :, :, level, :] * (1 + 1e-9), axis=0)]
             min_memory[:, :, level, :] = np.where(valid[0], mem[sel], np.inf).min(axis=0)
         # One gather per field: flat index of (chosen option, a, b, k) in the (option, a, b, k) arrays.
@@ -115,6 +119,7 @@ class StageTable:
             "dp": pick(dp).astype(np.int64),
             "tp": pick(tp).astype(np.int64),
             "zero": pick(zero),
+            "remat": pick(remat),
         }
 
     def flat_index(self, starts: np.ndarray, ends: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -154,6 +159,7 @@ def _build_plan(
     dp: np.ndarray,
     tp: np.ndarray,
     zero: np.ndarray,
+    remat: np.ndarray,
     memory: np.ndarray,
     comm_mb: np.ndarray,
     grad: np.ndarray,
@@ -174,6 +180,7 @@ def _build_plan(
             memory_bytes=float(memory[j]),
             comm_per_microbatch_s=float(comm_mb[j]),
             grad_sync_s=float(grad[j]),
+            remat=bool(remat[j]),
         )
         for j in range(len(starts))
     )
@@ -184,6 +191,7 @@ def _build_plan(
         [int(x) for x in dp],
         [int(x) for x in tp],
         [int(x) for x in zero],
+        [int(x) for x in remat],
     )
     return ParallelPlan(
         grid=grid,
@@ -234,8 +242,13 @@ def plan_grid(
     costs: StageCostModel,
     config: PlannerConfig,
     table: StageTable | None = None,
+    forward_loads: np.ndarray | None = None,
 ) -> GridResult:
-    """All plans of one grid: one per partition (normalised assignment, best intra-stage choice)."""
+    """All plans of one grid: one per partition (normalised assignment, best intra-stage choice).
+
+    ``forward_loads``: each cluster's forward load (eq. 2), which a recomputing stage adds to its own: the
+    computation bias of a plan with recomputing stages is measured against the load-proportional assignment
+    of those effective loads (the same value as before for plans without recomputation)."""
     n, s = grid.num_gpus, grid.pipeline_degree
     B = config.microbatches(s)
     if profile.global_batch < B:
@@ -244,7 +257,9 @@ def plan_grid(
     if config.exhaustive:
         return plan_grid_exhaustive(profile, grid, loads, costs, config)
     if table is None:
-        table = StageTable(costs, n, s, B, profile.global_batch, config.allow_zero)
+        table = StageTable(costs, n, s, B, profile.global_batch, config.allow_zero, config.allow_remat)
+    if forward_loads is None:
+        forward_loads = profile.forward_loads(costs.gpu)
     starts_all, ends_all = partitions(profile.num_clusters, s)
     total = starts_all.shape[0]
     if total > MAX_PARTITIONS:
@@ -259,6 +274,10 @@ def plan_grid(
     for lo in range(0, total, PARTITION_CHUNK):  # chunks bound the DP's temporaries for large O
         hi = min(lo + PARTITION_CHUNK, total)
         gpus, bias[lo:hi], flat = _normalised_stages(table, loads, n, starts_all[lo:hi], ends_all[lo:hi])
+        remat = table.gather("remat", flat)
+        if remat.any():
+            bias[lo:hi] = np.where(remat.any(axis=1), recomputing_bias(loads, forward_loads, starts_all[lo:hi],
+                                                                       ends_all[lo:hi], gpus, remat), bias[lo:hi])
         fits = np.isfinite(table.gather("obj", flat)).all(axis=1)
         need[lo:hi] = np.where(
             fits, table.gather("memory", flat).max(axis=1), table.gather("min_memory", flat).max(axis=1)
@@ -275,12 +294,13 @@ def plan_grid(
     # Plan objects only for the frontier (a few dozen per grid at most): redo its rows in detail.
     starts, ends = starts_all[front], ends_all[front]
     gpus, _, flat = _normalised_stages(table, loads, n, starts, ends)
-    fields = {name: table.gather(name, flat) for name in ("memory", "dp", "tp", "zero", "comm_mb", "grad")}
+    fields = {name: table.gather(name, flat) for name in ("memory", "dp", "tp", "zero", "remat", "comm_mb", "grad")}
     offsets = stage_offsets(gpus)
     plans = [
         _build_plan(
             costs, grid, B, starts[pos], ends[pos], gpus[pos], fields["dp"][pos], fields["tp"][pos], fields["zero"][pos],
-            fields["memory"][pos], fields["comm_mb"][pos], fields["grad"][pos], bias[i], l_comm[i], offsets[pos],
+            fields["remat"][pos], fields["memory"][pos], fields["comm_mb"][pos], fields["grad"][pos], bias[i], l_comm[i],
+            offsets[pos],
         )
         for pos, i in enumerate(front)
     ]
@@ -297,6 +317,20 @@ def _normalised_stages(table: StageTable, loads: np.ndarray, n: int, starts: np.
     return gpus, bias, table.flat_index(starts, ends, level)
 
 
+def recomputing_bias(loads: np.ndarray, forward_loads: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                     gpus: np.ndarray, remat: np.ndarray) -> np.ndarray:
+    """b_comp (eq. 3) of plans whose recomputing stages (``remat``, (P, s)) carry one more forward pass: the
+    distance of ``gpus`` from the assignment proportional to the effective stage loads."""
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    load = np.concatenate([[0.0], np.cumsum(loads)])
+    forward = np.concatenate([[0.0], np.cumsum(forward_loads)])
+    stage = (load[ends] - load[starts]) + np.where(remat, forward[ends] - forward[starts], 0.0)
+    n = np.asarray(gpus).sum(axis=1, keepdims=True)
+    ideal = stage / stage.sum(axis=1, keepdims=True) * n
+    return np.sqrt(((np.asarray(gpus, dtype=np.float64) - ideal) ** 2).sum(axis=1))
+
+
 def plan_grid_exhaustive(
     profile: ModelProfile, grid: Grid, loads: np.ndarray, costs: StageCostModel, config: PlannerConfig
 ) -> GridResult:
@@ -309,9 +343,10 @@ def plan_grid_exhaustive(
     starts_all, ends_all = partitions(profile.num_clusters, s)
     compositions = power_of_two_compositions(n, s)
     samples_per_microbatch = profile.global_batch / B
-    option_cache: dict[int, list[tuple[int, int, bool]]] = {}
+    option_cache: dict[int, list[tuple[int, int, bool, bool]]] = {}
     for c in {c for comp in compositions for c in comp}:
-        option_cache[c] = [o for o in intra_stage_options(c, config.allow_zero) if o[0] <= samples_per_microbatch]
+        option_cache[c] = [o for o in intra_stage_options(c, config.allow_zero, config.allow_remat)
+                           if o[0] <= samples_per_microbatch]
     per_comp = sum(math.prod(len(option_cache[c]) for c in comp) for comp in compositions)
     total = per_comp * starts_all.shape[0]
     if total > config.exhaustive_limit:
@@ -320,6 +355,7 @@ def plan_grid_exhaustive(
             "narrow it with --gpu-type, --num-gpus and --stages"
         )
     d = loads / loads.sum() * n
+    forward_loads = profile.forward_loads(costs.gpu)
     capacity = costs.capacity
     plans: list[ParallelPlan] = []
     considered = oom = 0
@@ -335,27 +371,34 @@ def plan_grid_exhaustive(
             for j in range(s):
                 a, b = int(starts[j]), int(ends[j])
                 choices = []
-                for dp, tp, zero in option_cache[int(gpus[j])]:
-                    mem = float(costs.memory(a, b, dp, tp, zero, s - j, B))
+                for dp, tp, zero, remat in option_cache[int(gpus[j])]:
+                    mem = float(costs.memory(a, b, dp, tp, zero, s - j, B, remat))
                     cm = float(costs.comm_per_microbatch(a, b, dp, tp, B))
                     gs = float(costs.grad_sync(a, b, dp, tp, zero))
-                    choices.append((dp, tp, zero, mem, cm, gs))
-                per_stage.append(choices)
+                    cost = B * cm + gs + (float(costs.recompute_seconds(a, b)) / (dp * tp) if remat else 0.0)
+                    choices.append((dp, tp, zero, remat, mem, cm, gs, cost))
+                # A stage recomputes only where that pays (as the fast path's stage table decides): when no option
+                # without recomputation fits, or a recomputing one costs less than all of them.
+                plain = [c[7] for c in choices if not c[3] and c[4] <= capacity]
+                per_stage.append([c for c in choices if not c[3] or not plain or c[7] < min(plain) * (1 - 1e-9)])
             for combo in product(*per_stage):
                 considered += 1
-                mems = np.array([c[3] for c in combo])
+                mems = np.array([c[4] for c in combo])
                 min_mem = min(min_mem, float(mems.max()))
                 if (mems > capacity).any():
                     oom += 1
                     continue
-                comm_mb = np.array([c[4] for c in combo])
-                grad = np.array([c[5] for c in combo])
+                comm_mb = np.array([c[5] for c in combo])
+                grad = np.array([c[6] for c in combo])
+                remat = np.array([c[3] for c in combo])
                 l_comm = float(communication_load(comm_mb, grad, B)[0])
+                plan_bias = bias if not remat.any() else float(
+                    recomputing_bias(loads, forward_loads, starts[None], ends[None], gpus[None], remat[None])[0])
                 plans.append(
                     _build_plan(
                         costs, grid, B, starts, ends, gpus,
                         np.array([c[0] for c in combo]), np.array([c[1] for c in combo]), np.array([c[2] for c in combo]),
-                        mems, comm_mb, grad, bias, l_comm, offsets,
+                        remat, mems, comm_mb, grad, plan_bias, l_comm, offsets,
                     )
                 )
     if not plans:
@@ -394,6 +437,7 @@ def plan_job(
                 )
     results: list[GridResult] = []
     loads_by_type: dict[str, np.ndarray] = {}
+    forward_loads_by_type: dict[str, np.ndarray] = {}
     costs_by_type: dict[str, StageCostModel] = {}
     tables: dict[tuple[str, int], StageTable] = {}
     max_gpus_by_type: dict[str, int] = {}
@@ -404,6 +448,7 @@ def plan_job(
         if gpu_type not in costs_by_type:
             gpu = get_gpu(gpu_type)
             loads_by_type[gpu_type] = profile.loads(gpu)
+            forward_loads_by_type[gpu_type] = profile.forward_loads(gpu)
             costs_by_type[gpu_type] = StageCostModel(profile, gpu, grid.gpus_per_node, comm, config.usable_memory_fraction)
         table = None
         if not config.exhaustive and profile.global_batch >= config.microbatches(s):
@@ -411,10 +456,11 @@ def plan_job(
             if key not in tables:
                 tables[key] = StageTable(
                     costs_by_type[gpu_type], max_gpus_by_type[gpu_type], s, config.microbatches(s),
-                    profile.global_batch, config.allow_zero,
+                    profile.global_batch, config.allow_zero, config.allow_remat,
                 )
             table = tables[key]
-        results.append(plan_grid(profile, grid, loads_by_type[gpu_type], costs_by_type[gpu_type], config, table))
+        results.append(plan_grid(profile, grid, loads_by_type[gpu_type], costs_by_type[gpu_type], config, table,
+                                 forward_loads_by_type[gpu_type]))
     results = [replace(r, comm_model=_grid_comm_label(comm, r.grid.gpu_type)) for r in results]
     planner = asdict(config)
     return PlanSet(

@@ -62,7 +62,7 @@ def planset_dict(planset: PlanSet, proxies_only: bool = False) -> dict[str, Any]
 def _intra(plan: ParallelPlan) -> str:
     parts = []
     for st in plan.stages:
-        parts.append(f"{st.dp}x{st.tp}{'z' if st.zero else ''}")
+        parts.append(f"{st.dp}x{st.tp}{'z' if st.zero else ''}{'r' if st.remat else ''}")
     return " ".join(parts)
 
 

@@ -41,15 +41,17 @@ class StagePlan:
     memory_bytes: float = math.nan
     comm_per_microbatch_s: float = 0.0
     grad_sync_s: float = 0.0
+    #: Activation recomputation: every unit of the stage recomputes its activations in the backward pass.
+    remat: bool = False
 
     @property
     def clusters(self) -> range:
         return range(self.first_cluster, self.end_cluster)
 
     @property
-    def intra(self) -> tuple[int, int, int, bool]:
-        """(GPU count, dp, tp, zero): the stage's intra-stage parallelism."""
-        return (self.num_gpus, self.dp, self.tp, self.zero)
+    def intra(self) -> tuple[int, int, int, bool, bool]:
+        """(GPU count, dp, tp, zero, remat): the stage's intra-stage choice."""
+        return (self.num_gpus, self.dp, self.tp, self.zero, self.remat)
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ class ParallelPlan:
 
     @property
     def label(self) -> str:
-        parts = [f"[{st.first_cluster}:{st.end_cluster}) {st.num_gpus}g dp{st.dp} tp{st.tp}{' z' if st.zero else ''}" for st in self.stages]
+        parts = [f"[{st.first_cluster}:{st.end_cluster}) {st.num_gpus}g dp{st.dp} tp{st.tp}{' z' if st.zero else ''}"
+                 f"{' r' if st.remat else ''}" for st in self.stages]
         return f"{self.plan_id or 'plan'} B={self.num_microbatches}: " + " | ".join(parts)
 
     @property
@@ -108,11 +111,20 @@ class ParallelPlan:
     def zero_per_stage(self) -> list[int]:
         return [int(st.zero) for st in self.stages]
 
+    @property
+    def remat_per_stage(self) -> list[int]:
+        return [int(st.remat) for st in self.stages]
+
+    @property
+    def recomputes(self) -> bool:
+        return any(st.remat for st in self.stages)
+
 
 def make_plan(
     grid: Grid, boundaries: Sequence[int], gpus: Sequence[int], dp: Sequence[int], tp: Sequence[int],
     zero: Sequence[int] | None, num_microbatches: int, num_clusters: int, plan_id: str | None = None,
     offsets: Sequence[int] | None = None, is_proxy: bool = False, on_frontier: bool = True,
+    remat: Sequence[int] | None = None,
 ) -> ParallelPlan:
     """A plan from its structure (no cost estimates): stage s covers clusters [boundaries[s], boundaries[s+1]).
 
@@ -120,7 +132,8 @@ def make_plan(
     defaults to the planner's deterministic id of the structure."""
     s = len(boundaries)
     zero = list(zero) if zero else [0] * s
-    if not (len(gpus) == len(dp) == len(tp) == len(zero) == s) or (offsets is not None and len(offsets) != s):
+    remat = list(remat) if remat else [0] * s
+    if not (len(gpus) == len(dp) == len(tp) == len(zero) == len(remat) == s) or (offsets is not None and len(offsets) != s):
         raise ArenaError(f"plan {plan_id or '?'}: per-stage lists have different lengths")
     if offsets is None:
         offsets = [sum(gpus[:j]) for j in range(s)]
@@ -130,10 +143,11 @@ def make_plan(
         a, b = int(boundaries[j]), int(ends[j])
         if not 0 <= a < b <= num_clusters:
             raise ArenaError(f"plan {plan_id or '?'}: stage {j} spans clusters [{a}, {b}) outside the {num_clusters} clusters")
-        stages.append(StagePlan(j, a, b, int(gpus[j]), int(dp[j]), int(tp[j]), bool(zero[j]), int(offsets[j])))
+        stages.append(StagePlan(j, a, b, int(gpus[j]), int(dp[j]), int(tp[j]), bool(zero[j]), int(offsets[j]),
+                                remat=bool(remat[j])))
     if plan_id is None:
         plan_id = make_plan_id(grid, [int(b) for b in boundaries], [int(g) for g in gpus], [int(d) for d in dp],
-                               [int(t) for t in tp], [int(z) for z in zero])
+                               [int(t) for t in tp], [int(z) for z in zero], [int(r) for r in remat])
     return ParallelPlan(grid, plan_id, int(num_microbatches), tuple(stages), is_proxy=is_proxy, on_frontier=on_frontier)
 
 
@@ -143,9 +157,15 @@ def data_parallel_plan(grid: Grid, num_clusters: int, num_microbatches: int = 1)
     return make_plan(grid, [0], [n], [n], [1], [0], num_microbatches, num_clusters, DP_PLAN_ID, on_frontier=False)
 
 
-def make_plan_id(grid: Grid, boundaries: list[int], gpus: list[int], dp: list[int], tp: list[int], zero: list[int]) -> str:
-    """Deterministic id from the grid key and the plan's structure (same plan -> same id, run after run)."""
-    digest = content_digest(list(grid.key), boundaries, gpus, dp, tp, zero)[:10]
+def make_plan_id(grid: Grid, boundaries: list[int], gpus: list[int], dp: list[int], tp: list[int], zero: list[int],
+                 remat: list[int] | None = None) -> str:
+    """Deterministic id from the grid key and the plan's structure (same plan -> same id, run after run). The
+    recomputation flags join the digest only when a stage recomputes: plans without it keep the ids they had
+    before recomputation existed, so existing caches and files stay valid."""
+    parts: list = [list(grid.key), boundaries, gpus, dp, tp, zero]
+    if remat and any(remat):
+        parts.append(remat)
+    digest = content_digest(*parts)[:10]
     return f"{grid.gpu_type}-n{grid.num_gpus}-s{grid.pipeline_degree}-{digest}"
 
 

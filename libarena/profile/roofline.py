@@ -40,28 +40,35 @@ class RooflineConfig:
     #: The dp view shards the Adam state across its replicas (ZeRO-1, parameters stay replicated) when the
     #: fully replicated state does not fit, as data-parallel frameworks do; False: plain replication only.
     dp_zero: bool = True
+    #: ... and recomputes activations in the backward pass when that is what it takes to fit.
+    dp_remat: bool = True
 
 
-def phase_seconds(profile: ModelProfile, gpu_type: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per-cluster roofline seconds of one step on one GPU: (forward + backward, optimizer update).
+def phase_seconds(profile: ModelProfile, gpu_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-cluster roofline seconds of one step on one GPU: (forward + backward, optimizer update, forward alone:
+    what a recomputing stage runs once more).
 
     Fusion-aware (ModelProfile.fused_loads): the unfused HLO charges every elementwise instruction a
     round trip to memory, which on a GPU XLA fuses away; counting it would make the step several times
     memory-bound (bert__2.6B at batch 256: 83 TB moved unfused, 11 TB after fusion, for 4.4 PFLOP).
     """
-    return profile.fused_loads(get_gpu(gpu_type))
+    gpu = get_gpu(gpu_type)
+    compute, optimizer = profile.fused_loads(gpu)
+    return compute, optimizer, profile.fused_forward_loads(gpu)
 
 
 def roofline_iteration(profile: ModelProfile, plan: ParallelPlan, config: RooflineConfig = RooflineConfig(),
-                       phases: tuple[np.ndarray, np.ndarray] | None = None) -> IterationEstimate:
+                       phases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> IterationEstimate:
     """1F1B iteration time of a priced ``plan`` from roofline loads (the planner's comm figures for collectives);
     ``phases`` is phase_seconds() for the plan's GPU type when the caller already has it."""
-    compute, optimizer = phases if phases is not None else phase_seconds(profile, plan.grid.gpu_type)
+    compute, optimizer, forward = phases if phases is not None else phase_seconds(profile, plan.grid.gpu_type)
     B = plan.num_microbatches
     stages = []
     for j, st in enumerate(plan.stages):
         clusters = slice(st.first_cluster, st.end_cluster)
-        compute_mb = float(compute[clusters].sum()) / (B * st.dp * st.tp) / config.achieved_fraction
+        # a recomputing stage runs its forward pass twice
+        work = float(compute[clusters].sum()) + (float(forward[clusters].sum()) if st.remat else 0.0)
+        compute_mb = work / (B * st.dp * st.tp) / config.achieved_fraction
         optimizer_s = float(optimizer[clusters].sum()) / (st.tp * (st.dp if st.zero else 1)) / config.achieved_fraction
         p2p = plan.p2p_per_microbatch_s
         # Stage j sends its activation forward and receives the gradient back: one boundary each way.
@@ -71,16 +78,29 @@ def roofline_iteration(profile: ModelProfile, plan: ParallelPlan, config: Roofli
 
 
 def priced_data_parallel_plan(profile: ModelProfile, grid: Grid, comm: CommModel, config: RooflineConfig) -> tuple[ParallelPlan, bool]:
-    """Data parallelism on the grid's GPUs (every GPU holds the whole model; ZeRO-1 when only that fits, see
-    RooflineConfig.dp_zero), priced by the planner's cost model: the plan and whether it fits."""
+    """Data parallelism on the grid's GPUs (every GPU holds the whole model), priced by the planner's cost
+    model: the plan and whether it fits. Where the replicated plan does not fit, it shards the Adam state
+    (ZeRO-1, RooflineConfig.dp_zero), then recomputes activations (RooflineConfig.dp_remat), then both, as
+    data-parallel frameworks do: the first of these that fits."""
     costs = StageCostModel(profile, get_gpu(grid.gpu_type), grid.gpus_per_node, comm, config.memory_fraction)
     O, B, n = profile.num_clusters, config.dp_microbatches, grid.num_gpus
-    zero = False
-    fits = float(costs.memory(0, O, n, 1, False, 1, B)) <= costs.capacity
-    if not fits and config.dp_zero and n > 1:
-        zero = fits = float(costs.memory(0, O, n, 1, True, 1, B)) <= costs.capacity
+    choices = [(False, False)]
+    if config.dp_zero and n > 1:
+        choices.append((True, False))
+    if config.dp_remat:
+        choices.append((False, True))
+        if config.dp_zero and n > 1:
+            choices.append((True, True))
+    zero, remat = choices[0]
+    fits = False
+    for zero, remat in choices:
+        if float(costs.memory(0, O, n, 1, zero, 1, B, remat)) <= costs.capacity:
+            fits = True
+            break
+    if not fits:
+        zero, remat = choices[0]
     plan = data_parallel_plan(grid, O, B)
-    stage = replace(plan.stages[0], zero=zero, comm_per_microbatch_s=float(costs.comm_per_microbatch(0, O, n, 1, B)),
+    stage = replace(plan.stages[0], zero=zero, remat=remat, comm_per_microbatch_s=float(costs.comm_per_microbatch(0, O, n, 1, B)),
                     grad_sync_s=float(costs.grad_sync(0, O, n, 1, zero)))
     return replace(plan, stages=(stage,)), fits
 
@@ -98,7 +118,7 @@ def roofline_rows(
     for grid_result in planset.grids:
         grids.setdefault(grid_result.grid.resources, []).append(grid_result)
     resources = sorted(grids, key=lambda r: (r.gpu_type, r.num_gpus, r.num_nodes))
-    phases_by_type: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    phases_by_type: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def estimate(plan: ParallelPlan, fits: bool) -> PlanEstimate:
         phases = phases_by_type.setdefault(plan.grid.gpu_type, phase_seconds(profile, plan.grid.gpu_type))

@@ -57,6 +57,8 @@ class StageSpec:
     zero_shards: int = 1
     dtype: str = "fp32"
     seq_len: int | None = None
+    #: activation recomputation: each unit keeps only its input and recomputes its activations in the backward
+    remat: bool = False
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:
@@ -114,6 +116,7 @@ class WorkerView:
             "tp_view": self.tp_view,
             "optimizer_elements": self.optimizer_elements,
             "int_modulo": self.int_modulo,
+            "remat": self.spec.remat,
         }
 
 
@@ -133,6 +136,7 @@ def plan_stage_specs(model: ModelDef, layout: Any, plan: Any, dtype: str, seq_le
                 zero_shards=stage.dp if stage.zero else 1,
                 dtype=dtype,
                 seq_len=seq_len,
+                remat=stage.remat,
             )
         )
     return specs
@@ -262,7 +266,7 @@ class StageExecutables:
         """Forward then backward of one micro-batch; returns the arrays to block on."""
         x = self.inputs
         out, residuals = self.forward(x["params"], x["carry_in"], x["batch"])
-        return self.backward(residuals, x["cotangent"], x["grad_acc"])
+        return self.backward(x["params"], x["batch"], residuals, x["cotangent"], x["grad_acc"])
 
     def run_optimizer(self) -> Any:
         x = self.inputs
@@ -357,24 +361,41 @@ class CompiledStage:
 
 
 def _stage_functions(spec: StageSpec, view: WorkerView, optimizer: Any) -> tuple[Any, Any, Any, Any]:
+    """The worker's forward ``(params, carry, batch) -> (output, residuals)``, backward
+    ``(params, batch, residuals, cotangent, grad_acc) -> (grad_acc, carry gradient)`` and optimizer update, as the
+    runtime's executor runs them. Residuals are the stage's vjp closure, or with activation recomputation only
+    its units' input activations (models.training.forward_keeping_inputs)."""
     import jax
 
-    from libarena.models.training import OptimizerConfig, apply_units, compute_dtype
+    from libarena.models.training import (
+        OptimizerConfig, apply_units, backward_from_inputs, compute_dtype, forward_keeping_inputs,
+    )
 
     model = get_model(spec.model)
     dtype = compute_dtype(spec.dtype)
     first = view.is_first
     start, stop = spec.start, spec.stop
 
-    def forward(params: Any, carry: Any, batch: Any) -> Any:
-        if first:
-            return jax.vjp(lambda p: apply_units(model, p, None, batch, start, stop, dtype), params)
-        return jax.vjp(lambda p, c: apply_units(model, p, c, batch, start, stop, dtype), params, carry)
+    def accumulate(grad_acc: Any, param_grads: Any) -> Any:
+        return jax.tree.map(lambda acc, g: acc + g.astype(acc.dtype), grad_acc, param_grads)
 
-    def backward(residuals: Any, cotangent: Any, grad_acc: Any) -> Any:
-        grads = residuals(cotangent)
-        accumulated = jax.tree.map(lambda acc, g: acc + g.astype(acc.dtype), grad_acc, grads[0])
-        return (accumulated,) if first else (accumulated, grads[1])
+    if spec.remat:
+        def forward(params: Any, carry: Any, batch: Any) -> Any:
+            return forward_keeping_inputs(model, params, carry, batch, start, stop, dtype)
+
+        def backward(params: Any, batch: Any, inputs: Any, cotangent: Any, grad_acc: Any) -> Any:
+            param_grads, carry_grad = backward_from_inputs(model, params, inputs, batch, start, stop, dtype, cotangent)
+            return (accumulate(grad_acc, param_grads),) if first else (accumulate(grad_acc, param_grads), carry_grad)
+    else:
+        def forward(params: Any, carry: Any, batch: Any) -> Any:
+            if first:
+                return jax.vjp(lambda p: apply_units(model, p, None, batch, start, stop, dtype), params)
+            return jax.vjp(lambda p, c: apply_units(model, p, c, batch, start, stop, dtype), params, carry)
+
+        def backward(params: Any, batch: Any, residuals: Any, cotangent: Any, grad_acc: Any) -> Any:
+            del params, batch  # the vjp closure holds what the backward pass needs
+            grads = residuals(cotangent)
+            return (accumulate(grad_acc, grads[0]),) if first else (accumulate(grad_acc, grads[0]), grads[1])
 
     tx = (optimizer or OptimizerConfig()).build()
 
@@ -407,7 +428,7 @@ def lower_stage(spec: StageSpec, optimizer: Any = None, with_optimizer: bool = T
     out, residuals = _abstract(fwd.out_info)
     cotangent = jax.ShapeDtypeStruct((), out.dtype) if view.is_last(model) else out
     grad_acc = view.params
-    bwd = jax.jit(backward, donate_argnums=(2,)).lower(residuals, cotangent, grad_acc)
+    bwd = jax.jit(backward, donate_argnums=(4,)).lower(view.params, view.batch, residuals, cotangent, grad_acc)
     opt = opt_state = None
     if with_optimizer:
         opt_params = [jax.ShapeDtypeStruct((n,), np.float32) for n in view.optimizer_elements]

@@ -3,7 +3,8 @@
 Each stage owns a disjoint slice of the job's devices arranged as a ``(dp, tp)`` mesh. Its parameters
 are placed with ``NamedSharding``: the first parameter dimension whose logical axis is tensor-parallel
 (heads, mlp, vocab, expert, conv_out) goes on mesh axis ``tp``; batch dimensions go on ``dp``. Each stage's
-forward (returning its ``jax.vjp`` closure, so activations are kept rather than recomputed) and backward
+forward (returning its ``jax.vjp`` closure, so activations are kept, or with activation recomputation only each
+unit's input: models.training.recompute_in_backward) and backward
 (which also accumulates the parameter gradients) are jitted. Data parallelism is manual (``jax.shard_map``
 over ``dp``, tensor parallelism left to GSPMD, which inserts its collectives): each replica accumulates its own
 gradients over the micro-batches, and the update reduces them once per step.
@@ -36,7 +37,9 @@ from libarena.models.training import (
     OptimizerConfig,
     abstract_optimizer_state,
     apply_units,
+    backward_from_inputs,
     compute_dtype,
+    forward_keeping_inputs,
     init_params,
     update_units,
 )
@@ -141,42 +144,48 @@ class StageRuntime:
         residual_layout: dict[str, Any] = {}
 
         def local_forward(params, carry, batch):
-            if first:
-                out, vjp = jax.vjp(lambda p: run(p, None, batch), params)
+            if stage.remat:  # only the units' input activations are kept (the backward recomputes the rest)
+                out, kept = forward_keeping_inputs(model, params, carry, batch, start, stop, dtype_)
+            elif first:
+                out, kept = jax.vjp(lambda p: run(p, None, batch), params)
             else:
-                out, vjp = jax.vjp(lambda p, c: run(p, c, batch), params, carry)
-            leaves, residual_layout["treedef"] = jax.tree.flatten(vjp)
+                out, kept = jax.vjp(lambda p, c: run(p, c, batch), params, carry)
+            leaves, residual_layout["treedef"] = jax.tree.flatten(kept)
             # Residuals leave the manual region stacked by replica (each keeps its own).
             return (out[None] if last else out), [leaf[None] for leaf in leaves]
 
-        def local_backward(residuals, cotangent, accumulated):
-            vjp = jax.tree.unflatten(residual_layout["treedef"], [r[0] for r in residuals])
+        def local_backward(params, batch, residuals, cotangent, accumulated):
+            kept = jax.tree.unflatten(residual_layout["treedef"], [r[0] for r in residuals])
             # The step's loss is the mean of the replicas' losses: each replica's share of the cotangent.
-            grads = vjp(cotangent / dp if last else cotangent)
-            param_grads = grads[0]
+            cotangent = cotangent / dp if last else cotangent
+            if stage.remat:
+                param_grads, carry_grad = backward_from_inputs(model, params, kept, batch, start, stop, dtype_, cotangent)
+            else:
+                grads = kept(cotangent)
+                param_grads, carry_grad = grads[0], (None if first else grads[1])
             accumulated = jax.tree.map(lambda acc, g: acc + g[None].astype(acc.dtype), accumulated, param_grads)
-            return (accumulated,) if first else (accumulated, grads[1])
+            return (accumulated,) if first else (accumulated, carry_grad)
 
         sharded_forward = jax.shard_map(local_forward, mesh=self.mesh, in_specs=(P(), by_replica, by_replica),
                                         out_specs=(by_replica, by_replica), axis_names=manual, check_vma=False)
         backward_out = (by_replica,) if first else (by_replica, by_replica)
         sharded_backward = jax.shard_map(local_backward, mesh=self.mesh,
-                                         in_specs=(by_replica, P() if last else by_replica, by_replica),
+                                         in_specs=(P(), by_replica, by_replica, P() if last else by_replica, by_replica),
                                          out_specs=backward_out, axis_names=manual, check_vma=False)
 
         def forward(params, carry, batch):
             out, residuals = sharded_forward(params, carry, batch)
             return (jnp.mean(out) if last else out), residuals
 
-        def backward(residuals, cotangent, accumulated):
-            result = sharded_backward(residuals, cotangent, accumulated)
+        def backward(params, batch, residuals, cotangent, accumulated):
+            result = sharded_backward(params, batch, residuals, cotangent, accumulated)
             return result[0] if first else result
 
         if first:
             self.forward = jax.jit(lambda params, batch: forward(params, None, batch))
         else:
             self.forward = jax.jit(forward)
-        self.backward = jax.jit(backward, donate_argnums=(2,))
+        self.backward = jax.jit(backward, donate_argnums=(4,))
 
         # Adam's initial state and the gradient accumulators are zeros: built on the host and placed, which
         # saves two compilations per stage.
@@ -217,7 +226,7 @@ _STAGE_CACHE: dict[tuple, StageRuntime] = {}
 
 def stage_runtime(model: ModelDef, stage: StagePlan, units: range, devices: Sequence[Any], microbatch: int, dtype: str,
                   optimizer: OptimizerConfig, first: bool, last: bool) -> StageRuntime:
-    key = (model.name, units.start, units.stop, stage.dp, stage.tp, stage.zero, microbatch, dtype, optimizer,
+    key = (model.name, units.start, units.stop, stage.dp, stage.tp, stage.zero, stage.remat, microbatch, dtype, optimizer,
            tuple(d.id for d in devices), first, last)
     if key not in _STAGE_CACHE:
         _STAGE_CACHE[key] = StageRuntime(model, stage, units, devices, microbatch, dtype, optimizer, first, last)
@@ -385,10 +394,10 @@ class PipelineExecutor:
             else:
                 cotangent = last.loss_cotangent if rt.last else cotangents.pop((j, i))
                 if rt.first:
-                    grads[j] = rt.backward(vjps.pop((j, i)), cotangent, grads[j])
+                    grads[j] = rt.backward(self.params[j], stage_batches[j][i], vjps.pop((j, i)), cotangent, grads[j])
                     out = grads[j]
                 else:
-                    grads[j], carry_grad = rt.backward(vjps.pop((j, i)), cotangent, grads[j])
+                    grads[j], carry_grad = rt.backward(self.params[j], stage_batches[j][i], vjps.pop((j, i)), cotangent, grads[j])
                     out = cotangents[(j - 1, i)] = self._move(carry_grad, rt, self.stages[j - 1])
             if profile_stages:
                 jax.block_until_ready(out)

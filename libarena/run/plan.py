@@ -88,12 +88,13 @@ class RunPlan:
             "dp_per_stage": self.plan.dp_per_stage,
             "tp_per_stage": self.plan.tp_per_stage,
             "zero_per_stage": self.plan.zero_per_stage,
+            "remat_per_stage": self.plan.remat_per_stage,
             "is_proxy": self.plan.is_proxy,
         }
 
     @property
     def label(self) -> str:
-        parts = [f"[{a}:{b}) {st.num_gpus}g dp{st.dp} tp{st.tp}{' z' if st.zero else ''}"
+        parts = [f"[{a}:{b}) {st.num_gpus}g dp{st.dp} tp{st.tp}{' z' if st.zero else ''}{' r' if st.remat else ''}"
                  for (a, b), st in zip(self.unit_ranges, self.stages)]
         return f"{self.plan_id or 'plan'} B={self.num_microbatches}: " + " | ".join(parts)
 
@@ -132,16 +133,19 @@ class RunPlan:
 def simple_plan(
     model: ModelDef, global_batch: int, unit_boundaries: Sequence[int], dp: Sequence[int], tp: Sequence[int],
     num_microbatches: int = 1, zero: Sequence[int] | None = None, plan_id: str = "", gpu_type: str = "cpu",
+    remat: Sequence[int] | None = None,
 ) -> RunPlan:
     """A plan written directly in model units (every unit its own cluster): first unit of each stage and
-    per-stage (dp, tp)."""
+    per-stage (dp, tp), optionally ZeRO and activation recomputation per stage."""
     zero = list(zero) if zero else [0] * len(unit_boundaries)
+    remat = list(remat) if remat else [0] * len(unit_boundaries)
     gpus = [int(d) * int(t) for d, t in zip(dp, tp)]
     if not plan_id:
         plan_id = ("u" + "-".join(map(str, unit_boundaries)) + "_"
-                   + "-".join(f"{d}x{t}{'z' if z else ''}" for d, t, z in zip(dp, tp, zero)) + f"_B{num_microbatches}")
+                   + "-".join(f"{d}x{t}{'z' if z else ''}{'r' if r else ''}" for d, t, z, r in zip(dp, tp, zero, remat))
+                   + f"_B{num_microbatches}")
     n = sum(gpus)
     grid = Grid(model.name, int(global_batch), gpu_type, n, 1, n, len(unit_boundaries))
     layout = StageLayout.per_unit([u.name for u in model.units])
-    plan = make_plan(grid, unit_boundaries, gpus, dp, tp, zero, num_microbatches, layout.num_clusters, plan_id)
+    plan = make_plan(grid, unit_boundaries, gpus, dp, tp, zero, num_microbatches, layout.num_clusters, plan_id, remat=remat)
     return RunPlan.from_plan(plan, layout, model)

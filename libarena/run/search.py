@@ -9,7 +9,7 @@ Pruning rules, from arena-plan's Pareto frontiers of the grids:
   1. take the best grid's pipeline degree s_b (given, or the grid whose proxy plan measures fastest);
   2. drop (partition, assignment) pairs more imbalanced than the most imbalanced Pareto plan of G_b;
   3. a stage whose cluster range matches a stage of a Pareto plan of G_b takes that stage's GPU count and
-     intra-stage parallelism (dp, tp, ZeRO) instead of trying all.
+     intra-stage choice (dp, tp, ZeRO, recomputation) instead of trying all.
 
 Imbalance is the paper's computation bias b_comp (eq. 3): Euclidean distance of the GPU assignment from
 the load-proportional one, with cluster loads from the plans metadata (roofline of each cluster's FLOPs
@@ -50,6 +50,10 @@ class SearchConfig:
     #: Micro-batches B = microbatches_per_stage x s, as arena-plan does, reduced until B divides the batch.
     microbatches_per_stage: int = MICROBATCHES_PER_STAGE
     allow_zero: bool = True
+    #: Also try activation recomputation in every stage of the full space and of the stages the Pareto plans
+    #: do not fix (rule 3 keeps a Pareto stage's own choice, recomputation included). Off by default: the
+    #: runtime only recomputes where the planner found it needed.
+    allow_remat: bool = False
 
 
 @dataclass
@@ -139,11 +143,13 @@ class SearchSpace:
         nodes = max(1, -(-self.num_gpus // per_node))
         return Grid(self.model.name, self.global_batch, self.gpu_type, self.num_gpus, nodes, per_node, stages)
 
-    def make_plan(self, bounds: Sequence[int], choices: Sequence[tuple[int, int, int, bool]], num_microbatches: int, tag: str) -> RunPlan:
-        spec = "_".join(f"{a}:{g}g{dp}x{tp}{'z' if z else ''}" for a, (g, dp, tp, z) in zip(bounds, choices))
+    def make_plan(self, bounds: Sequence[int], choices: Sequence[tuple[int, int, int, bool, bool]], num_microbatches: int,
+                  tag: str) -> RunPlan:
+        """A candidate plan: stage j starts at cluster ``bounds[j]`` with ``choices[j]`` = (GPUs, dp, tp, zero, remat)."""
+        spec = "_".join(f"{a}:{g}g{dp}x{tp}{'z' if z else ''}{'r' if r else ''}" for a, (g, dp, tp, z, r) in zip(bounds, choices))
         plan = make_plan(self.grid(len(bounds)), bounds, [c[0] for c in choices], [c[1] for c in choices],
                          [c[2] for c in choices], [int(c[3]) for c in choices], num_microbatches, self.num_clusters,
-                         f"{tag}-s{len(bounds)}-{spec}")
+                         f"{tag}-s{len(bounds)}-{spec}", remat=[int(c[4]) for c in choices])
         return RunPlan.from_plan(plan, self.layout, self.model)
 
     def valid(self, plan: RunPlan) -> bool:
@@ -159,8 +165,8 @@ def full_space(space: SearchSpace, config: SearchConfig) -> list[RunPlan]:
         starts, _ = partitions(O, s)
         for bounds in starts.tolist():
             for gpus in power_of_two_compositions(n, s):
-                for intra in itertools.product(*[intra_stage_options(g, config.allow_zero) for g in gpus]):
-                    choices = [(g, dp, tp, z) for g, (dp, tp, z) in zip(gpus, intra)]
+                for intra in itertools.product(*[intra_stage_options(g, config.allow_zero, config.allow_remat) for g in gpus]):
+                    choices = [(g, *option) for g, option in zip(gpus, intra)]
                     plan = space.make_plan(bounds, choices, B, "full")
                     if space.valid(plan):
                         out.append(plan)
@@ -176,10 +182,10 @@ def pruned_space(space: SearchSpace, frontier: Sequence[Any], pipeline_degree: i
     # Rule 2: the most imbalanced Pareto plan bounds the imbalance we try.
     threshold = max(computation_bias(loads, p.stage_boundaries, p.gpus_per_stage) for p in frontier) + 1e-9
     # Rule 3: stage compositions (cluster ranges) seen on the frontier, with their intra-stage choices.
-    fixed: dict[tuple[int, int], set[tuple[int, int, int, bool]]] = {}
+    fixed: dict[tuple[int, int], set[tuple[int, int, int, bool, bool]]] = {}
     for p in frontier:
         for st in p.stages:
-            fixed.setdefault((st.first_cluster, st.end_cluster), set()).add((st.num_gpus, st.dp, st.tp, bool(st.zero)))
+            fixed.setdefault((st.first_cluster, st.end_cluster), set()).add(st.intra)
     s, n, O = pipeline_degree, space.num_gpus, space.num_clusters
     B = microbatches(space.global_batch, s, config.microbatches_per_stage)
     out, seen = [], set()
@@ -194,7 +200,7 @@ def pruned_space(space: SearchSpace, frontier: Sequence[Any], pipeline_degree: i
                 if (a, b) in fixed:
                     per_stage.append(sorted(c for c in fixed[(a, b)] if c[0] == g))
                 else:
-                    per_stage.append([(g, dp, tp, z) for dp, tp, z in intra_stage_options(g, config.allow_zero)])
+                    per_stage.append([(g, *option) for option in intra_stage_options(g, config.allow_zero, config.allow_remat)])
             for choices in itertools.product(*per_stage):
                 key = (tuple(bounds), choices)
                 if key in seen:
@@ -205,8 +211,8 @@ def pruned_space(space: SearchSpace, frontier: Sequence[Any], pipeline_degree: i
                     out.append(plan)
     # The frontier plans themselves always belong to the pruned space.
     for p in frontier:
-        plan = space.make_plan(p.stage_boundaries, [(st.num_gpus, st.dp, st.tp, bool(st.zero)) for st in p.stages], B, "pruned")
-        key = (tuple(p.stage_boundaries), tuple((st.num_gpus, st.dp, st.tp, bool(st.zero)) for st in p.stages))
+        plan = space.make_plan(p.stage_boundaries, [st.intra for st in p.stages], B, "pruned")
+        key = (tuple(p.stage_boundaries), tuple(st.intra for st in p.stages))
         if key not in seen and space.valid(plan):
             seen.add(key)
             out.append(plan)

@@ -42,8 +42,9 @@ def test_fewer_units_than_clusters_gives_one_unit_each_and_ties_are_deterministi
 def _unit(i: int, **values) -> UnitRecord:
     base = dict(
         index=i, name=f"u{i}", kind="k", num_ops=2, forward_flops=1.0, backward_flops=2.0, flops=3.0, bytes=4.0,
-        optimizer_flops=5.0, optimizer_bytes=6.0, param_count=7, param_bytes=28.0, input_activation_bytes=8.0,
-        activation_bytes=9.0 + i, saved_activation_bytes=10.0, tp_allreduce_bytes=11.0, alltoall_bytes=12.0,
+        forward_bytes=1.5, optimizer_flops=5.0, optimizer_bytes=6.0, param_count=7, param_bytes=28.0,
+        input_activation_bytes=8.0, activation_bytes=9.0 + i, saved_activation_bytes=10.0 + i, saved_constant_bytes=0.5,
+        tp_allreduce_bytes=11.0, alltoall_bytes=12.0,
     )
     base.update(values)
     return UnitRecord(**base)
@@ -58,4 +59,9 @@ def test_cluster_records_sum_units_and_take_the_last_units_output():
     assert {f.name for f in CLUSTER_FIELDS} <= set(records[0])
     assert records[1]["flops"] == 9.0 and records[1]["param_count"] == 21 and records[1]["num_ops"] == 6
     assert records[0]["activation_bytes"] == 10.0 and records[1]["activation_bytes"] == 13.0
-    assert records[1]["alltoall_bytes"] == 36.0 and records[1]["saved_activation_bytes"] == 30.0
+    assert records[1]["alltoall_bytes"] == 36.0 and records[1]["saved_activation_bytes"] == 10.0 * 3 + 2 + 3 + 4
+    # what a recomputing stage keeps (its units' inputs), redoes (their forward) and holds at once (its largest unit)
+    assert records[1]["input_activation_bytes"] == 24.0 and records[1]["saved_constant_bytes"] == 1.5
+    assert records[1]["forward_flops"] == 3.0 and records[1]["forward_bytes"] == 4.5
+    assert records[1]["max_unit_saved_activation_bytes"] == 14.0 and records[0]["max_unit_saved_activation_bytes"] == 11.0
+    assert records[1]["max_unit_saved_constant_bytes"] == 0.5

@@ -28,7 +28,10 @@ def cluster_record(
     saved_activation_bytes: float = 0.0,
     tp_allreduce_bytes: float = 0.0,
     alltoall_bytes: float = 0.0,
+    input_activation_bytes: float | None = None,
 ) -> dict[str, Any]:
+    """One cluster of one unit (so its largest unit is itself); its input is the previous cluster's output,
+    taken to be as large as its own unless given."""
     param_count = int(param_count)
     param_bytes = float(4 * param_count if param_bytes is None else param_bytes)
     return {
@@ -43,6 +46,12 @@ def cluster_record(
         "param_bytes": param_bytes,
         "activation_bytes": float(activation_bytes),
         "saved_activation_bytes": float(saved_activation_bytes),
+        "saved_constant_bytes": 0.0,
+        "input_activation_bytes": float(activation_bytes if input_activation_bytes is None else input_activation_bytes),
+        "max_unit_saved_activation_bytes": float(saved_activation_bytes),
+        "max_unit_saved_constant_bytes": 0.0,
+        "forward_flops": float(flops) / 3,
+        "forward_bytes": float(bytes_) / 3 * 0.9,
         "tp_allreduce_bytes": float(tp_allreduce_bytes),
         "alltoall_bytes": float(alltoall_bytes),
     }
@@ -117,7 +126,7 @@ def metadata(clusters: list[dict[str, Any]], name: str = "test__model", global_b
 
 def operator_table(clusters: list[dict[str, Any]], **meta: Any) -> TableArtifact:
     """An in-memory operator_table artifact (what read_table would return)."""
-    return TableArtifact("operator_table", operator_rows(clusters), Provenance(tool="tests"), metadata(clusters, **meta), 1, "test-ops")
+    return TableArtifact("operator_table", operator_rows(clusters), Provenance(tool="tests"), metadata(clusters, **meta), 2, "test-ops")
 
 
 def write_operator_table(path: str | Path, clusters: list[dict[str, Any]], **meta: Any) -> Path:

@@ -11,7 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from libarena.errors import ArenaError
 from libarena.hardware import cluster_from_dict, get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel
-from libarena.plan import PlannerConfig, load_model_profile, plan_job
+from dataclasses import replace
+
+from libarena.artifacts import Provenance
+from libarena.plan import PlannerConfig, load_model_profile, plan_job, write_plans
 from libarena.plan.planner import communication_load
 from tests.plan.optables import cluster_record, gpt_like, operator_table, transformer_cluster
 from tests.plan.strategies import clusters, operator_tables
@@ -294,3 +297,98 @@ def test_plan_job_reads_a_path_and_prices_with_a_measured_table(tmp_path):
     assert 90 < ratio < 110
     with pytest.raises(ArenaError, match="no measurements for v100"):
         plan_job(path, _single("v100", 1, 4), config, comm=MeasuredCommModel.from_rows(rows), require_measured_comm=True)
+
+
+def test_recomputation_is_chosen_only_where_it_pays():
+    """A stage recomputes when nothing else fits (or it communicates less); elsewhere plans and their ids are
+    what they were without the option."""
+    ops = gpt_like(num_clusters=4, hidden=2048, seq_len=1024, batch=2048)
+    config = PlannerConfig(num_gpus=(4,), pipeline_degrees=(1,))
+    # Activations (17 x tokens x hidden x 2 bytes per layer, 146 GB per layer at batch 2048; a micro-batch of 512
+    # samples on 4 GPUs keeps 9 GB of each of the 4 layers) exceed four A10s at every dp/tp split; with
+    # recomputation a micro-batch keeps only its layers' inputs, and one layer's activations are rebuilt at a time.
+    cluster = _single("a10", 2, 2)
+    without = plan_job(ops, cluster, replace(config, allow_remat=False)).grids[0]
+    assert not without.feasible
+    recomputing = plan_job(ops, cluster, config).grids[0]
+    assert recomputing.feasible and recomputing.proxy.remat_per_stage == [1] and recomputing.proxy.recomputes
+    assert recomputing.proxy.memory_per_gpu_bytes <= get_gpu("a10").memory_bytes * 0.9
+    assert "r" in recomputing.proxy.label
+    # Where everything fits, no stage recomputes and every plan keeps the id it has without the option.
+    roomy = _single("h100", 1, 8)
+    small = gpt_like(num_clusters=4, hidden=512, seq_len=128, batch=64)
+    on = plan_job(small, roomy, PlannerConfig(num_gpus=(4,)))
+    off = plan_job(small, roomy, PlannerConfig(num_gpus=(4,), allow_remat=False))
+    assert not any(p.recomputes for p in on.plans())
+    assert [p.plan_id for p in on.plans()] == [p.plan_id for p in off.plans()]
+
+
+def test_recomputing_stages_pay_a_forward_pass_in_the_bias_and_the_objective():
+    from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.plan.costs import StageCostModel
+    from libarena.plan.planner import recomputing_bias
+
+    profile = load_model_profile(gpt_like(num_clusters=4, hidden=1024, seq_len=512, batch=32))
+    gpu = get_gpu("a100")
+    loads, forward = profile.loads(gpu), profile.forward_loads(gpu)
+    assert np.all(forward > 0) and np.all(forward < loads)
+    starts, ends, gpus = np.array([[0, 2]]), np.array([[2, 4]]), np.array([[2, 2]])
+    # Equal halves on equal GPUs: balanced; recomputing one half makes it the heavier one.
+    assert recomputing_bias(loads, forward, starts, ends, gpus, np.array([[False, False]]))[0] == pytest.approx(0.0, abs=1e-9)
+    assert recomputing_bias(loads, forward, starts, ends, gpus, np.array([[True, False]]))[0] > 0.1
+    costs = StageCostModel(profile, gpu, 8, AlphaBetaCommModel(), 0.9)
+    assert float(costs.recompute_seconds(0, 4)) == pytest.approx(float(profile.fused_forward_loads(gpu).sum()))
+    plain = float(costs.memory(0, 4, 1, 1, False, 2, 8, False))
+    remat = float(costs.memory(0, 4, 1, 1, False, 2, 8, True))
+    assert remat < plain
+
+
+def test_plans_and_operator_tables_of_schema_version_1_are_read(tmp_path):
+    """Files written before recomputation existed: plans read with no stage recomputing; operator tables with
+    the recomputation fields derived from their per-unit records."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from libarena.artifacts import read_table, write_table
+    from libarena.plan import read_plans
+
+    def as_version_1(path, drop_column=None, edit=None):
+        table = pq.read_table(path)
+        header = json.loads(table.schema.metadata[b"arena"])
+        header["schema_version"] = 1
+        if edit:
+            edit(header["metadata"])
+        if drop_column:
+            table = table.drop_columns([drop_column])
+        pq.write_table(table.replace_schema_metadata({b"arena": json.dumps(header).encode()}), path)
+
+    ops_path = tmp_path / "ops.parquet"
+    records = [transformer_cluster(i, 512, 128, 32) for i in range(4)]
+    write_table(ops_path, "operator_table", operator_table(records, global_batch=32).table, Provenance("tests"),
+                {**operator_table(records, global_batch=32).metadata,
+                 "units": [{"index": i, "name": r["units"][0], "input_activation_bytes": r["input_activation_bytes"],
+                            "saved_activation_bytes": r["saved_activation_bytes"], "forward_flops": r["forward_flops"]}
+                           for i, r in enumerate(records)]})
+    fields = ("saved_constant_bytes", "input_activation_bytes", "max_unit_saved_activation_bytes",
+              "max_unit_saved_constant_bytes", "forward_flops", "forward_bytes")
+
+    def strip(meta):
+        for rec in meta["clusters"]:
+            for name in fields:
+                rec.pop(name)
+
+    as_version_1(ops_path, edit=strip)
+    old = read_table(ops_path, "operator_table")
+    assert old.schema_version == 2
+    for rec, orig in zip(old.metadata["clusters"], records):
+        assert rec["input_activation_bytes"] == orig["input_activation_bytes"]
+        assert rec["max_unit_saved_activation_bytes"] == orig["saved_activation_bytes"]
+        assert rec["forward_bytes"] == pytest.approx(orig["bytes"] / 3 * 0.9)
+    planset = plan_job(old, _single("a100", 1, 8), PlannerConfig(num_gpus=(2,)))
+    plans_path = tmp_path / "plans.parquet"
+    write_plans(plans_path, planset, Provenance("tests"))
+    as_version_1(plans_path, drop_column="remat_per_stage")
+    again = read_plans(plans_path)
+    assert [p.plan_id for p in again.plans()] == [p.plan_id for p in planset.plans()]
+    assert all(p.remat_per_stage == [0] * p.pipeline_degree for p in again.plans())

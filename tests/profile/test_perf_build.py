@@ -59,7 +59,7 @@ def test_roofline_phase_times_lie_between_pure_compute_and_unfused_memory_traffi
 
     profile = moe_tiny_plans[0]
     gpu = get_gpu("a100")
-    compute, optimizer = phase_seconds(profile, "a100")
+    compute, optimizer, forward = phase_seconds(profile, "a100")
     total = compute + optimizer
     flops_only = np.bincount(profile.op_cluster[profile.op_cluster >= 0], profile.op_flops[profile.op_cluster >= 0],
                              minlength=profile.num_clusters) / gpu.peak(profile.dtype)
@@ -68,6 +68,8 @@ def test_roofline_phase_times_lie_between_pure_compute_and_unfused_memory_traffi
     # Fusion keeps a real model's elementwise traffic off the memory bus: strictly less than unfused.
     assert total.sum() < 0.8 * profile.loads(gpu).sum()
     assert optimizer.sum() > 0
+    # the forward pass (what a recomputing stage runs again) is part of the forward + backward time
+    assert forward.sum() > 0 and np.all(forward <= compute * (1 + 1e-9))
 
 
 def test_roofline_estimate_follows_the_1f1b_formula(moe_tiny_plans):
@@ -156,3 +158,45 @@ def test_dp_view_shards_adam_state_only_when_the_replicated_state_does_not_fit()
     assert dp_plan_estimate(small, 8, RooflineConfig())[0].iter_time_s == pytest.approx(
         dp_plan_estimate(small, 8, plain)[0].iter_time_s)
     assert zero_estimate.iter_time_s > 0
+
+
+def test_recomputing_plans_pay_a_forward_pass_and_the_dp_view_recomputes_where_memory_needs_it():
+    from dataclasses import replace
+
+    from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.plan import Grid, load_model_profile
+    from libarena.profile.estimate import PlanEstimate, perf_row
+    from libarena.profile.roofline import RooflineConfig, phase_seconds, priced_data_parallel_plan, roofline_iteration
+    from tests.plan.optables import gpt_like
+
+    profile = load_model_profile(gpt_like(num_clusters=4, hidden=2048, seq_len=1024, batch=2048))
+    comm = AlphaBetaCommModel()
+    grid = Grid(profile.name, 2048, "a10", 4, 2, 2, 1)
+    # 146 GB of activations per layer at this batch: data parallelism on four A10s fits only when it recomputes
+    plain, plain_fits = priced_data_parallel_plan(profile, grid, comm, RooflineConfig(dp_remat=False))
+    assert not plain_fits
+    plan, fits = priced_data_parallel_plan(profile, grid, comm, RooflineConfig())
+    assert fits and plan.recomputes and plan.stages[0].remat
+    # the recomputing plan runs its forward pass once more: exactly the forward seconds longer per step
+    slow = roofline_iteration(profile, plan, RooflineConfig(achieved_fraction=1.0))
+    fast = roofline_iteration(profile, replace(plan, stages=(replace(plan.stages[0], remat=False),)), RooflineConfig(achieved_fraction=1.0))
+    forward = float(phase_seconds(profile, "a10")[2].sum()) / 4  # spread over the 4 GPUs
+    assert slow.iter_time_s - fast.iter_time_s == pytest.approx(forward, rel=1e-6)
+    row = perf_row(PlanEstimate(plan, slow, fits, [], "roofline", True, 0.0), "dp", 0.0)
+    assert row["recomputes"] is True and row["fits_in_memory"] is True
+
+
+def test_alpa_export_refuses_a_plan_that_recomputes_in_some_stages_only(moe_tiny_plans):
+    from dataclasses import replace
+
+    from libarena.errors import ArenaError
+    from libarena.plan.export import export_alpa
+
+    _, planset, _ = moe_tiny_plans
+    plan = next(p for p in planset.plans() if p.pipeline_degree == 2)
+    assert export_alpa(planset, plan)["remat_layer"] is False
+    everywhere = replace(plan, stages=tuple(replace(st, remat=True) for st in plan.stages))
+    assert export_alpa(planset, everywhere)["remat_layer"] is True
+    mixed = replace(plan, stages=(replace(plan.stages[0], remat=True), *plan.stages[1:]))
+    with pytest.raises(ArenaError, match="some stages only"):
+        export_alpa(planset, mixed)

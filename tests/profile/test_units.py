@@ -342,3 +342,23 @@ def test_plan_selection_proxy_frontier_exhaustive(tmp_path):
     assert [p.plan_id for p in select_plans(planset, "proxy")] == ["s1-b0-g2-2x1"]
     assert [p.plan_id for p in select_plans(planset, "frontier")] == ["s1-b0-g2-2x1", "s1-b0-g2-1x2"]
     assert len(select_plans(planset, "exhaustive")) == 3
+
+
+def test_recomputing_stage_executables_keep_less_and_profile_apart():
+    """A recomputing stage's executables run (forward keeps the units' inputs, backward rebuilds the rest), give
+    the same gradients, keep less per micro-batch, and are profiled under their own cache key."""
+    import jax
+    import numpy as np
+
+    from libarena.models import get_model
+    from libarena.profile.stage import StageSpec, build_stage_executables, worker_view
+
+    plain_spec = StageSpec("gpt__tiny", 1, 5, 4)
+    remat_spec = StageSpec("gpt__tiny", 1, 5, 4, remat=True)
+    assert worker_view(plain_spec).signature(get_model("gpt__tiny")) != worker_view(remat_spec).signature(get_model("gpt__tiny"))
+    plain = build_stage_executables(plain_spec, with_optimizer=False)
+    remat = build_stage_executables(remat_spec, with_optimizer=False)
+    grads = [jax.device_get(e.run_microbatch()) for e in (plain, remat)]
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-5, atol=1e-7)
+    assert remat.memory["forward"]["output"] < 0.2 * plain.memory["forward"]["output"]

@@ -14,14 +14,18 @@ from tests.run.micro import MICRO_MODELS, TEST_OPTIMIZER
 GLOBAL_BATCH = 8
 NUM_DEVICES = 8
 
-#: Per device count: (model, unit boundaries, dp per stage, tp per stage, micro-batches, zero per stage).
-#: Pure DP, pure TP, pure PP and hybrids; every model has 4 units.
+#: Per device count: (model, unit boundaries, dp per stage, tp per stage, micro-batches, zero per stage,
+#: activation recomputation per stage). Pure DP, pure TP, pure PP and hybrids, with and without recomputation;
+#: every model has 4 units.
 GRIDS = {
-    1: [("gpt", [0], [1], [1], 4, [0])],
-    2: [("gpt", [0], [2], [1], 1, [0]), ("gpt", [0], [1], [2], 1, [0]), ("gpt", [0, 2], [1, 1], [1, 1], 2, [0, 0]),
-        ("wide_resnet", [0], [1], [2], 1, [0])],
-    4: [("gpt", [0, 3], [2, 1], [1, 2], 2, [1, 0]), ("moe", [0, 2], [1, 2], [2, 1], 2, [0, 1])],
-    8: [("gpt", [0, 1, 2, 3], [2, 1, 1, 2], [1, 2, 2, 1], 4, [1, 0, 0, 0]), ("moe", [0, 2], [2, 1], [2, 4], 2, [1, 0])],
+    1: [("gpt", [0], [1], [1], 4, [0], [0]), ("wide_resnet", [0], [1], [1], 2, [0], [1])],
+    2: [("gpt", [0], [2], [1], 1, [0], [0]), ("gpt", [0], [1], [2], 1, [0], [0]), ("gpt", [0, 2], [1, 1], [1, 1], 2, [0, 0], [0, 0]),
+        ("wide_resnet", [0], [1], [2], 1, [0], [0]), ("gpt", [0, 2], [1, 1], [1, 1], 2, [0, 0], [1, 1])],
+    4: [("gpt", [0, 3], [2, 1], [1, 2], 2, [1, 0], [0, 0]), ("moe", [0, 2], [1, 2], [2, 1], 2, [0, 1], [0, 0]),
+        ("moe", [0, 2], [1, 2], [2, 1], 2, [0, 1], [1, 0])],
+    8: [("gpt", [0, 1, 2, 3], [2, 1, 1, 2], [1, 2, 2, 1], 4, [1, 0, 0, 0], [0, 0, 0, 0]),
+        ("moe", [0, 2], [2, 1], [2, 4], 2, [1, 0], [0, 0]),
+        ("gpt", [0, 1, 2, 3], [2, 1, 1, 2], [1, 2, 2, 1], 4, [1, 0, 0, 0], [1, 1, 0, 1])],
 }
 
 
@@ -32,11 +36,11 @@ def main() -> None:
     assert len(devices) == NUM_DEVICES, devices
     by_model: dict[str, list] = {}
     for count, specs in GRIDS.items():
-        for name, bounds, dp, tp, micro, zero in specs:
-            by_model.setdefault(name, []).append((count, bounds, dp, tp, micro, zero))
+        for name, bounds, dp, tp, micro, zero, remat in specs:
+            by_model.setdefault(name, []).append((count, bounds, dp, tp, micro, zero, remat))
     for name, specs in by_model.items():
         model = MICRO_MODELS[name]()
-        plans = [simple_plan(model, GLOBAL_BATCH, b, d, t, m, z) for _, b, d, t, m, z in specs]
+        plans = [simple_plan(model, GLOBAL_BATCH, b, d, t, m, z, remat=r) for _, b, d, t, m, z, r in specs]
         counts = [spec[0] for spec in specs]
         checks = check_plans(model, plans, GLOBAL_BATCH, optimizer=TEST_OPTIMIZER, plan_devices=[devices[:n] for n in counts])
         for count, plan, check in zip(counts, plans, checks):

@@ -49,7 +49,7 @@ def test_pruned_space_follows_the_three_rules(space_and_plans) -> None:
         fixed = {(st.first_cluster, st.end_cluster): set() for p in frontier for st in p.stages}
         for p in frontier:
             for st in p.stages:
-                fixed[(st.first_cluster, st.end_cluster)].add((st.num_gpus, st.dp, st.tp, bool(st.zero)))
+                fixed[(st.first_cluster, st.end_cluster)].add(st.intra)
         for plan in pruned:
             bounds = [st.first_cluster for st in plan.stages]
             assert computation_bias(loads, bounds, [st.num_gpus for st in plan.stages]) <= threshold + 1e-9  # rule 2
@@ -57,7 +57,7 @@ def test_pruned_space_follows_the_three_rules(space_and_plans) -> None:
                 if (st.first_cluster, st.end_cluster) in fixed:
                     assert st.intra in fixed[(st.first_cluster, st.end_cluster)]
         # Every Pareto plan of the grid is a candidate.
-        assert {(tuple(p.stage_boundaries), tuple((st.num_gpus, st.dp, st.tp, bool(st.zero)) for st in p.stages)) for p in frontier} <= {
+        assert {(tuple(p.stage_boundaries), tuple(st.intra for st in p.stages)) for p in frontier} <= {
             (k[0], k[1]) for k in map(_key, pruned)}
     # All grids together are still far smaller than the full space.
     total_pruned = sum(len(pruned_space(space, g.frontier, s, SearchConfig())) for s, g in grid_frontiers(planset, "a100", 4).items())

@@ -23,15 +23,51 @@ CLUSTER_FIELDS = (
     Field("param_count", "int", "number of parameters"),
     Field("param_bytes", "float", "parameter bytes (parameter dtype)"),
     Field("activation_bytes", "float", "bytes of the activation leaving the cluster (P2P volume forward)"),
-    Field("saved_activation_bytes", "float", "forward activations kept for the backward pass"),
+    Field("saved_activation_bytes", "float", "activations kept for the backward pass that grow with the batch (its units' vjp residuals)"),
+    Field("saved_constant_bytes", "float", "what the units keep for the backward pass that does not grow with the batch (compute-dtype copies of parameters)"),
+    Field("input_activation_bytes", "float", "sum of its units' input activations: what a recomputing stage keeps per in-flight micro-batch"),
+    Field("max_unit_saved_activation_bytes", "float", "the largest single unit's saved_activation_bytes (alive during that unit's backward when recomputing)"),
+    Field("max_unit_saved_constant_bytes", "float", "the largest single unit's saved_constant_bytes"),
+    Field("forward_flops", "float", "forward FLOPs: what a recomputation repeats"),
+    Field("forward_bytes", "float", "forward bytes read and written: what a recomputation repeats"),
     Field("tp_allreduce_bytes", "float", "bytes all-reduced per step (fwd+bwd) under Megatron-style tensor parallelism"),
     Field("alltoall_bytes", "float", "expert all-to-all bytes per step (fwd+bwd); 0 for dense models"),
 )
 
+def _from_version_1(table: Any, metadata: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Version 1 -> 2: the recomputation fields of units and clusters, from the units' records and the rows."""
+    import numpy as np
+
+    units = [dict(u) for u in metadata["units"]]
+    phase = np.asarray(table.column("phase").to_pylist(), dtype=object)
+    unit_index = np.asarray(table.column("unit_index").to_pylist(), dtype=np.int64)
+    moved = np.asarray(table.column("bytes_read").to_pylist(), dtype=np.float64) + np.asarray(
+        table.column("bytes_written").to_pylist(), dtype=np.float64)
+    forward = (phase == "forward") & (unit_index >= 0)
+    forward_bytes = np.bincount(unit_index[forward], weights=moved[forward], minlength=len(units))
+    for u in units:
+        u.setdefault("forward_bytes", float(forward_bytes[u["index"]]))
+        u.setdefault("saved_constant_bytes", 0.0)
+    by_name = {u["name"]: u for u in units}
+    clusters = []
+    for rec in metadata["clusters"]:
+        members = [by_name[name] for name in rec["units"]]
+        clusters.append({
+            **rec,
+            "saved_constant_bytes": 0.0,
+            "input_activation_bytes": float(sum(u["input_activation_bytes"] for u in members)),
+            "max_unit_saved_activation_bytes": float(max(u["saved_activation_bytes"] for u in members)),
+            "max_unit_saved_constant_bytes": 0.0,
+            "forward_flops": float(sum(u["forward_flops"] for u in members)),
+            "forward_bytes": float(sum(u["forward_bytes"] for u in members)),
+        })
+    return table, {**metadata, "units": units, "clusters": clusters}
+
+
 OPERATOR_TABLE = register_kind(
     ArtifactKind(
         name="operator_table",
-        version=1,
+        version=2,
         format="table",
         produced_by="arena-analyze",
         description="One row per HLO instruction of a model's unoptimized training step (forward, backward, optimizer).",
@@ -62,7 +98,7 @@ OPERATOR_TABLE = register_kind(
             Field("num_clusters", "int", "O, the number of clustered operators"),
             Field("clusters", "list[dict]", "the layer-clustered view, fields: " + ", ".join(f.name for f in CLUSTER_FIELDS)),
             Field("module_cost", "dict", "XLA's module-level cost_analysis() totals, XLA's keys: flops, transcendentals, 'bytes accessed', 'bytes accessedout{}' (bytes written)"),
-            Field("units", "list[dict]", "per-unit totals the clusters are summed from: index, name, kind, cluster, num_ops, forward_flops, backward_flops, flops, bytes, optimizer_flops, optimizer_bytes, param_count, param_bytes, input_activation_bytes, activation_bytes, saved_activation_bytes, tp_allreduce_bytes, alltoall_bytes"),
+            Field("units", "list[dict]", "per-unit totals the clusters are summed from: index, name, kind, cluster, num_ops, forward_flops, backward_flops, flops, bytes, forward_bytes, optimizer_flops, optimizer_bytes, param_count, param_bytes, input_activation_bytes, activation_bytes, saved_activation_bytes, saved_constant_bytes, tp_allreduce_bytes, alltoall_bytes"),
             Field("attribution", "dict", "instructions, unattributed_ops, unattributed_flops, unattributed_bytes (instructions with no unit: a constant shared by several units, the root tuple), cost_probes"),
             Field("expert_dispatch_shape", "list[int] | None", "shape of the tensor one expert all-to-all moves (MoE), [experts, groups, capacity, hidden]"),
         ),
@@ -70,8 +106,10 @@ OPERATOR_TABLE = register_kind(
             "Rows: every instruction of the entry computation with `call`s expanded in place (their bodies' instructions become rows named '<call>/<instruction>', once per call site; the call itself and the bodies' parameters give no row); computations applied by reduce/scatter/reduce-window/select-and-scatter/sort give no rows, their cost is in the applying instruction's row. So per-row costs sum to XLA's module totals.",
             "Costs are XLA's HloCostAnalysis of each instruction (a probe module per distinct instruction), at the global batch, before any fusion or optimisation.",
             "Phase: backward = under transpose(...) in the op_name path, optimizer = under the 'optimizer' named scope, otherwise forward; unscoped instructions take the latest phase of their operands.",
-            "Cluster records: flops/bytes are forward + backward; activation_bytes is the cluster's last unit's output at the global batch (the loss scalar for the last cluster); saved_activation_bytes sums forward results that depend on the batch and are read by a backward instruction (an upper bound: no rematerialisation or fusion); tp_allreduce_bytes = sum over units of tp_allreduces x 2 (fwd+bwd) x the unit's output bytes (its input for the loss unit); alltoall_bytes = sum over units of alltoalls x 2 x expert-dispatch tensor bytes.",
+            "Cluster records: flops/bytes are forward + backward; activation_bytes is the cluster's last unit's output at the global batch (the loss scalar for the last cluster); saved_activation_bytes + saved_constant_bytes are the units' vjp residuals as JAX keeps them for the backward pass (the parameters and batch entries they merely reference left out), split into the part that grows with the batch and the part that does not, both at the global batch; tp_allreduce_bytes = sum over units of tp_allreduces x 2 (fwd+bwd) x the unit's output bytes (its input for the loss unit); alltoall_bytes = sum over units of alltoalls x 2 x expert-dispatch tensor bytes.",
+            "Version 1 tables (no recomputation fields; saved_activation_bytes from the unoptimized HLO's forward results read by the backward) are read with the new fields derived from their per-unit records and rows (saved_constant_bytes 0).",
         ),
+        upgrades=((1, _from_version_1),),
     )
 )
 

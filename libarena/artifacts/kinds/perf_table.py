@@ -12,7 +12,7 @@ VIEWS = ("arena", "dp", "ap")
 PERF_TABLE = register_kind(
     ArtifactKind(
         name="perf_table",
-        version=1,
+        version=2,
         format="table",
         produced_by="arena-profile",
         importable=True,
@@ -29,6 +29,7 @@ PERF_TABLE = register_kind(
             Column("iter_time_s", "float64", "seconds per training iteration"),
             Column("throughput", "float64", "samples per second (global_batch / iter_time_s when absent)", required=False),
             Column("fits_in_memory", "bool", "false when the plan does not fit the GPUs' memory", required=False, default=True),
+            Column("recomputes", "bool", "the plan recomputes activations in the backward pass in at least one stage (to fit in memory, or to communicate less)", required=False, default=False),
             Column("timer", "string", "how the time was obtained: cupti, host, measured, estimated, imported", required=False, default="imported"),
             Column("estimated", "bool", "true for roofline-scaled estimates of GPU types not present", required=False, default=False),
             Column("profiling_cost_device_s", "float64", "device-seconds spent obtaining the row", required=False, default=0.0),
@@ -60,7 +61,10 @@ PERF_TABLE = register_kind(
             "iter_time_s (1F1B) = sum_j T_j + (B-1) max_j (T_j - p2p_j) + max_j grad_sync_j + max_j optimizer_j, "
             "T_j = compute_j + collectives_j + p2p_j of one micro-batch.",
             "Rows with estimated = true (GPU types not present, roofline-scaled) must be kept out of accuracy figures.",
+            "Version 1 files (before activation recomputation) are read with recomputes = false.",
         ),
+        # version 1 lacks only the optional 'recomputes' column, which takes its default on reading
+        upgrades=((1, lambda table, metadata: (table, metadata)),),
     )
 )
 

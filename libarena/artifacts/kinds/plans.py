@@ -1,11 +1,23 @@
 """``plans``: arena-plan's output, per-grid Pareto frontiers and proxy plans."""
 
+from typing import Any
+
+import pyarrow as pa
+
 from libarena.artifacts.registry import ArtifactKind, Column, Field, register_kind
+
+
+def _from_version_1(table: pa.Table, metadata: dict[str, Any]) -> tuple[pa.Table, dict[str, Any]]:
+    """Version 1 -> 2: no stage of a version-1 plan recomputes (remat_per_stage all 0)."""
+    boundaries = table.column("stage_boundaries").to_pylist()
+    remat = [[0] * len(b) if b else [] for b in boundaries]
+    return table.append_column("remat_per_stage", pa.array(remat, pa.list_(pa.int64()))), metadata
+
 
 PLANS = register_kind(
     ArtifactKind(
         name="plans",
-        version=1,
+        version=2,
         format="table",
         produced_by="arena-plan",
         description=(
@@ -28,6 +40,7 @@ PLANS = register_kind(
             Column("dp_per_stage", "list<int64>", "data-parallel degree of each stage"),
             Column("tp_per_stage", "list<int64>", "tensor-parallel degree of each stage"),
             Column("zero_per_stage", "list<int64>", "1 where the stage shards optimizer state (ZeRO-1), else 0"),
+            Column("remat_per_stage", "list<int64>", "1 where the stage recomputes its activations in the backward pass (activation recomputation), else 0"),
             Column("computation_bias", "float64", "b_comp, eq. 3: distance of the GPU assignment from load-proportional"),
             Column("communication_load", "float64", "l_comm, eq. 4, seconds"),
             Column("memory_per_gpu_bytes", "float64", "estimated peak memory of the most loaded GPU"),
@@ -57,7 +70,9 @@ PLANS = register_kind(
         notes=(
             "computation_bias and communication_load are NaN and the list columns empty on infeasible rows.",
             "l_comm = (B-1) * max_j comm_per_microbatch_s[j] + sum_j comm_per_microbatch_s[j] + max_j grad_sync_s[j] (eq. 4 with the per-iteration gradient sync made explicit).",
-            "plan_id is derived from the grid key and the plan structure: the same plan gets the same id on every run.",
+            "plan_id is derived from the grid key and the plan structure: the same plan gets the same id on every run; recomputation joins it only when a stage recomputes, so plans without it keep their ids.",
+            "Version 1 files (before activation recomputation) are read with remat_per_stage all 0.",
         ),
+        upgrades=((1, _from_version_1),),
     )
 )
