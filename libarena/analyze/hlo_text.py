@@ -28,16 +28,6 @@ _ARRAY_SHAPE = re.compile(r"^([a-z][a-z0-9]*)\[([0-9,]*)\]")
 #: Attributes that name other instructions: meaningless (and unparsable) in a one-instruction probe.
 _DROPPED_ATTRIBUTES = ("metadata", "control-predecessors")
 
-#: Bytes per element of XLA primitive types (sub-byte types rounded up, as XLA does for buffers).
-ELEMENT_BYTES = {
-    "pred": 1, "s2": 1, "s4": 1, "s8": 1, "s16": 2, "s32": 4, "s64": 8,
-    "u2": 1, "u4": 1, "u8": 1, "u16": 2, "u32": 4, "u64": 8,
-    "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
-    "f8e5m2": 1, "f8e4m3fn": 1, "f8e4m3b11fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "f8e4m3": 1,
-    "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 1, "token": 0,
-}
-
-
 @dataclass
 class Instruction:
     name: str
@@ -273,33 +263,6 @@ def parse_module(text: str) -> HloModuleText:
 
 # --------------------------------------------------------------------------------------------------
 # Shapes
-
-
-def shape_leaves(shape: str) -> list[tuple[str, tuple[int, ...]]]:
-    """(element type, dimensions) of every array in a (possibly tuple) shape."""
-    shape = shape.strip()
-    if shape.startswith("("):
-        inner = shape[1 : _match_close(shape, 0) - 1]
-        leaves: list[tuple[str, tuple[int, ...]]] = []
-        for part in split_top_level(inner):
-            leaves.extend(shape_leaves(part))
-        return leaves
-    found = _ARRAY_SHAPE.match(shape)
-    if found is None:
-        return [] if shape.startswith("token") else [(shape, ())]
-    dims = tuple(int(d) for d in found.group(2).split(",") if d)
-    return [(found.group(1), dims)]
-
-
-@functools.lru_cache(maxsize=4096)  # shapes repeat across layers and rows
-def shape_bytes(shape: str) -> int:
-    total = 0
-    for element, dims in shape_leaves(shape):
-        count = 1
-        for d in dims:
-            count *= d
-        total += count * ELEMENT_BYTES.get(element, 4)
-    return total
 
 
 @functools.lru_cache(maxsize=4096)  # shapes repeat across layers and rows

@@ -43,7 +43,6 @@ PHASES = (FORWARD, BACKWARD, OPTIMIZER)
 _PHASE_CODE = {FORWARD: 0, BACKWARD: 1, OPTIMIZER: 2}
 
 #: Instructions that only re-package values (never a saved activation in their own right).
-_ALIAS_OPCODES = frozenset({"tuple", "get-tuple-element", "parameter", "constant", "bitcast"})
 
 _WRAPPER = re.compile(r"^([A-Za-z_][\w]*)\((.*)\)$")
 
@@ -268,9 +267,6 @@ class OpRows:
     phase: list[str] = field(default_factory=list)
     is_parameter_op: list[bool] = field(default_factory=list)
     param_bytes: list[float] = field(default_factory=list)
-    #: Result bytes, and whether the row is a forward activation the backward pass reads (see saved_activations).
-    result_bytes: list[int] = field(default_factory=list)
-    saved_activation: list[bool] = field(default_factory=list)
     probes: int = 0
 
     def __len__(self) -> int:
@@ -414,16 +410,13 @@ def build_rows(step: LoweredStep, unit_names: list[str], log: Log | None = None)
         rows.transcendentals.append(cost.transcendentals)
         rows.bytes_read.append(cost.bytes_read)
         rows.bytes_written.append(cost.bytes_written)
-        rows.result_bytes.append(hlo_text.shape_bytes(e.instr.shape))
     rows.probes = coster.probes
     if log:
         log(f"{n} instructions, {coster.probes} distinct XLA cost probes")
 
-    # Data flow in row order (operands first): units and phases of unscoped instructions, batch dependence.
+    # Data flow in row order (operands first): units and phases of unscoped instructions.
     unit = np.full(n, -1, dtype=np.int64)
     phase = np.zeros(n, dtype=np.int8)
-    batch_dependent = np.zeros(n, dtype=bool)
-    has_backward_reader = np.zeros(n, dtype=bool)
     for row, e in enumerate(kept):
         u = e.unit
         if u < 0 and e.role is None:
@@ -435,9 +428,6 @@ def build_rows(step: LoweredStep, unit_names: list[str], log: Log | None = None)
         if p is None:
             p = max((int(phase[o]) for o in e.sources), default=_PHASE_CODE[FORWARD])
         phase[row] = p
-        batch_dependent[row] = (e.role is not None and e.role.role == "batch") or any(batch_dependent[o] for o in e.sources)
-        if p == _PHASE_CODE[BACKWARD]:
-            has_backward_reader[e.sources] = True
     # What is still unattributed (hoisted constants and their broadcasts, the batch inputs) belongs to
     # the unit of its readers when they all agree; readers come later, so walk backwards. Values made
     # of constants only (XLA deduplicates them across layers) also take their readers' phase: a
@@ -479,9 +469,5 @@ def build_rows(step: LoweredStep, unit_names: list[str], log: Log | None = None)
     rows.phase = [names[int(p)] for p in phase]
     rows.param_bytes = param_bytes.tolist()
     rows.is_parameter_op = [bool(pb > 0 or ph == _PHASE_CODE[OPTIMIZER]) for pb, ph in zip(param_bytes, phase)]
-    rows.saved_activation = [
-        bool(phase[r] == _PHASE_CODE[FORWARD] and batch_dependent[r] and has_backward_reader[r] and rows.opcode[r] not in _ALIAS_OPCODES)
-        for r in range(n)
-    ]
     return rows, {"instructions": n, "cost_probes": coster.probes}
 
