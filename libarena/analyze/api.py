@@ -139,18 +139,14 @@ def _unit_activations(model: Any, params: list[Any], global_batch: int, seq_len:
     """Per unit at the analysed batch: (input bytes, output bytes) and what it keeps for its backward pass
     (models.training.saved_activations), by shape evaluation only (through the shared layer functions the
     lowering traced, so repeated layers are not traced again)."""
-    from libarena.models.training import batch_spec, saved_activations, unit_outputs
+    from libarena.models.training import batch_spec, saved_activations, tree_bytes, unit_outputs
 
     outputs = unit_outputs(model, params, batch_spec(model, global_batch, seq_len), dtype, share_traces=True)
     doubled = unit_outputs(model, params, batch_spec(model, 2 * global_batch, seq_len), dtype, share_traces=True)
     saved = saved_activations(model, params, global_batch, seq_len, dtype, outputs, doubled)
-    return [(_tree_bytes(outputs[i - 1]) if i else 0, _tree_bytes(out)) for i, out in enumerate(outputs)], saved
+    return [(tree_bytes(outputs[i - 1]) if i else 0, tree_bytes(out)) for i, out in enumerate(outputs)], saved
 
 
-def _tree_bytes(tree: Any) -> int:
-    import jax
-
-    return int(sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
 def analyze_model(
@@ -178,7 +174,7 @@ def analyze_model(
     from libarena.analyze import operators, xla_cost
     from libarena.analyze.clusters import UnitRecord, balanced_partition, cluster_records
     from libarena.models import get_model
-    from libarena.models.training import batch_spec, compute_dtype
+    from libarena.models.training import compute_dtype, tree_bytes
 
     model = get_model(config.model)
     say = log or (lambda _msg: None)
@@ -243,7 +239,7 @@ def analyze_model(
                 optimizer_flops=float(opt_flops[i]),
                 optimizer_bytes=float(opt_bytes[i]),
                 param_count=count,
-                param_bytes=float(_tree_bytes(params[i])),
+                param_bytes=float(tree_bytes(params[i])),
                 input_activation_bytes=float(in_bytes),
                 activation_bytes=float(out_bytes),
                 saved_activation_bytes=float(saved[i].per_batch),

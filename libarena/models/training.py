@@ -279,6 +279,13 @@ def _leaf_bytes(leaf: Any) -> int:
     return int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
 
 
+def tree_bytes(tree: Any) -> int:
+    """Bytes of every array (or shape) in a pytree."""
+    import jax
+
+    return sum(_leaf_bytes(leaf) for leaf in jax.tree.leaves(tree))
+
+
 def loss_fn(model: ModelDef, dtype: Any, share_traces: bool = False, remat: bool = False) -> Callable[[list[Params], Batch], Any]:
     def loss(params: list[Params], batch: Batch) -> Any:
         return apply_units(model, params, None, batch, 0, len(model.units), dtype, share_traces, remat)

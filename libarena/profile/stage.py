@@ -534,3 +534,27 @@ class _OptimizerRebinding:
         new_params, new_state = self.compiled(params, grads, state)
         self.inputs["opt_params"], self.inputs["opt_state"] = new_params, new_state
         return new_params, new_state
+
+
+def xla_stage_memory(spec: StageSpec, whole_model_step: bool = False) -> dict[str, float]:
+    """XLA's memory analysis of the stage executables of ``spec`` (compiled, never run): the bytes the forward
+    pass keeps for the backward (its outputs without the stage's own output activation: what the runtime holds
+    per micro-batch in flight) and the backward's temporary bytes; with ``whole_model_step``, also the temporary
+    bytes of the whole model's forward and backward compiled as one executable."""
+    import jax
+
+    from libarena.models.training import abstract_params, apply_units, batch_spec, compute_dtype, tree_bytes
+
+    compiled = compile_stage(lower_stage(spec, with_optimizer=False))
+    out = {
+        "xla_kept_bytes": float(compiled.forward.memory_analysis().output_size_in_bytes
+                                - tree_bytes(compiled.lowered.forward.out_info[0])),
+        "xla_backward_temp_bytes": float(compiled.backward.memory_analysis().temp_size_in_bytes),
+    }
+    if whole_model_step:
+        model, dtype = get_model(spec.model), compute_dtype(spec.dtype)
+        n = len(model.units)
+        step = jax.jit(jax.grad(lambda p, b: apply_units(model, p, None, b, 0, n, dtype, remat=spec.remat)))
+        lowered = step.lower(abstract_params(model), batch_spec(model, spec.micro_batch, spec.seq_len))
+        out["xla_fused_temp_bytes"] = float(lowered.compile().memory_analysis().temp_size_in_bytes)
+    return out
