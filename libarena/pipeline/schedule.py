@@ -52,9 +52,11 @@ def simulate(trace: Path, perf: Path, cluster: Path, policy: Any, config: Any, o
 
 def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], config: Any, output: Path, *,
             skip_bad_rows: bool = False, plot: bool = False, cache: CacheSettings = CacheSettings(),
-            report: Report = SilentReport()) -> tuple[StageOutcome, dict[str, dict[str, Any]]]:
+            report: Report = SilentReport()) -> tuple[StageOutcome, dict[str, dict[str, Any]], dict[str, Any]]:
     """``arena-schedule compare``: every policy of ``policies`` (name -> made Policy) on the same workload,
-    into ``output`` (one sub-directory each, compare.json); returns the metrics by policy."""
+    into ``output`` (one sub-directory each, compare.json); returns the metrics by policy and compare.json."""
+    import json
+
     from libarena.schedule.api import load_workload
     from libarena.schedule.compare import run_comparison
     from libarena.schedule.metrics import read_metrics, summary_line
@@ -74,4 +76,4 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
         report.log(f"cached: {output}/ from {outcome.entry} ({len(outcome.files)} files; --no-cache simulates again)")
         for name in policies:
             report.log(summary_line(metrics[name]))
-    return outcome, metrics
+    return outcome, metrics, json.loads((output / "compare.json").read_text())

@@ -15,31 +15,78 @@ JSON_METRICS = ("avg_jct_s", "avg_throughput", "peak_throughput", "finished_jobs
                 "decision_time_per_tick_median_s", "submitted_jobs", "simulation_wall_s")
 
 
-def compare_json(metrics: dict[str, dict[str, Any]]) -> dict:
+def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]] | None = None) -> dict:
+    """``{"reference": name, "policies": {name: {metric: value, "vs_reference": jobs both finished}}}``."""
     from libarena.schedule.metrics import json_safe
 
-    return {"policies": {name: json_safe({k: m.get(k) for k in JSON_METRICS}) for name, m in metrics.items()}}
+    paired = paired or {}
+    doc: dict[str, Any] = {"reference": reference_policy(list(metrics)), "policies": {}}
+    for name, m in metrics.items():
+        entry = json_safe({k: m.get(k) for k in JSON_METRICS})
+        if name in paired:
+            entry["vs_reference"] = paired[name]
+        doc["policies"][name] = entry
+    return doc
 
 
 def reference_policy(names: list[str]) -> str:
     return "arena" if "arena" in names else names[0]
 
 
-def compare_table(metrics: dict[str, dict[str, Any]]) -> Table:
+def jobs_both_finished(reference: Any, other: Any) -> dict[str, Any]:
+    """JCT statistics over the jobs that both runs finished (job_records tables): the fair comparison, since
+    an average over each policy's own finished jobs rewards leaving the hard jobs unfinished."""
+    import numpy as np
+
+    def finished(table: Any) -> dict[str, float]:
+        ids, status, jct = (table.column(c).to_pylist() for c in ("job_id", "status", "jct_s"))
+        return {j: t for j, s, t in zip(ids, status, jct) if s == "finished"}
+
+    ref, mine = finished(reference), finished(other)
+    common = sorted(set(ref) & set(mine))
+
+    def stats(values: list[float]) -> dict[str, float | None]:
+        if not values:
+            return {"avg_jct_s": None, "p50_jct_s": None, "p90_jct_s": None}
+        arr = np.asarray(values, dtype=float)
+        return {"avg_jct_s": float(arr.mean()), "p50_jct_s": float(np.percentile(arr, 50)),
+                "p90_jct_s": float(np.percentile(arr, 90))}
+
+    return {"jobs": len(common), "reference": stats([ref[j] for j in common]), "policy": stats([mine[j] for j in common])}
+
+
+def paired_comparison(output: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Per policy of a comparison directory: the jobs it and the reference policy both finished (from each
+    policy's jobs.parquet)."""
+    from libarena.artifacts import read_table
+
+    ref = reference_policy(names)
+    records = {name: read_table(output / name / "jobs.parquet", "job_records").table for name in names}
+    return {name: jobs_both_finished(records[ref], records[name]) for name in names if name != ref}
+
+
+def compare_table(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]] | None = None) -> Table:
     ref_name = reference_policy(list(metrics))
     ref = metrics[ref_name]
     table = Table(title=f"policies compared (relative to {ref_name})")
-    for col in ("policy", "avg JCT (h)", f"{ref_name} JCT reduction", "avg queuing (h)", "finished",
-                "unfinished", "avg thr (samples/s)", f"{ref_name} thr gain", "peak thr", "resched/job",
-                "decision ms (median)"):
+    for col in ("policy", "avg JCT (h)", f"{ref_name} JCT reduction", "both finished", f"JCT both ({ref_name} / it, h)",
+                "avg queuing (h)", "finished", "unfinished", "avg thr (samples/s)", f"{ref_name} thr gain", "peak thr",
+                "resched/job", "decision ms (median)"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
     for name, m in metrics.items():
         jct, rjct = m["avg_jct_s"], ref["avg_jct_s"]
         red = f"{100 * (1 - rjct / jct):.1f}%" if jct > 0 and name != ref_name else "-"
         gain = f"{ref['avg_throughput'] / m['avg_throughput']:.2f}x" if m["avg_throughput"] > 0 and name != ref_name else "-"
-        table.add_row(name, f"{jct / 3600:.2f}", red, f"{m['avg_queuing_s'] / 3600:.2f}", str(m["finished_jobs"]),
-                      str(m["unfinished_jobs"]), f"{m['avg_throughput']:.1f}", gain, f"{m['peak_throughput']:.1f}",
-                      f"{m['reschedules_per_job']:.2f}", f"{1000 * m['decision_time_per_tick_median_s']:.2f}")
+        pair = (paired or {}).get(name)
+        both, both_jct = "-", "-"
+        if pair is not None:
+            both = str(pair["jobs"])
+            if pair["jobs"]:
+                both_jct = f"{pair['reference']['avg_jct_s'] / 3600:.2f} / {pair['policy']['avg_jct_s'] / 3600:.2f}"
+        table.add_row(name, f"{jct / 3600:.2f}", red, both, both_jct, f"{m['avg_queuing_s'] / 3600:.2f}",
+                      str(m["finished_jobs"]), str(m["unfinished_jobs"]), f"{m['avg_throughput']:.1f}", gain,
+                      f"{m['peak_throughput']:.1f}", f"{m['reschedules_per_job']:.2f}",
+                      f"{1000 * m['decision_time_per_tick_median_s']:.2f}")
     return table
 
 
@@ -62,7 +109,7 @@ def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output:
         runs[name] = res
         report.log(summary_line(metrics[name]))
     report.progress(ProgressUpdate("policies", len(policies), len(policies)))
-    write_json(output / "compare.json", compare_json(metrics))
+    write_json(output / "compare.json", compare_json(metrics, paired_comparison(output, list(policies))))
     if plot:
         from libarena.schedule.plots import plot_runs
 

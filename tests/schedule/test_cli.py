@@ -88,10 +88,16 @@ def test_compare_json_and_table(inputs):
     assert set(doc["policies"]) == {"arena", "fcfs", "elasticflow-ls", "gavel", "sia"}
     for m in doc["policies"].values():
         assert {"avg_jct_s", "avg_throughput", "peak_throughput", "finished_jobs", "avg_queuing_s"} <= set(m)
+    # every baseline beside the reference on the jobs both finished
+    assert doc["reference"] == "arena" and "vs_reference" not in doc["policies"]["arena"]
+    for name in ("fcfs", "elasticflow-ls", "gavel", "sia"):
+        pair = doc["policies"][name]["vs_reference"]
+        assert 0 <= pair["jobs"] <= doc["policies"][name]["finished_jobs"]
+        assert set(pair["reference"]) == set(pair["policy"]) == {"avg_jct_s", "p50_jct_s", "p90_jct_s"}
     assert (d / "cmp" / "gavel" / "jobs.parquet").is_file() and (d / "cmp" / "throughput.png").is_file()
     r = cli("compare", "--policies", "arena,fcfs", "--trace", "trace.csv", "--perf", "perf.parquet", "--cluster",
             str(cluster), "-o", "cmp2", cwd=d)
-    assert r.returncode == 0 and "reduction" in r.stdout and "fcfs" in r.stdout
+    assert r.returncode == 0 and "reduction" in r.stdout and "fcfs" in r.stdout and "both finished" in r.stdout
 
 
 def test_trace_stats_and_perf_build(inputs, traces_dir):

@@ -139,3 +139,19 @@ def test_makespan_ends_at_the_last_finish_not_at_stale_events(philly_slice, poli
     assert m["reschedules_per_job"] > 0 or policy == "sia"
     assert res.stopped_by == "completion"
     assert last_finish <= res.end_time <= last_finish + config.tick_s + 1e-6
+
+
+def test_jobs_both_finished_compares_the_same_jobs():
+    import pyarrow as pa
+
+    from libarena.schedule.compare import jobs_both_finished
+
+    arena = pa.table({"job_id": ["a", "b", "c", "d"], "status": ["finished", "finished", "finished", "unfinished"],
+                      "jct_s": [10.0, 20.0, 30.0, 99.0]})
+    other = pa.table({"job_id": ["a", "b", "c", "d"], "status": ["finished", "unschedulable", "finished", "finished"],
+                      "jct_s": [14.0, 50.0, 40.0, 5.0]})
+    pair = jobs_both_finished(arena, other)
+    assert pair["jobs"] == 2
+    assert pair["reference"]["avg_jct_s"] == 20.0 and pair["policy"]["avg_jct_s"] == 27.0
+    assert pair["policy"]["p50_jct_s"] == 27.0 and pair["reference"]["p90_jct_s"] == pytest.approx(28.0)
+    assert jobs_both_finished(arena, other.filter(pa.compute.equal(other["job_id"], "d")))["policy"]["avg_jct_s"] is None

@@ -124,16 +124,16 @@ def compare(
     cfg = _sim_config(tick, horizon, seed, overhead)
     pols = {name: make_policy(name) for name in names}
     with Reporter(quiet=quiet) as reporter:
-        outcome, metrics = run_compare(trace, perf, cluster, pols, cfg, output, skip_bad_rows=skip_bad_rows, plot=plot,
-                                       cache=CacheSettings(cache_dir, no_cache), report=reporter)
+        outcome, metrics, doc = run_compare(trace, perf, cluster, pols, cfg, output, skip_bad_rows=skip_bad_rows,
+                                            plot=plot, cache=CacheSettings(cache_dir, no_cache), report=reporter)
     if as_json:
-        doc = json.loads((output / "compare.json").read_text())
         print_json({**doc, "tool": "arena-schedule compare", **outcome.summary(),
                     "elapsed_s": round(reporter.elapsed_s(), 4)})
     else:
         from rich.console import Console
 
-        Console(file=sys.stdout, width=160).print(compare_table(metrics))
+        paired = {name: entry["vs_reference"] for name, entry in doc["policies"].items() if "vs_reference" in entry}
+        Console(file=sys.stdout, width=200).print(compare_table(metrics, paired))
 
 
 @app.command("policies")
