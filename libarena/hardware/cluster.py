@@ -72,6 +72,18 @@ class ClusterSpec:
             raise ArenaError(f"cluster {self.name!r} has no {gpu_type} GPUs")
         return max(g.gpus_per_node for g in groups)
 
+    def scaled(self, factor: int) -> ClusterSpec:
+        """The cluster replicated ``factor`` times: every node group has ``factor`` times its nodes, of the same
+        GPU type and shape (so a performance table of the cluster serves the larger one)."""
+        if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+            raise ArenaError(f"a cluster scale factor must be a positive integer, got {factor!r}")
+        groups = tuple(NodeGroup(g.gpu_type, g.nodes * factor, g.gpus_per_node) for g in self.node_groups)
+        return ClusterSpec(self.name if factor == 1 else f"{self.name}-x{factor}", groups, self.source)
+
+    def to_yaml(self) -> str:
+        """The spec as a cluster file (what load_cluster reads)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,

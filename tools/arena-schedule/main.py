@@ -5,6 +5,8 @@
     arena-schedule perf build --trace T.csv --cluster C.yaml -o perf.parquet   (or --pair MODEL,BATCH ...)
     (simulate, compare and perf build: [--quiet] [--json] [--no-cache] [--cache-dir .arena-cache])
     arena-schedule trace stats T.csv
+    arena-schedule trace scale T.csv -x 10 [--jitter 150] [--seed 0] -o T10.csv
+    arena-schedule cluster scale C.yaml -x 10 -o C10.yaml
     arena-schedule policies
     arena-schedule serve --cluster C.yaml --perf perf.parquet --state state.db [--time-compression X] [--tick 300]
     arena-schedule submit job.yaml --state state.db
@@ -32,7 +34,9 @@ app = typer.Typer(add_completion=False, help="AP-aware cluster scheduling: simul
 trace_app = typer.Typer(add_completion=False, help="Workload traces.")
 perf_app = typer.Typer(add_completion=False, help="Performance tables for a trace.")
 app.add_typer(trace_app, name="trace")
+cluster_app = typer.Typer(add_completion=False, help="Cluster specs.")
 app.add_typer(perf_app, name="perf")
+app.add_typer(cluster_app, name="cluster")
 
 TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow or raw ITP format)")
 PerfOpt = typer.Option(..., "--perf", help="performance table (perf_table artifact, or CSV/Parquet in its schema)")
@@ -180,6 +184,46 @@ def trace_stats_cmd(
     table.add_row("GPU types", ", ".join(f"{k}: {v}" for k, v in stats["gpu_types"].items()))
     table.add_row("global batches", ", ".join(f"{k}: {v}" for k, v in stats["global_batches"].items()))
     Console(file=sys.stdout, width=160).print(table)
+
+
+@trace_app.command("scale")
+def trace_scale_cmd(
+    file: Path = typer.Argument(..., help="trace CSV (arena-ae, ElasticFlow or raw ITP format)"),
+    output: Path = typer.Option(..., "-o", "--output", help="the scaled trace, an arena-ae CSV ('-': stdout)"),
+    copies: int = typer.Option(..., "-x", "--copies", help="copies of the trace (copy 0 is the trace itself)"),
+    jitter: float = typer.Option(150.0, "--jitter", help="each further copy's submission times move by U(-J, +J) seconds"),
+    seed: int = typer.Option(0, "--seed", help="seed of the jitter (and of the adaptation of ElasticFlow/ITP traces)"),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="adapt GPU types to this cluster's"),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="leave bad rows out, with a count"),
+) -> None:
+    """Replicate a trace N times with seeded jitter of the submission times (job ids made unique)."""
+    from libarena.hardware import load_cluster
+    from libarena.schedule.traces import TraceScale, write_scaled_trace
+
+    types = load_cluster(cluster).gpu_types if cluster else None
+    scaled = write_scaled_trace(file, output, TraceScale(copies, jitter, seed), gpu_types=types,
+                                skip_bad_rows=skip_bad_rows)
+    reporter = Reporter()
+    if scaled.skipped:
+        reporter.warn(f"skipped {len(scaled.skipped)} bad row(s); first: {scaled.skipped[0]}")
+    reporter.log(f"{'stdout' if str(output) == '-' else output}: {len(scaled.jobs)} jobs ({copies} copies of {file})")
+
+
+@cluster_app.command("scale")
+def cluster_scale_cmd(
+    file: Path = typer.Argument(..., help="cluster spec (YAML/TOML)"),
+    output: Path = typer.Option(..., "-o", "--output", help="the scaled cluster spec, YAML ('-': stdout)"),
+    factor: int = typer.Option(..., "-x", "--factor", help="multiply every node group's node count by this"),
+) -> None:
+    """Replicate a cluster N times: the same GPU types and node shapes, N times the nodes."""
+    from libarena.artifacts import write_bytes
+    from libarena.hardware import load_cluster
+
+    if str(output) != "-" and output.resolve() == file.resolve():
+        raise ArenaError(f"{output}: the output would overwrite the cluster spec it scales; write to another file")
+    scaled = load_cluster(file).scaled(factor)
+    write_bytes(output, scaled.to_yaml().encode())
+    Reporter().log(f"{'stdout' if str(output) == '-' else output}: {scaled.name}, {scaled.total_gpus} GPUs")
 
 
 @perf_app.command("build")

@@ -61,6 +61,9 @@ class Policy:
     def on_finish(self, job: Job) -> None:
         pass
 
+    def on_start(self, job: Job) -> None:
+        """A job began training on its allocation (after its launch or a rescale: Job.state is RUNNING)."""
+
     def needs_schedule(self) -> bool:
         return self.sim.dirty
 
