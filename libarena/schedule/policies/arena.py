@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import heapq
 from bisect import insort
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
@@ -166,7 +167,7 @@ class ArenaPolicy(Policy):
             return False
         # tentative in-place halvings, undone unless the job then fits
         tentative: list[tuple[Job, TypePool, tuple]] = []
-        for victim in self._victims_in_order():
+        for victim in self._victims_in_order(types):
             if len(tentative) >= self.config.search_depth:
                 break
             a = victim.alloc
@@ -201,10 +202,12 @@ class ArenaPolicy(Policy):
             c += 1
         return t, c
 
-    def _victims_in_order(self) -> Iterable[Job]:
-        """The running jobs that may be halved, by (objective loss, job index)."""
+    def _victims_in_order(self, types: frozenset[int]) -> Iterable[Job]:
+        """The running jobs that may be halved, by (objective loss, job index); from the index, only those on
+        ``types`` (the caller skips the others)."""
         if self._victim_index is not None:
-            return (entry[-1] for entry in self._victim_index.walk(None))
+            walks = [self._victim_index.walk(t) for t in sorted(types)]
+            return (entry[-1] for entry in (walks[0] if len(walks) == 1 else heapq.merge(*walks)))
         if self._victims is None:
             out = []
             for job in self.sim.active.values():
@@ -217,9 +220,10 @@ class ArenaPolicy(Policy):
             self._victims = [job for _, _, job in out]
         return self._victims
 
-    def _victim_entries(self, job: Job) -> list[tuple[None, tuple]]:
+    def _victim_entries(self, job: Job) -> list[tuple[int, tuple]]:
+        """A running job that may be halved, listed by its GPU type and ranked by (objective loss, job index)."""
         score = self.objective.victim_score(job)
-        return [] if score is None else [(None, (score, job.index))]
+        return [] if score is None else [(job.alloc.type_index, (score, job.index))]
 
     # -- in-flight handler ---------------------------------------------------------------------------
     def _upgrade_options(self, job: Job) -> list[tuple[int, int]]:
