@@ -43,12 +43,23 @@ def compare_table(metrics: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
+def compare_table_text(metrics: dict[str, dict[str, Any]], width: int = 160) -> str:
+    """The comparison table as plain text (what ``arena-schedule compare`` prints, and table.txt of a sweep)."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    Console(file=buf, width=width).print(compare_table(metrics))
+    return buf.getvalue()
+
+
 def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output: Path, inputs: list[dict[str, Any]],
                    plot: bool = False, report: Report = SilentReport()) -> dict[str, dict[str, Any]]:
     """Simulate every policy on ``workload`` one after another: one sub-directory of ``output`` per policy,
     ``compare.json`` and (``plot``) the comparison's figures. Returns the metrics by policy."""
     from libarena.artifacts import write_json
-    from libarena.schedule.api import run_policy, write_run
+    from libarena.schedule.api import run_parameters, run_policy, write_run
     from libarena.schedule.metrics import summary_line
 
     output.mkdir(parents=True, exist_ok=True)
@@ -56,8 +67,7 @@ def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output:
     for i, (name, policy) in enumerate(policies.items()):
         report.progress(ProgressUpdate("policies", i, len(policies), name))
         res = run_policy(workload, policy, config, progress=report.progress)
-        params = {"policy": name, "view": policy.view, "tick_s": config.tick_s, "horizon_s": config.horizon_s,
-                  "seed": config.seed}
+        params = run_parameters(policy, config)
         metrics[name] = write_run(output / name, res, workload, config, params, inputs)
         runs[name] = res
         report.log(summary_line(metrics[name]))

@@ -4,6 +4,8 @@
     arena-schedule compare --policies arena,fcfs,elasticflow-ls,gavel,sia --trace ... -o compare/
     arena-schedule perf build --trace T.csv --cluster C.yaml -o perf.parquet   (or --pair MODEL,BATCH ...)
     (simulate, compare and perf build: [--quiet] [--json] [--no-cache] [--cache-dir .arena-cache])
+    arena-schedule sweep [SPEC.yaml] [--trace NAME=T.csv --perf NAME=perf.parquet ...] [--policies ...] [--seeds 0,1]
+                         -o sweep/ [--address ray://head:10001 | --num-cpus N | --sequential]
     arena-schedule trace stats T.csv
     arena-schedule trace scale T.csv -x 10 [--jitter 150] [--seed 0] -o T10.csv
     arena-schedule cluster scale C.yaml -x 10 -o C10.yaml
@@ -120,7 +122,7 @@ def compare(
     from libarena.pipeline import CacheSettings
     from libarena.pipeline.schedule import compare as run_compare
     from libarena.schedule.api import make_policy
-    from libarena.schedule.compare import compare_table
+    from libarena.schedule.compare import compare_table_text
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names or len(set(names)) != len(names):
@@ -135,9 +137,67 @@ def compare(
         print_json({**doc, "tool": "arena-schedule compare", **outcome.summary(),
                     "elapsed_s": round(reporter.elapsed_s(), 4)})
     else:
-        from rich.console import Console
+        sys.stdout.write(compare_table_text(metrics))
 
-        Console(file=sys.stdout, width=160).print(compare_table(metrics))
+
+@app.command()
+def sweep(
+    spec: Optional[Path] = typer.Argument(None, help="sweep spec (YAML: cluster, traces, policies, seeds, variants, "
+                                          "simulator, layout); the options below replace its fields"),
+    output: Path = typer.Option(..., "-o", "--output", help="output directory (one folder per comparison, sweep.json)"),
+    trace: list[str] = typer.Option([], "--trace", help="[NAME=]TRACE.csv (repeatable; NAME defaults to the file's stem)"),
+    perf: list[str] = typer.Option([], "--perf", help="[NAME=]PERF.parquet: that trace's performance table (no NAME: every trace's)"),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster spec (YAML/TOML)"),
+    policies: Optional[str] = typer.Option(None, "--policies", help="comma-separated (default: the spec's, else compare's)"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated simulator seeds (default 0)"),
+    tick: Optional[float] = typer.Option(None, "--tick", help="scheduling interval in seconds (300)"),
+    horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
+    overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS (repeatable)"),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip bad trace rows, with a count"),
+    layout: Optional[str] = typer.Option(None, "--layout", help='folder of each comparison, from {trace} {variant} {seed} '
+                                         '(default: the dimensions with several values)'),
+    plot: bool = typer.Option(False, "--plot", help="write each comparison's PNGs"),
+    address: Optional[str] = typer.Option(None, "--address", help="run on this Ray cluster (ray://host:10001 or host:port; "
+                                          "workers need the inputs at the same paths)"),
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs of the embedded local Ray (default: all)"),
+    sequential: bool = typer.Option(False, "--sequential", help="no Ray: one simulation after another in this process"),
+    as_json: bool = typer.Option(False, "--json", help="print the sweep's summary (sweep.json) on stdout"),
+    quiet: bool = QUIET_OPTION,
+    no_cache: bool = NO_CACHE_OPTION,
+    cache_dir: Optional[Path] = CACHE_DIR_OPTION,
+) -> None:
+    """Policies x traces x seeds x ablations: every simulation a Ray task (cached as simulate caches it)."""
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.sweep import RayExecutor, SequentialExecutor, sweep as run_sweep
+    from libarena.schedule.compare import compare_table_text
+    from libarena.schedule.sweep import build_sweep_spec
+
+    if sequential and (address or num_cpus):
+        raise ArenaError("--sequential runs in this process: drop --address / --num-cpus")
+    if address and num_cpus:
+        raise ArenaError("--num-cpus sizes the embedded local Ray: it does not apply with --address")
+    sweep_spec = build_sweep_spec(spec, traces=trace, perfs=perf, cluster=cluster, policies=policies, seeds=seeds,
+                                  tick_s=tick, horizon_s=horizon, overheads=overhead, skip_bad_rows=skip_bad_rows,
+                                  layout=layout)
+    executor = SequentialExecutor() if sequential else RayExecutor(address, num_cpus)
+    with Reporter(quiet=quiet) as reporter:
+        summary = run_sweep(sweep_spec, output, executor, plot=plot, cache=CacheSettings(cache_dir, no_cache),
+                            report=reporter)
+        reporter.log(f"sweep: {len(summary.records)} simulations ({summary.count('cached')} cached, "
+                     f"{summary.count('simulated')} simulated, {summary.count('failed')} failed) in {output}/; "
+                     f"{reporter.elapsed_s():.1f} s")
+    if as_json:
+        print_json({"tool": "arena-schedule sweep", **summary.to_dict(), "elapsed_s": round(reporter.elapsed_s(), 4)})
+    else:
+        for group, names in summary.groups.items():
+            from libarena.schedule.metrics import read_metrics
+
+            print(f"== {group or output}")
+            sys.stdout.write(compare_table_text({n: read_metrics(output / group / n / "metrics.json") for n in names}))
+    failed = summary.failed
+    if failed:
+        raise ArenaError(f"{len(failed)} of {len(summary.records)} simulations failed (first: {failed[0].label}: "
+                         f"{failed[0].error}); the others are in {output}/, every outcome in {output}/sweep.json")
 
 
 @app.command("policies")
