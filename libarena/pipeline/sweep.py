@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from libarena.artifacts.io import input_ref
 from libarena.errors import ArenaError
@@ -85,6 +85,11 @@ def run_simulation_task(task: SimulationTask) -> SimulationFiles | SimulationFai
 
 
 # -- executors -----------------------------------------------------------------------------------------------
+
+
+class Executor(Protocol):
+    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[tuple[int, Any]]:
+        """``(i, fn(items[i]))`` for every item, in the order they finish."""
 
 
 class SequentialExecutor:
@@ -184,7 +189,7 @@ def _costliest_first(indices: Iterable[int], tasks: list[SimulationTask]) -> lis
     return sorted(indices, key=lambda i: -size[tasks[i].trace] * get_policy(tasks[i].policy).relative_cost)
 
 
-def sweep(spec: Any, output: Path, executor: Any, *, plot: bool = False, cache: CacheSettings = CacheSettings(),
+def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, cache: CacheSettings = CacheSettings(),
           report: Report = SilentReport()) -> SweepSummary:
     """Run every simulation of ``spec`` (a SweepSpec) not already cached, on ``executor``; write each into
     ``output/<group>/<policy>/``, each comparison's ``compare.json`` and ``table.txt`` (and, ``plot``, its

@@ -298,7 +298,7 @@ def build_sweep_spec(spec_file: str | Path | None = None, *, traces: list[str] =
             name, path = _named_path(text)
             if name is None:
                 for entry in entries.values():
-                    entry.setdefault("perf", given(path))
+                    entry["perf"] = given(path)
             elif name not in entries:
                 raise ArenaError(f"--perf {text!r}: no trace named {name!r} (traces: {', '.join(entries) or 'none'})")
             else:

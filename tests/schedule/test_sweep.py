@@ -121,6 +121,32 @@ def test_unknown_policy_option_fails_before_anything_runs(tmp_path, inputs):
 # -- results ---------------------------------------------------------------------------------------------------
 
 
+def test_spec_with_variants_and_seeds(inputs, tmp_path):
+    """A YAML spec: a variant for Arena only and two seeds, laid out by variant and seed; the variant's run is
+    the one ``simulate --no-hetero`` makes (a cache hit)."""
+    d, cluster = inputs
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"cluster: {cluster}\n"
+                    f"traces: {{philly: {{trace: {d / 'philly.csv'}, perf: {d / 'perf.parquet'}}}}}\n"
+                    "policies: [arena, fcfs]\nseeds: [0, 1]\n"
+                    "variants: {default: {}, no-hetero: {options: {hetero: false}, policies: [arena]}}\n"
+                    "simulator: {horizon: 400000}\n")
+    cache = str(tmp_path / "cache")
+    r = cli("sweep", str(spec), "--sequential", "--cache-dir", cache, "-o", str(tmp_path / "out"), cwd=d)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/*/*/jobs.parquet")) == [
+        "default/seed-0/arena/jobs.parquet", "default/seed-0/fcfs/jobs.parquet", "default/seed-1/arena/jobs.parquet",
+        "default/seed-1/fcfs/jobs.parquet", "no-hetero/seed-0/arena/jobs.parquet", "no-hetero/seed-1/arena/jobs.parquet"]
+    assert _records(out / "no-hetero" / "seed-0" / "arena") != _records(out / "default" / "seed-0" / "arena")
+    s = cli("simulate", "--trace", str(d / "philly.csv"), "--perf", str(d / "perf.parquet"), "--cluster", str(cluster),
+            "--policy", "arena", "--no-hetero", "--seed", "1", "--horizon", "400000", "--cache-dir", cache,
+            "-o", str(tmp_path / "one"), "--json", cwd=d)
+    assert s.returncode == 0 and json.loads(s.stdout)["cache"]["hit"], s.stderr
+    assert _records(tmp_path / "one") == _records(out / "no-hetero" / "seed-1" / "arena")
+
+
+
 @pytest.mark.slow
 def test_sequential_sweep_equals_compare_and_shares_the_cache(inputs, tmp_path):
     d, cluster = inputs
