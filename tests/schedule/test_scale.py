@@ -135,3 +135,27 @@ def test_arena_with_indexes_decides_as_the_exhaustive_scan(options):
     slow = _run(scanning, specs, spec)
     assert fast[0]["action"].count("rescale") > 10  # the handlers were exercised
     assert fast == slow
+
+
+def test_running_job_index_drops_moved_jobs_and_stays_bounded():
+    """Entries of a job that moved or finished are never walked, and are swept out as the lists grow."""
+    from types import SimpleNamespace
+
+    from libarena.schedule.entities import JobState
+    from libarena.schedule.policies.arena import RunningJobIndex
+
+    jobs = [SimpleNamespace(index=i, state=JobState.RUNNING, version=0) for i in range(50)]
+    sim = SimpleNamespace(active={j.index: j for j in jobs})
+    index = RunningJobIndex(sim, lambda job: [(job.index % 3, (job.index % 7, job.index))])
+    assert [e[1] for e in index.walk(0)] == sorted((j.index for j in jobs if j.index % 3 == 0), key=lambda i: (i % 7, i))
+    for step in range(3000):  # jobs restart on new allocations again and again
+        job = jobs[step % 50]
+        job.version += 1
+        index.add(job)
+    jobs[3].state = JobState.FINISHED
+    assert index.entries <= 1025  # swept at 1,024 (live entries: 50)
+    walked = [e for key in index.keys() for e in index.walk(key)]
+    assert sorted(e[1] for e in walked) == [j.index for j in jobs if j.index != 3]
+    assert all(e[-2] == e[-1].version for e in walked)
+    sim.active = dict(sim.active)  # a live cluster restoring its order: rebuilt from the running jobs
+    assert sum(1 for key in index.keys() for _ in index.walk(key)) == 49

@@ -372,6 +372,8 @@ class RunningJobIndex:
         self.entries_of = entries_of
         self.lists: dict[Hashable, list[tuple]] = {}
         self.entries = 0
+        #: entries of moved or finished jobs are swept out when the lists grow past this (amortised O(1))
+        self._sweep_at = 1024
         self._built_for: dict | None = None
 
     def _sync(self) -> None:
@@ -387,10 +389,11 @@ class RunningJobIndex:
         for key, sort_key in self.entries_of(job):
             insort(self.lists.setdefault(key, []), sort_key + (job.version, job))
             self.entries += 1
-        if self.entries > max(1024, 16 * len(self.sim.active)):  # drop what walks have not met
+        if self.entries > self._sweep_at:  # drop what walks have not met
             for entries in self.lists.values():
                 entries[:] = [e for e in entries if e[-1].state == JobState.RUNNING and e[-1].version == e[-2]]
             self.entries = sum(len(entries) for entries in self.lists.values())
+            self._sweep_at = max(1024, 2 * self.entries)
 
     def keys(self) -> list[Hashable]:
         self._sync()
