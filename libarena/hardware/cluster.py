@@ -135,3 +135,15 @@ def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
         first = " ".join(str(exc).split())[:160]
         raise ArenaError(f"{p}: malformed cluster spec ({first})") from None
     return cluster_from_dict(data, source=str(p))
+
+
+def write_scaled_cluster(source: str | os.PathLike[str], output: str | os.PathLike[str], factor: int) -> ClusterSpec:
+    """``arena-schedule cluster scale``: the cluster spec ``source`` replicated ``factor`` times, written to
+    ``output`` (YAML, atomically; ``-``: stdout); returns the scaled spec."""
+    from libarena.artifacts import write_bytes
+
+    if str(output) != "-" and Path(output).resolve() == Path(source).resolve():
+        raise ArenaError(f"{output}: the output would overwrite the cluster spec it scales; write to another file")
+    scaled = load_cluster(source).scaled(factor)
+    write_bytes(output, scaled.to_yaml().encode())
+    return scaled

@@ -159,3 +159,30 @@ def test_running_job_index_drops_moved_jobs_and_stays_bounded():
     assert all(e[-2] == e[-1].version for e in walked)
     sim.active = dict(sim.active)  # a live cluster restoring its order: rebuilt from the running jobs
     assert sum(1 for key in index.keys() for _ in index.walk(key)) == 49
+
+
+@pytest.mark.slow
+def test_scale_commands(tmp_path, repo_root):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("arena-schedule"))
+    (tmp_path / "t.csv").write_text(trace_csv(_generated_trace(20)))
+    done = subprocess.run([exe, "trace", "scale", "t.csv", "-x", "3", "--seed", "5", "-o", "t3.csv"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert len(read_trace(tmp_path / "t3.csv").jobs) == 60 and "60 jobs" in done.stderr
+    cluster_file = repo_root / "examples" / "clusters" / "paper-sim-1280.yaml"
+    done = subprocess.run([exe, "cluster", "scale", str(cluster_file), "-x", "10", "-o", "c.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert load_cluster(tmp_path / "c.yaml").total_gpus == 12800
+    for argv, needle in ((["trace", "scale", "t.csv", "-x", "0", "-o", "x.csv"], "copies must be a positive integer"),
+                         (["trace", "scale", "missing.csv", "-x", "2", "-o", "x.csv"], "no such trace file"),
+                         (["trace", "scale", "t.csv", "-x", "2", "-o", "t.csv"], "would overwrite"),
+                         (["cluster", "scale", "c.yaml", "-x", "2", "-o", "c.yaml"], "would overwrite"),
+                         (["cluster", "scale", "c.yaml", "-x", "0", "-o", "d.yaml"], "positive integer")):
+        done = subprocess.run([exe, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "x.csv").exists() and not (tmp_path / "d.yaml").exists()

@@ -276,13 +276,9 @@ def cluster_scale_cmd(
     factor: int = typer.Option(..., "-x", "--factor", help="multiply every node group's node count by this"),
 ) -> None:
     """Replicate a cluster N times: the same GPU types and node shapes, N times the nodes."""
-    from libarena.artifacts import write_bytes
-    from libarena.hardware import load_cluster
+    from libarena.hardware import write_scaled_cluster
 
-    if str(output) != "-" and output.resolve() == file.resolve():
-        raise ArenaError(f"{output}: the output would overwrite the cluster spec it scales; write to another file")
-    scaled = load_cluster(file).scaled(factor)
-    write_bytes(output, scaled.to_yaml().encode())
+    scaled = write_scaled_cluster(file, output, factor)
     Reporter().log(f"{'stdout' if str(output) == '-' else output}: {scaled.name}, {scaled.total_gpus} GPUs")
 
 
