@@ -103,7 +103,11 @@ class SequentialExecutor:
 @dataclass(frozen=True)
 class RayExecutor:
     """Every task a Ray task of one CPU: on the cluster at ``address``, else on an embedded local Ray with
-    ``num_cpus`` CPUs (default: this machine's). A Ray error of one task (its worker died) is its failure."""
+    ``num_cpus`` CPUs (default: this machine's). A Ray error of one task (its worker died) is its failure.
+
+    Starting the embedded Ray takes seconds; meanwhile the driver runs tasks itself (in a thread), from the end
+    of the list (a sweep lists the costliest first: the driver takes short ones, and none is left running long
+    after Ray is up), and stops taking new ones once Ray is up: every later task is a Ray task."""
 
     address: str | None = None
     num_cpus: int | None = None
@@ -113,24 +117,61 @@ class RayExecutor:
             raise ArenaError(f"--num-cpus must be >= 1, got {self.num_cpus}")
 
     def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[tuple[int, Any]]:
+        import queue
+        import threading
+        from collections import deque
+
         import ray
 
         from libarena.run.cluster import LocalClusterConfig, connect
 
-        started = connect(self.address, LocalClusterConfig(num_cpus=self.num_cpus or os.cpu_count() or 1, num_devices=0))
+        todo = deque(range(len(items)))
+        lock = threading.Lock()
+        ray_up = threading.Event()
+        local: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+
+        def help_while_ray_starts() -> None:
+            while not ray_up.is_set():
+                with lock:
+                    if not todo:
+                        return
+                    i = todo.pop()
+                local.put((i, fn(items[i])))
+
+        helper = None
+        if self.address is None and not ray.is_initialized():
+            helper = threading.Thread(target=help_while_ray_starts, name="sweep-while-ray-starts", daemon=True)
+            helper.start()
+        try:
+            started = connect(self.address, LocalClusterConfig(num_cpus=self.num_cpus or os.cpu_count() or 1,
+                                                               num_devices=0))
+        finally:
+            ray_up.set()
         try:
             remote = ray.remote(num_cpus=1)(fn)
-            pending = {remote.remote(item): i for i, item in enumerate(items)}
-            while pending:
-                done, _ = ray.wait(list(pending), num_returns=1)
-                for ref in done:
-                    i = pending.pop(ref)
-                    try:
-                        result = ray.get(ref)
-                    except Exception as exc:  # noqa: BLE001 - the task's worker died: this task failed
-                        first = (str(exc).strip().splitlines() or [""])[0]
-                        result = SimulationFailure(f"Ray: {type(exc).__name__}: {first}", str(exc))
-                    yield i, result
+            with lock:
+                pending = {remote.remote(items[i]): i for i in todo}
+                todo.clear()
+            remaining = len(items)
+            while remaining:
+                while not local.empty():
+                    remaining -= 1
+                    yield local.get()
+                if pending:
+                    helping = helper is not None and helper.is_alive()
+                    done, _ = ray.wait(list(pending), num_returns=1, timeout=0.1 if helping else None)
+                    for ref in done:
+                        i = pending.pop(ref)
+                        try:
+                            result = ray.get(ref)
+                        except Exception as exc:  # noqa: BLE001 - the task's worker died: this task failed
+                            first = (str(exc).strip().splitlines() or [""])[0]
+                            result = SimulationFailure(f"Ray: {type(exc).__name__}: {first}", str(exc))
+                        remaining -= 1
+                        yield i, result
+                elif remaining:
+                    remaining -= 1
+                    yield local.get()  # the last ones are the driver's own
         finally:
             if started:
                 ray.shutdown()
