@@ -3,7 +3,8 @@
 Each simulation is what ``arena-schedule simulate`` runs, cached under the same key in the same stage cache
 (``<cache-dir>/stages/arena-schedule-simulate/``): a sweep serves what ``simulate`` or an earlier sweep
 computed, and the other way round. The driver looks every simulation up first and restores the hits; only
-the misses become tasks, so a sweep whose simulations are all cached starts no Ray at all. A task runs the
+the misses become tasks, so a sweep whose simulations are all cached starts no Ray at all (nor one with a
+single simulation to run: it runs in process). A task runs the
 simulation and returns its output files (bytes), which the driver writes under the sweep's output and
 stores in the cache: workers need Arena and the input files at the same paths (input paths are made
 absolute; on a multi-node cluster, a shared filesystem), never the output folder or the cache.
@@ -310,6 +311,8 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
     if misses:
         report.log(f"sweep: {len(misses)} of {total} simulations to run ({total - len(misses)} cached)")
         order = _costliest_first(misses, tasks)
+        if len(order) == 1:
+            executor = SequentialExecutor()  # nothing to share out: no Ray to start
         for j, result in executor.map_unordered(run_simulation_task, [tasks[i] for i in order]):
             i = order[j]
             if isinstance(result, SimulationFailure):
