@@ -137,7 +137,10 @@ class RayExecutor:
                     if not todo:
                         return
                     i = todo.pop()
-                local.put((i, fn(items[i])))
+                try:
+                    local.put((i, fn(items[i])))
+                except BaseException as exc:  # noqa: BLE001 - every taken task must report back, or the loop waits
+                    local.put((i, SimulationFailure(f"internal error: {type(exc).__name__}: {exc}")))
 
         helper = None
         if self.address is None and not ray.is_initialized():
