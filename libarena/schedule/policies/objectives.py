@@ -112,6 +112,9 @@ class FairnessObjective(ThroughputObjective):
     """eq. 7: minimise the largest finish-time fairness rho = (time so far + time left on the allocation) /
     (time the job needs alone on its best configuration)."""
 
+    static_upgrade_gain = False  # rho moves with time
+    static_victim_score = False
+
     def _isolated(self, job: Job) -> float:
         best = job.policy_state.get("best_view")
         if best is None:
@@ -131,9 +134,6 @@ class FairnessObjective(ThroughputObjective):
         if a.count_index == 0 or not job.view_thr[a.type_index, a.count_index - 1] > 0:
             return None
         return self.rho(job, a.type_index, a.count_index - 1, self.sim.rescale_overhead())
-
-    static_upgrade_gain = False  # rho moves with time
-    static_victim_score = False
 
     def upgrade_score(self, job: Job, t2: int, c2: int, overhead: float) -> float | None:
         a = job.alloc
