@@ -189,6 +189,8 @@ class SweepRecord:
     """What became of one simulation of the sweep."""
 
     label: str
+    #: the comparison it belongs to (a folder under the output)
+    group: str
     trace: str
     variant: str
     seed: int
@@ -211,6 +213,10 @@ class SweepSummary:
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.records)
+
+    def comparison(self, group: str) -> dict[str, dict[str, Any]]:
+        """The metrics of one comparison written, by policy."""
+        return {r.policy: r.metrics for r in self.records if r.group == group}
 
     @property
     def failed(self) -> list[SweepRecord]:
@@ -262,8 +268,8 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
                                    skip_bad_rows=spec.skip_bad_rows, plot=False))
         tasks.append(SimulationTask(str(point.trace.trace), str(point.trace.perf), str(spec.cluster), point.policy,
                                     dict(point.variant.options), config, spec.skip_bad_rows))
-        records.append(SweepRecord(point.label, point.trace.name, point.variant.name, point.seed, point.policy,
-                                   point.output))
+        records.append(SweepRecord(point.label, point.group, point.trace.name, point.variant.name, point.seed,
+                                   point.policy, point.output))
     summary = SweepSummary(str(output), records)
     groups: dict[str, list[int]] = {}
     for i, point in enumerate(points):

@@ -189,11 +189,9 @@ def sweep(
     if as_json:
         print_json({"tool": "arena-schedule sweep", **summary.to_dict(), "elapsed_s": round(reporter.elapsed_s(), 4)})
     else:
-        for group, names in summary.groups.items():
-            from libarena.schedule.metrics import read_metrics
-
+        for group in summary.groups:
             print(f"== {group or output}")
-            sys.stdout.write(compare_table_text({n: read_metrics(output / group / n / "metrics.json") for n in names}))
+            sys.stdout.write(compare_table_text(summary.comparison(group)))
     failed = summary.failed
     if failed:
         raise ArenaError(f"{len(failed)} of {len(summary.records)} simulations failed (first: {failed[0].label}: "
