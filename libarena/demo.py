@@ -7,7 +7,7 @@ needs no downloaded trace:
    24-48 GB GPUs of the paper's Cluster-A: 16 x 2 A40 + 16 x 2 A10), written to ``OUT/traces/``;
 2. arena-analyze and arena-plan of one model (moe__690M at global batch 256) step by step (``OUT/model/``);
 3. arena-schedule perf build: the performance table for every (model, batch) of the trace (``OUT/demo/``);
-4. arena-schedule compare: Arena, FCFS, Gavel, ElasticFlow, ElasticFlow-LS and Sia on it, with plots;
+4. arena-schedule sweep: Arena, FCFS, Gavel, ElasticFlow, ElasticFlow-LS and Sia on it (Ray tasks), with plots;
 5. the report: ``OUT/results.md``, ``results.json``, ``summary.png``.
 
 Operator tables are cached in .arena-cache/ and Make redoes only what changed, so a second run takes seconds.

@@ -322,19 +322,26 @@ class StageCache:
             shutil.rmtree(staging, ignore_errors=True)
             raise
 
+    def restore_tree(self, key: str, out_dir: str | os.PathLike[str]) -> StageOutcome | None:
+        """A directory output's cached files restored into ``out_dir``; None when the cache has no entry."""
+        out_dir = Path(out_dir)
+        hit = self.lookup(key)
+        if hit is None:
+            return None
+        for name, path in sorted(hit.items()):
+            target = out_dir / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            copy_atomically(path, target)
+        return StageOutcome(str(out_dir), True, key, entry=str(self.entry_path(key)), files=sorted(hit))
+
     def produce_tree(self, key: str, out_dir: str | os.PathLike[str], produce: Callable[[], None]) -> StageOutcome:
         """A directory output (simulate, compare): restore the cached files into ``out_dir``, or run
         ``produce()`` and cache every file it wrote there."""
         out_dir = Path(out_dir)
+        restored = self.restore_tree(key, out_dir)
+        if restored is not None:
+            return restored
         outcome = StageOutcome(str(out_dir), False, key)
-        hit = self.lookup(key)
-        if hit is not None:
-            for name, path in sorted(hit.items()):
-                target = out_dir / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                copy_atomically(path, target)
-            outcome.cache_hit, outcome.entry, outcome.files = True, str(self.entry_path(key)), sorted(hit)
-            return outcome
         before = _tree_state(out_dir)
         produce()
         after = _tree_state(out_dir)

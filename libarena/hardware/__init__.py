@@ -1,7 +1,7 @@
 """Hardware: the typed GPU catalogue and cluster spec files."""
 
 from libarena.hardware.catalogue import DTYPES, GPUSpec, get_gpu, gpu_names, normalize_dtype, register_gpu
-from libarena.hardware.cluster import ClusterSpec, NodeGroup, cluster_from_dict, load_cluster
+from libarena.hardware.cluster import ClusterSpec, NodeGroup, cluster_from_dict, load_cluster, write_scaled_cluster
 
 __all__ = [
     "DTYPES",
@@ -14,4 +14,5 @@ __all__ = [
     "load_cluster",
     "normalize_dtype",
     "register_gpu",
+    "write_scaled_cluster",
 ]

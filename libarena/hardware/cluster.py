@@ -72,6 +72,18 @@ class ClusterSpec:
             raise ArenaError(f"cluster {self.name!r} has no {gpu_type} GPUs")
         return max(g.gpus_per_node for g in groups)
 
+    def scaled(self, factor: int) -> ClusterSpec:
+        """The cluster replicated ``factor`` times: every node group has ``factor`` times its nodes, of the same
+        GPU type and shape (so a performance table of the cluster serves the larger one)."""
+        if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+            raise ArenaError(f"a cluster scale factor must be a positive integer, got {factor!r}")
+        groups = tuple(NodeGroup(g.gpu_type, g.nodes * factor, g.gpus_per_node) for g in self.node_groups)
+        return ClusterSpec(self.name if factor == 1 else f"{self.name}-x{factor}", groups, self.source)
+
+    def to_yaml(self) -> str:
+        """The spec as a cluster file (what load_cluster reads)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -123,3 +135,15 @@ def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
         first = " ".join(str(exc).split())[:160]
         raise ArenaError(f"{p}: malformed cluster spec ({first})") from None
     return cluster_from_dict(data, source=str(p))
+
+
+def write_scaled_cluster(source: str | os.PathLike[str], output: str | os.PathLike[str], factor: int) -> ClusterSpec:
+    """``arena-schedule cluster scale``: the cluster spec ``source`` replicated ``factor`` times, written to
+    ``output`` (YAML, atomically; ``-``: stdout); returns the scaled spec."""
+    from libarena.artifacts import write_bytes
+
+    if str(output) != "-" and Path(output).resolve() == Path(source).resolve():
+        raise ArenaError(f"{output}: the output would overwrite the cluster spec it scales; write to another file")
+    scaled = load_cluster(source).scaled(factor)
+    write_bytes(output, scaled.to_yaml().encode())
+    return scaled

@@ -7,14 +7,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts.stage_cache import StageOutcome, library_versions
+from libarena.artifacts.stage_cache import StageCache, StageOutcome, library_versions
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
 from libarena.progress import Report, SilentReport
 
 
-def _policy_parameters(policy: Any) -> dict[str, str]:
-    return {k: str(v) for k, v in policy.config.__dict__.items()}
+def simulation_key(stage: StageCache, params: dict[str, Any], config: Any, key_inputs: list[dict[str, Any]], *,
+                   skip_bad_rows: bool, plot: bool) -> str:
+    """The ``arena-schedule simulate`` cache key of one simulation (a sweep's simulations use it too)."""
+    return stage.key({**params, "simulator": asdict(config), "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
+                     library_versions("matplotlib") if plot else None)
+
+
+SIMULATE_STAGE = "arena-schedule simulate"
 
 
 def _report_skipped(skipped: list[str], report: Report) -> None:
@@ -27,16 +33,14 @@ def simulate(trace: Path, perf: Path, cluster: Path, policy: Any, config: Any, o
              report: Report = SilentReport()) -> tuple[StageOutcome, dict[str, Any]]:
     """``arena-schedule simulate``: one policy (a made Policy) on the workload into the directory ``output``;
     returns the run's metrics (from the cache on a hit)."""
-    from libarena.schedule.api import load_workload, run_policy, write_run
+    from libarena.schedule.api import load_workload, run_parameters, run_policy, write_run
     from libarena.schedule.metrics import read_metrics, summary_line
 
     workload, refs, key_inputs = load_workload(trace, perf, cluster, seed=config.seed, skip_bad_rows=skip_bad_rows)
     _report_skipped(workload.skipped, report)
-    params = {"policy": policy.name, "view": policy.view, "tick_s": config.tick_s, "horizon_s": config.horizon_s,
-              "seed": config.seed, "overheads": config.overheads.__dict__, "policy_config": _policy_parameters(policy)}
-    stage = cache.stage("arena-schedule simulate", report)
-    key = stage.key({**params, "simulator": asdict(config), "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
-                    library_versions("matplotlib") if plot else None)
+    params = run_parameters(policy, config)
+    stage = cache.stage(SIMULATE_STAGE, report)
+    key = simulation_key(stage, params, config, key_inputs, skip_bad_rows=skip_bad_rows, plot=plot)
 
     def produce() -> None:
         res = run_policy(workload, policy, config, progress=report.progress)
@@ -57,7 +61,7 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
     into ``output`` (one sub-directory each, compare.json); returns the metrics by policy and compare.json."""
     import json
 
-    from libarena.schedule.api import load_workload
+    from libarena.schedule.api import load_workload, policy_parameters
     from libarena.schedule.compare import run_comparison
     from libarena.schedule.metrics import read_metrics, summary_line
 
@@ -66,7 +70,7 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
     workload, inputs, key_inputs = load_workload(trace, perf, cluster, seed=config.seed, skip_bad_rows=skip_bad_rows)
     _report_skipped(workload.skipped, report)
     stage = cache.stage("arena-schedule compare", report)
-    key = stage.key({"policies": list(policies), "policy_configs": {n: _policy_parameters(p) for n, p in policies.items()},
+    key = stage.key({"policies": list(policies), "policy_configs": {n: policy_parameters(p) for n, p in policies.items()},
                      "tick_s": config.tick_s, "horizon_s": config.horizon_s, "seed": config.seed,
                      "simulator": asdict(config), "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
                     library_versions("matplotlib") if plot else None)

@@ -39,7 +39,8 @@ class LocalClusterConfig:
     """The embedded Ray cluster started when no ``--address`` is given."""
 
     num_cpus: int = 2
-    #: Devices the local host presents as GPUs of ``gpu_type`` (host CPU devices on a machine without GPUs).
+    #: Devices the local host presents as GPUs of ``gpu_type`` (host CPU devices on a machine without GPUs;
+    #: 0: none, a cluster for CPU tasks such as simulations).
     num_devices: int = 8
     gpu_type: str = "a100"
 
@@ -100,10 +101,9 @@ def connect(address: str | None, local: LocalClusterConfig) -> bool:
         except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ...
             raise ArenaError(f"cannot join the Ray cluster at {address}: {type(exc).__name__}: {exc}") from None
         return True
-    ray.init(
-        num_cpus=local.num_cpus, num_gpus=local.num_devices, resources={gpu_type_resource(local.gpu_type): local.num_devices},
-        include_dashboard=False, log_to_driver=False, logging_level="error",
-    )
+    resources = {gpu_type_resource(local.gpu_type): local.num_devices} if local.num_devices else None
+    ray.init(num_cpus=local.num_cpus, num_gpus=local.num_devices, resources=resources, include_dashboard=False,
+             log_to_driver=False, logging_level="error")
     return True
 
 

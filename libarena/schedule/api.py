@@ -137,6 +137,16 @@ def run_policy(workload: Workload, policy: Policy, config: SimulatorConfig | Non
     return sim.run()
 
 
+def policy_parameters(policy: Policy) -> dict[str, str]:
+    return {k: str(v) for k, v in policy.config.__dict__.items()}
+
+
+def run_parameters(policy: Policy, config: SimulatorConfig) -> dict[str, Any]:
+    """The parameters a simulation's outputs record (their provenance; simulate keys its cache on them too)."""
+    return {"policy": policy.name, "view": policy.view, "tick_s": config.tick_s, "horizon_s": config.horizon_s,
+            "seed": config.seed, "overheads": config.overheads.__dict__, "policy_config": policy_parameters(policy)}
+
+
 def write_run(out_dir: str | os.PathLike[str], res: SimulationResult, workload: Workload, config: SimulatorConfig,
               parameters: dict[str, Any], inputs: list[dict[str, Any]], plot: bool = False) -> dict:
     """Write jobs.parquet, timeseries.parquet, decisions.msgpack, metrics.json (and PNGs) into out_dir."""

@@ -55,14 +55,19 @@ def jobs_both_finished(reference: Any, other: Any) -> dict[str, Any]:
     return {"jobs": len(common), "reference": stats([ref[j] for j in common]), "policy": stats([mine[j] for j in common])}
 
 
-def paired_comparison(output: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Per policy of a comparison directory: the jobs it and the reference policy both finished (from each
-    policy's jobs.parquet)."""
+def paired_comparison(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Per policy (name -> its run directory, in comparison order): the jobs it and the reference policy both
+    finished (from each run's jobs.parquet)."""
     from libarena.artifacts import read_table
 
-    ref = reference_policy(names)
-    records = {name: read_table(output / name / "jobs.parquet", "job_records").table for name in names}
-    return {name: jobs_both_finished(records[ref], records[name]) for name in names if name != ref}
+    ref = reference_policy(list(runs))
+    records = {name: read_table(path / "jobs.parquet", "job_records").table for name, path in runs.items()}
+    return {name: jobs_both_finished(records[ref], records[name]) for name in runs if name != ref}
+
+
+def paired_from_json(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The jobs-both-finished entries of a compare.json document, by policy."""
+    return {name: entry["vs_reference"] for name, entry in doc["policies"].items() if "vs_reference" in entry}
 
 
 def compare_table(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]] | None = None) -> Table:
@@ -90,12 +95,24 @@ def compare_table(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str
     return table
 
 
+def compare_table_text(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]] | None = None,
+                       width: int = 200) -> str:
+    """The comparison table as plain text (what ``arena-schedule compare`` prints, and table.txt of a sweep)."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    Console(file=buf, width=width).print(compare_table(metrics, paired))
+    return buf.getvalue()
+
+
 def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output: Path, inputs: list[dict[str, Any]],
                    plot: bool = False, report: Report = SilentReport()) -> dict[str, dict[str, Any]]:
     """Simulate every policy on ``workload`` one after another: one sub-directory of ``output`` per policy,
     ``compare.json`` and (``plot``) the comparison's figures. Returns the metrics by policy."""
     from libarena.artifacts import write_json
-    from libarena.schedule.api import run_policy, write_run
+    from libarena.schedule.api import run_parameters, run_policy, write_run
     from libarena.schedule.metrics import summary_line
 
     output.mkdir(parents=True, exist_ok=True)
@@ -103,13 +120,12 @@ def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output:
     for i, (name, policy) in enumerate(policies.items()):
         report.progress(ProgressUpdate("policies", i, len(policies), name))
         res = run_policy(workload, policy, config, progress=report.progress)
-        params = {"policy": name, "view": policy.view, "tick_s": config.tick_s, "horizon_s": config.horizon_s,
-                  "seed": config.seed}
+        params = run_parameters(policy, config)
         metrics[name] = write_run(output / name, res, workload, config, params, inputs)
         runs[name] = res
         report.log(summary_line(metrics[name]))
     report.progress(ProgressUpdate("policies", len(policies), len(policies)))
-    write_json(output / "compare.json", compare_json(metrics, paired_comparison(output, list(policies))))
+    write_json(output / "compare.json", compare_json(metrics, paired_comparison({n: output / n for n in policies})))
     if plot:
         from libarena.schedule.plots import plot_runs
 

@@ -87,7 +87,8 @@ class Simulator:
         self.now = self.jobs[0].spec.submit_time
         self.start_time = self.now
         self.dirty = False
-        self.active: dict[int, Job] = {}  # STARTING or RUNNING, by index
+        self.active: dict[int, Job] = {}  # STARTING or RUNNING, by index, in launch order (Job.active_seq)
+        self._active_seq = 0
         self.queued_count = 0
         self.pending_arrivals = len(self.jobs)
         self.done_count = 0
@@ -168,6 +169,7 @@ class Simulator:
         job.rate = float(thr) / job.spec.global_batch
         job.progress_time = self.now
         self._expect_completion(job)
+        self.policy.on_start(job)
         self.dirty = True
 
     def complete(self, job: Job) -> None:
@@ -246,7 +248,7 @@ class Simulator:
             job.first_start = self.now
         job.overhead_s += overhead
         self.queued_count -= 1
-        self.active[job.index] = job
+        self._activate(job)
         self._start_after(job, overhead, "launch")
         self._record("launch", job, alloc)
         return True
@@ -320,6 +322,12 @@ class Simulator:
         self.push(CompletionEvent(float(self.now + job.remaining / job.rate), job, job.version))
 
     # -- internals ---------------------------------------------------------------------------------
+    def _activate(self, job: Job) -> None:
+        """Put a job at the end of the in-flight order (the only way into ``active``)."""
+        self._active_seq += 1
+        job.active_seq = self._active_seq
+        self.active[job.index] = job
+
     def _settle(self, job: Job) -> None:
         if job.state == JobState.RUNNING:
             job.progress = min(float(job.spec.num_iterations), job.progress + job.rate * (self.now - job.progress_time))

@@ -31,6 +31,8 @@ so a job's adaptation does not depend on row order:
 from __future__ import annotations
 
 import csv
+import dataclasses
+import io
 import math
 import os
 import random
@@ -255,3 +257,81 @@ def trace_stats(trace: Trace) -> dict:
         "jobs_with_deadline": len(with_deadline),
         "median_deadline_slack_s": float(np.median([j.deadline - j.submit_time for j in with_deadline])) if with_deadline else None,
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# Scaling a trace up
+
+
+@dataclass(frozen=True)
+class TraceScale:
+    """A trace replicated ``copies`` times: copy 0 is the trace itself; every job of copy k >= 1 is submitted
+    at its original time shifted by a uniform draw in [-jitter_s, +jitter_s] (clamped at 0; its deadline moves
+    by the same shift, keeping its slack) and gets the id ``<job_id>-x<k>``. The draw is seeded by
+    ``(seed, job_id, k)``, so a job's copies do not depend on the row order of the trace."""
+
+    copies: int
+    jitter_s: float = 150.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.copies, bool) or not isinstance(self.copies, int) or self.copies < 1:
+            raise ArenaError(f"copies must be a positive integer, got {self.copies!r}")
+        if not (math.isfinite(self.jitter_s) and self.jitter_s >= 0):
+            raise ArenaError(f"jitter must be a finite number of seconds >= 0, got {self.jitter_s!r}")
+
+
+def scale_trace(jobs: list[JobSpec], scale: TraceScale) -> list[JobSpec]:
+    """The jobs of ``scale.copies`` copies of a trace, ordered by submission time (ties: copy, then the
+    original order); ``row`` is the 1-based position in that order."""
+    ids = {j.job_id for j in jobs}
+    out: list[tuple[float, int, int, JobSpec]] = []
+    for k in range(scale.copies):
+        for i, job in enumerate(jobs):
+            if k == 0:
+                out.append((job.submit_time, k, i, job))
+                continue
+            job_id = f"{job.job_id}-x{k}"
+            if job_id in ids:
+                raise ArenaError(f"job id {job_id!r} of copy {k} of {job.job_id!r} is already in the trace")
+            shift = random.Random(f"{scale.seed}/{job.job_id}/{k}").uniform(-scale.jitter_s, scale.jitter_s)
+            submit = round(max(0.0, job.submit_time + shift), 3)
+            deadline = None if job.deadline is None else round(max(0.0, job.deadline + submit - job.submit_time), 3)
+            out.append((submit, k, i, dataclasses.replace(job, job_id=job_id, submit_time=submit, deadline=deadline)))
+    out.sort(key=lambda entry: entry[:3])
+    return [dataclasses.replace(job, row=row) for row, (_, _, _, job) in enumerate(out, start=1)]
+
+
+def _csv_number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def trace_csv(jobs: list[JobSpec]) -> str:
+    """Jobs as an arena-ae trace (CSV text; a ``priority`` column when a job has one), read back unchanged by
+    :func:`read_trace` (GPU counts as the simulator uses them: rounded up to a power of two)."""
+    with_priority = any(j.priority is not None for j in jobs)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(FORMATS["arena-ae"] + (("priority",) if with_priority else ()))
+    for j in jobs:
+        if j.requested_type is None:
+            raise ArenaError(f"job {j.job_id!r} has no GPU type: an arena-ae trace needs one")
+        row = [j.job_id, _csv_number(j.submit_time), j.num_iterations, j.model,
+               "" if j.deadline is None else _csv_number(j.deadline), j.global_batch, j.requested_gpus, j.requested_type]
+        writer.writerow(row + ([j.priority if j.priority is not None else ""] if with_priority else []))
+    return buf.getvalue()
+
+
+def write_scaled_trace(source: str | os.PathLike[str], output: str | os.PathLike[str], scale: TraceScale, *,
+                       gpu_types: list[str] | None = None, skip_bad_rows: bool = False) -> Trace:
+    """``arena-schedule trace scale``: read (and adapt, seeded by ``scale.seed``) the trace ``source``, write
+    its ``scale.copies`` copies to ``output`` (a file, written atomically, or ``-``) as an arena-ae trace;
+    returns the scaled trace."""
+    from libarena.artifacts import write_bytes
+
+    if str(output) != "-" and Path(output).resolve() == Path(source).resolve():
+        raise ArenaError(f"{output}: the output would overwrite the trace it scales; write to another file")
+    trace = read_trace(source, gpu_types=gpu_types, seed=scale.seed, skip_bad_rows=skip_bad_rows)
+    jobs = scale_trace(trace.jobs, scale)
+    write_bytes(output, trace_csv(jobs).encode())
+    return Trace(str(output), "arena-ae", jobs, trace.skipped, adapted=trace.adapted)

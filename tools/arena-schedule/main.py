@@ -4,7 +4,11 @@
     arena-schedule compare --policies arena,fcfs,elasticflow-ls,gavel,sia --trace ... -o compare/
     arena-schedule perf build --trace T.csv --cluster C.yaml -o perf.parquet   (or --pair MODEL,BATCH ...)
     (simulate, compare and perf build: [--quiet] [--json] [--no-cache] [--cache-dir .arena-cache])
+    arena-schedule sweep [SPEC.yaml] [--trace NAME=T.csv --perf NAME=perf.parquet ...] [--policies ...] [--seeds 0,1]
+                         -o sweep/ [--address ray://head:10001 | --num-cpus N | --sequential]
     arena-schedule trace stats T.csv
+    arena-schedule trace scale T.csv -x 10 [--jitter 150] [--seed 0] -o T10.csv
+    arena-schedule cluster scale C.yaml -x 10 -o C10.yaml
     arena-schedule policies
     arena-schedule serve --cluster C.yaml --perf perf.parquet --state state.db [--time-compression X] [--tick 300]
     arena-schedule submit job.yaml --state state.db
@@ -32,7 +36,9 @@ app = typer.Typer(add_completion=False, help="AP-aware cluster scheduling: simul
 trace_app = typer.Typer(add_completion=False, help="Workload traces.")
 perf_app = typer.Typer(add_completion=False, help="Performance tables for a trace.")
 app.add_typer(trace_app, name="trace")
+cluster_app = typer.Typer(add_completion=False, help="Cluster specs.")
 app.add_typer(perf_app, name="perf")
+app.add_typer(cluster_app, name="cluster")
 
 TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow or raw ITP format)")
 PerfOpt = typer.Option(..., "--perf", help="performance table (perf_table artifact, or CSV/Parquet in its schema)")
@@ -116,7 +122,7 @@ def compare(
     from libarena.pipeline import CacheSettings
     from libarena.pipeline.schedule import compare as run_compare
     from libarena.schedule.api import make_policy
-    from libarena.schedule.compare import compare_table
+    from libarena.schedule.compare import compare_table_text, paired_from_json
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names or len(set(names)) != len(names):
@@ -130,10 +136,65 @@ def compare(
         print_json({**doc, "tool": "arena-schedule compare", **outcome.summary(),
                     "elapsed_s": round(reporter.elapsed_s(), 4)})
     else:
-        from rich.console import Console
+        sys.stdout.write(compare_table_text(metrics, paired_from_json(doc)))
 
-        paired = {name: entry["vs_reference"] for name, entry in doc["policies"].items() if "vs_reference" in entry}
-        Console(file=sys.stdout, width=200).print(compare_table(metrics, paired))
+
+@app.command()
+def sweep(
+    spec: Optional[Path] = typer.Argument(None, help="sweep spec (YAML: cluster, traces, policies, seeds, variants, "
+                                          "simulator, layout); the options below replace its fields"),
+    output: Path = typer.Option(..., "-o", "--output", help="output directory (one folder per comparison, sweep.json)"),
+    trace: list[str] = typer.Option([], "--trace", help="[NAME=]TRACE.csv (repeatable; NAME defaults to the file's stem)"),
+    perf: list[str] = typer.Option([], "--perf", help="[NAME=]PERF.parquet: that trace's performance table (no NAME: every trace's)"),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster spec (YAML/TOML)"),
+    policies: Optional[str] = typer.Option(None, "--policies", help="comma-separated (default: the spec's, else compare's)"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated simulator seeds (default 0)"),
+    tick: Optional[float] = typer.Option(None, "--tick", help="scheduling interval in seconds (300)"),
+    horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
+    overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS (repeatable)"),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip bad trace rows, with a count"),
+    layout: Optional[str] = typer.Option(None, "--layout", help='folder of each comparison, from {trace} {variant} {seed} '
+                                         '(default: the dimensions with several values)'),
+    plot: bool = typer.Option(False, "--plot", help="write each comparison's PNGs"),
+    address: Optional[str] = typer.Option(None, "--address", help="run on this Ray cluster (ray://host:10001 or host:port; "
+                                          "workers need the inputs at the same paths)"),
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs of the embedded local Ray (default: all)"),
+    sequential: bool = typer.Option(False, "--sequential", help="no Ray: one simulation after another in this process"),
+    as_json: bool = typer.Option(False, "--json", help="print the sweep's summary (sweep.json) on stdout"),
+    quiet: bool = QUIET_OPTION,
+    no_cache: bool = NO_CACHE_OPTION,
+    cache_dir: Optional[Path] = CACHE_DIR_OPTION,
+) -> None:
+    """Policies x traces x seeds x ablations: every simulation a Ray task (cached as simulate caches it)."""
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.sweep import RayExecutor, SequentialExecutor, sweep as run_sweep
+    from libarena.schedule.compare import compare_table_text
+    from libarena.schedule.sweep import build_sweep_spec
+
+    if sequential and (address or num_cpus):
+        raise ArenaError("--sequential runs in this process: drop --address / --num-cpus")
+    if address and num_cpus:
+        raise ArenaError("--num-cpus sizes the embedded local Ray: it does not apply with --address")
+    sweep_spec = build_sweep_spec(spec, traces=trace, perfs=perf, cluster=cluster, policies=policies, seeds=seeds,
+                                  tick_s=tick, horizon_s=horizon, overheads=overhead, skip_bad_rows=skip_bad_rows,
+                                  layout=layout)
+    executor = SequentialExecutor() if sequential else RayExecutor(address, num_cpus)
+    with Reporter(quiet=quiet) as reporter:
+        summary = run_sweep(sweep_spec, output, executor, plot=plot, cache=CacheSettings(cache_dir, no_cache),
+                            report=reporter)
+        reporter.log(f"sweep: {len(summary.records)} simulations ({summary.count('cached')} cached, "
+                     f"{summary.count('simulated')} simulated, {summary.count('failed')} failed) in {output}/; "
+                     f"{reporter.elapsed_s():.1f} s")
+    if as_json:
+        print_json({"tool": "arena-schedule sweep", **summary.to_dict(), "elapsed_s": round(reporter.elapsed_s(), 4)})
+    else:
+        for group in summary.groups:
+            print(f"== {group or output}")
+            sys.stdout.write(compare_table_text(summary.comparison(group), summary.paired.get(group)))
+    failed = summary.failed
+    if failed:
+        raise ArenaError(f"{len(failed)} of {len(summary.records)} simulations failed (first: {failed[0].label}: "
+                         f"{failed[0].error}); the others are in {output}/, every outcome in {output}/sweep.json")
 
 
 @app.command("policies")
@@ -180,6 +241,42 @@ def trace_stats_cmd(
     table.add_row("GPU types", ", ".join(f"{k}: {v}" for k, v in stats["gpu_types"].items()))
     table.add_row("global batches", ", ".join(f"{k}: {v}" for k, v in stats["global_batches"].items()))
     Console(file=sys.stdout, width=160).print(table)
+
+
+@trace_app.command("scale")
+def trace_scale_cmd(
+    file: Path = typer.Argument(..., help="trace CSV (arena-ae, ElasticFlow or raw ITP format)"),
+    output: Path = typer.Option(..., "-o", "--output", help="the scaled trace, an arena-ae CSV ('-': stdout)"),
+    copies: int = typer.Option(..., "-x", "--copies", help="copies of the trace (copy 0 is the trace itself)"),
+    jitter: float = typer.Option(150.0, "--jitter", help="each further copy's submission times move by U(-J, +J) seconds"),
+    seed: int = typer.Option(0, "--seed", help="seed of the jitter (and of the adaptation of ElasticFlow/ITP traces)"),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="adapt GPU types to this cluster's"),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="leave bad rows out, with a count"),
+) -> None:
+    """Replicate a trace N times with seeded jitter of the submission times (job ids made unique)."""
+    from libarena.hardware import load_cluster
+    from libarena.schedule.traces import TraceScale, write_scaled_trace
+
+    types = load_cluster(cluster).gpu_types if cluster else None
+    scaled = write_scaled_trace(file, output, TraceScale(copies, jitter, seed), gpu_types=types,
+                                skip_bad_rows=skip_bad_rows)
+    reporter = Reporter()
+    if scaled.skipped:
+        reporter.warn(f"skipped {len(scaled.skipped)} bad row(s); first: {scaled.skipped[0]}")
+    reporter.log(f"{'stdout' if str(output) == '-' else output}: {len(scaled.jobs)} jobs ({copies} copies of {file})")
+
+
+@cluster_app.command("scale")
+def cluster_scale_cmd(
+    file: Path = typer.Argument(..., help="cluster spec (YAML/TOML)"),
+    output: Path = typer.Option(..., "-o", "--output", help="the scaled cluster spec, YAML ('-': stdout)"),
+    factor: int = typer.Option(..., "-x", "--factor", help="multiply every node group's node count by this"),
+) -> None:
+    """Replicate a cluster N times: the same GPU types and node shapes, N times the nodes."""
+    from libarena.hardware import write_scaled_cluster
+
+    scaled = write_scaled_cluster(file, output, factor)
+    Reporter().log(f"{'stdout' if str(output) == '-' else output}: {scaled.name}, {scaled.total_gpus} GPUs")
 
 
 @perf_app.command("build")

@@ -52,6 +52,9 @@ class Job:
     finish_time: float | None = None
     queue_since: float = 0.0  # when the job entered its current queue (promotion clock)
     enqueue_seq: int = 0
+    #: the job's place in the simulator's in-flight order (``Simulator.active``, launch order): policies that
+    #: walk the in-flight jobs break ties by that order, and an index of them sorts by this number
+    active_seq: int = 0
     reschedules: int = 0
     overhead_s: float = 0.0
     profiled: bool = False

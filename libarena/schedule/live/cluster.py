@@ -44,6 +44,7 @@ class LiveCluster(Simulator):
         self.start_time = now
         self.dirty = False
         self.active: dict[int, Job] = {}
+        self._active_seq = 0
         self.queued_count = 0
         self.pending_arrivals = 0
         self.done_count = 0
@@ -253,7 +254,7 @@ class LiveCluster(Simulator):
             job.state = state
             if state == JobState.RUNNING:
                 job.rate = float(job.true_thr[alloc.type_index, alloc.count_index]) / spec.global_batch
-            self.active[job.index] = job
+            self._activate(job)
         elif state == JobState.QUEUED:
             job.state = JobState.QUEUED
             self.queued_count += 1
@@ -268,7 +269,10 @@ class LiveCluster(Simulator):
         """Restore the in-flight jobs' order (policies iterate them in it, and break ties by it)."""
         rank = {job_id: i for i, job_id in enumerate(order)}
         items = sorted(self.active.items(), key=lambda kv: (rank.get(kv[1].spec.job_id, len(rank)), kv[1].index))
-        self.active = dict(items)
+        self.active = {}
+        self._active_seq = 0
+        for _, job in items:
+            self._activate(job)
 
     def requeue(self, jobs: list[Job]) -> None:
         """Hand restored queued jobs back to the policy, in their original queue order."""

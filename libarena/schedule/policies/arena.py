@@ -19,6 +19,10 @@
 
 from __future__ import annotations
 
+import heapq
+from bisect import insort
+from collections.abc import Callable, Hashable, Iterable, Iterator
+
 from libarena.schedule.config import APSearch, ArenaPolicyConfig, ProfilingKind
 from libarena.schedule.entities import Job, JobState, TypePool
 from libarena.schedule.policies.base import Policy, register_policy
@@ -48,6 +52,13 @@ class ArenaPolicy(Policy):
         self.queue: list[Job] = []
         self.objective = OBJECTIVES[self.config.objective](sim)
         self._smallest_cache: dict[int, tuple[int, frozenset[int]]] = {}
+        # Where the objective's scores of a running job depend only on its allocation, the in-flight handler
+        # and the launch handler's scale-down read them from indexes kept as jobs start, instead of scoring
+        # every in-flight job in every round (at ten times the paper's scale that was most of the run).
+        self._upgrades = (RunningJobIndex(sim, self._upgrade_entries) if self.objective.static_upgrade_gain
+                          else None)
+        self._victim_index = (RunningJobIndex(sim, self._victim_entries) if self.objective.static_victim_score
+                              else None)
         self.next_promotion = float("inf")
         self._depth_exhausted = False  # the last in-flight handler stopped at depth D: try again next tick
         self.next_defrag = sim.now + self.config.defrag_interval_s if self.config.defrag_interval_s > 0 else float("inf")
@@ -89,7 +100,7 @@ class ArenaPolicy(Policy):
         if sim.now >= self.next_defrag:
             self.next_defrag = sim.now + self.config.defrag_interval_s
             self._defragment()
-        self._victims: list[tuple[float, int, Job]] | None = None
+        self._victims: list[Job] | None = None
         blocked = self.config.num_queues + 1  # λ' in Algorithm 1
         launched: set[int] = set()
         order = sorted(self.queue, key=lambda j: (j.priority, j.enqueue_seq))
@@ -156,7 +167,7 @@ class ArenaPolicy(Policy):
             return False
         # tentative in-place halvings, undone unless the job then fits
         tentative: list[tuple[Job, TypePool, tuple]] = []
-        for _, _, victim in self._victim_list():
+        for victim in self._victims_in_order(types):
             if len(tentative) >= self.config.search_depth:
                 break
             a = victim.alloc
@@ -191,7 +202,12 @@ class ArenaPolicy(Policy):
             c += 1
         return t, c
 
-    def _victim_list(self) -> list[tuple[float, int, Job]]:
+    def _victims_in_order(self, types: frozenset[int]) -> Iterable[Job]:
+        """The running jobs that may be halved, by (objective loss, job index); from the index, only those on
+        ``types`` (the caller skips the others)."""
+        if self._victim_index is not None:
+            walks = [self._victim_index.walk(t) for t in sorted(types)]
+            return (entry[-1] for entry in (walks[0] if len(walks) == 1 else heapq.merge(*walks)))
         if self._victims is None:
             out = []
             for job in self.sim.active.values():
@@ -201,8 +217,13 @@ class ArenaPolicy(Policy):
                 if s is not None:
                     out.append((s, job.index, job))
             out.sort(key=lambda x: (x[0], x[1]))
-            self._victims = out
+            self._victims = [job for _, _, job in out]
         return self._victims
+
+    def _victim_entries(self, job: Job) -> list[tuple[int, tuple]]:
+        """A running job that may be halved, listed by its GPU type and ranked by (objective loss, job index)."""
+        score = self.objective.victim_score(job)
+        return [] if score is None else [(job.alloc.type_index, (score, job.index))]
 
     # -- in-flight handler ---------------------------------------------------------------------------
     def _upgrade_options(self, job: Job) -> list[tuple[int, int]]:
@@ -217,6 +238,56 @@ class ArenaPolicy(Policy):
                 out.append((t2, c2))
         return out
 
+    def on_start(self, job: Job) -> None:
+        for index in (self._upgrades, self._victim_index):
+            if index is not None:
+                index.add(job)
+
+    def _upgrade_entries(self, job: Job) -> list[tuple[tuple[int, int], tuple]]:
+        """A running job's scale-ups with a gain, listed by (type, GPUs newly needed) and ranked by (-gain,
+        in-flight order, option order): the order in which the exhaustive scan below lets one win."""
+        a = job.alloc
+        out = []
+        for k, (t2, c2) in enumerate(self._upgrade_options(job)):
+            gain = self.objective.upgrade_gain(job, t2, c2)
+            if gain is not None:
+                need = (1 << c2) - (a.num_gpus if t2 == a.type_index else 0)
+                out.append(((t2, need), (-gain, job.active_seq, k, t2, c2)))
+        return out
+
+    def _best_upgrade(self, free: list[int], failed: set[tuple[int, int, int]],
+                      overhead: float) -> tuple[Job, int, int] | None:
+        """The scale-up with the largest score among those that fit the free GPUs and have not failed this
+        round; ties go to the job first in the in-flight order, then to its first option."""
+        if self._upgrades is not None:
+            # the first option of each fitting list that pays off now and has not failed; the best of those
+            best = None
+            for t2, need in self._upgrades.keys():
+                if need > free[t2]:
+                    continue
+                for entry in self._upgrades.walk((t2, need)):
+                    if best is not None and entry[:3] >= best[:3]:
+                        break  # the rest of the list ranks lower still
+                    job, c2 = entry[-1], entry[4]
+                    if (job.index, t2, c2) not in failed and self.objective.upgrade_pays_off(job, t2, c2, overhead):
+                        best = entry
+                        break
+            return None if best is None else (best[-1], best[3], best[4])
+        best = None
+        best_score = 0.0
+        for job in self.sim.active.values():
+            if job.state != JobState.RUNNING:
+                continue
+            a = job.alloc
+            for t2, c2 in self._upgrade_options(job):
+                need = (1 << c2) - (a.num_gpus if t2 == a.type_index else 0)
+                if need > free[t2] or (job.index, t2, c2) in failed:
+                    continue
+                score = self.objective.upgrade_score(job, t2, c2, overhead)
+                if score is not None and (best is None or score > best_score):
+                    best, best_score = (job, t2, c2), score
+        return best
+
     def _scale_up(self) -> None:
         sim = self.sim
         pools = sim.pools
@@ -228,19 +299,7 @@ class ArenaPolicy(Policy):
             free = [p.free_total for p in pools]
             if not any(free):
                 return
-            best = None
-            best_score = 0.0
-            for job in sim.active.values():
-                if job.state != JobState.RUNNING:
-                    continue
-                a = job.alloc
-                for t2, c2 in self._upgrade_options(job):
-                    need = (1 << c2) - (a.num_gpus if t2 == a.type_index else 0)
-                    if need > free[t2] or (job.index, t2, c2) in failed:
-                        continue
-                    score = self.objective.upgrade_score(job, t2, c2, overhead)
-                    if score is not None and (best is None or score > best_score):
-                        best, best_score = (job, t2, c2), score
+            best = self._best_upgrade(free, failed, overhead)
             if best is None:
                 return
             job, t2, c2 = best
@@ -295,3 +354,62 @@ class ArenaPolicy(Policy):
         for job, blocks in moved:
             sim.migrate(job, blocks)
         return True
+
+
+class RunningJobIndex:
+    """Sorted lists of entries about the running jobs (``Job.state`` RUNNING), for policies that would
+    otherwise score every in-flight job in every round.
+
+    What an entry says about a job holds as long as the job runs on the allocation it had when indexed, so
+    entries are made when the job starts (``add``, from the policy's ``on_start``) and an entry of a job that
+    has since moved (``Job.version``) or stopped is dropped when a walk meets it. ``entries_of(job)`` gives
+    ``(list key, sort key)`` pairs; a list holds ``sort key + (version, job)`` tuples in ascending order (sort
+    keys must be unique among a job's entries). The index (re)builds itself from the in-flight jobs at its
+    first walk and whenever the simulator's in-flight dict is replaced (a live cluster restoring its order)."""
+
+    def __init__(self, sim, entries_of: Callable[[Job], Iterable[tuple[Hashable, tuple]]]):
+        self.sim = sim
+        self.entries_of = entries_of
+        self.lists: dict[Hashable, list[tuple]] = {}
+        self.entries = 0
+        #: entries of moved or finished jobs are swept out when the lists grow past this (amortised O(1))
+        self._sweep_at = 1024
+        self._built_for: dict | None = None
+
+    def _sync(self) -> None:
+        if self._built_for is not self.sim.active:
+            self.lists, self.entries, self._built_for = {}, 0, self.sim.active
+            for job in self.sim.active.values():
+                if job.state == JobState.RUNNING:
+                    self.add(job)
+
+    def add(self, job: Job) -> None:
+        if self._built_for is not self.sim.active:
+            return  # built from the in-flight jobs at the next walk
+        for key, sort_key in self.entries_of(job):
+            insort(self.lists.setdefault(key, []), sort_key + (job.version, job))
+            self.entries += 1
+        if self.entries > self._sweep_at:  # drop what walks have not met
+            for entries in self.lists.values():
+                entries[:] = [e for e in entries if e[-1].state == JobState.RUNNING and e[-1].version == e[-2]]
+            self.entries = sum(len(entries) for entries in self.lists.values())
+            self._sweep_at = max(1024, 2 * self.entries)
+
+    def keys(self) -> list[Hashable]:
+        self._sync()
+        return list(self.lists)
+
+    def walk(self, key: Hashable) -> Iterator[tuple]:
+        """The current entries of one list, in order (the caller may stop early; it must not add meanwhile)."""
+        self._sync()
+        entries = self.lists.get(key, [])
+        i = 0
+        while i < len(entries):
+            entry = entries[i]
+            job = entry[-1]
+            if job.state != JobState.RUNNING or job.version != entry[-2]:
+                del entries[i]
+                self.entries -= 1
+                continue
+            yield entry
+            i += 1

@@ -30,6 +30,9 @@ class Policy:
     config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
     #: scalar attributes of the policy's own clock that the live scheduler persists across restarts
     persistent_attrs: ClassVar[tuple[str, ...]] = ()
+    #: the rough cost of simulating a trace with this policy, relative to the others (measured on the paper's
+    #: philly trace); a sweep starts the costliest simulations first
+    relative_cost: ClassVar[float] = 1.0
 
     def __init__(self, config: PolicyConfig | None = None):
         self.config = config if config is not None else self.config_class()
@@ -60,6 +63,9 @@ class Policy:
 
     def on_finish(self, job: Job) -> None:
         pass
+
+    def on_start(self, job: Job) -> None:
+        """A job began training on its allocation (after its launch or a rescale: Job.state is RUNNING)."""
 
     def needs_schedule(self) -> bool:
         return self.sim.dirty

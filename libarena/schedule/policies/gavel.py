@@ -28,6 +28,7 @@ class GavelPolicy(Policy):
     default_view = "dp"
     profiling = ProfilingKind.FULL
     ap_search = APSearch.FULL
+    relative_cost = 6.0  # an ILP per round
 
     def attach(self, sim) -> None:
         super().attach(sim)

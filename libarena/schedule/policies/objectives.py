@@ -4,7 +4,7 @@ victims and scale-up operations; all numbers come from the policy's decision vie
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -45,24 +45,44 @@ class ThroughputObjective:
             return None
         return (job.view_thr[t, c] - job.view_thr[t, c - 1]) / (1 << (c - 1))
 
-    def upgrade_score(self, job: Job, t2: int, c2: int, overhead: float) -> float | None:
-        """Throughput gained per newly occupied GPU; None unless the job also finishes earlier despite the
-        rescale overhead."""
+    #: upgrade_score(job, t2, c2, o) is upgrade_gain(job, t2, c2) where upgrade_pays_off(job, t2, c2, o), else
+    #: None, and the gain depends only on the job's view and allocation: Arena's in-flight handler then keeps
+    #: the gains of the running jobs' upgrades in an index instead of scoring every job every round.
+    static_upgrade_gain: ClassVar[bool] = True
+    #: victim_score(job) depends only on the job's view and allocation (Arena indexes it as jobs start)
+    static_victim_score: ClassVar[bool] = True
+
+    def upgrade_gain(self, job: Job, t2: int, c2: int) -> float | None:
+        """Throughput gained per newly occupied GPU by moving the job to (t2, c2); None if it gains nothing."""
         a = job.alloc
         t, c = a.type_index, a.count_index
         v_old, v_new = job.view_thr[t, c], job.view_thr[t2, c2]
         if not v_new > v_old:
             return None
-        rem = job.remaining_at(self.sim.now) * job.spec.global_batch
-        if not overhead + rem / v_new < rem / v_old:
-            return None
         extra = (1 << c2) - (1 << c) if t2 == t else (1 << c2)
         return (v_new - v_old) / max(1, extra)
+
+    def upgrade_pays_off(self, job: Job, t2: int, c2: int, overhead: float) -> bool:
+        """Whether the job, moved to (t2, c2) now, finishes earlier despite the rescale overhead."""
+        a = job.alloc
+        v_old, v_new = job.view_thr[a.type_index, a.count_index], job.view_thr[t2, c2]
+        rem = job.remaining_at(self.sim.now) * job.spec.global_batch
+        return bool(overhead + rem / v_new < rem / v_old)
+
+    def upgrade_score(self, job: Job, t2: int, c2: int, overhead: float) -> float | None:
+        """Throughput gained per newly occupied GPU; None unless the job also finishes earlier despite the
+        rescale overhead."""
+        gain = self.upgrade_gain(job, t2, c2)
+        if gain is None or not self.upgrade_pays_off(job, t2, c2, overhead):
+            return None
+        return gain
 
 
 class DeadlineObjective(ThroughputObjective):
     """eq. 5 under eq. 6: a job runs only on a configuration that meets its deadline (the fewest GPUs that
     do); a job no configuration can make in time is dropped; scale-downs never break a deadline."""
+
+    static_victim_score = False  # whether a halved job still meets its deadline moves with time
 
     def _meets(self, job: Job, t: int, c: int, overhead: float) -> bool:
         d = job.spec.deadline
@@ -91,6 +111,9 @@ class DeadlineObjective(ThroughputObjective):
 class FairnessObjective(ThroughputObjective):
     """eq. 7: minimise the largest finish-time fairness rho = (time so far + time left on the allocation) /
     (time the job needs alone on its best configuration)."""
+
+    static_upgrade_gain = False  # rho moves with time
+    static_victim_score = False
 
     def _isolated(self, job: Job) -> float:
         best = job.policy_state.get("best_view")

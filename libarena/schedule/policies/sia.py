@@ -36,6 +36,7 @@ class SiaPolicy(Policy):
     default_view = "dp-linear"
     profiling = ProfilingKind.BOOTSTRAP
     ap_search = APSearch.FULL
+    relative_cost = 12.0  # an ILP per round
 
     def attach(self, sim) -> None:
         super().attach(sim)

@@ -1,0 +1,348 @@
+"""``arena-schedule sweep``: the simulations of a sweep (libarena.schedule.sweep), each a Ray task.
+
+Each simulation is what ``arena-schedule simulate`` runs, cached under the same key in the same stage cache
+(``<cache-dir>/stages/arena-schedule-simulate/``): a sweep serves what ``simulate`` or an earlier sweep
+computed, and the other way round. The driver looks every simulation up first and restores the hits; only
+the misses become tasks, so a sweep whose simulations are all cached starts no Ray at all (nor one with a
+single simulation to run: it runs in process). A task runs the
+simulation and returns its output files (bytes), which the driver writes under the sweep's output and
+stores in the cache: workers need Arena and the input files at the same paths (input paths are made
+absolute; on a multi-node cluster, a shared filesystem), never the output folder or the cache.
+
+Executors: :class:`RayExecutor` (the embedded local Ray with ``num_cpus`` workers, or the cluster at
+``address``) and :class:`SequentialExecutor` (in this process, one after another). Both give the same
+files: a simulation is a pure function of its inputs. Progress is logged per finished simulation; a failed
+one (a bad trace row, a worker that died) is reported and recorded in ``sweep.json`` while the others run on,
+and the sweep then ends with an error naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from libarena.artifacts.io import input_ref
+from libarena.errors import ArenaError
+from libarena.pipeline.cache import CacheSettings
+from libarena.pipeline.schedule import SIMULATE_STAGE, simulation_key
+from libarena.progress import ProgressUpdate, Report, SilentReport
+
+SUMMARY = "sweep.json"
+
+
+# -- the worker's side ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimulationTask:
+    """One simulation, as plain data (it crosses to a Ray worker)."""
+
+    trace: str
+    perf: str
+    cluster: str
+    policy: str
+    options: dict[str, Any]
+    config: Any  # SimulatorConfig
+    skip_bad_rows: bool
+
+
+@dataclass
+class SimulationFiles:
+    """A finished simulation: its output files (name -> bytes) and the trace rows it left out."""
+
+    files: dict[str, bytes]
+    skipped: list[str]
+
+
+@dataclass
+class SimulationFailure:
+    message: str
+    detail: str = ""
+
+
+def run_simulation_task(task: SimulationTask) -> SimulationFiles | SimulationFailure:
+    """Simulate and return the files ``arena-schedule simulate`` would write (never raises)."""
+    from libarena.schedule.api import load_workload, make_policy, run_parameters, run_policy, write_run
+
+    try:
+        workload, refs, _ = load_workload(Path(task.trace), Path(task.perf), Path(task.cluster), seed=task.config.seed,
+                                          skip_bad_rows=task.skip_bad_rows)
+        policy = make_policy(task.policy, **task.options)
+        res = run_policy(workload, policy, task.config)
+        with tempfile.TemporaryDirectory(prefix="arena-sweep-") as tmp:
+            write_run(tmp, res, workload, task.config, run_parameters(policy, task.config), refs)
+            files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
+        return SimulationFiles(files, list(workload.skipped))
+    except ArenaError as exc:
+        return SimulationFailure(" ".join(str(exc).split()))
+    except Exception as exc:  # noqa: BLE001 - an internal error fails this simulation only; the sweep goes on
+        return SimulationFailure(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}",
+                                 traceback.format_exc())
+
+
+# -- executors -----------------------------------------------------------------------------------------------
+
+
+class Executor(Protocol):
+    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[tuple[int, Any]]:
+        """``(i, fn(items[i]))`` for every item, in the order they finish."""
+
+
+class SequentialExecutor:
+    """Every task in this process, one after another."""
+
+    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[tuple[int, Any]]:
+        for i, item in enumerate(items):
+            yield i, fn(item)
+
+
+@dataclass(frozen=True)
+class RayExecutor:
+    """Every task a Ray task of one CPU: on the cluster at ``address``, else on an embedded local Ray with
+    ``num_cpus`` CPUs (default: this machine's). A Ray error of one task (its worker died) is its failure.
+
+    Starting the embedded Ray takes seconds; meanwhile the driver runs tasks itself (in a thread), from the end
+    of the list (a sweep lists the costliest first: the driver takes short ones, and none is left running long
+    after Ray is up), and stops taking new ones once Ray is up: every later task is a Ray task."""
+
+    address: str | None = None
+    num_cpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ArenaError(f"--num-cpus must be >= 1, got {self.num_cpus}")
+
+    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[tuple[int, Any]]:
+        import queue
+        import threading
+        from collections import deque
+
+        import ray
+
+        from libarena.run.cluster import LocalClusterConfig, connect
+
+        todo = deque(range(len(items)))
+        lock = threading.Lock()
+        ray_up = threading.Event()
+        local: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+
+        def help_while_ray_starts() -> None:
+            while not ray_up.is_set():
+                with lock:
+                    if not todo:
+                        return
+                    i = todo.pop()
+                try:
+                    local.put((i, fn(items[i])))
+                except BaseException as exc:  # noqa: BLE001 - every taken task must report back, or the loop waits
+                    local.put((i, SimulationFailure(f"internal error: {type(exc).__name__}: {exc}")))
+
+        helper = None
+        if self.address is None and not ray.is_initialized():
+            helper = threading.Thread(target=help_while_ray_starts, name="sweep-while-ray-starts", daemon=True)
+            helper.start()
+        try:
+            started = connect(self.address, LocalClusterConfig(num_cpus=self.num_cpus or os.cpu_count() or 1,
+                                                               num_devices=0))
+        finally:
+            ray_up.set()
+        try:
+            remote = ray.remote(num_cpus=1)(fn)
+            with lock:
+                pending = {remote.remote(items[i]): i for i in todo}
+                todo.clear()
+            remaining = len(items)
+            while remaining:
+                while not local.empty():
+                    remaining -= 1
+                    yield local.get()
+                if pending:
+                    helping = helper is not None and helper.is_alive()
+                    done, _ = ray.wait(list(pending), num_returns=1, timeout=0.1 if helping else None)
+                    for ref in done:
+                        i = pending.pop(ref)
+                        try:
+                            result = ray.get(ref)
+                        except Exception as exc:  # noqa: BLE001 - the task's worker died: this task failed
+                            first = (str(exc).strip().splitlines() or [""])[0]
+                            result = SimulationFailure(f"Ray: {type(exc).__name__}: {first}", str(exc))
+                        remaining -= 1
+                        yield i, result
+                elif remaining:
+                    remaining -= 1
+                    yield local.get()  # the last ones are the driver's own
+        finally:
+            if started:
+                ray.shutdown()
+
+
+# -- the driver ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepRecord:
+    """What became of one simulation of the sweep."""
+
+    label: str
+    #: the comparison it belongs to (a folder under the output)
+    group: str
+    trace: str
+    variant: str
+    seed: int
+    policy: str
+    output: str
+    status: str = "pending"  # cached, simulated or failed
+    error: str | None = None
+    #: a failure's traceback (internal errors) or Ray's full report
+    detail: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SweepSummary:
+    output: str
+    records: list[SweepRecord]
+    #: the comparisons written (group folder -> policies), those left out for a failed simulation
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    incomplete_groups: list[str] = field(default_factory=list)
+    #: per comparison written: each policy's jobs-both-finished figures against the reference policy
+    paired: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.records)
+
+    def comparison(self, group: str) -> dict[str, dict[str, Any]]:
+        """The metrics of one comparison written, by policy."""
+        return {r.policy: r.metrics for r in self.records if r.group == group}
+
+    @property
+    def failed(self) -> list[SweepRecord]:
+        return [r for r in self.records if r.status == "failed"]
+
+    def to_dict(self) -> dict[str, Any]:
+        from libarena.schedule.metrics import json_safe
+
+        return {"output": self.output, "total": len(self.records), "cached": self.count("cached"),
+                "simulated": self.count("simulated"), "failed": self.count("failed"),
+                "comparisons": self.groups, "incomplete_comparisons": self.incomplete_groups,
+                "simulations": [{**r.__dict__, "metrics": json_safe(r.metrics)} for r in self.records]}
+
+
+def _costliest_first(indices: Iterable[int], tasks: list[SimulationTask]) -> list[int]:
+    """The simulations by expected cost, highest first (trace size x the policy's relative cost), so the
+    longest do not start last; the results do not depend on the order."""
+    from libarena.schedule.policies import get_policy
+
+    size = {t.trace: os.path.getsize(t.trace) for t in tasks}
+    return sorted(indices, key=lambda i: -size[tasks[i].trace] * get_policy(tasks[i].policy).relative_cost)
+
+
+def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, cache: CacheSettings = CacheSettings(),
+          report: Report = SilentReport()) -> SweepSummary:
+    """Run every simulation of ``spec`` (a SweepSpec) not already cached, on ``executor``; write each into
+    ``output/<group>/<policy>/``, each comparison's ``compare.json`` and ``table.txt`` (and, ``plot``, its
+    figures) as soon as its simulations are done, and ``output/sweep.json``. Failed simulations are in the
+    summary (the caller decides what that means for its exit status)."""
+    from libarena.artifacts import write_bytes, write_json
+    from libarena.schedule.api import make_policy, run_parameters
+    from libarena.schedule.compare import compare_json, compare_table_text, paired_comparison
+    from libarena.schedule.metrics import read_metrics, summary_line
+
+    for path, what in [(spec.cluster, "cluster spec")] + [p for t in spec.traces for p in
+                                                         ((t.trace, f"trace {t.name!r}"), (t.perf, f"performance table of trace {t.name!r}"))]:
+        if not Path(path).is_file():
+            raise ArenaError(f"{path}: no such file (the sweep's {what})")
+    refs = {str(p): input_ref(p) for p in {spec.cluster, *(t.trace for t in spec.traces), *(t.perf for t in spec.traces)}}
+    stage = cache.stage(SIMULATE_STAGE, report)
+    points = spec.points()
+    output.mkdir(parents=True, exist_ok=True)
+    records, tasks, keys = [], [], []
+    for point in points:
+        policy = make_policy(point.policy, **point.variant.options)  # a bad option is the spec's error: nothing runs
+        config = spec.simulator_config(point.seed)
+        key_inputs = [refs[str(point.trace.trace)], refs[str(point.trace.perf)], refs[str(spec.cluster)]]
+        keys.append(simulation_key(stage, run_parameters(policy, config), config, key_inputs,
+                                   skip_bad_rows=spec.skip_bad_rows, plot=False))
+        tasks.append(SimulationTask(str(point.trace.trace), str(point.trace.perf), str(spec.cluster), point.policy,
+                                    dict(point.variant.options), config, spec.skip_bad_rows))
+        records.append(SweepRecord(point.label, point.group, point.trace.name, point.variant.name, point.seed,
+                                   point.policy, point.output))
+    summary = SweepSummary(str(output), records)
+    groups: dict[str, list[int]] = {}
+    for i, point in enumerate(points):
+        groups.setdefault(point.group, []).append(i)
+    waiting = {group: len(members) for group, members in groups.items()}
+    total = len(points)
+    finished = 0
+    warned_skips: set[str] = set()
+
+    def finalize(group: str) -> None:
+        """A comparison whose simulations are all done: its compare.json, table.txt and figures."""
+        members = [records[i] for i in groups[group]]
+        if any(r.status == "failed" for r in members):
+            summary.incomplete_groups.append(group)
+            return
+        metrics = {r.policy: r.metrics for r in members}
+        paired = summary.paired[group] = paired_comparison({r.policy: output / r.output for r in members})
+        write_json(output / group / "compare.json", compare_json(metrics, paired))
+        write_bytes(output / group / "table.txt", compare_table_text(metrics, paired).encode())
+        if plot:
+            from libarena.schedule.plots import RunSeries, plot_series
+
+            plot_series({r.policy: RunSeries.read(output / r.output) for r in members}, output / group)
+        summary.groups[group] = [r.policy for r in members]
+
+    def settle(i: int, status: str, error: str | None = None) -> None:
+        nonlocal finished
+        finished += 1
+        rec = records[i]
+        rec.status, rec.error = status, error
+        report.progress(ProgressUpdate("simulations", finished, total, rec.label))
+        if status == "failed":
+            report.warn(f"[{finished}/{total}] {rec.label}: failed: {error}")
+        else:
+            rec.metrics = read_metrics(output / rec.output / "metrics.json")
+            report.log(f"[{finished}/{total}] {rec.label}{' (cached)' if status == 'cached' else ''}: "
+                       f"{summary_line(rec.metrics)}")
+        group = points[i].group
+        waiting[group] -= 1
+        if not waiting[group]:
+            finalize(group)
+
+    misses = []
+    for i, key in enumerate(keys):
+        if stage.restore_tree(key, output / records[i].output) is not None:
+            settle(i, "cached")
+        else:
+            misses.append(i)
+    if misses:
+        report.log(f"sweep: {len(misses)} of {total} simulations to run ({total - len(misses)} cached)")
+        order = _costliest_first(misses, tasks)
+        if len(order) == 1:
+            executor = SequentialExecutor()  # nothing to share out: no Ray to start
+        for j, result in executor.map_unordered(run_simulation_task, [tasks[i] for i in order]):
+            i = order[j]
+            if isinstance(result, SimulationFailure):
+                records[i].detail = result.detail or None
+                settle(i, "failed", result.message)
+                continue
+            trace = records[i].trace
+            if result.skipped and trace not in warned_skips:
+                warned_skips.add(trace)
+                report.warn(f"trace {trace}: skipped {len(result.skipped)} bad row(s); first: {result.skipped[0]}")
+            out_dir = output / records[i].output
+
+            def produce(files: dict[str, bytes] = result.files, out_dir: Path = out_dir) -> None:
+                for name, data in files.items():
+                    (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                    write_bytes(out_dir / name, data)
+
+            stage.produce_tree(keys[i], out_dir, produce)
+            settle(i, "simulated")
+    write_json(output / SUMMARY, summary.to_dict())
+    return summary

@@ -1,0 +1,188 @@
+"""Ten times the paper's scale: scaled traces and clusters, and the indexes that keep Arena's rounds short
+decide exactly as the exhaustive scans they replace."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from libarena.errors import ArenaError
+from libarena.hardware import load_cluster
+from libarena.schedule.api import make_policy, run_policy
+from libarena.schedule.config import SimulatorConfig
+from libarena.schedule.metrics import job_records
+from libarena.schedule.policies.arena import ArenaPolicy
+from libarena.schedule.traces import TraceScale, read_trace, scale_trace, trace_csv, write_scaled_trace
+from tests.schedule.helpers import cluster, job, workload
+from tests.schedule.perf_fixtures import synthetic_perf_table
+
+MODELS = [("gpt__760M", 128), ("gpt__1.3B", 256), ("moe__2.4B", 256), ("wide_resnet__1B", 512), ("bert__2.6B", 256)]
+TYPES = ["a100", "a40", "v100"]
+
+
+def _generated_trace(n: int, seed: int = 7) -> list:
+    rng = random.Random(seed)
+    specs = []
+    t = 0.0
+    for i in range(n):
+        t += rng.expovariate(1 / 240)
+        model, batch = rng.choice(MODELS)
+        specs.append(job(f"j{i}", model, rng.randint(2000, 60000), rng.choice([1, 2, 4, 8]), rng.choice(TYPES),
+                         submit=round(t, 1), batch=batch, row=i + 1, priority=None,
+                         deadline=round(t + rng.uniform(3600, 40000), 1)))
+    return specs
+
+
+# -- trace scale --------------------------------------------------------------------------------------------
+
+
+def test_scaled_trace_is_deterministic_and_valid(tmp_path):
+    specs = _generated_trace(60)
+    src = tmp_path / "t.csv"
+    src.write_text(trace_csv(specs))
+    a, b, c = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "c.csv"
+    write_scaled_trace(src, a, TraceScale(4, 150.0, seed=3))
+    write_scaled_trace(src, b, TraceScale(4, 150.0, seed=3))
+    write_scaled_trace(src, c, TraceScale(4, 150.0, seed=4))
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+    scaled = read_trace(a).jobs  # a valid arena-ae trace: unique ids, every row parses
+    assert len(scaled) == 4 * len(specs)
+    assert len({j.job_id for j in scaled}) == len(scaled)
+    assert [j.submit_time for j in scaled] == sorted(j.submit_time for j in scaled)
+    by_id = {j.job_id: j for j in scaled}
+    for s in specs:
+        assert by_id[s.job_id].submit_time == s.submit_time  # copy 0 is the trace itself
+        for k in (1, 2, 3):
+            copy = by_id[f"{s.job_id}-x{k}"]
+            shift = copy.submit_time - s.submit_time
+            assert abs(shift) <= 150.0 + 1e-3
+            assert copy.deadline - copy.submit_time == pytest.approx(s.deadline - s.submit_time, abs=2e-3)
+            assert (copy.model, copy.global_batch, copy.num_iterations, copy.requested_gpus, copy.requested_type) == \
+                (s.model, s.global_batch, s.num_iterations, s.requested_gpus, s.requested_type)
+    shifts = [by_id[f"{s.job_id}-x1"].submit_time - s.submit_time for s in specs]
+    assert min(shifts) < -50 and max(shifts) > 50  # spread over the whole window
+
+
+def test_a_copy_does_not_depend_on_row_order():
+    specs = _generated_trace(30)
+    forward = {j.job_id: j.submit_time for j in scale_trace(specs, TraceScale(3, 100.0, seed=1))}
+    backward = {j.job_id: j.submit_time for j in scale_trace(specs[::-1], TraceScale(3, 100.0, seed=1))}
+    assert forward == backward
+
+
+def test_scaling_the_paper_trace(traces_dir, tmp_path):
+    out = tmp_path / "philly10.csv"
+    scaled = write_scaled_trace(traces_dir / "arena-ae" / "simulate_trace_philly.csv", out, TraceScale(10, 150.0))
+    original = read_trace(traces_dir / "arena-ae" / "simulate_trace_philly.csv").jobs
+    assert len(scaled.jobs) == 10 * len(original) == len(read_trace(out).jobs)
+
+
+def test_scale_refuses_bad_input(tmp_path):
+    src = tmp_path / "t.csv"
+    src.write_text(trace_csv(_generated_trace(3)))
+    with pytest.raises(ArenaError, match="copies"):
+        TraceScale(0)
+    with pytest.raises(ArenaError, match="jitter"):
+        TraceScale(2, -1.0)
+    with pytest.raises(ArenaError, match="overwrite"):
+        write_scaled_trace(src, src, TraceScale(2))
+    clash = _generated_trace(2)
+    clash[1] = job("j0-x1", "gpt__760M", 10, 1, "a100", submit=5.0, row=2)
+    with pytest.raises(ArenaError, match="already in the trace"):
+        scale_trace(clash, TraceScale(2))
+
+
+def test_scaled_cluster(repo_root):
+    base = load_cluster(repo_root / "examples" / "clusters" / "paper-sim-1280.yaml")
+    big = base.scaled(10)
+    assert big.total_gpus == 12800
+    assert [(g.gpu_type, g.gpus_per_node) for g in big.node_groups] == [(g.gpu_type, g.gpus_per_node) for g in base.node_groups]
+    assert all(b.nodes == 10 * g.nodes for b, g in zip(big.node_groups, base.node_groups))
+    with pytest.raises(ArenaError):
+        base.scaled(0)
+
+
+# -- the indexes decide as the scans ---------------------------------------------------------------------------
+
+
+class ScanningArena(ArenaPolicy):
+    """Arena with its indexes switched off: every round scores every in-flight job (the code before them)."""
+
+    def attach(self, sim) -> None:
+        super().attach(sim)
+        self._upgrades = None
+        self._victim_index = None
+
+
+def _run(policy, specs, spec, tick_s=300.0):
+    table = synthetic_perf_table(MODELS, TYPES, max_gpus=16)
+    res = run_policy(workload(specs, table, spec), policy, SimulatorConfig(tick_s=tick_s))
+    return res.decisions, repr((job_records(res).to_pydict(), res.ts_throughput))  # repr: NaN equals NaN
+
+
+@pytest.mark.parametrize("options", [{}, {"objective": "deadline"}, {"objective": "fairness"}, {"hetero": False},
+                                     {"search_depth": 1}, {"elastic": False}])
+def test_arena_with_indexes_decides_as_the_exhaustive_scan(options):
+    """A busy small cluster (queues, scale-downs, scale-ups, migrations): every decision and every job's
+    JCT equal with and without the indexes."""
+    specs = _generated_trace(220)
+    spec = cluster([("a100", 6, 4), ("a40", 8, 2), ("v100", 2, 8)])
+    base = make_policy("arena", **options)
+    scanning = ScanningArena(base.config)
+    fast = _run(base, specs, spec)
+    slow = _run(scanning, specs, spec)
+    assert fast[0]["action"].count("rescale") > 10  # the handlers were exercised
+    assert fast == slow
+
+
+def test_running_job_index_drops_moved_jobs_and_stays_bounded():
+    """Entries of a job that moved or finished are never walked, and are swept out as the lists grow."""
+    from types import SimpleNamespace
+
+    from libarena.schedule.entities import JobState
+    from libarena.schedule.policies.arena import RunningJobIndex
+
+    jobs = [SimpleNamespace(index=i, state=JobState.RUNNING, version=0) for i in range(50)]
+    sim = SimpleNamespace(active={j.index: j for j in jobs})
+    index = RunningJobIndex(sim, lambda job: [(job.index % 3, (job.index % 7, job.index))])
+    assert [e[1] for e in index.walk(0)] == sorted((j.index for j in jobs if j.index % 3 == 0), key=lambda i: (i % 7, i))
+    for step in range(3000):  # jobs restart on new allocations again and again
+        job = jobs[step % 50]
+        job.version += 1
+        index.add(job)
+    jobs[3].state = JobState.FINISHED
+    assert index.entries <= 1025  # swept at 1,024 (live entries: 50)
+    walked = [e for key in index.keys() for e in index.walk(key)]
+    assert sorted(e[1] for e in walked) == [j.index for j in jobs if j.index != 3]
+    assert all(e[-2] == e[-1].version for e in walked)
+    sim.active = dict(sim.active)  # a live cluster restoring its order: rebuilt from the running jobs
+    assert sum(1 for key in index.keys() for _ in index.walk(key)) == 49
+
+
+@pytest.mark.slow
+def test_scale_commands(tmp_path, repo_root):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("arena-schedule"))
+    (tmp_path / "t.csv").write_text(trace_csv(_generated_trace(20)))
+    done = subprocess.run([exe, "trace", "scale", "t.csv", "-x", "3", "--seed", "5", "-o", "t3.csv"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert len(read_trace(tmp_path / "t3.csv").jobs) == 60 and "60 jobs" in done.stderr
+    cluster_file = repo_root / "examples" / "clusters" / "paper-sim-1280.yaml"
+    done = subprocess.run([exe, "cluster", "scale", str(cluster_file), "-x", "10", "-o", "c.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert load_cluster(tmp_path / "c.yaml").total_gpus == 12800
+    for argv, needle in ((["trace", "scale", "t.csv", "-x", "0", "-o", "x.csv"], "copies must be a positive integer"),
+                         (["trace", "scale", "missing.csv", "-x", "2", "-o", "x.csv"], "no such trace file"),
+                         (["trace", "scale", "t.csv", "-x", "2", "-o", "t.csv"], "would overwrite"),
+                         (["cluster", "scale", "c.yaml", "-x", "2", "-o", "c.yaml"], "would overwrite"),
+                         (["cluster", "scale", "c.yaml", "-x", "0", "-o", "d.yaml"], "positive integer")):
+        done = subprocess.run([exe, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "x.csv").exists() and not (tmp_path / "d.yaml").exists()

@@ -1,0 +1,221 @@
+"""arena-schedule sweep: the spec, the same results as the sequential runs (on Ray and in process), the
+stage cache shared with simulate, and a failed simulation that does not take the others down."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from libarena.artifacts import read_document, read_table
+from libarena.errors import ArenaError
+from libarena.pipeline import CacheSettings
+from libarena.pipeline.sweep import SequentialExecutor, sweep
+from libarena.schedule.sweep import SweepSpec, SweepTrace, SweepVariant, build_sweep_spec
+from libarena.schedule.traces import read_trace, trace_csv
+from tests.schedule.perf_fixtures import write_perf
+
+POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
+
+
+def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("arena-schedule")
+    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, traces_dir, repo_root):
+    """Two small real traces (the first jobs of philly and of venus, iterations / 50 so that they finish), a
+    performance table for their models, and a trace with a malformed row."""
+    d = tmp_path_factory.mktemp("sweep")
+    pairs = set()
+    for name, count in (("philly", 40), ("venus", 30)):
+        jobs = read_trace(traces_dir / "arena-ae" / f"simulate_trace_{name}.csv").jobs
+        jobs = sorted(jobs, key=lambda j: j.submit_time)[:count]
+        jobs = [dataclasses.replace(j, num_iterations=max(1, j.num_iterations // 50)) for j in jobs]
+        pairs |= {(j.model, j.global_batch) for j in jobs}
+        (d / f"{name}.csv").write_text(trace_csv(jobs))
+    write_perf(d / "perf.parquet", sorted(pairs), ["a100", "v100", "a40", "a10"])
+    lines = (d / "venus.csv").read_text().splitlines()
+    lines[3] = lines[3].replace(",a40", ",no-such-gpu").replace(",a100", ",no-such-gpu").replace(",v100", ",no-such-gpu") \
+        .replace(",a10", ",no-such-gpu")
+    (d / "broken.csv").write_text("\n".join(lines) + "\n")
+    return d, repo_root / "examples" / "clusters" / "paper-sim-1280.yaml"
+
+
+def _records(run_dir: Path):
+    """A run's job records and decisions, without the timing metadata."""
+    jobs = read_table(run_dir / "jobs.parquet", "job_records")
+    decisions = read_document(run_dir / "decisions.msgpack", "decisions")
+    return repr(jobs.table.to_pydict()), decisions.data
+
+
+def _compare(d: Path, cluster: Path, trace: str, out: str, cache: str) -> None:
+    r = cli("compare", "--policies", ",".join(POLICIES), "--trace", str(d / f"{trace}.csv"), "--perf",
+            str(d / "perf.parquet"), "--cluster", str(cluster), "--horizon", "400000", "--cache-dir", cache, "--plot", "-o", out,
+            cwd=d)
+    assert r.returncode == 0, r.stderr
+
+
+# -- the spec -------------------------------------------------------------------------------------------------
+
+
+def test_spec_file_options_and_layouts(tmp_path):
+    for name in ("a.csv", "b.csv", "p.parquet", "c.yaml"):
+        (tmp_path / name).write_text("")
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(
+        "cluster: c.yaml\n"
+        "traces: {a: {trace: a.csv, perf: p.parquet}, b: {trace: b.csv, perf: p.parquet}}\n"
+        "policies: [arena, sia]\n"
+        "seeds: [0, 1]\n"
+        "variants: {default: {}, no-hetero: {options: {hetero: false}, policies: [arena]}, d1: {search_depth: 1}}\n"
+        "simulator: {tick: 600, horizon: 86400, skip_bad_rows: true, overheads: {checkpoint_resume_s: 60}}\n")
+    spec = build_sweep_spec(spec_file)
+    assert spec.traces[0].trace == tmp_path / "a.csv"  # relative to the spec file
+    assert spec.tick_s == 600 and spec.horizon_s == 86400 and spec.skip_bad_rows
+    assert spec.overheads.checkpoint_resume_s == 60
+    assert spec.group_layout == "{trace}/{variant}/seed-{seed}"
+    points = spec.points()
+    # no-hetero applies to arena only; d1's options are given in the short form
+    assert len(points) == 2 * 2 * (2 + 1 + 2)
+    assert [p.label for p in points[:5]] == ["a/default/seed-0/arena", "a/default/seed-0/sia", "a/default/seed-1/arena",
+                                            "a/default/seed-1/sia", "a/no-hetero/seed-0/arena"]
+    assert spec.simulator_config(1).seed == 1
+    # options replace the file's fields
+    one = build_sweep_spec(spec_file, traces=["a.csv"], perfs=["p.parquet"], policies="fcfs", seeds="3")
+    assert [t.name for t in one.traces] == ["a"] and one.policies == ("fcfs",) and one.seeds == (3,)
+    assert one.group_layout == "{variant}"  # only the variants still vary
+    assert {p.group for p in one.points()} == {"default", "no-hetero", "d1"} - {"no-hetero"}
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"policies": "arena,nope"}, "nope"),
+    ({"layout": "{trace}"}, "lacks {seed}"),
+    ({"layout": "{trace}/{seed}/{oops}"}, "{oops}"),
+    ({"layout": "../{trace}/{seed}"}, "inside the output"),
+    ({"seeds": "0,x"}, "--seeds"),
+    ({"perfs": ["zz=p.parquet"]}, "no trace named 'zz'"),
+])
+def test_spec_errors_name_the_problem(tmp_path, change, needle):
+    (tmp_path / "a.csv").write_text("")
+    args = {"traces": ["a.csv"], "perfs": ["p.parquet"], "cluster": "c.yaml", "seeds": "0,1", **change}
+    with pytest.raises(ArenaError, match=re.escape(needle)):
+        build_sweep_spec(**args)
+
+
+def test_unknown_policy_option_fails_before_anything_runs(tmp_path, inputs):
+    d, cluster = inputs
+    spec = SweepSpec(cluster, (SweepTrace("philly", d / "philly.csv", d / "perf.parquet"),), ("arena",),
+                     variants=(SweepVariant("x", {"no_such": 1}),))
+    with pytest.raises(ArenaError, match="no_such"):
+        sweep(spec, tmp_path / "out", SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+    assert not (tmp_path / "out" / "sweep.json").exists()
+
+
+# -- results ---------------------------------------------------------------------------------------------------
+
+
+def test_spec_with_variants_and_seeds(inputs, tmp_path):
+    """A YAML spec: a variant for Arena only and two seeds, laid out by variant and seed; the variant's run is
+    the one ``simulate --no-hetero`` makes (a cache hit)."""
+    d, cluster = inputs
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"cluster: {cluster}\n"
+                    f"traces: {{philly: {{trace: {d / 'philly.csv'}, perf: {d / 'perf.parquet'}}}}}\n"
+                    "policies: [arena, fcfs]\nseeds: [0, 1]\n"
+                    "variants: {default: {}, no-hetero: {options: {hetero: false}, policies: [arena]}}\n"
+                    "simulator: {horizon: 400000}\n")
+    cache = str(tmp_path / "cache")
+    r = cli("sweep", str(spec), "--sequential", "--cache-dir", cache, "-o", str(tmp_path / "out"), cwd=d)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/*/*/jobs.parquet")) == [
+        "default/seed-0/arena/jobs.parquet", "default/seed-0/fcfs/jobs.parquet", "default/seed-1/arena/jobs.parquet",
+        "default/seed-1/fcfs/jobs.parquet", "no-hetero/seed-0/arena/jobs.parquet", "no-hetero/seed-1/arena/jobs.parquet"]
+    assert _records(out / "no-hetero" / "seed-0" / "arena") != _records(out / "default" / "seed-0" / "arena")
+    s = cli("simulate", "--trace", str(d / "philly.csv"), "--perf", str(d / "perf.parquet"), "--cluster", str(cluster),
+            "--policy", "arena", "--no-hetero", "--seed", "1", "--horizon", "400000", "--cache-dir", cache,
+            "-o", str(tmp_path / "one"), "--json", cwd=d)
+    assert s.returncode == 0 and json.loads(s.stdout)["cache"]["hit"], s.stderr
+    assert _records(tmp_path / "one") == _records(out / "no-hetero" / "seed-1" / "arena")
+
+
+
+@pytest.mark.slow
+def test_sequential_sweep_equals_compare_and_shares_the_cache(inputs, tmp_path):
+    d, cluster = inputs
+    cache = str(tmp_path / "cache")
+    r = cli("sweep", "--trace", "philly=philly.csv", "--trace", "venus=venus.csv", "--perf", "perf.parquet",
+            "--cluster", str(cluster), "--policies", ",".join(POLICIES), "--horizon", "400000", "--sequential",
+            "--plot", "--cache-dir", cache, "-o", "seq", cwd=d)
+    assert r.returncode == 0, r.stderr
+    assert "[12/12]" in r.stderr and "== philly" in r.stdout
+    for trace in ("philly", "venus"):
+        _compare(d, cluster, trace, f"cmp-{trace}", str(tmp_path / "cache-compare"))
+        for policy in POLICIES:
+            assert _records(d / "seq" / trace / policy) == _records(d / f"cmp-{trace}" / policy), (trace, policy)
+        assert sorted(json.loads((d / "seq" / trace / "compare.json").read_text())["policies"]) == sorted(POLICIES)
+        for png in ("throughput.png", "jct_cdf.png", "queue_length.png"):  # the same figures as compare's
+            assert (d / "seq" / trace / png).read_bytes() == (d / f"cmp-{trace}" / png).read_bytes()
+        assert "policies compared" in (d / "seq" / trace / "table.txt").read_text()
+    summary = json.loads((d / "seq" / "sweep.json").read_text())
+    assert (summary["total"], summary["simulated"], summary["cached"], summary["failed"]) == (12, 12, 0, 0)
+
+    # simulate of one of them is a cache hit (the same key), and so is the whole sweep again
+    s = cli("simulate", "--trace", str(d / "venus.csv"), "--perf", str(d / "perf.parquet"), "--cluster", str(cluster),
+            "--policy", "gavel", "--horizon", "400000", "--cache-dir", cache, "-o", "one", "--json", cwd=d)
+    assert s.returncode == 0 and json.loads(s.stdout)["cache"]["hit"], s.stderr
+    again = cli("sweep", "--trace", "philly=philly.csv", "--trace", "venus=venus.csv", "--perf", "perf.parquet",
+                "--cluster", str(cluster), "--policies", ",".join(POLICIES), "--horizon", "400000", "--cache-dir",
+                cache, "-o", "seq2", "--json", cwd=d)  # Ray by default, but nothing is left to run
+    assert again.returncode == 0, again.stderr
+    doc = json.loads(again.stdout)
+    assert doc["cached"] == 12 and doc["simulated"] == 0
+    for policy in POLICIES:
+        assert _records(d / "seq2" / "philly" / policy) == _records(d / "seq" / "philly" / policy)
+
+
+def test_a_failed_simulation_is_reported_and_the_others_complete(inputs, tmp_path):
+    d, cluster = inputs
+    r = cli("sweep", "--trace", "good=philly.csv", "--trace", "broken=broken.csv", "--perf", "perf.parquet",
+            "--cluster", str(cluster), "--policies", "arena,fcfs", "--horizon", "400000", "--sequential",
+            "--cache-dir", str(tmp_path / "cache"), "-o", "failing", cwd=d)
+    assert r.returncode == 2
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("arena-schedule: error: 2 of 4 simulations failed (first: broken/") and "Traceback" not in r.stderr
+    assert "no-such-gpu" in last
+    assert "broken/arena: failed:" in r.stderr
+    summary = json.loads((d / "failing" / "sweep.json").read_text())
+    status = {s["label"]: s["status"] for s in summary["simulations"]}
+    assert status == {"good/arena": "simulated", "good/fcfs": "simulated", "broken/arena": "failed", "broken/fcfs": "failed"}
+    assert summary["incomplete_comparisons"] == ["broken"]
+    assert (d / "failing" / "good" / "compare.json").is_file() and (d / "failing" / "good" / "arena" / "jobs.parquet").is_file()
+    assert not (d / "failing" / "broken" / "compare.json").exists()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_sweep_equals_the_sequential_runs(inputs, tmp_path):
+    """On the embedded Ray (two workers) the sweep writes what compare writes, and a failing trace fails only
+    its own simulations."""
+    d, cluster = inputs
+    r = cli("sweep", "--trace", "philly=philly.csv", "--trace", "venus=venus.csv", "--trace", "broken=broken.csv",
+            "--perf", "perf.parquet", "--cluster", str(cluster), "--policies", ",".join(POLICIES), "--horizon", "400000",
+            "--num-cpus", "2", "--cache-dir", str(tmp_path / "cache"), "-o", "ray", cwd=d, timeout=600)
+    assert r.returncode == 2, r.stderr
+    assert "6 of 18 simulations failed" in r.stderr.strip().splitlines()[-1]
+    assert r.stderr.count("failed: ") == 6
+    for trace in ("philly", "venus"):
+        if not (d / f"cmp-{trace}").is_dir():
+            _compare(d, cluster, trace, f"cmp-{trace}", str(tmp_path / "cache-compare"))
+        for policy in POLICIES:
+            assert _records(d / "ray" / trace / policy) == _records(d / f"cmp-{trace}" / policy), (trace, policy)
+        assert (d / "ray" / trace / "compare.json").is_file()
+    summary = json.loads((d / "ray" / "sweep.json").read_text())
+    assert summary["simulated"] == 12 and summary["failed"] == 6
