@@ -43,6 +43,13 @@ class OverheadConfig:
     full_ap_search_s: float = 493.2
     #: §5.7: "checkpoint-resume (< 5 minutes)"; we take the bound, 300 s, on every rescale or migration.
     checkpoint_resume_s: float = 300.0
+    #: A (model, global batch) is profiled once: later jobs of the pair reuse its profile (Arena's profiler
+    #: never profiles an operator configuration twice, §3.4; every policy's profiling is granted the same).
+    reuse_profiles: bool = True
+    #: An AP search of a (model, global batch) on (GPU type, count) is done once and its plan reused by later
+    #: (re)starts on that configuration, for every policy. Off by default: the paper charges the search on
+    #: every (re)launch (§5.7).
+    reuse_plans: bool = False
 
     def profiling_s(self, kind: ProfilingKind) -> float:
         return {
@@ -57,13 +64,20 @@ class OverheadConfig:
 
     @classmethod
     def from_assignments(cls, assignments: list[str]) -> OverheadConfig:
-        """The defaults with ``NAME=SECONDS`` overrides (``--overhead checkpoint_resume_s=120``)."""
-        names = {f.name for f in fields(cls)}
-        updates = {}
+        """The defaults with ``NAME=VALUE`` overrides (``--overhead checkpoint_resume_s=120``,
+        ``--overhead reuse_plans=true``)."""
+        kinds = {f.name: f.type for f in fields(cls)}
+        updates: dict[str, float | bool] = {}
         for pair in assignments:
             key, sep, value = pair.partition("=")
-            if not sep or key not in names:
-                raise ArenaError(f"--overhead {pair!r}: expected NAME=SECONDS with NAME one of {', '.join(sorted(names))}")
+            if not sep or key not in kinds:
+                raise ArenaError(f"--overhead {pair!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(kinds))}")
+            if kinds[key] in (bool, "bool"):
+                flag = _BOOLEANS.get(str(value).strip().lower())
+                if flag is None:
+                    raise ArenaError(f"--overhead {pair!r}: {value!r} is not true or false")
+                updates[key] = flag
+                continue
             try:
                 updates[key] = float(value)
             except ValueError:
@@ -72,8 +86,13 @@ class OverheadConfig:
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
-            if value < 0:
-                raise ArenaError(f"overhead {name} must be >= 0, got {value}")
+            if isinstance(value, bool):
+                continue
+            if not value >= 0 or value == float("inf"):
+                raise ArenaError(f"overhead {name} must be a finite number >= 0, got {value}")
+
+
+_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
 
 @dataclass(frozen=True)

@@ -82,24 +82,33 @@ class Simulator:
             prio = s.priority if s.priority is not None else _default_priority(s.job_id, num_queues)
             self.jobs.append(Job(idx, s, perf.type_index[s.requested_type], min(max(1, prio), num_queues),
                                  mp.views[policy.view], mp.truth))
+        self._init_state(self.jobs[0].spec.submit_time)
+        self.pending_arrivals = len(self.jobs)
+        self.result = SimulationResult(policy.name, policy.view, self.jobs, list(perf.gpu_types), self.start_time,
+                                       self.start_time, self.cluster.total_gpus)
+        policy.attach(self)
+
+    def _init_state(self, now: float) -> None:
+        """The state of a cluster with no job yet (shared with the live cluster)."""
         self.heap: list[tuple[float, int, int, Event]] = []
         self.seq = 0
-        self.now = self.jobs[0].spec.submit_time
-        self.start_time = self.now
+        self.now = now
+        self.start_time = now
         self.dirty = False
         self.active: dict[int, Job] = {}  # STARTING or RUNNING, by index, in launch order (Job.active_seq)
         self._active_seq = 0
         self.queued_count = 0
-        self.pending_arrivals = len(self.jobs)
+        self.pending_arrivals = 0
         self.done_count = 0
         self.unschedulable_count = 0
         self.all_settled = False
         self.decisions_this_tick = 0
         self.stall = 0
         self._enqueue_seq = 0
-        self.result = SimulationResult(policy.name, policy.view, self.jobs, list(perf.gpu_types), self.start_time,
-                                       self.start_time, self.cluster.total_gpus)
-        policy.attach(self)
+        #: (model, global batch) already profiled, and (model, global batch, type, count index) already
+        #: searched: what later (re)starts reuse (OverheadConfig.reuse_profiles / reuse_plans)
+        self.profiled_pairs: set[tuple[str, int]] = set()
+        self.searched_configs: set[tuple[str, int, int, int]] = set()
 
     # -- event plumbing ----------------------------------------------------------------------------
     def push(self, event: Event) -> None:
@@ -237,13 +246,13 @@ class Simulator:
         alloc = self.cluster.allocation(t, c)
         if alloc is None:
             return False
+        overhead = self.launch_overhead(job, t, c)
         job.alloc = alloc
         job.state = JobState.STARTING
         job.version += 1
-        overhead = self.overheads.ap_search_s(self.policy.ap_search)
-        if not job.profiled:
-            overhead += self.overheads.profiling_s(self.policy.profiling)
-            job.profiled = True
+        job.profiled = True
+        self.profiled_pairs.add((job.spec.model, job.spec.global_batch))
+        self.searched_configs.add((job.spec.model, job.spec.global_batch, t, c))
         if job.first_start is None:
             job.first_start = self.now
         job.overhead_s += overhead
@@ -275,8 +284,9 @@ class Simulator:
                 if blocks is None:
                     self.cluster.occupy(old)
                     return False
-        self._reallocate(job, Allocation(t, c, blocks), "rescale",
-                         self.overheads.checkpoint_resume_s + self.overheads.ap_search_s(self.policy.ap_search))
+        overhead = self.rescale_overhead(job, t, c)
+        self.searched_configs.add((job.spec.model, job.spec.global_batch, t, c))
+        self._reallocate(job, Allocation(t, c, blocks), "rescale", overhead)
         return True
 
     def migrate(self, job: Job, blocks: tuple[tuple[int, int], ...]) -> None:
@@ -303,12 +313,24 @@ class Simulator:
             return float("inf")
         return self.now + overhead + job.remaining_at(self.now) * job.spec.global_batch / thr
 
-    def launch_overhead(self, job: Job) -> float:
-        o = self.overheads.ap_search_s(self.policy.ap_search)
-        return o if job.profiled else o + self.overheads.profiling_s(self.policy.profiling)
+    def search_overhead(self, job: Job, t: int, c: int) -> float:
+        """The AP search a (re)start of the job on 2**c GPUs of type t pays (none where that plan is reused)."""
+        if self.overheads.reuse_plans and (job.spec.model, job.spec.global_batch, t, c) in self.searched_configs:
+            return 0.0
+        return self.overheads.ap_search_s(self.policy.ap_search)
 
-    def rescale_overhead(self) -> float:
-        return self.overheads.checkpoint_resume_s + self.overheads.ap_search_s(self.policy.ap_search)
+    def launch_overhead(self, job: Job, t: int, c: int) -> float:
+        """What launching the job on (t, c) now costs before it trains: its profiling (once per job, or once
+        per (model, batch) where profiles are reused) and the AP search."""
+        o = self.search_overhead(job, t, c)
+        if job.profiled or (self.overheads.reuse_profiles
+                            and (job.spec.model, job.spec.global_batch) in self.profiled_pairs):
+            return o
+        return o + self.overheads.profiling_s(self.policy.profiling)
+
+    def rescale_overhead(self, job: Job, t: int, c: int) -> float:
+        """What moving the running job to (t, c) costs: checkpoint-resume and the AP search."""
+        return self.overheads.checkpoint_resume_s + self.search_overhead(job, t, c)
 
     # -- where the simulated cluster and a live one differ ------------------------------------------
     # The simulator predicts when a (re)started job begins training and when it completes; a live cluster

@@ -38,20 +38,7 @@ class LiveCluster(Simulator):
         self.num_queues = getattr(policy.config, "num_queues", 3)
         self.jobs: list[Job] = []
         self.by_id: dict[str, Job] = {}
-        self.heap = []
-        self.seq = 0
-        self.now = now
-        self.start_time = now
-        self.dirty = False
-        self.active: dict[int, Job] = {}
-        self._active_seq = 0
-        self.queued_count = 0
-        self.pending_arrivals = 0
-        self.done_count = 0
-        self.unschedulable_count = 0
-        self.decisions_this_tick = 0
-        self.stall = 0
-        self._enqueue_seq = 0
+        self._init_state(now)
         self.result = SimulationResult(policy.name, policy.view, self.jobs, list(perf.gpu_types), now, now,
                                        self.cluster.total_gpus)
         #: produced by the actions, drained by the server after each step
@@ -240,6 +227,8 @@ class LiveCluster(Simulator):
         job.reschedules = snap["reschedules"]
         job.overhead_s = snap["overhead_s"]
         job.profiled = snap["profiled"]
+        if job.profiled:  # what a restarted server knows was profiled (finished jobs' pairs are profiled again)
+            self.profiled_pairs.add((spec.model, spec.global_batch))
         job.policy_state.update(snap.get("policy_state") or {})
         self._enqueue_seq = max(self._enqueue_seq, job.enqueue_seq)
         if snap["request"] is not None:
@@ -250,6 +239,7 @@ class LiveCluster(Simulator):
             alloc = Allocation(self.perf.type_index[al["gpu_type"]], al["count_index"],
                                tuple((int(n), int(m)) for n, m in al["blocks"]))
             self.cluster.occupy(alloc)
+            self.searched_configs.add((spec.model, spec.global_batch, alloc.type_index, alloc.count_index))
             job.alloc = alloc
             job.state = state
             if state == JobState.RUNNING:

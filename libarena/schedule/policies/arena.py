@@ -255,8 +255,7 @@ class ArenaPolicy(Policy):
                 out.append(((t2, need), (-gain, job.active_seq, k, t2, c2)))
         return out
 
-    def _best_upgrade(self, free: list[int], failed: set[tuple[int, int, int]],
-                      overhead: float) -> tuple[Job, int, int] | None:
+    def _best_upgrade(self, free: list[int], failed: set[tuple[int, int, int]]) -> tuple[Job, int, int] | None:
         """The scale-up with the largest score among those that fit the free GPUs and have not failed this
         round; ties go to the job first in the in-flight order, then to its first option."""
         if self._upgrades is not None:
@@ -269,7 +268,7 @@ class ArenaPolicy(Policy):
                     if best is not None and entry[:3] >= best[:3]:
                         break  # the rest of the list ranks lower still
                     job, c2 = entry[-1], entry[4]
-                    if (job.index, t2, c2) not in failed and self.objective.upgrade_pays_off(job, t2, c2, overhead):
+                    if (job.index, t2, c2) not in failed and self.objective.upgrade_pays_off(job, t2, c2):
                         best = entry
                         break
             return None if best is None else (best[-1], best[3], best[4])
@@ -283,7 +282,7 @@ class ArenaPolicy(Policy):
                 need = (1 << c2) - (a.num_gpus if t2 == a.type_index else 0)
                 if need > free[t2] or (job.index, t2, c2) in failed:
                     continue
-                score = self.objective.upgrade_score(job, t2, c2, overhead)
+                score = self.objective.upgrade_score(job, t2, c2)
                 if score is not None and (best is None or score > best_score):
                     best, best_score = (job, t2, c2), score
         return best
@@ -291,7 +290,6 @@ class ArenaPolicy(Policy):
     def _scale_up(self) -> None:
         sim = self.sim
         pools = sim.pools
-        overhead = sim.rescale_overhead()
         failed: set[tuple[int, int, int]] = set()
         ops = 0
         self._depth_exhausted = False
@@ -299,7 +297,7 @@ class ArenaPolicy(Policy):
             free = [p.free_total for p in pools]
             if not any(free):
                 return
-            best = self._best_upgrade(free, failed, overhead)
+            best = self._best_upgrade(free, failed)
             if best is None:
                 return
             job, t2, c2 = best

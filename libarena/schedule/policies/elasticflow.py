@@ -70,9 +70,9 @@ class ElasticFlowPolicy(Policy):
         deadline = self._deadline(job)
         for c in self._counts(job):
             if cur is None:
-                o = sim.launch_overhead(job)
+                o = sim.launch_overhead(job, t, c)
             else:
-                o = 0.0 if c == cur else sim.rescale_overhead()
+                o = 0.0 if c == cur else sim.rescale_overhead(job, t, c)
             if sim.estimated_finish(job, t, c, o) <= deadline:
                 return c
         return None
@@ -151,7 +151,6 @@ class ElasticFlowPolicy(Policy):
                 by_job[job.index] = job
                 total += 1 << c
         # greedy scale-up with what is left
-        overhead = sim.rescale_overhead()
         while True:
             best, best_gain = None, 0.0
             for idx, c in target.items():
@@ -161,7 +160,8 @@ class ElasticFlowPolicy(Policy):
                     continue
                 if not job.view_thr[t, c2] > job.view_thr[t, c]:
                     continue
-                if job.active and sim.estimated_finish(job, t, c2, overhead) >= sim.estimated_finish(job, t, c, 0.0):
+                if job.active and (sim.estimated_finish(job, t, c2, sim.rescale_overhead(job, t, c2))
+                                   >= sim.estimated_finish(job, t, c, 0.0)):
                     continue
                 gain = (job.view_thr[t, c2] - job.view_thr[t, c]) / (1 << c)
                 if gain > best_gain:

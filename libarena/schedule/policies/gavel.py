@@ -57,7 +57,6 @@ class GavelPolicy(Policy):
         sim = self.sim
         capacity = np.array([p.capacity for p in sim.pools], dtype=np.int64)
         groups, must, jobs = [], [], []
-        overhead = sim.rescale_overhead()
         for job in sim.active.values():
             a = job.alloc
             t0, c0 = a.type_index, a.count_index
@@ -66,7 +65,8 @@ class GavelPolicy(Policy):
                 for t, c in enumerate(self._counts(job)):
                     if c is None or t == t0:
                         continue
-                    if sim.estimated_finish(job, t, c, overhead) < sim.estimated_finish(job, t0, c0, 0.0):
+                    if (sim.estimated_finish(job, t, c, sim.rescale_overhead(job, t, c))
+                            < sim.estimated_finish(job, t0, c0, 0.0)):
                         options.append((t, 1 << c, job.view_thr[t, c] / self._norm(job)))
             if not options:
                 capacity[t0] -= a.num_gpus  # fixed where it is

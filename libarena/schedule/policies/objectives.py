@@ -62,18 +62,19 @@ class ThroughputObjective:
         extra = (1 << c2) - (1 << c) if t2 == t else (1 << c2)
         return (v_new - v_old) / max(1, extra)
 
-    def upgrade_pays_off(self, job: Job, t2: int, c2: int, overhead: float) -> bool:
+    def upgrade_pays_off(self, job: Job, t2: int, c2: int) -> bool:
         """Whether the job, moved to (t2, c2) now, finishes earlier despite the rescale overhead."""
+        overhead = self.sim.rescale_overhead(job, t2, c2)
         a = job.alloc
         v_old, v_new = job.view_thr[a.type_index, a.count_index], job.view_thr[t2, c2]
         rem = job.remaining_at(self.sim.now) * job.spec.global_batch
         return bool(overhead + rem / v_new < rem / v_old)
 
-    def upgrade_score(self, job: Job, t2: int, c2: int, overhead: float) -> float | None:
+    def upgrade_score(self, job: Job, t2: int, c2: int) -> float | None:
         """Throughput gained per newly occupied GPU; None unless the job also finishes earlier despite the
         rescale overhead."""
         gain = self.upgrade_gain(job, t2, c2)
-        if gain is None or not self.upgrade_pays_off(job, t2, c2, overhead):
+        if gain is None or not self.upgrade_pays_off(job, t2, c2):
             return None
         return gain
 
@@ -89,13 +90,11 @@ class DeadlineObjective(ThroughputObjective):
         return d is None or self.sim.estimated_finish(job, t, c, overhead) <= d
 
     def admissible(self, job: Job, configs: list[tuple[int, int]]) -> bool:
-        o = self.sim.launch_overhead(job)
-        return any(self._meets(job, t, c, o) for t, c in configs)
+        return any(self._meets(job, t, c, self.sim.launch_overhead(job, t, c)) for t, c in configs)
 
     def launch_order(self, job: Job, configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        o = self.sim.launch_overhead(job)
         v = job.view_thr
-        ok = [tc for tc in configs if self._meets(job, tc[0], tc[1], o)]
+        ok = [tc for tc in configs if self._meets(job, tc[0], tc[1], self.sim.launch_overhead(job, *tc))]
         return sorted(ok, key=lambda tc: (tc[1], -v[tc], tc))
 
     def victim_score(self, job: Job) -> float | None:
@@ -103,7 +102,8 @@ class DeadlineObjective(ThroughputObjective):
         if score is None:
             return None
         a = job.alloc
-        if not self._meets(job, a.type_index, a.count_index - 1, self.sim.rescale_overhead()):
+        t, c = a.type_index, a.count_index - 1
+        if not self._meets(job, t, c, self.sim.rescale_overhead(job, t, c)):
             return None
         return score
 
@@ -133,12 +133,13 @@ class FairnessObjective(ThroughputObjective):
         a = job.alloc
         if a.count_index == 0 or not job.view_thr[a.type_index, a.count_index - 1] > 0:
             return None
-        return self.rho(job, a.type_index, a.count_index - 1, self.sim.rescale_overhead())
+        t, c = a.type_index, a.count_index - 1
+        return self.rho(job, t, c, self.sim.rescale_overhead(job, t, c))
 
-    def upgrade_score(self, job: Job, t2: int, c2: int, overhead: float) -> float | None:
+    def upgrade_score(self, job: Job, t2: int, c2: int) -> float | None:
         a = job.alloc
         before = self.rho(job, a.type_index, a.count_index)
-        after = self.rho(job, t2, c2, overhead)
+        after = self.rho(job, t2, c2, self.sim.rescale_overhead(job, t2, c2))
         if not after < before:
             return None
         return before  # help the job furthest behind first

@@ -64,7 +64,6 @@ class SiaPolicy(Policy):
         if not self.queue and sim.cluster.free_gpus == 0:
             return  # nothing to admit and no GPU to grow into: a solve could only shrink or swap, never gain
         capacity = np.array([p.capacity for p in sim.pools], dtype=np.int64)
-        overhead = sim.rescale_overhead()
         groups, must, jobs, configs = [], [], [], []
         for job in sim.active.values():
             a = job.alloc
@@ -74,13 +73,13 @@ class SiaPolicy(Policy):
                 continue
             self._configs(job)
             remaining_s = job.remaining_at(sim.now) * job.spec.global_batch / job.view_thr[t0, c0]
-            discount = max(0.0, 1.0 - overhead / max(remaining_s, 1e-9))
             v = job.view_thr
             cand = [(t0, c0)] + [(t, c) for t, c in self._configs(job)
                                  if (t == t0 and c == c0 + 1) or (t == t0 and c == c0 - 1 and self.queue)
                                  or (t != t0 and c == c0 and v[t, c] > v[t0, c0])]
             opts = [(t0, 1 << c0, self._utility(job, t0, c0))]
-            opts += [(t, 1 << c, self._utility(job, t, c) * discount) for t, c in cand[1:]]
+            opts += [(t, 1 << c, self._utility(job, t, c) * _restart_discount(sim.rescale_overhead(job, t, c), remaining_s))
+                     for t, c in cand[1:]]
             groups.append(opts)
             must.append(True)
             jobs.append(job)
@@ -108,3 +107,8 @@ class SiaPolicy(Policy):
                 launched.add(job.index)
         if launched:
             self.queue = [j for j in self.queue if j.index not in launched]
+
+
+def _restart_discount(overhead_s: float, remaining_s: float) -> float:
+    """Sia's restart factor: the share of the job's remaining time that a config change does not lose."""
+    return max(0.0, 1.0 - overhead_s / max(remaining_s, 1e-9))
