@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from libarena.checks import check_range
 from libarena.artifacts import Provenance, input_ref, write_table
 from libarena.artifacts.registry import get_kind
 from libarena.artifacts.stage_cache import StageOutcome, library_versions
@@ -55,6 +56,7 @@ class PerfBuildConfig:
             raise ArenaError(f"unknown perf build mode {self.mode!r} (known: {', '.join(MODES)})")
         if self.granularity not in GRANULARITIES:
             raise ArenaError(f"unknown granularity {self.granularity!r} (known: {', '.join(GRANULARITIES)})")
+        check_range(self.num_clusters, "num_clusters", 1, 4096, integer=True)
 
 
 def mode_for(model: str, mode: str) -> str:

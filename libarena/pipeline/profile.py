@@ -9,6 +9,7 @@ from typing import Any
 
 from libarena.artifacts import Provenance, input_ref, read_table
 from libarena.artifacts.stage_cache import StageOutcome, cache_input, library_versions
+from libarena.checks import MAX_REPEATS, check_range
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
 from libarena.progress import Report, SilentReport
@@ -24,8 +25,7 @@ class MeasureSettings:
     repeats: int = 3
 
     def __post_init__(self) -> None:
-        if self.repeats < 1:
-            raise ArenaError(f"--measure-repeats must be at least 1, got {self.repeats}")
+        check_range(self.repeats, "--measure-repeats", 1, MAX_REPEATS, integer=True)
 
 
 def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, ops: Path | None = None,

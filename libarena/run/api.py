@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from libarena.checks import MAX_BATCH, MAX_SEED, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
 from libarena.run.cluster import JobSpec, LocalClusterConfig
@@ -15,6 +17,8 @@ from libarena.run.plan import RunPlan
 from libarena.run.search import SearchConfig, SearchSpace
 
 SELECTIONS = ("proxy", "pruned", "full")
+#: Training steps of one arena-run at most (a billion).
+MAX_STEPS = 10**9
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,23 @@ class RunRequest:
     dtype: str = "fp32"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "global_batch": Range("--global-batch", 1, MAX_BATCH, integer=True),
+            "steps": Range("--steps", 1, MAX_STEPS, integer=True),
+            "num_hosts": Range("--hosts", 0, 4096, integer=True),
+            "checkpoint_every": Range("--checkpoint-every", 0, MAX_STEPS, integer=True),
+            "seed": Range("--seed", 0, MAX_SEED, integer=True),
+            "data_seed": Range("--data-seed", 0, MAX_SEED, integer=True),
+        })
+        if self.selection not in SELECTIONS:
+            raise ArenaError(f"unknown selection {self.selection!r} (one of {', '.join(SELECTIONS)})")
+        # only the checkpoint directory itself is created: a mistyped parent is an error, not a new tree
+        checkpoint_dir = Path(self.checkpoint_dir)
+        if not checkpoint_dir.exists() and not checkpoint_dir.absolute().parent.is_dir():
+            raise ArenaError(f"--checkpoint-dir {self.checkpoint_dir}: directory {checkpoint_dir.absolute().parent} "
+                             f"does not exist (only the checkpoint directory itself is created)")
+
 
 def ensure_host_devices(count: int) -> list[Any]:
     """This process's JAX devices, presenting ``count`` host CPU devices when JAX is not started yet and
@@ -116,12 +137,6 @@ def ensure_host_devices(count: int) -> list[Any]:
 def _prepare(request: RunRequest) -> tuple[Any, Any, GridSpec | None]:
     from libarena.models import get_model
 
-    if request.selection not in SELECTIONS:
-        raise ArenaError(f"unknown selection {request.selection!r} (one of {', '.join(SELECTIONS)})")
-    if request.steps < 1:
-        raise ArenaError(f"--steps must be at least 1, got {request.steps}")
-    if request.global_batch < 1:
-        raise ArenaError(f"--global-batch must be at least 1, got {request.global_batch}")
     model = get_model(request.model)
     planset = load_plans(request.plans_path, request.model, request.global_batch)
     return model, planset, request.grid

@@ -94,10 +94,14 @@ class CheckpointStore:
             if not create and not self.directory.exists():
                 return None
             only_me = _this_process_only()
-            if create and only_me.active_processes:  # orbax leaves creating the root to us in this mode
-                self.directory.mkdir(parents=True, exist_ok=True)
+            if create:  # only the checkpoint directory itself: a missing parent is an error, not a new tree
+                try:
+                    self.directory.mkdir(exist_ok=True)
+                except FileNotFoundError:
+                    raise ArenaError(f"cannot create the checkpoint directory {self.directory}: "
+                                     f"{self.directory.parent} does not exist") from None
             options = ocp.CheckpointManagerOptions(max_to_keep=self.max_to_keep, enable_async_checkpointing=False,
-                                                   create=create and not only_me.active_processes, multiprocessing_options=only_me)
+                                                   create=False, multiprocessing_options=only_me)
             self._manager = ocp.CheckpointManager(self.directory, options=options)
         else:
             # Another process (a restarted actor) may have saved since: re-read the step list.

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from libarena.checks import Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
 from libarena.run.plan import RunPlan
@@ -42,6 +43,10 @@ class LocalClusterConfig:
     #: Devices the local host presents as GPUs of ``gpu_type`` (host CPU devices on a machine without GPUs).
     num_devices: int = 8
     gpu_type: str = "a100"
+
+    def __post_init__(self) -> None:
+        check_fields(self, {"num_cpus": Range("num_cpus", 1, 4096, integer=True),
+                            "num_devices": Range("--devices", 1, 4096, integer=True)})
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from libarena.checks import MAX_TICK_S, MIN_TICK_S, Range, check_fields, check_range
 from libarena.errors import ArenaError
 from libarena.hardware import load_cluster
 from libarena.schedule.config import OverheadConfig, SimulatorConfig
 from libarena.schedule.entities import JobSpec
 from libarena.schedule.live import store as st
-from libarena.schedule.live.clock import VirtualClock
+from libarena.schedule.live.clock import MAX_COMPRESSION, VirtualClock
 from libarena.schedule.live.cluster import LiveCluster
 from libarena.schedule.live.jobfile import JobSubmission
 from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, get_launcher
@@ -52,11 +53,14 @@ class ServeConfig:
     launcher_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.tick_s > 0:
-            raise ArenaError(f"--tick must be > 0 seconds, got {self.tick_s}")
-        if not self.poll_s > 0:
-            raise ArenaError(f"poll interval must be > 0 seconds, got {self.poll_s}")
-        VirtualClock(0.0, self.compression)
+        check_fields(self, {
+            "tick_s": Range("--tick", MIN_TICK_S, MAX_TICK_S),
+            "compression": Range("--time-compression", 0, MAX_COMPRESSION, lo_open=True),
+            "poll_s": Range("--poll", 0.001, 60),
+        })
+        every = self.launcher_options.get("checkpoint_every")
+        if every is not None:
+            check_range(every, "--checkpoint-every", 1, 10**9, integer=True)
 
     def settings(self) -> dict[str, Any]:
         """What must not change across restarts of the same state database."""
