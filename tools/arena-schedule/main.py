@@ -40,10 +40,20 @@ ClusterOpt = typer.Option(..., "--cluster", help="cluster spec (YAML/TOML)")
 PolicyOpt = typer.Option("arena", "--policy", help=", ".join(policy_names()))
 
 
-def _sim_config(tick: float, horizon: Optional[float], seed: int, overhead: list[str]):
+def _sim_config(tick: float, horizon: Optional[float], seed: int, overhead: list[str], max_ticks: int):
     from libarena.schedule.config import OverheadConfig, SimulatorConfig
 
-    return SimulatorConfig(tick_s=tick, horizon_s=horizon, seed=seed, overheads=OverheadConfig.from_assignments(overhead))
+    return SimulatorConfig(tick_s=tick, horizon_s=horizon, seed=seed, overheads=OverheadConfig.from_assignments(overhead),
+                           max_ticks=max_ticks)
+
+
+def _max_ticks_option():
+    from libarena.schedule.config import MAX_TICKS
+
+    return typer.Option(MAX_TICKS, "--max-ticks", help="refuse or stop a simulation that needs more scheduling ticks")
+
+
+MaxTicksOpt = _max_ticks_option()
 
 
 @app.command()
@@ -63,8 +73,9 @@ def simulate(
     search_depth: Optional[int] = typer.Option(None, "--search-depth", help="arena: search depth D (3)"),
     promotion_time: Optional[float] = typer.Option(None, "--promotion-time", help="arena: seconds before promotion"),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus-per-job", help="largest GPU count per job (16)"),
-    tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds"),
+    tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds (1 to 86400)"),
     horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
+    max_ticks: int = MaxTicksOpt,
     seed: int = typer.Option(0, "--seed", help="seed for trace adaptation"),
     overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS (repeatable)"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip bad trace rows, with a count"),
@@ -79,7 +90,7 @@ def simulate(
     from libarena.pipeline.schedule import simulate as run_simulate
     from libarena.schedule.api import make_policy
 
-    cfg = _sim_config(tick, horizon, seed, overhead)
+    cfg = _sim_config(tick, horizon, seed, overhead, max_ticks)
     pol = make_policy(policy, view=view, objective=objective, hetero=False if no_hetero else None,
                       elastic=False if no_elastic else None, pruning=False if no_pruning else None,
                       profiler=False if no_profiler else None, num_queues=queues, search_depth=search_depth,
@@ -101,8 +112,9 @@ def compare(
     perf: Path = PerfOpt,
     cluster: Path = ClusterOpt,
     output: Path = typer.Option(..., "-o", "--output", help="output directory (one sub-directory per policy)"),
-    tick: float = typer.Option(300.0, "--tick"),
-    horizon: Optional[float] = typer.Option(None, "--horizon"),
+    tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds (1 to 86400)"),
+    horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
+    max_ticks: int = MaxTicksOpt,
     seed: int = typer.Option(0, "--seed"),
     overhead: list[str] = typer.Option([], "--overhead"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
@@ -121,7 +133,7 @@ def compare(
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names or len(set(names)) != len(names):
         raise ArenaError(f"--policies {policies!r}: give distinct policy names separated by commas")
-    cfg = _sim_config(tick, horizon, seed, overhead)
+    cfg = _sim_config(tick, horizon, seed, overhead, max_ticks)
     pols = {name: make_policy(name) for name in names}
     with Reporter(quiet=quiet) as reporter:
         outcome, metrics = run_compare(trace, perf, cluster, pols, cfg, output, skip_bad_rows=skip_bad_rows, plot=plot,

@@ -194,8 +194,11 @@ class Server:
                 if path is not None:
                     try:
                         from libarena.artifacts import read_table
+                        from libarena.artifacts.kinds.perf_table import check_perf_table
 
-                        table = read_table(path, "perf_table").table
+                        art = read_table(path, "perf_table")
+                        check_perf_table(art.table, art.source)
+                        table = art.table
                         self.perf.extend(table)
                         if not self.perf.has(model, batch):
                             raise ArenaError(f"{path}: has no rows for {model} (batch {batch})")
