@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from libarena.checks import MAX_BATCH, Range, check_fields
 from libarena.artifacts import Provenance, read_table, write_table
+from libarena.artifacts.io import check_writable  # noqa: F401 - part of this package's API
 from libarena.artifacts.registry import get_kind
 from libarena.errors import ArenaError
 
@@ -111,22 +112,6 @@ def read_operator_table(path: str | os.PathLike[str]) -> OperatorTable:
     check_columns(artifact.table, artifact.source, non_null=("op_index", "name", "opcode", "phase", "shape"),
                   non_negative=("flops", "transcendentals", "bytes_read", "bytes_written", "param_bytes"))
     return OperatorTable(artifact.table, meta, artifact.provenance, artifact.source)
-
-
-def check_writable(path: str | os.PathLike[str]) -> None:
-    """Fail early (before minutes of analysis) when ``path`` cannot be written; ``-`` is stdout."""
-    if str(path) == "-":
-        return
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise ArenaError(f"cannot write {target}: it is a directory")
-    if not parent.is_dir():
-        raise ArenaError(f"cannot write {target}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ArenaError(f"cannot write {target}: directory {parent} is not writable")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise ArenaError(f"cannot write {target}: permission denied")
 
 
 # --------------------------------------------------------------------------------------------------

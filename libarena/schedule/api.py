@@ -137,6 +137,19 @@ def run_policy(workload: Workload, policy: Policy, config: SimulatorConfig | Non
     return sim.run()
 
 
+#: The files a run (simulate) and a comparison (compare) write into their output directory, besides figures
+#: (*.png); an existing output directory holding anything else is not replaced (libarena.artifacts.atomic_directory).
+RUN_FILES = ("jobs.parquet", "timeseries.parquet", "decisions.msgpack", "metrics.json")
+COMPARE_FILES = ("compare.json", "table.txt")
+
+
+def is_output_file(relative: str) -> bool:
+    """Whether a file under a simulate/compare output directory is one they write (figures, and the temp files of
+    a killed run, included)."""
+    name = Path(relative).name
+    return name in RUN_FILES or name in COMPARE_FILES or name.endswith((".png", ".tmp"))
+
+
 def write_run(out_dir: str | os.PathLike[str], res: SimulationResult, workload: Workload, config: SimulatorConfig,
               parameters: dict[str, Any], inputs: list[dict[str, Any]], plot: bool = False) -> dict:
     """Write jobs.parquet, timeseries.parquet, decisions.msgpack, metrics.json (and PNGs) into out_dir."""
@@ -144,7 +157,7 @@ def write_run(out_dir: str | os.PathLike[str], res: SimulationResult, workload: 
     from libarena.schedule.metrics import job_records, json_safe, summarize, timeseries
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)  # its parent is the output being built
     records = job_records(res)
     metrics = summarize(res, records)
     metrics["skipped_rows"] = len(workload.skipped)

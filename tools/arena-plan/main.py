@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from libarena.artifacts import write_bytes
+from libarena.artifacts import refuse_overwriting_inputs, write_bytes
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
     print_json, refuse_json_with_stdout_data, run_app,
@@ -144,6 +144,7 @@ def export(
     if fmt not in EXPORT_FORMATS:
         raise ArenaError(f"unknown export format {fmt!r} (known: {', '.join(EXPORT_FORMATS)})")
     refuse_json_with_stdout_data(as_json, output)
+    refuse_overwriting_inputs(output, {"plans": plans})
     reporter = Reporter(quiet=quiet, prefix="arena-plan: ")
     planset = read_plans(plans)
     canonical = get_gpu(gpu_type).name if gpu_type else None

@@ -49,7 +49,8 @@ def run(
     report: Optional[Path] = typer.Option(None, "--report", help="also write the run report (JSON) here"),
     quiet: bool = QUIET_OPTION,
 ) -> None:
-    from libarena.artifacts import write_json
+    from libarena.artifacts import refuse_overwriting_inputs, write_json
+    from libarena.artifacts.io import check_writable
     from libarena.models.training import OptimizerConfig
     from libarena.run.api import RunRequest, parse_grid, run as run_job
     from libarena.run.cluster import LocalClusterConfig
@@ -65,6 +66,9 @@ def run(
         raise ArenaError("--devices and --search-steps must be at least 1, --checkpoint-every and --search-max non-negative")
     if not plan.is_file():
         raise ArenaError(f"plans file {plan} does not exist")
+    if report is not None:  # checked before training, not after it
+        refuse_overwriting_inputs(report, {"--plan": plan})
+        check_writable(report)
     request = RunRequest(
         plans_path=str(plan), model=model, global_batch=global_batch, steps=steps, checkpoint_dir=str(checkpoint_dir),
         grid=parse_grid(grid) if grid else None, plan_id=plan_id, selection=search or "proxy",
