@@ -79,10 +79,25 @@ def run(
     result = run_job(request)
     if report is not None:
         write_json(report, result)
+    _notices(result, quiet)
     if json_out:
         print(json.dumps(result, default=str))
     else:
         _summary(result, quiet)
+
+
+def _notices(result: dict, quiet: bool) -> None:
+    """What the user must hear about the checkpoints on stderr (also with --json; warnings also with --quiet)."""
+    from libarena.run.api import skipped_checkpoints
+
+    for entry in skipped_checkpoints(result):
+        stderr_console.print(f"warning: skipped checkpoint {entry['path']}: {entry['why']}", markup=False, soft_wrap=True)
+    resumed, steps = result.get("resumed_from"), result.get("steps")
+    if resumed is not None and steps is not None and resumed >= steps:
+        stderr_console.print(f"nothing to train: the checkpoint is already at step {resumed} (--steps {steps})",
+                             markup=False, soft_wrap=True)
+    elif resumed is not None and not quiet:
+        stderr_console.print(f"resumed from step {resumed}", markup=False, soft_wrap=True)
 
 
 def _summary(result: dict, quiet: bool = False) -> None:
