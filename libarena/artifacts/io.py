@@ -444,7 +444,7 @@ def _arena_header(schema_metadata: Mapping[bytes, bytes] | None, source: str) ->
         if not _valid_header(header):
             raise ValueError
         return header
-    except ValueError:
+    except (ValueError, RecursionError):  # a hostile header may nest too deeply for the JSON parser
         raise ArenaError(f"{source}: corrupt Arena metadata") from None
 
 

@@ -202,7 +202,7 @@ class StageCache:
                     problem = f"{name} does not match its checksum"
                     break
                 files[name] = path
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             problem = f"unreadable manifest ({exc})"
         if problem is None:
             return files

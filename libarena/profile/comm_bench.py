@@ -123,6 +123,9 @@ def benchmark(config: CommBenchConfig, gpu_type: str) -> list[dict[str, Any]]:
     from jax.sharding import Mesh
 
     devices = jax.devices()
+    if config.platform == "gpu" and devices[0].platform != "gpu":
+        raise ArenaError(f"--device gpu: JAX finds no GPU on this machine (only {devices[0].platform} devices); "
+                         f"use --device cpu")
     if len(devices) < config.num_devices:
         raise ArenaError(f"{config.num_devices} devices requested, {len(devices)} available")
     rows = []
@@ -173,7 +176,11 @@ def _main(request_path: str, result_path: str) -> None:
     raw["primitives"] = tuple(raw["primitives"])
     config = CommBenchConfig(**raw)
     local = resolve_device("local")
-    rows = benchmark(config, local.gpu_type)
+    try:
+        rows = benchmark(config, local.gpu_type)
+    except ArenaError as exc:  # one line for the parent's message (run_module_with_devices keeps the last line)
+        print(exc.message, file=sys.stderr)
+        raise SystemExit(2) from None
     hardware = {"device_kind": local.kind, "platform": local.platform, "num_devices": config.num_devices, "interconnect": "in-process" if local.platform == "cpu" else "local"}
     write_json(result_path, {"rows": rows, "hardware": hardware})
 

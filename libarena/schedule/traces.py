@@ -31,9 +31,9 @@ so a job's adaptation does not depend on row order:
 from __future__ import annotations
 
 import csv
-import math
 import os
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,17 +140,32 @@ def _pow2_at_least(n: int) -> int:
     return 1 << count_index_at_least(n)
 
 
-def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = None, seed: int = 0,
-               rate: RateFn | None = None, skip_bad_rows: bool = False) -> Trace:
-    """Read and validate a trace; bad rows raise ArenaError naming file, row and column (or are skipped)."""
-    p = Path(path)
-    source = str(p)
-    if not p.is_file():
-        raise ArenaError(f"{source}: no such trace file")
+def read_trace_text(path: str | os.PathLike[str]) -> str:
+    """The text of a trace file, or of stdin when ``path`` is ``-``."""
+    if str(path) == "-":
+        data = sys.stdin.buffer.read()
+        if not data:
+            raise ArenaError("stdin is empty: expected a trace CSV")
+        source = "stdin"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ArenaError(f"{p}: no such trace file")
+        data = p.read_bytes()
+        source = str(p)
     try:
-        text = p.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ArenaError(f"{source}: not a UTF-8 text CSV") from None
+
+
+def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = None, seed: int = 0,
+               rate: RateFn | None = None, skip_bad_rows: bool = False, text: str | None = None) -> Trace:
+    """Read and validate a trace (``-``: from stdin; ``text``: its text, already read); bad rows raise ArenaError
+    naming file, row and column (or are skipped)."""
+    source = "stdin" if str(path) == "-" else str(path)
+    if text is None:
+        text = read_trace_text(path)
     reader = csv.DictReader(text.splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
     if not header:

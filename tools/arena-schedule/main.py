@@ -34,7 +34,7 @@ perf_app = typer.Typer(add_completion=False, help="Performance tables for a trac
 app.add_typer(trace_app, name="trace")
 app.add_typer(perf_app, name="perf")
 
-TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow or raw ITP format)")
+TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow or raw ITP format; '-' = stdin)")
 PerfOpt = typer.Option(..., "--perf", help="performance table (perf_table artifact, or CSV/Parquet in its schema)")
 ClusterOpt = typer.Option(..., "--cluster", help="cluster spec (YAML/TOML)")
 PolicyOpt = typer.Option("arena", "--policy", help=", ".join(policy_names()))
@@ -160,7 +160,7 @@ def list_policies() -> None:
 
 @trace_app.command("stats")
 def trace_stats_cmd(
-    file: Path = typer.Argument(..., help="trace CSV"),
+    file: Path = typer.Argument(..., help="trace CSV ('-' = stdin)"),
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="adapt GPU types to this cluster's"),
     seed: int = typer.Option(0, "--seed"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
@@ -181,7 +181,7 @@ def trace_stats_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{file} ({stats['format']}{', adapted' if stats['adapted'] else ''})", show_header=False)
+    table = Table(title=f"{'stdin' if str(file) == '-' else file} ({stats['format']}{', adapted' if stats['adapted'] else ''})", show_header=False)
     for key in ("jobs", "skipped_rows", "span_days", "arrivals_per_hour", "jobs_with_deadline", "median_deadline_slack_s"):
         v = stats[key]
         table.add_row(key, f"{v:.2f}" if isinstance(v, float) else str(v))
