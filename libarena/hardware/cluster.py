@@ -106,9 +106,10 @@ def cluster_from_dict(data: Any, source: str = "cluster spec") -> ClusterSpec:
     total = 0
     for i, raw in enumerate(groups_raw):
         where = f"{source}: node_groups[{i}]"
+        if isinstance(raw, dict):
+            check_keys(raw, GROUP_KEYS, where)
         if not isinstance(raw, dict) or "gpu_type" not in raw:
             raise ArenaError(f"{where}: expected a mapping with 'gpu_type' and 'nodes'")
-        check_keys(raw, GROUP_KEYS, where)
         if not isinstance(raw["gpu_type"], str):
             raise ArenaError(f"{where}: gpu_type: expected a GPU type name, got {brief(raw['gpu_type'])}")
         try:

@@ -104,3 +104,46 @@ def pytest_terminal_summary(terminalreporter):
         parts = [f"{tool}: " + ", ".join(f"exit {code}: {n}" for (t, code), n in sorted(OUTCOMES.items()) if t == tool)
                  for tool in tools]
         terminalreporter.write_line("fuzz cases by outcome: " + "; ".join(parts))
+    _hostile_summary(terminalreporter)
+
+
+def _report_dir(config) -> Path:
+    return Path(str(config.rootpath)) / ".pytest_cache" / "arena-hostile"
+
+
+def pytest_sessionfinish(session):
+    """Every process (each xdist worker) leaves its hostile-input statistics for the controller's summary."""
+    from tests.fuzz.limits import write_report
+
+    directory = _report_dir(session.config)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_report(directory)
+
+
+def _hostile_summary(terminalreporter) -> None:
+    """Per category of hostile input: cases, clean errors, worst wall time and peak memory (every process's)."""
+    import json
+
+    from tests.fuzz.limits import STATS, summary_lines, write_report
+
+    directory = _report_dir(terminalreporter.config)
+    if STATS:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_report(directory)
+    merged: dict[str, dict] = {}
+    for path in sorted(directory.glob("hostile-*.json")) if directory.is_dir() else []:
+        report = json.loads(path.read_text())
+        path.unlink()  # read once: the next session starts from nothing
+        for name, s in report.items():
+            m = merged.setdefault(name, {**s, "cases": 0, "clean_errors": 0, "successes": 0, "quiet_pipe_ends": 0,
+                                         "worst_wall_s": 0.0, "worst_rss_mib": 0.0})
+            for key in ("cases", "clean_errors", "successes", "quiet_pipe_ends"):
+                m[key] += s[key]
+            for key, case in (("worst_wall_s", "worst_wall_case"), ("worst_rss_mib", "worst_rss_case")):
+                if s[key] >= m[key]:
+                    m[key], m[case] = s[key], s[case]
+    if merged:
+        terminalreporter.write_line("hostile input by category (measured on this machine; a shared machine's "
+                                    "times vary):")
+        for line in summary_lines(merged):
+            terminalreporter.write_line("  " + line)

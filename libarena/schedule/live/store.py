@@ -119,8 +119,12 @@ class Store:
             return
         tables = [name for (name,) in self.conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-        legacy = app_id == 0 and "meta" in tables and "jobs" in tables and self.conn.execute(
-            "SELECT 1 FROM meta WHERE key = 'schema_version'").fetchone() is not None
+        legacy = False
+        if app_id == 0 and "meta" in tables and "jobs" in tables:
+            try:
+                legacy = self.conn.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchone() is not None
+            except sqlite3.DatabaseError:  # a "meta" table of someone else's
+                legacy = False
         if app_id != 0 or (tables and not legacy):
             shown = ", ".join(tables[:5]) + (" ..." if len(tables) > 5 else "")
             raise ArenaError(f"{self.path}: not Arena's scheduler state database (application id {app_id:#x}, "
