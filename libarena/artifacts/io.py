@@ -296,10 +296,8 @@ def atomic_directory(path: str | os.PathLike[str], replaceable: Callable[[str], 
     if str(path) == STDIO:
         raise ArenaError("-o -: this command writes a directory of files, which cannot go to stdout; "
                          "give a directory name")
-    target = Path(path)
-    if target.is_symlink():
-        target = Path(os.path.realpath(target))
-    parent = target.parent if str(target.parent) else Path(".")
+    target = Path(os.path.realpath(path))  # links followed, "." and ".." resolved: the directory really written
+    parent = target.parent
     if not parent.is_dir():
         raise ArenaError(f"cannot write {path}/: directory {parent} does not exist (only the output directory "
                          f"itself is created)")
@@ -472,12 +470,17 @@ def _decode_table(data: bytes, source: str) -> pa.Table:
         if data[:4] == _PARQUET_MAGIC:
             # use_threads=False: reading through a Python file object with Arrow's thread pool can abort or
             # hang the interpreter at exit (apache/arrow#34314, #50482); artifacts are small enough for one thread.
-            return pq.read_table(io.BytesIO(data), use_threads=False)
-        if data[:4] == _IPC_STREAM_MAGIC:
-            return ipc.open_stream(io.BytesIO(data)).read_all()
+            table = pq.read_table(io.BytesIO(data), use_threads=False)
+        elif data[:4] == _IPC_STREAM_MAGIC:
+            table = ipc.open_stream(io.BytesIO(data)).read_all()
+        else:
+            raise ArenaError(f"{source}: not a Parquet file or Arrow stream")
+        table.column_names  # noqa: B018 - names are decoded lazily: a damaged one must fail here, not deep inside
     except (pa.ArrowException, OSError) as exc:
         raise ArenaError(f"{source}: unreadable table ({' '.join(str(exc).split())[:200]})") from None
-    raise ArenaError(f"{source}: not a Parquet file or Arrow stream")
+    except UnicodeDecodeError:
+        raise ArenaError(f"{source}: unreadable table (a column name is not UTF-8 text)") from None
+    return table
 
 
 def _read_csv(data: bytes, source: str) -> pa.Table:
