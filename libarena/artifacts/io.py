@@ -117,7 +117,10 @@ def _temp_prefix(name: str) -> str:
     return f".{name}.{os.getpid()}."
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this host); one owned by another user counts as alive."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -127,9 +130,10 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temps(directory: str | os.PathLike[str], name: str | None = None) -> list[Path]:
+def remove_stale_temps(directory: str | os.PathLike[str], name: str | None = None,
+                       stale_after_s: float = _STALE_TEMP_S) -> list[Path]:
     """Remove the temp files and directories that killed runs left in ``directory`` (for the target ``name``,
-    or for every target): those whose writer's process is gone, and pid-less ones older than an hour.
+    or for every target): those whose writer's process is gone, and pid-less ones older than ``stale_after_s``.
     Returns what was removed; what cannot be removed is left (never an error)."""
     import glob
     import shutil
@@ -141,9 +145,9 @@ def remove_stale_temps(directory: str | os.PathLike[str], name: str | None = Non
         parts = path.name[: -len(".tmp")].rsplit(".", 2)  # [".<target>", pid, random] for Arena's own names
         try:
             if len(parts) == 3 and parts[1].isdigit():
-                stale = not _pid_alive(int(parts[1]))
+                stale = not pid_alive(int(parts[1]))
             else:
-                stale = now - path.lstat().st_mtime > _STALE_TEMP_S
+                stale = now - path.lstat().st_mtime > stale_after_s
             if stale:
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
                 removed.append(path)
