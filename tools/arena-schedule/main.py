@@ -279,11 +279,10 @@ def submit(
 ) -> None:
     """Submit a job to the live scheduler (through its database; the server picks it up)."""
     from libarena.schedule.live.jobfile import load_job_file
-    from libarena.schedule.live.store import Store
+    from libarena.schedule.live.store import Store, check_not_before
 
     sub = load_job_file(job_file)
-    if at is not None and not at >= 0:
-        raise ArenaError(f"--at must be >= 0 scheduler seconds, got {at}")
+    check_not_before(at)  # before the state database is created
     store = Store(state, create=True)  # a job may be submitted before the server first starts
     try:
         print(store.submit(sub, not_before=at))

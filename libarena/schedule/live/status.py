@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libarena.checks import check_range
 from libarena.schedule.live import store as st
 from libarena.schedule.live.clock import VirtualClock
 from libarena.schedule.live.store import Store
@@ -109,6 +110,7 @@ def render(doc: dict[str, Any]):
 
 
 def log_lines(store: Store, job_id: str, limit: int | None = None) -> list[str]:
+    check_range(limit, "--tail", 1, 10**9, integer=True, optional=True)
     out = []
     for e in store.log_of(job_id, limit):
         when = time.strftime("%H:%M:%S", time.localtime(e["wall"]))

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from libarena.checks import MAX_SECONDS, check_range
 from libarena.errors import ArenaError
 from libarena.schedule.live.jobfile import JobSubmission
 
@@ -78,6 +79,11 @@ CREATE TABLE IF NOT EXISTS perf_rows (model TEXT NOT NULL, global_batch INTEGER 
 SUBMITTED, PROFILING, ARRIVING, QUEUED, STARTING, RUNNING = "submitted", "profiling", "arriving", "queued", "starting", "running"
 FINISHED, DROPPED, FAILED, REJECTED, UNSCHEDULABLE = "finished", "dropped", "failed", "rejected", "unschedulable"
 TERMINAL = (FINISHED, DROPPED, FAILED, REJECTED, UNSCHEDULABLE)
+
+
+def check_not_before(not_before: float | None) -> None:
+    """``submit --at``: a scheduler time in [0, 100 years] (a job that never arrives would wait forever)."""
+    check_range(not_before, "--at", 0, MAX_SECONDS, optional=True)
 
 
 class Store:
@@ -160,6 +166,7 @@ class Store:
     def submit(self, sub: JobSubmission, not_before: float | None = None) -> str:
         """Insert a submitted job; returns its id. ``not_before``: scheduler time before which it does not
         arrive (trace replay)."""
+        check_not_before(not_before)
         now = time.time()
         with self.transaction() as c:
             if sub.name is not None:
