@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from libarena.checks import MAX_BATCH, Range, check_fields
 from libarena.artifacts import Provenance, read_table, write_table
 from libarena.artifacts.io import check_writable  # noqa: F401 - part of this package's API
 from libarena.artifacts.registry import get_kind
+from libarena.checks import MAX_BATCH, Range, check_fields
 from libarena.errors import ArenaError
 
 KIND = "operator_table"

@@ -24,11 +24,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from libarena.artifacts.io import check_writable, refuse_overwriting_inputs
-from libarena.checks import check_range
 from libarena.artifacts import Provenance, input_ref, write_table
+from libarena.artifacts.io import check_writable, refuse_overwriting_inputs
 from libarena.artifacts.registry import get_kind
 from libarena.artifacts.stage_cache import StageOutcome, library_versions
+from libarena.checks import check_range
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, load_cluster
 from libarena.pipeline.cache import CacheSettings

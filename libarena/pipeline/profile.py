@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from libarena.artifacts import Provenance, input_ref, read_table
-from libarena.artifacts.stage_cache import StageOutcome, cache_input, library_versions
 from libarena.artifacts.io import check_writable, refuse_overwriting_inputs
+from libarena.artifacts.stage_cache import StageOutcome, cache_input, library_versions
 from libarena.checks import MAX_REPEATS, check_range
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
