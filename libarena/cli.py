@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -126,11 +127,19 @@ def run_app(tool: str, app: Callable[..., Any], argv: list[str] | None = None) -
     """Run a typer/click app so that bad input never shows a traceback.
 
     ArenaError and OSError (missing or unwritable files) exit with code 2; any other exception is an
-    internal error, reported in one line with exit code 1 unless ``--debug`` is among the arguments.
+    internal error, reported in one line with exit code 1 unless ``--debug`` is among the arguments. A
+    reader that stops early (``arena-analyze -o - | head -c 10``) ends the run as it ends Unix tools: killed
+    by SIGPIPE, without a word.
     """
     try:
         _run_app(tool, app, argv)
+        if argv is None:
+            sys.stdout.flush()  # what is still buffered meets a closed pipe here
+    except BrokenPipeError:
+        _closed_pipe(argv)
     except SystemExit as exc:
+        if _stdout_closed_by_reader():
+            _closed_pipe(argv)
         if argv is None and isinstance(exc.code, int) and exc.code != 0 and not _ray_running():
             # A failed command has nothing left to do (its outputs were already unwound): leave without
             # interpreter teardown, where a native thread pool still alive at exit can abort the process
@@ -139,6 +148,29 @@ def run_app(tool: str, app: Callable[..., Any], argv: list[str] | None = None) -
             sys.stderr.flush()
             os._exit(exc.code)
         raise
+
+
+def _stdout_closed_by_reader() -> bool:
+    """Whether click met EPIPE on stdout: it swaps stdout for a wrapper that ignores it (click's, or the copy
+    typer vendors; matched by name), and exits 1."""
+    return type(sys.stdout).__name__.lstrip("_") == "PacifyFlushWrapper"
+
+
+#: the exit status of a process killed by SIGPIPE, as shells report it
+SIGPIPE_STATUS = 128 + signal.SIGPIPE
+
+
+def _closed_pipe(argv: list[str] | None) -> None:
+    """End like a Unix tool whose reader went away: killed by SIGPIPE (status 141 in the shell), silently.
+    Work already unwound (temp files removed by their context managers on the way out)."""
+    if argv is not None:  # in-process (tests): no signal to this process
+        raise SystemExit(SIGPIPE_STATUS)
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing more is written to the closed pipe
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    os._exit(SIGPIPE_STATUS)  # not reached: the signal ends the process
 
 
 def _ray_running() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,48 @@ def paper_cluster(repo_root: Path):
     from libarena.hardware import load_cluster
 
     return load_cluster(repo_root / "examples" / "clusters" / "paper-sim-1280.yaml")
+
+
+# --------------------------------------------------------------------------------------------------
+# The hostile-input report (tests/fuzz/test_hostile.py): every process (each xdist worker) leaves its
+# statistics in .pytest_cache/arena-hostile/; the controller merges and prints them. Here, in the root
+# conftest, because the controller of an xdist run loads no other conftest.
+
+
+def _hostile_dir(config) -> Path:
+    return Path(str(config.rootpath)) / ".pytest_cache" / "arena-hostile"
+
+
+def pytest_sessionfinish(session):
+    limits = sys.modules.get("tests.fuzz.limits")
+    if limits is not None and limits.STATS:
+        directory = _hostile_dir(session.config)
+        directory.mkdir(parents=True, exist_ok=True)
+        limits.write_report(directory)
+
+
+def pytest_terminal_summary(terminalreporter):
+    import json
+
+    if hasattr(terminalreporter.config, "workerinput"):  # an xdist worker: its summary is shown nowhere
+        return
+    directory = _hostile_dir(terminalreporter.config)
+    merged: dict[str, dict] = {}
+    for path in sorted(directory.glob("hostile-*.json")) if directory.is_dir() else []:
+        report = json.loads(path.read_text())
+        path.unlink()  # read once: the next session starts from nothing
+        for name, s in report.items():
+            m = merged.setdefault(name, {**s, "cases": 0, "clean_errors": 0, "successes": 0, "quiet_pipe_ends": 0,
+                                         "worst_wall_s": 0.0, "worst_rss_mib": 0.0})
+            for key in ("cases", "clean_errors", "successes", "quiet_pipe_ends"):
+                m[key] += s[key]
+            for key, case in (("worst_wall_s", "worst_wall_case"), ("worst_rss_mib", "worst_rss_case")):
+                if s[key] >= m[key]:
+                    m[key], m[case] = s[key], s[case]
+    if merged:
+        from tests.fuzz.limits import summary_lines
+
+        terminalreporter.write_line("hostile input by category (subprocesses under RLIMIT_AS/RLIMIT_CPU; wall times "
+                                    "and peak RSS measured on this machine, which may be shared):")
+        for line in summary_lines(merged):
+            terminalreporter.write_line("  " + line)

@@ -155,3 +155,17 @@ def test_atomic_output_has_ordinary_permissions(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~mask
+
+
+def test_a_column_name_that_is_not_utf8_is_an_unreadable_table(tmp_path):
+    """Found by the fuzz suite: pyarrow decodes column names lazily, so the damage surfaced deep in a reader."""
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"abcd": [1]}), buf)
+    data = bytearray(buf.getvalue())
+    at = data.find(b"abcd")
+    while at >= 0:
+        data[at + 3] = 0xC2  # an invalid UTF-8 continuation
+        at = data.find(b"abcd", at + 1)
+    (tmp_path / "bad.parquet").write_bytes(bytes(data))
+    with pytest.raises(ArenaError, match="a column name is not UTF-8 text"):
+        read_table(tmp_path / "bad.parquet", "plans")

@@ -59,13 +59,57 @@ def test_paper_cluster_matches_shared_hardware_table(shared_dir, repo_root):
         ({"name": "x"}, "no nodes"),
         ({"node_groups": []}, "no nodes"),
         ({"node_groups": [{"gpu_type": "zz", "nodes": 1}]}, "unknown GPU type"),
-        ({"node_groups": [{"gpu_type": "a10", "nodes": 0}]}, "positive integer"),
+        ({"node_groups": [{"gpu_type": "a10", "nodes": 0}]}, r"nodes: 0 is out of range \(expected an integer in \[1, "),
+        ({"node_groups": [{"gpu_type": "a10", "nodes": 2.5}]}, "nodes: 2.5 is not an integer"),
+        ({"node_groups": [{"gpu_type": "a10", "nodes": 1, "gpus_per_node": 4096}]}, "gpus_per_node: 4096 is out of range"),
+        ({"node_groups": [{"gpu_type": "a10", "nodes": 2**20, "gpus_per_node": 8}]}, "more than 1048576 GPUs"),
+        ({"node_groups": [{"gpu_type": "a10", "nodes": 2, "gpus_per_nodes": 4}]},
+         "unknown key 'gpus_per_nodes' \\(did you mean 'gpus_per_node'\\?\\)"),
+        ({"node_group": [{"gpu_type": "a10", "nodes": 2}]}, "unknown key 'node_group' \\(did you mean 'node_groups'"),
+        ({"node_groups": [{"gpu_type": ["a10"] * 10**6, "nodes": 2}]}, "gpu_type: expected a GPU type name"),
         ([1, 2], "expected a mapping"),
     ],
 )
 def test_bad_cluster_specs(spec, message):
     with pytest.raises(ArenaError, match=message):
         cluster_from_dict(spec)
+
+
+@pytest.mark.parametrize("text, message", [
+    # an alias bomb: nine aliases per level, 9**8 leaves once anything walks or prints it
+    ("a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)) + "node_groups: *a8\n",
+     "YAML aliases .* are not accepted"),
+    ("node_groups: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested deeper than 32 levels"),
+    ("node_groups:\n" + "".join("  " * (i + 1) + "- \n" for i in range(40)), "nested deeper than 32 levels"),
+    ("name: '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['\nnode_groups: [{gpu_type: a10, nodes: 1}]\n", None),
+    ("# [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\nnode_groups: [{gpu_type: a10, nodes: 1}]\n", None),
+    ("name: x\n" + "# padding\n" * 200_000, "larger than 1024 KiB"),
+])
+def test_hostile_cluster_files_are_refused_quickly(tmp_path, text, message):
+    """Aliases, deep nesting and huge files are refused before the parser or anything else walks them;
+    brackets inside strings and comments do not count as nesting."""
+    import time
+
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    t0 = time.perf_counter()
+    if message is None:
+        assert load_cluster(p).total_gpus == 2
+    else:
+        with pytest.raises(ArenaError, match=message):
+            load_cluster(p)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_hostile_toml_cluster_file(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ArenaError, match="nested deeper than 32 levels"):
+        load_cluster(p)
+    p.write_text('name = "t"\n[[node_groups]]\ngpu_type = "a10"\nnodes = 2\ngpus_per_nodes = 4\n')
+    with pytest.raises(ArenaError, match="did you mean 'gpus_per_node'"):
+        load_cluster(p)
 
 
 def test_malformed_yaml(tmp_path):

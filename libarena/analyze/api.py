@@ -13,7 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 from libarena.artifacts import Provenance, read_table, write_table
+from libarena.artifacts.io import check_writable  # noqa: F401 - part of this package's API
 from libarena.artifacts.registry import get_kind
+from libarena.checks import MAX_BATCH, Range, check_fields
 from libarena.errors import ArenaError
 
 KIND = "operator_table"
@@ -27,8 +29,10 @@ Log = Callable[[str], None]
 
 
 #: Upper bounds on the sizes a step is lowered at: far above any real job, far below int64 shape overflow.
-MAX_GLOBAL_BATCH = 1 << 20
+MAX_GLOBAL_BATCH = MAX_BATCH
 MAX_SEQ_LEN = 1 << 20
+#: Clustered operators O at most (a model has a few thousand distinct instruction shapes).
+MAX_CLUSTERS = 4096
 
 
 @dataclass(frozen=True)
@@ -48,17 +52,12 @@ class AnalyzeConfig:
         from libarena.models import get_model
 
         get_model(self.model)  # unknown family or size -> ArenaError
-        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
-            raise ArenaError(f"global batch must be a positive integer, got {self.global_batch!r}")
-        if self.seq_len is not None and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len <= 0):
-            raise ArenaError(f"seq_len must be a positive integer, got {self.seq_len!r}")
-        if isinstance(self.num_clusters, bool) or not isinstance(self.num_clusters, int) or self.num_clusters <= 0:
-            raise ArenaError(f"number of clusters must be a positive integer, got {self.num_clusters!r}")
         # XLA shapes are int64 extents: absurd sizes would overflow inside the lowering (found by fuzzing).
-        if self.global_batch > MAX_GLOBAL_BATCH:
-            raise ArenaError(f"global batch {self.global_batch} is out of range (at most {MAX_GLOBAL_BATCH})")
-        if self.seq_len is not None and self.seq_len > MAX_SEQ_LEN:
-            raise ArenaError(f"seq_len {self.seq_len} is out of range (at most {MAX_SEQ_LEN})")
+        check_fields(self, {
+            "global_batch": Range("--global-batch", 1, MAX_GLOBAL_BATCH, integer=True),
+            "seq_len": Range("--seq-len", 1, MAX_SEQ_LEN, integer=True, optional=True),
+            "num_clusters": Range("--num-clusters", 1, MAX_CLUSTERS, integer=True),
+        })
         object.__setattr__(self, "dtype", normalize_dtype(str(self.dtype)))
 
     def parameters(self) -> dict[str, Any]:
@@ -113,22 +112,6 @@ def read_operator_table(path: str | os.PathLike[str]) -> OperatorTable:
     check_columns(artifact.table, artifact.source, non_null=("op_index", "name", "opcode", "phase", "shape"),
                   non_negative=("flops", "transcendentals", "bytes_read", "bytes_written", "param_bytes"))
     return OperatorTable(artifact.table, meta, artifact.provenance, artifact.source)
-
-
-def check_writable(path: str | os.PathLike[str]) -> None:
-    """Fail early (before minutes of analysis) when ``path`` cannot be written; ``-`` is stdout."""
-    if str(path) == "-":
-        return
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise ArenaError(f"cannot write {target}: it is a directory")
-    if not parent.is_dir():
-        raise ArenaError(f"cannot write {target}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ArenaError(f"cannot write {target}: directory {parent} is not writable")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise ArenaError(f"cannot write {target}: permission denied")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -107,27 +107,143 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 # Atomic output
 
 
+#: Temp files and directories are named ``.<target>.<pid>.<random>.tmp`` next to their target; one whose
+#: process is gone (a killed run's) is removed by the next write of the same target. Names without a pid (an
+#: older Arena's) are removed once they are this old.
+_STALE_TEMP_S = 3600.0
+
+
+def _temp_prefix(name: str) -> str:
+    return f".{name}.{os.getpid()}."
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this host); one owned by another user counts as alive."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def remove_stale_temps(directory: str | os.PathLike[str], name: str | None = None,
+                       stale_after_s: float = _STALE_TEMP_S) -> list[Path]:
+    """Remove the temp files and directories that killed runs left in ``directory`` (for the target ``name``,
+    or for every target): those whose writer's process is gone, and pid-less ones older than ``stale_after_s``.
+    Returns what was removed; what cannot be removed is left (never an error)."""
+    import glob
+    import shutil
+    import time
+
+    removed = []
+    now = time.time()
+    for path in Path(directory).glob(f".{glob.escape(name)}.*.tmp" if name is not None else ".*.tmp"):
+        parts = path.name[: -len(".tmp")].rsplit(".", 2)  # [".<target>", pid, random] for Arena's own names
+        try:
+            if len(parts) == 3 and parts[1].isdigit():
+                stale = not pid_alive(int(parts[1]))
+            else:
+                stale = now - path.lstat().st_mtime > stale_after_s
+            if stale:
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+def is_stream(path: str | os.PathLike[str]) -> bool:
+    """Whether writing ``path`` writes a stream that cannot be read back: stdout, a device or a FIFO."""
+    return str(path) == STDIO or _stream_target(Path(os.path.realpath(path)))
+
+
+def _stream_target(target: Path) -> bool:
+    """Whether ``target`` exists and is a character/block device or a FIFO (written as a stream)."""
+    import stat
+
+    try:
+        mode = target.stat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)
+
+
+def resolve_output(path: str | os.PathLike[str]) -> Path:
+    """Where writing ``path`` lands: a symbolic link is followed (its target is written, the link is kept);
+    refuses a directory and anything that is neither a regular file, a device nor a FIFO (a socket)."""
+    import stat
+
+    target = Path(path)
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise ArenaError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise ArenaError(f"cannot write {path}: it is a directory")
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)):
+        raise ArenaError(f"cannot write {path}: it is not a regular file, a device or a FIFO")
+    return target
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Fail early (before minutes of work) when ``path`` cannot be written; ``-`` is stdout."""
+    if str(path) == STDIO:
+        return
+    target = resolve_output(path)
+    if _stream_target(target):
+        return
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise ArenaError(f"cannot write {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ArenaError(f"cannot write {path}: directory {parent} is not writable")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ArenaError(f"cannot write {path}: permission denied")
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Yield a binary file that becomes ``path`` only when the block finishes without error.
 
-    ``-`` yields stdout. The temp file lives next to the target so the final rename is atomic.
+    ``-`` yields stdout. A device or a FIFO (``-o /dev/null``, a named pipe) is written as a stream: it is
+    never replaced by a regular file. A symbolic link is followed. Otherwise the data goes to a temp file next
+    to the target (so the final rename is atomic), and temp files of killed runs are cleaned first. Only the
+    file itself is created: its directory must exist.
     """
     if str(path) == STDIO:
         out = sys.stdout.buffer
         yield out
         out.flush()
         return
-    target = Path(path)
+    target = resolve_output(path)
+    if _stream_target(target):
+        try:
+            stream = open(target, "wb")
+        except OSError as exc:
+            raise ArenaError(f"cannot write {path}: {exc.strerror or exc}") from None
+        try:
+            with stream:
+                yield stream
+                stream.flush()
+        except OSError as exc:
+            raise ArenaError(f"cannot write {path}: {exc.strerror or exc}") from None
+        return
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise ArenaError(f"cannot write {target}: directory {parent} does not exist")
-    if target.is_dir():
-        raise ArenaError(f"cannot write {target}: it is a directory")
+        raise ArenaError(f"cannot write {path}: directory {parent} does not exist")
+    remove_stale_temps(parent, target.name)
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
+        fd, tmp_name = tempfile.mkstemp(dir=parent, prefix=_temp_prefix(target.name), suffix=".tmp")
     except OSError as exc:
-        raise ArenaError(f"cannot write {target}: {exc.strerror or exc}") from None
+        raise ArenaError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as tmp:
             yield tmp
@@ -139,6 +255,82 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
+        raise
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_overwriting_inputs(output: str | os.PathLike[str] | None, inputs: Mapping[str, Any], *,
+                              directory: bool = False) -> None:
+    """Refuse an output that is one of the inputs (``inputs``: how each is named, e.g. ``--ops``, -> its path;
+    None and ``-`` are skipped): the atomic rename would replace the input with the output. A directory
+    output (``directory``) is rebuilt as a whole, so it may not hold an input either."""
+    if output is None or str(output) == STDIO:
+        return
+    out = Path(output)
+    out_real = Path(os.path.realpath(out))
+    for flag, path in inputs.items():
+        if path is None or str(path) == STDIO:
+            continue
+        src = Path(path)
+        if _same_file(out, src) or out_real == Path(os.path.realpath(src)):
+            raise ArenaError(f"-o {output} is the input {flag} {path}: refusing to overwrite an input "
+                             f"(write the output elsewhere)")
+        if directory and out_real in Path(os.path.realpath(src)).parents:
+            raise ArenaError(f"-o {output} holds the input {flag} {path}, and the output directory is replaced "
+                             f"as a whole: write the output elsewhere")
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike[str], replaceable: Callable[[str], bool]) -> Iterator[Path]:
+    """Yield an empty temp directory that becomes the directory ``path`` only when the block finishes without
+    error (a killed or failed run leaves the previous ``path``, or nothing, never a half-written one).
+
+    An existing ``path`` is replaced only when every file under it is one this kind of output writes
+    (``replaceable(relative path)``): other files are never deleted, the run is refused instead. Only the last
+    component is created (the parent must exist). Temp directories of killed runs are cleaned first.
+    """
+    import shutil
+
+    if str(path) == STDIO:
+        raise ArenaError("-o -: this command writes a directory of files, which cannot go to stdout; "
+                         "give a directory name")
+    target = Path(os.path.realpath(path))  # links followed, "." and ".." resolved: the directory really written
+    parent = target.parent
+    if not parent.is_dir():
+        raise ArenaError(f"cannot write {path}/: directory {parent} does not exist (only the output directory "
+                         f"itself is created)")
+    if target.exists():
+        if not target.is_dir():
+            raise ArenaError(f"cannot write {path}/: it exists and is not a directory")
+        foreign = sorted(str(p.relative_to(target)) for p in target.rglob("*")
+                         if (p.is_symlink() or not p.is_dir()) and not replaceable(str(p.relative_to(target))))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise ArenaError(f"cannot write {path}/: it holds files this command does not write ({shown}); "
+                             f"the output directory is replaced as a whole, so choose another or empty it")
+    remove_stale_temps(parent, target.name)
+    try:
+        staging = Path(tempfile.mkdtemp(dir=parent, prefix=_temp_prefix(target.name), suffix=".tmp"))
+    except OSError as exc:
+        raise ArenaError(f"cannot write {path}/: {exc.strerror or exc}") from None
+    try:
+        yield staging
+        os.chmod(staging, 0o777 & ~_current_umask())
+        old = None
+        if target.exists():
+            old = Path(tempfile.mkdtemp(dir=parent, prefix=_temp_prefix(target.name), suffix=".tmp"))
+            os.rename(target, old / "previous")
+        os.rename(staging, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
@@ -254,7 +446,7 @@ def _arena_header(schema_metadata: Mapping[bytes, bytes] | None, source: str) ->
         if not _valid_header(header):
             raise ValueError
         return header
-    except ValueError:
+    except (ValueError, RecursionError):  # a hostile header may nest too deeply for the JSON parser
         raise ArenaError(f"{source}: corrupt Arena metadata") from None
 
 
@@ -284,12 +476,17 @@ def _decode_table(data: bytes, source: str) -> pa.Table:
         if data[:4] == _PARQUET_MAGIC:
             # use_threads=False: reading through a Python file object with Arrow's thread pool can abort or
             # hang the interpreter at exit (apache/arrow#34314, #50482); artifacts are small enough for one thread.
-            return pq.read_table(io.BytesIO(data), use_threads=False)
-        if data[:4] == _IPC_STREAM_MAGIC:
-            return ipc.open_stream(io.BytesIO(data)).read_all()
+            table = pq.read_table(io.BytesIO(data), use_threads=False)
+        elif data[:4] == _IPC_STREAM_MAGIC:
+            table = ipc.open_stream(io.BytesIO(data)).read_all()
+        else:
+            raise ArenaError(f"{source}: not a Parquet file or Arrow stream")
+        table.column_names  # noqa: B018 - names are decoded lazily: a damaged one must fail here, not deep inside
     except (pa.ArrowException, OSError) as exc:
         raise ArenaError(f"{source}: unreadable table ({' '.join(str(exc).split())[:200]})") from None
-    raise ArenaError(f"{source}: not a Parquet file or Arrow stream")
+    except UnicodeDecodeError:
+        raise ArenaError(f"{source}: unreadable table (a column name is not UTF-8 text)") from None
+    return table
 
 
 def _read_csv(data: bytes, source: str) -> pa.Table:

@@ -18,7 +18,8 @@ do not match its manifest (truncated, edited, half-deleted) is reported, removed
 that cannot be written (read-only, full disk) costs a warning, never the run.
 
 On a hit a table output is copied atomically to ``-o FILE``, or streamed to stdout (``-o -``) as the Arrow
-IPC stream the stage itself writes there; a directory output (simulate, compare) has its files restored.
+IPC stream the stage itself writes there; a directory output (simulate, compare) is rebuilt from the entry under a
+temp name and renamed into place, like a computed one.
 ``--no-cache`` skips the lookup, recomputes and refreshes the entry.
 """
 
@@ -41,7 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from libarena import __version__
-from libarena.artifacts.io import STDIO, TableArtifact, atomic_output, content_digest, describe, input_ref
+from libarena.artifacts.io import (
+    STDIO, TableArtifact, atomic_directory, atomic_output, content_digest, describe, input_ref, is_stream,
+    remove_stale_temps,
+)
 from libarena.errors import ArenaError
 
 #: Bump when the key recipe or the entry layout changes: older entries then simply stop matching.
@@ -51,8 +55,6 @@ DEFAULT_CACHE_DIR = Path(".arena-cache")
 MANIFEST = "MANIFEST.json"
 #: The file name of a single-table output inside its entry.
 TABLE_OUTPUT = "output.parquet"
-#: Temp directories older than this (a killed run's) are removed when the next entry is stored.
-_STALE_TEMP_S = 3600.0
 
 Log = Callable[[str], None]
 
@@ -200,7 +202,7 @@ class StageCache:
                     problem = f"{name} does not match its checksum"
                     break
                 files[name] = path
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             problem = f"unreadable manifest ({exc})"
         if problem is None:
             return files
@@ -225,8 +227,8 @@ class StageCache:
 
     def _staging(self, key: str) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
-        self._remove_stale_temps()
-        return Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.", suffix=".tmp"))
+        remove_stale_temps(self.root)
+        return Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.{os.getpid()}.", suffix=".tmp"))
 
     def _commit(self, key: str, staging: Path) -> Path:
         """Checksum the staged files, write the manifest last, and rename the directory into place."""
@@ -246,7 +248,7 @@ class StageCache:
         entry = self.entry_path(key)
         old = None
         if entry.exists():  # a refresh (--no-cache) or a corrupt entry: move it aside, then swap
-            old = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.old.", suffix=".tmp"))
+            old = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.old.{os.getpid()}.", suffix=".tmp"))
             os.rename(entry, old / "entry")
         try:
             os.rename(staging, entry)
@@ -257,13 +259,6 @@ class StageCache:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return entry
-
-    def _remove_stale_temps(self) -> None:
-        now = time.time()
-        for path in self.root.glob(".*.tmp"):
-            with contextlib.suppress(OSError):
-                if now - path.stat().st_mtime > _STALE_TEMP_S:
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     # -- the two shapes of stage output ---------------------------------------------------------------
     def produce_table(self, key: str, output: str | os.PathLike[str], produce: Callable[[str], None]) -> StageOutcome:
@@ -277,8 +272,8 @@ class StageCache:
             outcome.cache_hit, outcome.entry = True, str(self.entry_path(key))
             outcome.rows = _parquet_rows(hit[TABLE_OUTPUT])
             return outcome
-        if output == STDIO:
-            # stdout cannot be read back: write into the entry first, then stream it out
+        if output == STDIO or is_stream(output):
+            # stdout, a device or a FIFO cannot be read back: write into the entry first, then stream it out
             try:
                 staging = self._staging(key)
             except OSError as exc:
@@ -322,33 +317,39 @@ class StageCache:
             shutil.rmtree(staging, ignore_errors=True)
             raise
 
-    def restore_tree(self, key: str, out_dir: str | os.PathLike[str]) -> StageOutcome | None:
-        """A directory output's cached files restored into ``out_dir``; None when the cache has no entry."""
-        out_dir = Path(out_dir)
+    def restore_tree(self, key: str, out_dir: str | os.PathLike[str],
+                     replaceable: Callable[[str], bool]) -> StageOutcome | None:
+        """A directory output's cached files, restored as a whole into ``out_dir`` (built under a temp name and
+        renamed, libarena.artifacts.io.atomic_directory); None when the cache has no entry. ``replaceable``:
+        as for produce_tree."""
         hit = self.lookup(key)
         if hit is None:
             return None
-        for name, path in sorted(hit.items()):
-            target = out_dir / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            copy_atomically(path, target)
+        out_dir = Path(out_dir)
+        with atomic_directory(out_dir, replaceable) as staging:
+            for name, path in sorted(hit.items()):
+                target = staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)  # inside the output being built
+                shutil.copyfile(path, target)
         return StageOutcome(str(out_dir), True, key, entry=str(self.entry_path(key)), files=sorted(hit))
 
-    def produce_tree(self, key: str, out_dir: str | os.PathLike[str], produce: Callable[[], None]) -> StageOutcome:
-        """A directory output (simulate, compare): restore the cached files into ``out_dir``, or run
-        ``produce()`` and cache every file it wrote there."""
+    def produce_tree(self, key: str, out_dir: str | os.PathLike[str], produce: Callable[[Path], None],
+                     replaceable: Callable[[str], bool]) -> StageOutcome:
+        """A directory output (simulate, compare), built as a whole under a temp name and renamed into place
+        (libarena.artifacts.io.atomic_directory): the cached files, or ``produce(directory)`` (write every output
+        file into ``directory``) and cache what it wrote. ``replaceable(relative path)``: the files an earlier
+        output of this stage may hold (anything else in an existing ``out_dir`` refuses the run)."""
         out_dir = Path(out_dir)
-        restored = self.restore_tree(key, out_dir)
+        restored = self.restore_tree(key, out_dir, replaceable)
         if restored is not None:
             return restored
         outcome = StageOutcome(str(out_dir), False, key)
-        before = _tree_state(out_dir)
-        produce()
-        after = _tree_state(out_dir)
-        written = {name: out_dir / name for name, state in after.items() if before.get(name) != state}
-        outcome.files = sorted(written)
-        if written:
-            self._store_quietly(outcome, written)
+        with atomic_directory(out_dir, replaceable) as staging:
+            produce(staging)
+            written = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
+            outcome.files = sorted(written)
+            if written:
+                self._store_quietly(outcome, written)
         return outcome
 
     def _store_quietly(self, outcome: StageOutcome, files: Mapping[str, Path]) -> None:
@@ -405,18 +406,6 @@ def _parquet_rows(path: Path) -> int | None:
         return int(pq.ParquetFile(path).metadata.num_rows)
     except Exception:  # noqa: BLE001 - the row count is informative only
         return None
-
-
-def _tree_state(root: Path) -> dict[str, tuple[int, int, int]]:
-    """Every file under ``root`` with (inode, mtime, size): atomic rewrites change the inode."""
-    if not root.is_dir():
-        return {}
-    state = {}
-    for path in root.rglob("*"):
-        if path.is_file() and not path.name.endswith(".tmp"):
-            st = path.stat()
-            state[str(path.relative_to(root))] = (st.st_ino, st.st_mtime_ns, st.st_size)
-    return state
 
 
 def _os_reason(exc: OSError) -> str:

@@ -11,13 +11,12 @@ node_groups:
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from libarena.artifacts.untrusted import check_keys, load_spec_file
+from libarena.checks import MAX_GPUS, MAX_GPUS_PER_NODE, brief, range_problem
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import GPUSpec, get_gpu
 
@@ -82,6 +81,8 @@ class ClusterSpec:
 
     def to_yaml(self) -> str:
         """The spec as a cluster file (what load_cluster reads)."""
+        import yaml
+
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,48 +94,59 @@ class ClusterSpec:
         }
 
 
-def _positive_int(value: Any, what: str, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ArenaError(f"{source}: {what} must be a positive integer, got {value!r}")
+#: The keys of a cluster spec and of one node group.
+CLUSTER_KEYS = ("name", "node_groups")
+GROUP_KEYS = ("gpu_type", "nodes", "gpus_per_node")
+
+
+def _count(value: Any, what: str, hi: int, where: str) -> int:
+    problem = range_problem(value, 1, hi, integer=True)
+    if problem is not None or not isinstance(value, int):
+        raise ArenaError(f"{where}: {what}: {problem or f'{brief(value)} is not an integer'}")
     return value
 
 
 def cluster_from_dict(data: Any, source: str = "cluster spec") -> ClusterSpec:
+    """A ClusterSpec from parsed YAML/TOML: unknown keys (a typo would silently take a default), counts out
+    of range (``nodes`` and ``gpus_per_node`` integers, at most MAX_GPUS_PER_NODE per node and MAX_GPUS in
+    the cluster) and unknown GPU types are one-line errors naming the file and the node group."""
     if not isinstance(data, dict):
         raise ArenaError(f"{source}: expected a mapping with 'name' and 'node_groups'")
+    check_keys(data, CLUSTER_KEYS, source)
     groups_raw = data.get("node_groups")
     if not isinstance(groups_raw, list) or not groups_raw:
         raise ArenaError(f"{source}: the cluster has no nodes ('node_groups' is missing or empty)")
     groups = []
+    total = 0
     for i, raw in enumerate(groups_raw):
         where = f"{source}: node_groups[{i}]"
+        if isinstance(raw, dict):
+            check_keys(raw, GROUP_KEYS, where)
         if not isinstance(raw, dict) or "gpu_type" not in raw:
             raise ArenaError(f"{where}: expected a mapping with 'gpu_type' and 'nodes'")
+        if not isinstance(raw["gpu_type"], str):
+            raise ArenaError(f"{where}: gpu_type: expected a GPU type name, got {brief(raw['gpu_type'])}")
         try:
-            gpu = get_gpu(str(raw["gpu_type"]))
+            gpu = get_gpu(raw["gpu_type"])
         except ArenaError as exc:
             raise ArenaError(f"{where}: {exc}") from None
-        nodes = _positive_int(raw.get("nodes"), "nodes", where)
-        per_node = _positive_int(raw.get("gpus_per_node", gpu.default_gpus_per_node), "gpus_per_node", where)
+        nodes = _count(raw.get("nodes"), "nodes", MAX_GPUS, where)
+        per_node = _count(raw.get("gpus_per_node", gpu.default_gpus_per_node), "gpus_per_node", MAX_GPUS_PER_NODE, where)
+        total += nodes * per_node
+        if total > MAX_GPUS:
+            raise ArenaError(f"{where}: the cluster would have more than {MAX_GPUS} GPUs")
         groups.append(NodeGroup(gpu.name, nodes, per_node))
-    name = str(data.get("name") or Path(source).stem)
+    name = data.get("name")
+    if name is not None and not isinstance(name, (str, int, float)):
+        raise ArenaError(f"{source}: name: expected a string, got {brief(name)}")
+    name = str(name or Path(source).stem)
     return ClusterSpec(name=name, node_groups=tuple(groups), source=source)
 
 
 def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
+    """A cluster spec file (YAML, or TOML by suffix), read as untrusted input (libarena.artifacts.untrusted)."""
     p = Path(path)
-    if not p.is_file():
-        raise ArenaError(f"{p}: no such cluster spec file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ArenaError(f"{p}: malformed cluster spec (not UTF-8 text: byte {exc.start})") from None
-    try:
-        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        first = " ".join(str(exc).split())[:160]
-        raise ArenaError(f"{p}: malformed cluster spec ({first})") from None
-    return cluster_from_dict(data, source=str(p))
+    return cluster_from_dict(load_spec_file(p, "cluster spec"), source=str(p))
 
 
 def write_scaled_cluster(source: str | os.PathLike[str], output: str | os.PathLike[str], factor: int) -> ClusterSpec:
@@ -142,8 +154,9 @@ def write_scaled_cluster(source: str | os.PathLike[str], output: str | os.PathLi
     ``output`` (YAML, atomically; ``-``: stdout); returns the scaled spec."""
     from libarena.artifacts import write_bytes
 
-    if str(output) != "-" and Path(output).resolve() == Path(source).resolve():
-        raise ArenaError(f"{output}: the output would overwrite the cluster spec it scales; write to another file")
+    from libarena.artifacts.io import refuse_overwriting_inputs
+
+    refuse_overwriting_inputs(output, {"cluster spec": source})
     scaled = load_cluster(source).scaled(factor)
     write_bytes(output, scaled.to_yaml().encode())
     return scaled

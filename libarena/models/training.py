@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from libarena.checks import Range, check_fields
 from libarena.hardware.catalogue import normalize_dtype
 from libarena.models.base import Batch, Carry, ModelDef, Params
 
@@ -33,6 +34,15 @@ class OptimizerConfig:
     b2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "learning_rate": Range("--lr", 0, 10, lo_open=True),
+            "b1": Range("b1", 0, 1),
+            "b2": Range("b2", 0, 1),
+            "eps": Range("eps", 0, 1, lo_open=True),
+            "weight_decay": Range("weight_decay", 0, 10),
+        })
 
     def build(self) -> Any:
         import optax

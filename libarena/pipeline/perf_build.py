@@ -25,8 +25,10 @@ from typing import Any
 import pyarrow as pa
 
 from libarena.artifacts import Provenance, input_ref, write_table
+from libarena.artifacts.io import check_writable, refuse_overwriting_inputs
 from libarena.artifacts.registry import get_kind
 from libarena.artifacts.stage_cache import StageOutcome, library_versions
+from libarena.checks import check_range
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, load_cluster
 from libarena.pipeline.cache import CacheSettings
@@ -55,6 +57,7 @@ class PerfBuildConfig:
             raise ArenaError(f"unknown perf build mode {self.mode!r} (known: {', '.join(MODES)})")
         if self.granularity not in GRANULARITIES:
             raise ArenaError(f"unknown granularity {self.granularity!r} (known: {', '.join(GRANULARITIES)})")
+        check_range(self.num_clusters, "num_clusters", 1, 4096, integer=True)
 
 
 def mode_for(model: str, mode: str) -> str:
@@ -136,6 +139,8 @@ def perf_build(cluster: Path, output: str, config: PerfBuildConfig, *, trace: Pa
                pairs: list[tuple[str, int]] = (), seed: int = 0, skip_bad_rows: bool = False,
                cache: CacheSettings = CacheSettings(), report: Report = SilentReport()) -> tuple[StageOutcome, dict[str, Any]]:
     """The cache-keyed ``perf build`` run: the table of a trace's pairs (and of ``pairs``) to ``output``."""
+    refuse_overwriting_inputs(output, {"--cluster": cluster, "--trace": trace})
+    check_writable(output)
     spec = load_cluster(cluster)
     wanted = sorted(set(pairs) | set(trace_pairs(trace, spec, seed, skip_bad_rows) if trace is not None else ()))
     if not wanted:

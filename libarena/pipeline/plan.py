@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from libarena.artifacts import Provenance, input_ref, read_table
+from libarena.artifacts.io import refuse_overwriting_inputs
 from libarena.artifacts.stage_cache import StageOutcome, cache_input, library_versions
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
@@ -37,6 +38,7 @@ def plan(ops: str, step: PlanStep, output: str, cache: CacheSettings = CacheSett
     """``arena-plan``: plan the operator table ``ops`` (a file, or ``-`` for stdin) into ``output``."""
     from libarena.plan import load_model_profile
 
+    refuse_overwriting_inputs(output, {"--ops": ops, "--cluster": step.cluster, "--comm": step.comm})
     artifact = read_table(ops, "operator_table")
     profile = load_model_profile(artifact)
     source = input_ref(ops, "operator_table", digest=profile.digest if ops == "-" else None)
@@ -50,6 +52,7 @@ def plan_model(analysis: Any, step: PlanStep, output: str, cache: CacheSettings 
     from libarena.pipeline.analyze import operator_table
     from libarena.plan import load_model_profile
 
+    refuse_overwriting_inputs(output, {"--cluster": step.cluster, "--comm": step.comm})
     profile = load_model_profile(operator_table(analysis, cache.reuse(), report))
     # The table is named by what it was analyzed from (its cache entry may not outlive the run).
     source = {"path": f"arena-analyze {' '.join(f'{k}={v}' for k, v in analysis.parameters().items())}",

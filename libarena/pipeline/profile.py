@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from libarena.artifacts import Provenance, input_ref, read_table
+from libarena.artifacts.io import check_writable, refuse_overwriting_inputs
 from libarena.artifacts.stage_cache import StageOutcome, cache_input, library_versions
+from libarena.checks import MAX_REPEATS, check_range
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
 from libarena.progress import Report, SilentReport
@@ -24,8 +26,7 @@ class MeasureSettings:
     repeats: int = 3
 
     def __post_init__(self) -> None:
-        if self.repeats < 1:
-            raise ArenaError(f"--measure-repeats must be at least 1, got {self.repeats}")
+        check_range(self.repeats, "--measure-repeats", 1, MAX_REPEATS, integer=True)
 
 
 def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, ops: Path | None = None,
@@ -38,6 +39,8 @@ def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, o
     from libarena.profile import measure_estimates, profile_plans, resolve_device, write_perf_table
     from libarena.profile.profiler import ProfiledJob, check_comm_model
 
+    refuse_overwriting_inputs(output, {"--plans": plans, "--comm": comm, "--ops": ops})
+    check_writable(output)
     artifact = read_table(plans, "plans")
     if ops is not None:
         from libarena.plan.model import operator_table_digest

@@ -33,20 +33,22 @@ def simulate(trace: Path, perf: Path, cluster: Path, policy: Any, config: Any, o
              report: Report = SilentReport()) -> tuple[StageOutcome, dict[str, Any]]:
     """``arena-schedule simulate``: one policy (a made Policy) on the workload into the directory ``output``;
     returns the run's metrics (from the cache on a hit)."""
-    from libarena.schedule.api import load_workload, run_parameters, run_policy, write_run
+    from libarena.artifacts.io import refuse_overwriting_inputs
+    from libarena.schedule.api import is_output_file, load_workload, run_parameters, run_policy, write_run
     from libarena.schedule.metrics import read_metrics, summary_line
 
+    refuse_overwriting_inputs(output, {"--trace": trace, "--perf": perf, "--cluster": cluster}, directory=True)
     workload, refs, key_inputs = load_workload(trace, perf, cluster, seed=config.seed, skip_bad_rows=skip_bad_rows)
     _report_skipped(workload.skipped, report)
     params = run_parameters(policy, config)
     stage = cache.stage(SIMULATE_STAGE, report)
     key = simulation_key(stage, params, config, key_inputs, skip_bad_rows=skip_bad_rows, plot=plot)
 
-    def produce() -> None:
+    def produce(directory: Path) -> None:
         res = run_policy(workload, policy, config, progress=report.progress)
-        write_run(output, res, workload, config, params, refs, plot)
+        write_run(directory, res, workload, config, params, refs, plot)
 
-    outcome = stage.produce_tree(key, output, produce)
+    outcome = stage.produce_tree(key, output, produce, is_output_file)
     metrics = read_metrics(output / "metrics.json")
     if outcome.cache_hit:
         report.log(f"cached: {output}/ from {outcome.entry} ({len(outcome.files)} files; --no-cache simulates again)")
@@ -61,12 +63,14 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
     into ``output`` (one sub-directory each, compare.json); returns the metrics by policy and compare.json."""
     import json
 
-    from libarena.schedule.api import load_workload, policy_parameters
+    from libarena.artifacts.io import refuse_overwriting_inputs
+    from libarena.schedule.api import is_output_file, load_workload, policy_parameters
     from libarena.schedule.compare import run_comparison
     from libarena.schedule.metrics import read_metrics, summary_line
 
     if not policies:
         raise ArenaError("no policies to compare")
+    refuse_overwriting_inputs(output, {"--trace": trace, "--perf": perf, "--cluster": cluster}, directory=True)
     workload, inputs, key_inputs = load_workload(trace, perf, cluster, seed=config.seed, skip_bad_rows=skip_bad_rows)
     _report_skipped(workload.skipped, report)
     stage = cache.stage("arena-schedule compare", report)
@@ -74,7 +78,8 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
                      "tick_s": config.tick_s, "horizon_s": config.horizon_s, "seed": config.seed,
                      "simulator": asdict(config), "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
                     library_versions("matplotlib") if plot else None)
-    outcome = stage.produce_tree(key, output, lambda: run_comparison(workload, policies, config, output, inputs, plot, report))
+    outcome = stage.produce_tree(key, output, lambda directory: run_comparison(workload, policies, config, directory,
+                                                                               inputs, plot, report), is_output_file)
     metrics = {name: read_metrics(output / name / "metrics.json") for name in policies}
     if outcome.cache_hit:
         report.log(f"cached: {output}/ from {outcome.entry} ({len(outcome.files)} files; --no-cache simulates again)")

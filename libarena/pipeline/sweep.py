@@ -249,7 +249,7 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
     figures) as soon as its simulations are done, and ``output/sweep.json``. Failed simulations are in the
     summary (the caller decides what that means for its exit status)."""
     from libarena.artifacts import write_bytes, write_json
-    from libarena.schedule.api import make_policy, run_parameters
+    from libarena.schedule.api import is_output_file, make_policy, run_parameters
     from libarena.schedule.compare import compare_json, compare_table_text, paired_comparison
     from libarena.schedule.metrics import read_metrics, summary_line
 
@@ -314,9 +314,11 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
         if not waiting[group]:
             finalize(group)
 
+    for rec in records:
+        (output / rec.output).parent.mkdir(parents=True, exist_ok=True)  # each run's directory is made whole
     misses = []
     for i, key in enumerate(keys):
-        if stage.restore_tree(key, output / records[i].output) is not None:
+        if stage.restore_tree(key, output / records[i].output, is_output_file) is not None:
             settle(i, "cached")
         else:
             misses.append(i)
@@ -337,12 +339,12 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
                 report.warn(f"trace {trace}: skipped {len(result.skipped)} bad row(s); first: {result.skipped[0]}")
             out_dir = output / records[i].output
 
-            def produce(files: dict[str, bytes] = result.files, out_dir: Path = out_dir) -> None:
+            def produce(directory: Path, files: dict[str, bytes] = result.files) -> None:
                 for name, data in files.items():
-                    (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
-                    write_bytes(out_dir / name, data)
+                    (directory / name).parent.mkdir(parents=True, exist_ok=True)
+                    write_bytes(directory / name, data)
 
-            stage.produce_tree(keys[i], out_dir, produce)
+            stage.produce_tree(keys[i], out_dir, produce, is_output_file)
             settle(i, "simulated")
     write_json(output / SUMMARY, summary.to_dict())
     return summary

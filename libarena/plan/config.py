@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from libarena.errors import ArenaError
+from libarena.checks import MAX_BATCH, MAX_GPUS, Range, check_fields, check_range
 
 #: The paper's micro-batches per pipeline stage (§5.1: "4x the number of pipeline stages").
 MICROBATCHES_PER_STAGE = 4
@@ -62,13 +62,18 @@ class PlannerConfig:
     exhaustive_limit: int = 2_000_000
 
     def __post_init__(self) -> None:
-        for name in ("max_gpus", "microbatches_per_stage"):
-            if getattr(self, name) < 1:
-                raise ArenaError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.num_microbatches is not None and self.num_microbatches < 1:
-            raise ArenaError(f"num_microbatches must be at least 1, got {self.num_microbatches}")
-        if not 0 < self.usable_memory_fraction <= 1:
-            raise ArenaError(f"usable memory fraction must be in (0, 1], got {self.usable_memory_fraction}")
+        check_fields(self, {
+            "max_gpus": Range("--max-gpus", 1, MAX_GPUS, integer=True),
+            "microbatches_per_stage": Range("--microbatches-per-stage", 1, 1024, integer=True),
+            "num_microbatches": Range("--num-microbatches", 1, MAX_BATCH, integer=True, optional=True),
+            "frontier_cap": Range("--frontier-cap", 0, 100_000, integer=True),
+            "usable_memory_fraction": Range("--memory-fraction", 0, 1, lo_open=True),
+            "exhaustive_limit": Range("--exhaustive-limit", 1, 10**9, integer=True),
+        })
+        for value in self.num_gpus or ():
+            check_range(value, "--num-gpus", 1, MAX_GPUS, integer=True)
+        for value in self.pipeline_degrees or ():
+            check_range(value, "--stages", 1, 1024, integer=True)
 
     def microbatches(self, stages: int) -> int:
         return microbatch_count(stages, self.microbatches_per_stage, self.num_microbatches)

@@ -33,9 +33,13 @@ pipeline boundary (``alpa.mark_pipeline_boundary()``) after the last unit of eac
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import numpy as np
+
 from libarena.errors import ArenaError
+from libarena.plan.frontier import choose_proxy
 from libarena.plan.types import ParallelPlan, PlanSet
 
 EXPORT_FORMATS = ("alpa",)
@@ -61,8 +65,13 @@ def alpa_stage_option(plan: ParallelPlan) -> dict[str, Any]:
     }
 
 
+def alpa_expressible(plan: ParallelPlan) -> bool:
+    """Alpa's remat_layer is all or none: a plan recomputing activations in some stages only has no equivalent."""
+    return not plan.recomputes or all(st.remat for st in plan.stages)
+
+
 def export_alpa(planset: PlanSet, plan: ParallelPlan) -> dict[str, Any]:
-    if plan.recomputes and not all(st.remat for st in plan.stages):
+    if not alpa_expressible(plan):
         raise ArenaError(f"plan {plan.plan_id} recomputes activations in some stages only ({plan.remat_per_stage}); "
                          "Alpa's remat_layer applies to every layer, so this plan has no Alpa equivalent")
     return {
@@ -81,6 +90,36 @@ def export_alpa(planset: PlanSet, plan: ParallelPlan) -> dict[str, Any]:
         "remat_layer": plan.recomputes,
         "stage_option": alpa_stage_option(plan),
     }
+
+
+EXPRESSIBLE = {"alpa": alpa_expressible}
+
+
+def select_for_export(planset: PlanSet, fmt: str, plan_id: str | None = None, gpu_type: str | None = None,
+                      num_gpus: int | None = None, stages: int | None = None) -> tuple[ParallelPlan, str | None]:
+    """The plan to export and, where it is not the proxy, why: the plan named by ``plan_id`` (exported as is,
+    or refused), else the proxy of the one grid matching the filters, or, where the format cannot express the
+    proxy, the frontier plan of that grid the proxy rule ranks first among those it can (none: the proxy with
+    recomputation in every stage)."""
+    plan = select_proxy(planset, plan_id, gpu_type, num_gpus, stages)
+    expressible = EXPRESSIBLE.get(fmt, lambda p: True)
+    if plan_id or expressible(plan):
+        return plan, None
+    grid = next(g for g in planset.grids if g.proxy is plan)
+    candidates = [p for p in grid.frontier if expressible(p)]
+    if not candidates:
+        # the nearest plan the format can run: the proxy recomputing in every stage (less memory, one more
+        # forward pass in the stages that kept their activations)
+        everywhere = dataclasses.replace(plan, plan_id=f"{plan.plan_id}-remat", is_proxy=False,
+                                         stages=tuple(dataclasses.replace(st, remat=True) for st in plan.stages))
+        return everywhere, (f"the proxy {plan.plan_id} recomputes activations in some stages only "
+                            f"({plan.remat_per_stage}), which {fmt} cannot express, and no other frontier plan of "
+                            f"its grid can be: exporting it with recomputation in every stage ({everywhere.plan_id})")
+    chosen = candidates[choose_proxy(np.array([p.computation_bias for p in candidates]),
+                                     np.array([p.communication_load for p in candidates]))]
+    return chosen, (f"the proxy {plan.plan_id} recomputes activations in some stages only ({plan.remat_per_stage}), "
+                    f"which {fmt} cannot express: exporting {chosen.plan_id}, the frontier plan the proxy rule ranks "
+                    f"first among those it can")
 
 
 def select_proxy(

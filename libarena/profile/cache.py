@@ -13,37 +13,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts.io import json_default
+from libarena.artifacts.io import json_default, remove_stale_temps
 from libarena.errors import ArenaError
 
 CACHE_FORMAT = 1
 #: A temp file whose writer cannot be identified is stale after this long (writes take milliseconds).
 STALE_TMP_S = 600.0
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
-
-
-def _tmp_writer_pid(name: str) -> int | None:
-    """The writer pid in ``.<key>.json.<pid>.<rand>.tmp``; None for other names."""
-    parts = name.split(".")
-    if len(parts) >= 5 and parts[-1] == "tmp" and parts[-3].isdigit():
-        return int(parts[-3])
-    return None
 
 
 def default_cache_dir() -> Path:
@@ -69,20 +48,9 @@ class ProfileCache:
 
     def remove_stale_temp_files(self) -> int:
         """Delete temp files left by killed writers (dead pid, or no pid and older than STALE_TMP_S)."""
-        removed = 0
-        now = time.time()
-        for path in self.root.glob("??/.*.tmp"):  # only the key shards (other tools keep their own dirs here)
-            if not path.is_file():
-                continue
-            pid = _tmp_writer_pid(path.name)
-            try:
-                stale = (pid != os.getpid() and not _pid_alive(pid)) if pid is not None else now - path.stat().st_mtime > STALE_TMP_S
-                if stale:
-                    path.unlink()
-                    removed += 1
-            except OSError:
-                continue  # removed meanwhile by another process
-        return removed
+        # only the key shards: other tools keep their own directories under the same root
+        return sum(len(remove_stale_temps(shard, stale_after_s=STALE_TMP_S)) for shard in self.root.glob("??")
+                   if shard.is_dir())
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"

@@ -9,6 +9,7 @@ starts, so the benchmark runs in a subprocess with ``--xla_force_host_platform_d
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -18,7 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from libarena.checks import MAX_REPEATS, Range, check_fields
 from libarena.errors import ArenaError
+
+#: The largest collective volume per device (1 GiB): nccl-tests' sweeps end about there.
+MAX_COMM_BYTES = 1 << 30
 from libarena.hardware.comm import PRIMITIVES
 from libarena.profile.subprocess_devices import run_module_with_devices
 
@@ -34,11 +39,43 @@ class CommBenchConfig:
     primitives: tuple[str, ...] = PRIMITIVES
     platform: str = "cpu"
 
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "num_devices": Range("--devices", 2, 1024, integer=True),
+            "min_bytes": Range("--min-bytes", 4, MAX_COMM_BYTES, integer=True),
+            "max_bytes": Range("--max-bytes", 4, MAX_COMM_BYTES, integer=True),
+            "points": Range("--points", 1, 64, integer=True),
+            "warmup": Range("warmup", 0, 1000, integer=True),
+            "repeats": Range("--repeats", 1, MAX_REPEATS, integer=True),
+        })
+        if self.min_bytes > self.max_bytes:
+            raise ArenaError(f"--min-bytes {self.min_bytes} is larger than --max-bytes {self.max_bytes}")
+        unknown = [p for p in self.primitives if p not in PRIMITIVES]
+        if unknown or not self.primitives:
+            raise ArenaError(f"unknown primitive(s) {', '.join(map(str, unknown)) or '(none given)'} "
+                             f"(known: {', '.join(PRIMITIVES)})")
+        if self.platform not in ("cpu", "gpu"):
+            raise ArenaError(f"unknown platform {self.platform!r} (cpu or gpu)")
+        if self.platform == "cpu":
+            # host devices share this machine's memory: a buffer and its result per device, and XLA's temporaries
+            need = 4 * self.num_devices * self.max_bytes
+            have = _host_memory_bytes()
+            if have and need > have // 2:
+                raise ArenaError(f"--max-bytes {self.max_bytes} on {self.num_devices} host devices needs about "
+                                 f"{need / 2**30:.1f} GiB, more than half of this machine's {have / 2**30:.1f} GiB")
+
     def sizes(self) -> list[int]:
         raw = np.geomspace(self.min_bytes, self.max_bytes, self.points)
         # Multiples of 4 bytes x devices^2 so every primitive splits its buffer evenly.
         quantum = 4 * self.num_devices * self.num_devices
         return sorted({max(quantum, int(round(v / quantum)) * quantum) for v in raw})
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _trimmed_mean(samples: list[float]) -> float:
@@ -86,6 +123,9 @@ def benchmark(config: CommBenchConfig, gpu_type: str) -> list[dict[str, Any]]:
     from jax.sharding import Mesh
 
     devices = jax.devices()
+    if config.platform == "gpu" and devices[0].platform != "gpu":
+        raise ArenaError(f"--device gpu: JAX finds no GPU on this machine (only {devices[0].platform} devices); "
+                         f"use --device cpu")
     if len(devices) < config.num_devices:
         raise ArenaError(f"{config.num_devices} devices requested, {len(devices)} available")
     rows = []
@@ -136,7 +176,11 @@ def _main(request_path: str, result_path: str) -> None:
     raw["primitives"] = tuple(raw["primitives"])
     config = CommBenchConfig(**raw)
     local = resolve_device("local")
-    rows = benchmark(config, local.gpu_type)
+    try:
+        rows = benchmark(config, local.gpu_type)
+    except ArenaError as exc:  # one line for the parent's message (run_module_with_devices keeps the last line)
+        print(exc.message, file=sys.stderr)
+        raise SystemExit(2) from None
     hardware = {"device_kind": local.kind, "platform": local.platform, "num_devices": config.num_devices, "interconnect": "in-process" if local.platform == "cpu" else "local"}
     write_json(result_path, {"rows": rows, "hardware": hardware})
 

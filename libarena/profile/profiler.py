@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from libarena.artifacts import Provenance, content_digest, write_table
 from libarena.artifacts.registry import get_kind
+from libarena.checks import MAX_REPEATS, MAX_SEED, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommModel
@@ -92,12 +93,16 @@ class ProfileConfig:
             raise ArenaError(f"unknown granularity {self.granularity!r} (known: {', '.join(GRANULARITIES)})")
         if self.selection not in SELECTIONS:
             raise ArenaError(f"unknown plan selection {self.selection!r} (known: {', '.join(SELECTIONS)})")
-        if self.warmup < 0 or self.repeats < 1:
-            raise ArenaError("warmup must be >= 0 and repeats >= 1")
-        if self.burst < 1 or self.compile_workers < 1 or self.compile_ahead < 1:
-            raise ArenaError("burst, compile_workers and compile_ahead must be >= 1")
-        if self.timing_budget_s is not None and not self.timing_budget_s > 0:
-            raise ArenaError(f"timing budget must be a positive number of seconds, got {self.timing_budget_s}")
+        check_fields(self, {
+            "warmup": Range("--warmup", 0, 1000, integer=True),
+            "repeats": Range("--repeats", 1, MAX_REPEATS, integer=True),
+            "burst": Range("--burst", 1, 1024, integer=True),
+            "compile_workers": Range("--compile-workers", 1, 256, integer=True),
+            "compile_ahead": Range("compile_ahead", 1, 4096, integer=True),
+            "timing_budget_s": Range("--timing-budget", 0, 86400, lo_open=True, optional=True),
+            "memory_fraction": Range("memory_fraction", 0, 1, lo_open=True),
+            "seed": Range("seed", 0, MAX_SEED, integer=True),
+        })
 
 
 @dataclass(frozen=True)

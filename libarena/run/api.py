@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from libarena.checks import MAX_BATCH, MAX_SEED, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
 from libarena.run.cluster import JobSpec, LocalClusterConfig
@@ -15,6 +17,8 @@ from libarena.run.plan import RunPlan
 from libarena.run.search import SearchConfig, SearchSpace
 
 SELECTIONS = ("proxy", "pruned", "full")
+#: Training steps of one arena-run at most (a billion).
+MAX_STEPS = 10**9
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,23 @@ class RunRequest:
     dtype: str = "fp32"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "global_batch": Range("--global-batch", 1, MAX_BATCH, integer=True),
+            "steps": Range("--steps", 1, MAX_STEPS, integer=True),
+            "num_hosts": Range("--hosts", 0, 4096, integer=True),
+            "checkpoint_every": Range("--checkpoint-every", 0, MAX_STEPS, integer=True),
+            "seed": Range("--seed", 0, MAX_SEED, integer=True),
+            "data_seed": Range("--data-seed", 0, MAX_SEED, integer=True),
+        })
+        if self.selection not in SELECTIONS:
+            raise ArenaError(f"unknown selection {self.selection!r} (one of {', '.join(SELECTIONS)})")
+        # only the checkpoint directory itself is created: a mistyped parent is an error, not a new tree
+        checkpoint_dir = Path(self.checkpoint_dir)
+        if not checkpoint_dir.exists() and not checkpoint_dir.absolute().parent.is_dir():
+            raise ArenaError(f"--checkpoint-dir {self.checkpoint_dir}: directory {checkpoint_dir.absolute().parent} "
+                             f"does not exist (only the checkpoint directory itself is created)")
+
 
 def ensure_host_devices(count: int) -> list[Any]:
     """This process's JAX devices, presenting ``count`` host CPU devices when JAX is not started yet and
@@ -116,27 +137,22 @@ def ensure_host_devices(count: int) -> list[Any]:
 def _prepare(request: RunRequest) -> tuple[Any, Any, GridSpec | None]:
     from libarena.models import get_model
 
-    if request.selection not in SELECTIONS:
-        raise ArenaError(f"unknown selection {request.selection!r} (one of {', '.join(SELECTIONS)})")
-    if request.steps < 1:
-        raise ArenaError(f"--steps must be at least 1, got {request.steps}")
-    if request.global_batch < 1:
-        raise ArenaError(f"--global-batch must be at least 1, got {request.global_batch}")
     model = get_model(request.model)
     planset = load_plans(request.plans_path, request.model, request.global_batch)
     return model, planset, request.grid
 
 
-def _check_checkpoint(request: RunRequest, model: Any) -> int | None:
-    """Validate an existing checkpoint before anything runs (bad one -> one-line error, left untouched)."""
+def _check_checkpoint(request: RunRequest, model: Any) -> tuple[int | None, list[dict[str, Any]]]:
+    """Validate the checkpoints before anything runs: the newest usable one (its step, None when there is
+    none) and the newer ones skipped (corrupt, empty) with why; a checkpoint of another job, or one already
+    past --steps, is a one-line error and is left untouched."""
     from libarena.run.checkpoint import CheckpointStore
+    from libarena.run.train import check_target
 
     store = CheckpointStore(request.checkpoint_dir)
-    meta = store.read_meta()
-    if meta is None:
-        return None
-    store.check_compatible(meta, model, request.global_batch, request.data_seed, request.optimizer)
-    return meta.step
+    meta, skipped = store.newest_usable(model, request.global_batch, request.data_seed, request.optimizer)
+    check_target(meta, request.steps, store)
+    return (None if meta is None else meta.step), skipped
 
 
 def run(request: RunRequest) -> dict[str, Any]:
@@ -147,7 +163,7 @@ def run(request: RunRequest) -> dict[str, Any]:
     if not request.use_ray:
         ensure_host_devices(request.local.num_devices)  # before anything imports JAX
     model, planset, grid = _prepare(request)
-    resumed_from = _check_checkpoint(request, model)
+    resumed_from, skipped = _check_checkpoint(request, model)
     searching = request.selection in ("pruned", "full") and not request.plan_id
     if searching and grid is None:
         raise ArenaError("--search needs --grid GPU_TYPE,NUM_GPUS[,S]: the allocated resources")
@@ -156,7 +172,7 @@ def run(request: RunRequest) -> dict[str, Any]:
     need = chosen.num_gpus if chosen else grid.num_gpus
     started_ray = False
     report: dict[str, Any] = {"model": model.name, "global_batch": request.global_batch, "selection": request.selection,
-                              "resumed_from": resumed_from}
+                              "steps": request.steps, "resumed_from": resumed_from, "skipped_checkpoints": skipped}
     try:
         if request.use_ray:
             hosts = job_hosts(request, gpu_type, need if chosen else None)
@@ -186,6 +202,9 @@ def run(request: RunRequest) -> dict[str, Any]:
                            request.checkpoint_every, request.seed, request.data_seed, request.dtype, request.optimizer,
                            num_hosts=job_hosts(request, gpu_type, chosen.num_gpus))
             report["job"] = run_job(spec).to_dict()
+            chunks = report["job"]["chunks"]
+            if chunks:  # where training really resumed (a checkpoint may fail to restore and be skipped)
+                report["resumed_from"] = chunks[0]["resumed_from"]
         else:
             from libarena.run.train import TrainConfig, train
 
@@ -195,6 +214,7 @@ def run(request: RunRequest) -> dict[str, Any]:
             config = TrainConfig(request.global_batch, request.steps, request.seed, request.data_seed, request.dtype, request.optimizer,
                                  request.checkpoint_dir, request.checkpoint_every)
             report["train"] = train(model, chosen, config, devices).to_dict()
+            report["resumed_from"] = report["train"]["resumed_from"]
     finally:
         if started_ray:
             import ray
@@ -250,6 +270,20 @@ def _search_task(req: dict[str, Any], gpu_type: str, num_gpus: int) -> Any:
     if req["selection"] == "full":
         return full_search(space, measure, req["search"])
     return pruned_search(space, planset, measure, req["search"], req["pipeline_degree"])
+
+
+def skipped_checkpoints(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every checkpoint a run (its report) could not resume from, once each: found before the run (unreadable
+    metadata) or while restoring (unreadable arrays), in-process or on Ray."""
+    seen, out = set(), []
+    run = result.get("train") or {}
+    chunks = (result.get("job") or {}).get("chunks") or []
+    for entry in [*result.get("skipped_checkpoints", []), *run.get("skipped_checkpoints", []),
+                  *(e for c in chunks for e in c.get("skipped_checkpoints", []))]:
+        if entry["step"] not in seen:
+            seen.add(entry["step"])
+            out.append(entry)
+    return out
 
 
 def describe_request(request: RunRequest) -> dict[str, Any]:

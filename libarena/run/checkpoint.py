@@ -7,7 +7,10 @@ leaves a half-written checkpoint behind; restoring never writes.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,49 @@ def _state_template(model: ModelDef, optimizer: OptimizerConfig) -> dict[str, An
     return {"params": jax.tree.map(zeros, params), "opt": jax.tree.map(zeros, opt)}
 
 
+def _reason(exc: BaseException, limit: int = 200) -> str:
+    """An exception as a short phrase (orbax and tensorstore errors carry whole JSON specs)."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_SILENCED = False
+
+
+def _silence_abandoned_reads() -> None:
+    """After a failed restore, tensorstore keeps completing the reads orbax abandoned: their callbacks find
+    orbax's event loop closed ("Event loop is closed", through sys.unraisablehook) and asyncio reports their
+    exceptions as never retrieved, dozens of tracebacks on stderr after the one-line report of the damage.
+    Drop exactly those, for the rest of the process."""
+    global _SILENCED
+    if _SILENCED:
+        return
+    _SILENCED = True
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(lambda record: not record.getMessage().startswith(
+        ("Task exception was never retrieved", "Future exception was never retrieved")))
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Orbax logs a warning per damaged file it meets; the reader reports the damage itself, in one line."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _this_process_only() -> Any:
     """Orbax options making each process an independent single-process user: in a multi-host job the
     state is gathered (``PipelineExecutor.host_state``) and process 0 alone writes; every process reads."""
@@ -88,16 +134,24 @@ class CheckpointStore:
             raise ArenaError(f"checkpoint directory {directory} is not a directory")
 
     def _open(self, create: bool) -> Any:
+        with _quiet_orbax():
+            return self._open_manager(create)
+
+    def _open_manager(self, create: bool) -> Any:
         import orbax.checkpoint as ocp
 
         if self._manager is None:
             if not create and not self.directory.exists():
                 return None
             only_me = _this_process_only()
-            if create and only_me.active_processes:  # orbax leaves creating the root to us in this mode
-                self.directory.mkdir(parents=True, exist_ok=True)
+            if create:  # only the checkpoint directory itself: a missing parent is an error, not a new tree
+                try:
+                    self.directory.mkdir(exist_ok=True)
+                except FileNotFoundError:
+                    raise ArenaError(f"cannot create the checkpoint directory {self.directory}: "
+                                     f"{self.directory.parent} does not exist") from None
             options = ocp.CheckpointManagerOptions(max_to_keep=self.max_to_keep, enable_async_checkpointing=False,
-                                                   create=create and not only_me.active_processes, multiprocessing_options=only_me)
+                                                   create=False, multiprocessing_options=only_me)
             self._manager = ocp.CheckpointManager(self.directory, options=options)
         else:
             # Another process (a restarted actor) may have saved since: re-read the step list.
@@ -105,12 +159,14 @@ class CheckpointStore:
         return self._manager
 
     def latest_step(self) -> int | None:
-        manager = self._open(create=False)
-        return None if manager is None else manager.latest_step()
+        with _quiet_orbax():
+            manager = self._open(create=False)
+            return None if manager is None else manager.latest_step()
 
     def steps(self) -> list[int]:
-        manager = self._open(create=False)
-        return [] if manager is None else list(manager.all_steps())
+        with _quiet_orbax():
+            manager = self._open(create=False)
+            return [] if manager is None else list(manager.all_steps())
 
     def read_meta(self, step: int | None = None) -> CheckpointMeta | None:
         import orbax.checkpoint as ocp
@@ -121,12 +177,44 @@ class CheckpointStore:
             return None
         where = f"{self.directory / str(step)}"
         try:
-            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+            with _quiet_orbax():
+                meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
         except Exception as exc:  # noqa: BLE001 - any failure to read is a corrupt checkpoint
-            raise ArenaError(f"checkpoint {where} is corrupt or unreadable: {type(exc).__name__}: {exc}") from None
+            _silence_abandoned_reads()
+            raise ArenaError(f"checkpoint {where} is corrupt or unreadable: {_reason(exc)}") from None
         if not isinstance(meta, dict):
             raise ArenaError(f"checkpoint {where} is corrupt: metadata is not a JSON object")
         return CheckpointMeta.from_dict(meta, where)
+
+    def newest_usable(self, model: ModelDef, global_batch: int, data_seed: int, optimizer: OptimizerConfig,
+                      below: int | None = None) -> tuple[CheckpointMeta | None, list[dict[str, Any]]]:
+        """The newest checkpoint (older than ``below``) whose metadata reads and is consistent, and the newer ones
+        skipped on the way, each with why (``{"step", "path", "why"}``): a corrupt or empty latest checkpoint
+        (a save killed half-way, a full disk) does not block resuming from an earlier one. When none is usable
+        the first problem is an error (starting over would overwrite them). A readable checkpoint of another job
+        (model, batch, data seed, optimizer, parameter shapes) is an error too: it is not damage, and training
+        over it would mix two jobs."""
+        skipped: list[dict[str, Any]] = []
+        for step in sorted(self.steps(), reverse=True):
+            if below is not None and step >= below:
+                continue
+            try:
+                meta = self.read_meta(step)
+                if meta is None or meta.step != step:
+                    raise ArenaError(f"checkpoint {self.directory / str(step)} is corrupt: its metadata names step "
+                                     f"{None if meta is None else meta.step}")
+                if meta.data_position != meta.step * meta.global_batch:
+                    raise ArenaError(f"checkpoint {self.directory / str(step)} is inconsistent: data position "
+                                     f"{meta.data_position} after {meta.step} steps of {meta.global_batch}")
+            except ArenaError as exc:
+                skipped.append({"step": step, "path": str(self.directory / str(step)), "why": str(exc)})
+                continue
+            self.check_compatible(meta, model, global_batch, data_seed, optimizer)
+            return meta, skipped
+        if skipped:
+            raise ArenaError(f"{skipped[0]['why']}; no earlier checkpoint in {self.directory} is usable (move the "
+                             f"directory aside to start over)")
+        return None, skipped
 
     def check_compatible(self, meta: CheckpointMeta, model: ModelDef, global_batch: int, data_seed: int, optimizer: OptimizerConfig) -> None:
         where = f"checkpoint {self.directory / str(meta.step)}"
@@ -156,11 +244,13 @@ class CheckpointStore:
         template = _state_template(model, optimizer)
         restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), template)
         try:
-            state = self._manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(item=template, restore_args=restore_args))
-            ).state
+            with _quiet_orbax():
+                state = self._manager.restore(
+                    step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(item=template, restore_args=restore_args))
+                ).state
         except Exception as exc:  # noqa: BLE001
-            raise ArenaError(f"checkpoint {where} is corrupt or does not match {model.name}: {type(exc).__name__}: {exc}") from None
+            _silence_abandoned_reads()
+            raise ArenaError(f"checkpoint {where} is corrupt or does not match {model.name}: {_reason(exc)}") from None
         for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(template)):
             if np.shape(got) != want.shape:
                 raise ArenaError(f"checkpoint {where} does not match {model.name}: array of shape {np.shape(got)}, expected {want.shape}")

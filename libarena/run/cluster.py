@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from libarena.checks import Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
 from libarena.run.plan import RunPlan
@@ -43,6 +44,10 @@ class LocalClusterConfig:
     #: 0: none, a cluster for CPU tasks such as simulations).
     num_devices: int = 8
     gpu_type: str = "a100"
+
+    def __post_init__(self) -> None:
+        check_fields(self, {"num_cpus": Range("num_cpus", 1, 4096, integer=True),
+                            "num_devices": Range("--devices", 0, 4096, integer=True)})
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,14 @@ class _HostGroup:
                 pass
 
 
+def _usable_step(store: Any, spec: JobSpec) -> int:
+    """The step the job resumes from: its newest usable checkpoint's (a corrupt newer one is skipped)."""
+    from libarena.models import get_model
+
+    meta, _ = store.newest_usable(get_model(spec.model), spec.global_batch, spec.data_seed, spec.optimizer)
+    return 0 if meta is None else meta.step
+
+
 def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, list[Any]], None] | None = None,
             start_timeout_s: float = 120.0, strategy: str | None = None) -> JobReport:
     """Run ``spec`` on the connected Ray cluster, one actor per host; ``on_dispatch(chunk_index, actors)``
@@ -286,7 +299,7 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, li
     chunks: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
     history: dict[int, float] = {}
-    done = store.latest_step() or 0
+    done = _usable_step(store, spec)
     chunk_index = 0
     try:
         while done < spec.steps:
@@ -302,7 +315,7 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, li
                 results = hosts.wait(refs)
             except (RayActorError, GetTimeoutError) as exc:
                 restarts += 1
-                resumed = store.latest_step() or 0
+                resumed = _usable_step(store, spec)
                 failures.append({"while_running_to": target, "resume_from": resumed, "error": type(exc).__name__})
                 if hosts is not None:
                     hosts.stop()
@@ -314,7 +327,7 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, li
             result = results[0]  # process 0's report (every process saw the same losses)
             for step, loss in result["losses"]:
                 history[int(step)] = float(loss)
-            chunks.append({k: result[k] for k in ("start_step", "end_step", "resumed_from", "steady_step_time_s", "stage_time_s",
+            chunks.append({k: result[k] for k in ("start_step", "end_step", "resumed_from", "skipped_checkpoints", "steady_step_time_s", "stage_time_s",
                                                    "stage_peak_memory_bytes", "checkpoints", "wall_s")})
             done = int(result["end_step"])
     finally:

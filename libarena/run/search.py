@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from libarena.checks import MAX_SEED, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models import ModelDef
 from libarena.hardware import get_gpu
@@ -54,6 +55,15 @@ class SearchConfig:
     #: do not fix (rule 3 keeps a Pareto stage's own choice, recomputation included). Off by default: the
     #: runtime only recomputes where the planner found it needed.
     allow_remat: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "max_candidates": Range("--search-max", 0, 1_000_000, integer=True),
+            "sample_seed": Range("sample_seed", 0, MAX_SEED, integer=True),
+            "warmup_steps": Range("warmup_steps", 0, 1000, integer=True),
+            "timed_steps": Range("--search-steps", 1, 1000, integer=True),
+            "microbatches_per_stage": Range("microbatches_per_stage", 1, 1024, integer=True),
+        })
 
 
 @dataclass

@@ -36,6 +36,15 @@ class TrainConfig:
     profile_step: int = 2
 
 
+def check_target(meta: CheckpointMeta | None, steps: int, store: CheckpointStore) -> None:
+    """``steps`` counts every step of the job, resumed ones included: a checkpoint already past it is an error
+    (nothing would run, silently), one exactly at it means the job is done."""
+    if meta is not None and meta.step > steps:
+        raise ArenaError(f"checkpoint {store.directory / str(meta.step)} is already at step {meta.step}, past --steps "
+                         f"{steps} (--steps is the total, resumed steps included): nothing to train; give --steps "
+                         f"above {meta.step} to train further")
+
+
 def batch_for_step(model: ModelDef, data_position: int, global_batch: int, data_seed: int) -> dict[str, np.ndarray]:
     """The global batch starting at sample ``data_position``: samples are a function of their index, so
     resuming at a position reproduces the uninterrupted stream exactly."""
@@ -57,6 +66,8 @@ class TrainReport:
     stage_peak_memory_bytes: list[int] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)
     wall_s: float = 0.0
+    #: newer checkpoints that could not be resumed from (corrupt, empty), each {"step", "path", "why"}
+    skipped_checkpoints: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def steady_step_time_s(self) -> float:
@@ -83,21 +94,34 @@ def train(model: ModelDef, plan: RunPlan, config: TrainConfig, devices: Sequence
     devices = list(jax.devices()) if devices is None else list(devices)
     plan.validate(model, len(devices))
     store = CheckpointStore(config.checkpoint_dir) if config.checkpoint_dir else None
-    resume_meta = None
+    resume_meta, skipped = None, []
     if store is not None:
-        resume_meta = store.read_meta()
-        if resume_meta is not None:
-            store.check_compatible(resume_meta, model, config.global_batch, config.data_seed, config.optimizer)
+        resume_meta, skipped = store.newest_usable(model, config.global_batch, config.data_seed, config.optimizer)
+        check_target(resume_meta, config.steps, store)
     # Everything is validated before the first write: bad input leaves an existing checkpoint untouched.
     executor = PipelineExecutor(model, plan, devices, config.dtype, config.optimizer)
-    if resume_meta is not None:
-        params, opt, meta = store.restore(model, config.optimizer, resume_meta.step)
+    restored = None
+    while resume_meta is not None:  # a checkpoint whose arrays do not restore is skipped like a corrupt one
+        try:
+            restored = store.restore(model, config.optimizer, resume_meta.step)
+            break
+        except ArenaError as exc:
+            skipped.append({"step": resume_meta.step, "path": str(store.directory / str(resume_meta.step)), "why": str(exc)})
+            resume_meta, more = store.newest_usable(model, config.global_batch, config.data_seed, config.optimizer,
+                                                    below=resume_meta.step)
+            skipped += more
+            if resume_meta is None:
+                raise ArenaError(f"{exc}; no earlier checkpoint in {store.directory} is usable (move the directory "
+                                 f"aside to start over)") from None
+    if restored is not None:
+        params, opt, meta = restored
         executor.load_state(params, opt, meta.step)
         start = meta.step
     else:
         executor.init_state(config.seed)
         start = 0
-    report = TrainReport(model.name, plan.describe(), plan.num_gpus, start, start, resume_meta.step if resume_meta else None)
+    report = TrainReport(model.name, plan.describe(), plan.num_gpus, start, start, resume_meta.step if resume_meta else None,
+                         skipped_checkpoints=skipped)
     signature = param_signature(model) if store is not None else ""
 
     def save(step: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from enum import Enum
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from libarena.schedule.entities import JobSpec, count_index_at_least
 from libarena.schedule.perf import PerfLookup, load_perf
 from libarena.schedule.policies import Policy, get_policy
 from libarena.schedule.simulator import SimulationResult, Simulator
-from libarena.schedule.traces import Trace, read_trace
+from libarena.schedule.traces import Trace, read_trace, read_trace_text
 
 
 @dataclass
@@ -57,20 +58,29 @@ def load_workload(trace: Path, perf: Path, cluster: Path, *, seed: int = 0,
     from libarena.artifacts.kinds.perf_table import check_perf_table
     from libarena.artifacts.stage_cache import cache_input
 
+    if str(trace) == "-" and str(perf) == "-":
+        raise ArenaError("--trace - and --perf -: only one input can come from stdin")
     refs = [input_ref(trace), input_ref(perf), input_ref(cluster)]
+    keys = list(refs)
+    trace_text = None
+    if str(trace) == "-":  # keyed by its content, as a table piped on stdin is
+        trace_text = read_trace_text("-")
+        keys[0] = {"path": "stdin", "sha256": hashlib.sha256(trace_text.encode()).hexdigest()}
+        refs[0] = keys[0]
     if str(perf) != "-":
-        return prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows), refs, refs
+        workload = prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows, trace_text=trace_text)
+        return workload, refs, keys
     spec = load_cluster(cluster)
     art = read_table("-", "perf_table")
     check_perf_table(art.table, art.source)
     workload = prepare_workload(trace, PerfLookup(art.table, spec, source=art.source), spec, seed=seed,
                                 skip_bad_rows=skip_bad_rows)
-    return workload, refs, [refs[0], cache_input("-", art), refs[2]]
+    return workload, refs, [keys[0], cache_input("-", art), keys[2]]
 
 
 def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathLike[str] | PerfLookup,
                      cluster: str | os.PathLike[str] | ClusterSpec, *, seed: int = 0,
-                     skip_bad_rows: bool = False) -> Workload:
+                     skip_bad_rows: bool = False, trace_text: str | None = None) -> Workload:
     """Read the inputs and check every job against the cluster and the performance table.
 
     Bad jobs (GPU type not in the cluster, (model, batch) missing from the table, no configuration that
@@ -88,7 +98,7 @@ def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathL
         return truth[runnable[0]] / batch if runnable else None
 
     tr = trace if isinstance(trace, Trace) else read_trace(
-        trace, gpu_types=lookup.gpu_types, seed=seed, rate=rate, skip_bad_rows=skip_bad_rows)
+        trace, gpu_types=lookup.gpu_types, seed=seed, rate=rate, skip_bad_rows=skip_bad_rows, text=trace_text)
     skipped = list(tr.skipped)
     missing: dict[tuple[str, int], list[int]] = {}
     for spec in tr.jobs:
@@ -147,6 +157,19 @@ def run_parameters(policy: Policy, config: SimulatorConfig) -> dict[str, Any]:
             "seed": config.seed, "overheads": config.overheads.__dict__, "policy_config": policy_parameters(policy)}
 
 
+#: The files a run (simulate) and a comparison (compare) write into their output directory, besides figures
+#: (*.png); an existing output directory holding anything else is not replaced (libarena.artifacts.atomic_directory).
+RUN_FILES = ("jobs.parquet", "timeseries.parquet", "decisions.msgpack", "metrics.json")
+COMPARE_FILES = ("compare.json", "table.txt")
+
+
+def is_output_file(relative: str) -> bool:
+    """Whether a file under a simulate/compare output directory is one they write (figures, and the temp files of
+    a killed run, included)."""
+    name = Path(relative).name
+    return name in RUN_FILES or name in COMPARE_FILES or name.endswith((".png", ".tmp"))
+
+
 def write_run(out_dir: str | os.PathLike[str], res: SimulationResult, workload: Workload, config: SimulatorConfig,
               parameters: dict[str, Any], inputs: list[dict[str, Any]], plot: bool = False) -> dict:
     """Write jobs.parquet, timeseries.parquet, decisions.msgpack, metrics.json (and PNGs) into out_dir."""
@@ -154,7 +177,7 @@ def write_run(out_dir: str | os.PathLike[str], res: SimulationResult, workload: 
     from libarena.schedule.metrics import job_records, json_safe, summarize, timeseries
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)  # its parent is the output being built
     records = job_records(res)
     metrics = summarize(res, records)
     metrics["skipped_rows"] = len(workload.skipped)

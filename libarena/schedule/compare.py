@@ -115,7 +115,7 @@ def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output:
     from libarena.schedule.api import run_parameters, run_policy, write_run
     from libarena.schedule.metrics import summary_line
 
-    output.mkdir(parents=True, exist_ok=True)
+    output.mkdir(exist_ok=True)
     metrics, runs = {}, {}
     for i, (name, policy) in enumerate(policies.items()):
         report.progress(ProgressUpdate("policies", i, len(policies), name))

@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
+from libarena.checks import MAX_GPUS, MAX_OVERHEAD_S, MAX_SECONDS, MAX_SEED, MAX_TICK_S, MIN_TICK_S, Range, check_fields
 from libarena.errors import ArenaError
+
+#: The most scheduling ticks one simulation may run (``--max-ticks``): about 9.5 simulated years at the default
+#: 300 s tick, and about 250 MB of time series. An input that needs more (a tiny tick over a long span, a job
+#: of a billion slow iterations) is refused up front or stopped with a one-line error instead of running away.
+MAX_TICKS = 1_000_000
 
 
 class ProfilingKind(str, Enum):
@@ -85,11 +91,12 @@ class OverheadConfig:
         return cls(**updates)
 
     def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if isinstance(value, bool):
-                continue
-            if not value >= 0 or value == float("inf"):
-                raise ArenaError(f"overhead {name} must be a finite number >= 0, got {value}")
+        # seconds in [0, one week]: a modelled overhead beyond that is a typo, and would stall every job
+        check_fields(self, {f.name: Range(f"--overhead {f.name}", 0, MAX_OVERHEAD_S) for f in fields(self)
+                            if f.type not in (bool, "bool")})
+        for f in fields(self):
+            if f.type in (bool, "bool") and not isinstance(getattr(self, f.name), bool):
+                raise ArenaError(f"--overhead {f.name}: expected true or false, got {getattr(self, f.name)!r}")
 
 
 _BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
@@ -107,12 +114,18 @@ class SimulatorConfig:
     #: A cluster idle with queued jobs for this many consecutive ticks without a decision ends the run
     #: (the queued jobs are reported unfinished): guards against policies that can never place a job.
     stall_ticks: int = 2000
+    #: The most scheduling ticks the run may take (see MAX_TICKS); the simulator refuses, before it starts, an
+    #: input that needs more, and stops with a one-line error if a run gets there anyway.
+    max_ticks: int = MAX_TICKS
 
     def __post_init__(self) -> None:
-        if not self.tick_s > 0:
-            raise ArenaError(f"tick must be > 0 seconds, got {self.tick_s}")
-        if self.horizon_s is not None and not self.horizon_s > 0:
-            raise ArenaError(f"horizon must be > 0 seconds, got {self.horizon_s}")
+        check_fields(self, {
+            "tick_s": Range("--tick", MIN_TICK_S, MAX_TICK_S),
+            "horizon_s": Range("--horizon", 0, MAX_SECONDS, lo_open=True, optional=True),
+            "seed": Range("--seed", 0, MAX_SEED, integer=True),
+            "stall_ticks": Range("stall_ticks", 1, MAX_TICKS, integer=True),
+            "max_ticks": Range("--max-ticks", 1, 100 * MAX_TICKS, integer=True),
+        })
 
 
 class Objective(str, Enum):
@@ -134,10 +147,11 @@ class PolicyConfig:
     ilp_max_queued: int = 48
 
     def __post_init__(self) -> None:
-        if self.max_gpus_per_job < 1:
-            raise ArenaError(f"max GPUs per job must be >= 1, got {self.max_gpus_per_job}")
-        if not self.ilp_time_limit_s > 0 or self.ilp_max_queued < 1:
-            raise ArenaError("the ILP time limit must be > 0 seconds and at least one queued job offered to it")
+        check_fields(self, {
+            "max_gpus_per_job": Range("--max-gpus-per-job", 1, MAX_GPUS, integer=True),
+            "ilp_time_limit_s": Range("ilp_time_limit_s", 0, 3600, lo_open=True),
+            "ilp_max_queued": Range("ilp_max_queued", 1, 100_000, integer=True),
+        })
 
 
 @dataclass(frozen=True)
@@ -160,10 +174,13 @@ class ArenaPolicyConfig(PolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.num_queues < 1:
-            raise ArenaError(f"number of queues must be >= 1, got {self.num_queues}")
-        if self.search_depth < 1:
-            raise ArenaError(f"search depth must be >= 1, got {self.search_depth}")
+        check_fields(self, {
+            "num_queues": Range("--queues", 1, 100, integer=True),
+            # each scaling operation of a handler call tries every running job: D beyond 10 is only cost
+            "search_depth": Range("--search-depth", 1, 10, integer=True),
+            "promotion_time_s": Range("--promotion-time", 0, MAX_SECONDS),
+            "defrag_interval_s": Range("defrag_interval_s", 0, MAX_SECONDS),
+        })
 
 
 @dataclass(frozen=True)
@@ -172,3 +189,7 @@ class ElasticFlowConfig(PolicyConfig):
     deadline_slack: float = 1.0
     #: Drop a job whose deadline admission control rejects (ElasticFlow); -LS keeps it as best effort.
     drop_infeasible: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_fields(self, {"deadline_slack": Range("deadline_slack", 0, 1000, lo_open=True)})

@@ -74,8 +74,9 @@ class PerfLookup:
             if raw_type not in type_names:
                 try:
                     type_names[raw_type] = self.type_index.get(get_gpu(str(raw_type)).name)
-                except ArenaError:
-                    type_names[raw_type] = None
+                except ArenaError as exc:
+                    # a problem of the table, not of the trace rows that will find no configuration
+                    raise ArenaError(f"{self.source}: row {r + 1}, column 'gpu_type': {exc}") from None
             ti = type_names[raw_type]
             view = cols["view"][r]
             if view not in TABLE_VIEWS:

@@ -12,6 +12,7 @@ import heapq
 import time as _time
 from dataclasses import dataclass, field
 
+import numpy as np
 
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec
@@ -86,6 +87,7 @@ class Simulator:
         self.pending_arrivals = len(self.jobs)
         self.result = SimulationResult(policy.name, policy.view, self.jobs, list(perf.gpu_types), self.start_time,
                                        self.start_time, self.cluster.total_gpus)
+        self._check_work_bound(trace_source)
         policy.attach(self)
 
     def _init_state(self, now: float) -> None:
@@ -109,6 +111,32 @@ class Simulator:
         #: searched: what later (re)starts reuse (OverheadConfig.reuse_profiles / reuse_plans)
         self.profiled_pairs: set[tuple[str, int]] = set()
         self.searched_configs: set[tuple[str, int, int, int]] = set()
+
+    def _check_work_bound(self, trace_source: str) -> None:
+        """Refuse, before anything runs, a workload that needs more than ``max_ticks`` scheduling ticks even in
+        the best case: the submissions' span, or a job that alone trains longer (at its fastest configuration,
+        after its launch overhead), divided by the tick. Such inputs (a submission 10**18 s away, a billion
+        iterations of a slow model) would otherwise keep the simulator going for days."""
+        cfg = self.config
+        capacity = self.perf.capacity
+        counts = 1 << np.arange(self.perf.num_counts)
+        usable = counts[None, :] <= capacity[:, None]
+        end, why = self.jobs[-1].spec.submit_time, "the submissions span"
+        for job in self.jobs:
+            best = float(np.max(job.true_thr, where=usable, initial=0.0))
+            if best > 0:
+                overhead = self.overheads.ap_search_s(self.policy.ap_search) + self.overheads.profiling_s(self.policy.profiling)
+                finish = job.spec.submit_time + overhead + job.spec.num_iterations * job.spec.global_batch / best
+                if finish > end:
+                    end, why = finish, f"job {job.spec.job_id} (row {job.spec.row}) alone trains until"
+        span = end - self.start_time
+        if cfg.horizon_s is not None:
+            span = min(span, cfg.horizon_s)
+        needed = span / cfg.tick_s
+        if needed > cfg.max_ticks:
+            raise ArenaError(f"{trace_source}: simulating this workload needs at least {needed:.3g} scheduling ticks of "
+                             f"{cfg.tick_s:g} s ({why} {span / 86400:.3g} days after the first submission), more than "
+                             f"the limit of {cfg.max_ticks} (--max-ticks): use a larger --tick or a --horizon")
 
     # -- event plumbing ----------------------------------------------------------------------------
     def push(self, event: Event) -> None:
@@ -224,6 +252,12 @@ class Simulator:
         if self.done_count + self.unschedulable_count == len(self.jobs) and not self.active and self.pending_arrivals == 0:
             self.all_settled = True  # nothing left that can happen: the run ends at this tick
             return
+        if len(res.ts_time) >= self.config.max_ticks:
+            # the bound on the simulator's own work (time and memory grow with the ticks)
+            unfinished = len(self.jobs) - self.done_count - self.unschedulable_count
+            raise ArenaError(f"the simulation reached the limit of {self.config.max_ticks} scheduling ticks (--max-ticks) "
+                             f"at {(self.now - self.start_time) / 86400:.3g} simulated days with {unfinished} of "
+                             f"{len(self.jobs)} jobs unfinished: use a larger --tick or a --horizon, or raise --max-ticks")
         if not self.active and self.pending_arrivals == 0 and self.decisions_this_tick == 0:
             self.stall += 1
             if self.stall >= self.config.stall_ticks:

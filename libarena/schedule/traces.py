@@ -36,10 +36,12 @@ import io
 import math
 import os
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libarena.checks import MAX_BATCH, MAX_GPUS, MAX_ITERATIONS, MAX_PRIORITY, MAX_SECONDS, brief, range_problem
 from libarena.errors import ArenaError
 from libarena.hardware import get_gpu
 from libarena.schedule.entities import JobSpec, count_index_at_least
@@ -107,7 +109,20 @@ class _RowError(Exception):
         self.problem = problem
 
 
-def _num(row: dict, col: str, *, integer: bool = False, positive: bool = False, optional: bool = False) -> float | None:
+#: column -> (low, high, integer, low excluded): the allowed range of every number a trace row carries
+#: (libarena.checks: times below 100 years, counts of iterations, samples and GPUs bounded)
+COLUMN_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "submission_time": (0, MAX_SECONDS, False, False),
+    "deadline": (0, MAX_SECONDS, False, False),
+    "duration": (0, MAX_SECONDS, False, True),
+    "num_iteration": (1, MAX_ITERATIONS, True, False),
+    "batch_size": (1, MAX_BATCH, True, False),
+    "num_gpu": (1, MAX_GPUS, True, False),
+    "priority": (1, MAX_PRIORITY, True, False),
+}
+
+
+def _num(row: dict, col: str, *, optional: bool = False) -> float | int | None:
     raw = (row.get(col) or "").strip()
     if raw == "":
         if optional:
@@ -116,35 +131,44 @@ def _num(row: dict, col: str, *, integer: bool = False, positive: bool = False, 
     try:
         value = float(raw)
     except ValueError:
-        raise _RowError(col, f"not a number: {raw!r}") from None
-    if not math.isfinite(value):
-        raise _RowError(col, f"not a finite number: {raw!r}")
-    if value < 0:
-        raise _RowError(col, f"negative value {raw}")
-    if positive and value <= 0:
-        raise _RowError(col, f"must be > 0, got {raw}")
-    if integer:
-        if value != int(value):
-            raise _RowError(col, f"not an integer: {raw!r}")
-        return int(value)
-    return value
+        raise _RowError(col, f"not a number: {brief(raw)}") from None
+    lo, hi, integer, lo_open = COLUMN_RANGES[col]
+    problem = range_problem(value, lo, hi, integer=integer, lo_open=lo_open)
+    if problem is not None:
+        raise _RowError(col, problem)
+    return int(value) if integer else value
 
 
 def _pow2_at_least(n: int) -> int:
     return 1 << count_index_at_least(n)
 
 
-def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = None, seed: int = 0,
-               rate: RateFn | None = None, skip_bad_rows: bool = False) -> Trace:
-    """Read and validate a trace; bad rows raise ArenaError naming file, row and column (or are skipped)."""
-    p = Path(path)
-    source = str(p)
-    if not p.is_file():
-        raise ArenaError(f"{source}: no such trace file")
+def read_trace_text(path: str | os.PathLike[str]) -> str:
+    """The text of a trace file, or of stdin when ``path`` is ``-``."""
+    if str(path) == "-":
+        data = sys.stdin.buffer.read()
+        if not data:
+            raise ArenaError("stdin is empty: expected a trace CSV")
+        source = "stdin"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ArenaError(f"{p}: no such trace file")
+        data = p.read_bytes()
+        source = str(p)
     try:
-        text = p.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ArenaError(f"{source}: not a UTF-8 text CSV") from None
+
+
+def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = None, seed: int = 0,
+               rate: RateFn | None = None, skip_bad_rows: bool = False, text: str | None = None) -> Trace:
+    """Read and validate a trace (``-``: from stdin; ``text``: its text, already read); bad rows raise ArenaError
+    naming file, row and column (or are skipped)."""
+    source = "stdin" if str(path) == "-" else str(path)
+    if text is None:
+        text = read_trace_text(path)
     reader = csv.DictReader(text.splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
     if not header:
@@ -185,17 +209,17 @@ def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: R
     if not job_id:
         raise _RowError("job_id", "empty job id")
     submit = _num(row, "submission_time")
-    num_gpu = _num(row, "num_gpu", integer=True, positive=True)
+    num_gpu = _num(row, "num_gpu")
     priority = None
     if has_priority:
-        priority = _num(row, "priority", integer=True, positive=True, optional=True)
+        priority = _num(row, "priority", optional=True)
     if fmt == "arena-ae":
-        iters = _num(row, "num_iteration", integer=True, positive=True)
+        iters = _num(row, "num_iteration")
         model = (row.get("model_name") or "").strip()
         if not is_zoo_model(model):
             raise _RowError("model_name", f"unknown model {model!r} (expected family__size with family in "
                                           f"{', '.join(ZOO)})")
-        batch = _num(row, "batch_size", integer=True, positive=True)
+        batch = _num(row, "batch_size")
         raw_type = (row.get("gpu_type") or "").strip()
         try:
             gpu_type = get_gpu(raw_type).name
@@ -203,7 +227,7 @@ def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: R
             raise _RowError("gpu_type", f"unknown GPU type {raw_type!r}") from None
         deadline = _num(row, "deadline", optional=True) if "deadline" in row else None
         return JobSpec(job_id, i, submit, model, batch, iters, _pow2_at_least(num_gpu), gpu_type, deadline, priority)
-    duration = _num(row, "duration", positive=True)
+    duration = _num(row, "duration")
     rng = random.Random(f"{seed}/{job_id}")
     family = rng.choice(sorted(ZOO))
     sizes, batches = ZOO[family]
@@ -212,7 +236,7 @@ def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: R
     gpu_type = rng.choice(types)
     gpus = min(MAX_ADAPTED_GPUS, _pow2_at_least(num_gpu))
     if fmt == "elasticflow":
-        _num(row, "num_iteration", integer=True, positive=True)  # validated; replaced by the adapted count
+        _num(row, "num_iteration")  # validated; replaced by the adapted count
         deadline = _num(row, "deadline", optional=True)
     else:
         deadline = submit + duration * rng.uniform(0.5, 1.5)
@@ -328,9 +352,9 @@ def write_scaled_trace(source: str | os.PathLike[str], output: str | os.PathLike
     its ``scale.copies`` copies to ``output`` (a file, written atomically, or ``-``) as an arena-ae trace;
     returns the scaled trace."""
     from libarena.artifacts import write_bytes
+    from libarena.artifacts.io import refuse_overwriting_inputs
 
-    if str(output) != "-" and Path(output).resolve() == Path(source).resolve():
-        raise ArenaError(f"{output}: the output would overwrite the trace it scales; write to another file")
+    refuse_overwriting_inputs(output, {"trace": source})
     trace = read_trace(source, gpu_types=gpu_types, seed=scale.seed, skip_bad_rows=skip_bad_rows)
     jobs = scale_trace(trace.jobs, scale)
     write_bytes(output, trace_csv(jobs).encode())

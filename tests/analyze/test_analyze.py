@@ -265,11 +265,11 @@ def test_dtype_and_cluster_count_are_honoured():
     [
         (("nope__1B", 8), {}, "unknown model"),
         (("gpt__3B", 8), {}, "unknown size"),
-        (("gpt__tiny", 0), {}, "global batch"),
-        (("gpt__tiny", -3), {}, "global batch"),
+        (("gpt__tiny", 0), {}, "--global-batch: 0 is out of range"),
+        (("gpt__tiny", -3), {}, "--global-batch: -3 is out of range"),
         (("gpt__tiny", 8), {"dtype": "int3"}, "unknown dtype"),
-        (("gpt__tiny", 8), {"seq_len": 0}, "seq_len"),
-        (("gpt__tiny", 8), {"num_clusters": 0}, "clusters"),
+        (("gpt__tiny", 8), {"seq_len": 0}, "--seq-len"),
+        (("gpt__tiny", 8), {"num_clusters": 0}, "--num-clusters"),
     ],
 )
 def test_bad_configs_are_one_line_errors(args, kwargs, message):

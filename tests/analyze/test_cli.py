@@ -99,8 +99,8 @@ def test_list_models_table_renders_nominal_and_actual_counts():
     [
         (("--model", "nope__1B", "-b", "8"), "unknown model 'nope__1B'"),
         (("--model", "gpt__3B", "-b", "8"), "unknown size '3B'"),
-        (("--model", "gpt__tiny", "-b", "0"), "global batch must be a positive integer"),
-        (("--model", "gpt__tiny", "-b", "-4"), "global batch must be a positive integer"),
+        (("--model", "gpt__tiny", "-b", "0"), "--global-batch: "),
+        (("--model", "gpt__tiny", "-b", "-4"), "--global-batch: "),
         (("--model", "gpt__tiny", "-b", "eight"), "'--global-batch'"),
         (("--model", "gpt__tiny", "-b", "8", "--dtype", "int3"), "unknown dtype 'int3'"),
         (("--model", "gpt__tiny"), "missing --global-batch"),

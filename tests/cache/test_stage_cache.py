@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
+from libarena.errors import ArenaError
+
 from libarena.artifacts import Provenance, read_table, write_table
 from libarena.artifacts.stage_cache import MANIFEST, TABLE_OUTPUT, StageCache, cache_input
 
@@ -165,19 +167,53 @@ def test_directory_outputs_restore_every_written_file(tmp_path):
     cache = StageCache(tmp_path / "cache", "tree")
     key = cache.key({})
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "unrelated.txt").write_text("left alone")
     runs = []
 
-    def produce() -> None:
+    def produce(directory) -> None:
         runs.append(1)
-        (out / "sub").mkdir(exist_ok=True)
-        (out / "metrics.json").write_text('{"a": 1}')
-        (out / "sub" / "jobs.bin").write_bytes(b"\x00\x01")
+        (directory / "sub").mkdir()
+        (directory / "metrics.json").write_text('{"a": 1}')
+        (directory / "sub" / "jobs.bin").write_bytes(b"\x00\x01")
 
-    first = cache.produce_tree(key, out, produce)
+    ours = lambda name: name.endswith((".json", ".bin"))  # noqa: E731
+    first = cache.produce_tree(key, out, produce, ours)
     assert first.files == ["metrics.json", "sub/jobs.bin"] and first.stored
-    second = cache.produce_tree(key, tmp_path / "again", produce)
+    second = cache.produce_tree(key, tmp_path / "again", produce, ours)
     assert second.cache_hit and len(runs) == 1
     assert (tmp_path / "again" / "sub" / "jobs.bin").read_bytes() == b"\x00\x01"
-    assert not (tmp_path / "again" / "unrelated.txt").exists()
+    # a directory holding files of another kind is never replaced (nor touched)
+    (out / "unrelated.txt").write_text("left alone")
+    with pytest.raises(ArenaError, match=r"holds files this command does not write \(unrelated.txt\)"):
+        cache.produce_tree(key, out, produce, ours)
+    assert (out / "unrelated.txt").read_text() == "left alone" and (out / "metrics.json").exists()
+
+
+def test_directory_outputs_appear_whole_or_not_at_all(tmp_path):
+    """A failing run leaves the previous output as it was and no temp directory; only the last path component
+    is created; a killed run's temp directory is removed by the next run."""
+    import subprocess
+    import sys
+
+    cache = StageCache(tmp_path / "cache", "tree")
+    out = tmp_path / "run"
+
+    def produce(directory) -> None:
+        (directory / "metrics.json").write_text("new")
+        raise RuntimeError("killed half-way")
+
+    out.mkdir()
+    (out / "metrics.json").write_text("old")
+    with pytest.raises(RuntimeError):
+        cache.produce_tree(cache.key({"v": 1}), out, produce, lambda name: True)
+    assert (out / "metrics.json").read_text() == "old"
+    assert not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(ArenaError, match="does not exist"):
+        cache.produce_tree(cache.key({"v": 2}), tmp_path / "no" / "such" / "run", produce, lambda name: True)
+    assert not (tmp_path / "no").exists()
+    # a temp directory of a process that is gone (a SIGKILLed run) is cleaned by the next run
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".run.{int(dead.stdout)}.abc123.tmp"
+    stale.mkdir()
+    (stale / "metrics.json").write_text("partial")
+    cache.produce_tree(cache.key({"v": 3}), out, lambda d: (d / "metrics.json").write_text("3"), lambda name: True)
+    assert not stale.exists() and (out / "metrics.json").read_text() == "3"

@@ -34,12 +34,16 @@ GOOD = {"model": "gpt__760M", "global_batch": 128, "iterations": 2000, "priority
 
 BAD = [
     ("missing.yaml", {"model": "gpt__760M", "global_batch": 128}, "missing required key 'iterations'"),
-    ("type.yaml", {"model": "gpt__760M", "global_batch": "big", "iterations": 5}, "key 'global_batch': expected an integer"),
-    ("float.yaml", {"model": "gpt__760M", "global_batch": 128, "iterations": 5.5}, "key 'iterations': expected an integer"),
+    ("type.yaml", {"model": "gpt__760M", "global_batch": "big", "iterations": 5}, "key 'global_batch': 'big' is not a number"),
+    ("float.yaml", {"model": "gpt__760M", "global_batch": 128, "iterations": 5.5}, "key 'iterations': 5.5 is not an integer"),
     ("neg.yaml", {"model": "gpt__760M", "global_batch": -4, "iterations": 5}, "out of range"),
     ("huge.yaml", {"model": "gpt__760M", "global_batch": 128, "iterations": 10**30}, "out of range"),
-    ("unknown.yaml", {**GOOD, "gpus": 4}, "unknown key(s) gpus"),
-    ("model.yaml", {**GOOD, "model": "gpt 760M"}, "expected family__size"),
+    ("unknown.yaml", {**GOOD, "gpus": 4}, "unknown key 'gpus'"),
+    ("typo.yaml", {**GOOD, "iteration": 4}, "unknown key 'iteration' (did you mean 'iterations'?)"),
+    ("model.yaml", {**GOOD, "model": "gpt 760M"}, "unknown model 'gpt 760M'"),
+    ("zoo.yaml", {**GOOD, "model": "llama__7B"}, "unknown model 'llama__7B'"),
+    ("alias.yaml", "x: &x [1, 2, 3]\nmodel: gpt__760M\nglobal_batch: *x\niterations: 5\n", "YAML aliases"),
+    ("deep.yaml", "model: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested deeper than 32 levels"),
     ("gpu.yaml", {**GOOD, "gpu_type": "tpu-v9"}, "key 'gpu_type'"),
     ("deadline.yaml", {**GOOD, "deadline": -1}, "key 'deadline'"),
     ("nan.yaml", "model: gpt__760M\nglobal_batch: 128\niterations: 5\ndeadline: .nan\n", "key 'deadline'"),
@@ -78,7 +82,61 @@ def test_cli_errors(tmp_path):
     assert "no job 'beta'" in p.stderr
     cluster, perf = write_inputs(tmp_path)
     p = run("serve", "--cluster", cluster, "--perf", perf, "--state", state, "--tick", "0", check_rc=2)
-    assert "--tick must be > 0" in p.stderr
+    assert "--tick: 0 is out of range" in p.stderr
+
+
+def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path):
+    import hashlib
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY, path TEXT)")
+    conn.execute("INSERT INTO photos(path) VALUES ('a.jpg')")
+    conn.commit()
+    conn.close()
+    digest = hashlib.sha256(other.read_bytes()).hexdigest()
+    for args in (("submit", job_file(tmp_path, "ok.yaml", GOOD)), ("status",), ("logs", "job-1")):
+        p = run(*args, "--state", other, check_rc=2)
+        assert "not Arena's scheduler state database" in p.stderr and "photos" in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+    assert hashlib.sha256(other.read_bytes()).hexdigest() == digest
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["ok.yaml", "other.db"]  # no -wal/-shm left either
+    # Arena's own databases carry the marker
+    state = tmp_path / "state.db"
+    run("submit", job_file(tmp_path, "ok.yaml", GOOD), "--state", state)
+    assert sqlite3.connect(state).execute("PRAGMA application_id").fetchone()[0] == 0x41524E41
+
+
+def test_one_server_per_state_database(tmp_path):
+    """Two real server processes on one state database: the second exits 2 naming the first one's pid, and
+    once the first is gone a new server starts."""
+    import signal
+    import time
+
+    cluster, perf = write_inputs(tmp_path)
+    state = tmp_path / "state.db"
+    args = [tool("arena-schedule"), "serve", "--cluster", str(cluster), "--perf", str(perf), "--state", str(state),
+            "--launcher", "perf-table", "--poll", "0.05", "--time-compression", "100"]
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        assert "serving" in first.stderr.readline()
+        second = subprocess.run(args, capture_output=True, text=True, env=cli_env(), timeout=60)
+        assert second.returncode == 2, second.stderr
+        assert f"already served by process {first.pid}" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        assert first.poll() is None  # the first one is unharmed
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
+    third = subprocess.Popen(args + ["--until-idle"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=cli_env())
+    try:
+        out, err = third.communicate(timeout=60)
+    finally:
+        if third.poll() is None:
+            third.kill()
+    assert third.returncode == 0, err
 
 
 @pytest.mark.slow

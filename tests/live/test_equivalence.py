@@ -31,7 +31,7 @@ def test_live_matches_simulator(tmp_path, policy):
         store.submit(JobSubmission(s.model, s.global_batch, s.num_iterations, s.job_id, s.priority, None,
                                    s.requested_type, s.requested_gpus), not_before=s.submit_time)
     cfg = ServeConfig(cluster, perf, state, policy=policy, tick_s=300.0, compression=span / 6.0,
-                      launcher="perf-table", overheads=OVERHEADS, poll_s=0.02)
+                      launcher="perf-table", overheads=OVERHEADS, poll_s=0.02, event_passes=False)
     server = Server(cfg)
     server.serve(until_idle=True, max_wall_s=60, install_signals=False)
     got = live_decisions(server.store)

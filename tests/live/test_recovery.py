@@ -19,7 +19,8 @@ from tests.live.helpers import (OVERHEADS, cli_env, live_decisions, sim_decision
 
 def _serve(cluster, perf, state, compression, until_idle=False):
     args = [tool("arena-schedule"), "serve", "--cluster", str(cluster), "--perf", str(perf), "--state", str(state),
-            "--launcher", "perf-table", "--time-compression", str(compression), "--tick", "300", "--poll", "0.02"]
+            "--launcher", "perf-table", "--time-compression", str(compression), "--tick", "300", "--poll", "0.02",
+            "--ticks-only"]  # passes at ticks only: the decisions are then exactly the simulator's
     args += [f"--overhead={k}={v}" for k, v in OVERHEADS.__dict__.items()]
     if until_idle:
         args.append("--until-idle")

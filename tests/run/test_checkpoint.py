@@ -102,3 +102,29 @@ def test_corrupt_checkpoint_is_one_line_error_and_untouched(tmp_path: Path) -> N
         CheckpointStore(root).restore(model, OptimizerConfig())
     assert "corrupt" in info.value.message and "\n" not in info.value.message
     assert _tree_digest(root) == before
+
+
+def test_newest_usable_skips_corrupt_and_empty_newer_checkpoints(tmp_path: Path) -> None:
+    """A save killed half-way (an empty step directory) or a damaged newer checkpoint does not block resuming
+    from an earlier one; each skipped one is named with why; with none usable the first problem is the error."""
+    import shutil
+
+    from libarena.models.training import OptimizerConfig
+    from libarena.run.checkpoint import CheckpointStore
+
+    root, model = _make_checkpoint(tmp_path)
+    shutil.copytree(root / "2", root / "4")
+    (root / "4" / "meta" / "metadata").write_text("{not json")
+    (root / "6").mkdir()
+    before = _tree_digest(root)
+    meta, skipped = CheckpointStore(root).newest_usable(model, 8, 0, OptimizerConfig())
+    assert meta.step == 2
+    assert [s["step"] for s in skipped] == [6, 4] and all("corrupt" in s["why"] for s in skipped)
+    assert all("\n" not in s["why"] and len(s["why"]) < 400 for s in skipped)
+    # a checkpoint of another job is not damage: an error, not skipped
+    with pytest.raises(ArenaError, match="global batch 8, not 16"):
+        CheckpointStore(root).newest_usable(model, 16, 0, OptimizerConfig())
+    shutil.rmtree(root / "2")
+    with pytest.raises(ArenaError, match=r"ckpt/6 is corrupt .*; no earlier checkpoint .* is usable"):
+        CheckpointStore(root).newest_usable(model, 8, 0, OptimizerConfig())
+    assert _tree_digest(root) == {k: v for k, v in before.items() if not k.startswith("2/")}

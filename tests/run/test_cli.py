@@ -87,3 +87,45 @@ def test_mismatched_and_corrupt_checkpoints_are_left_untouched(trained, gpt_tiny
                      "--checkpoint-dir", str(broken), "--no-ray")
     _one_line_error(proc, "is corrupt")
     assert _digest(broken) == before
+
+
+def test_resume_falls_back_past_a_corrupt_latest_checkpoint(trained, gpt_tiny_plans: Path, tmp_path: Path) -> None:
+    """The newest checkpoint's arrays are damaged (its metadata still reads) and an empty step directory is newer
+    still: arena-run says which ones it skipped and why, resumes from the newest valid one and trains on."""
+    import shutil
+
+    ckpt, _ = trained
+    work = tmp_path / "ckpt"
+    shutil.copytree(ckpt, work)
+    args = ("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+            "--checkpoint-dir", str(work), "--no-ray", "--devices", "1")
+    proc = arena_run(*args, "--steps", "4", "--checkpoint-every", "2")
+    assert proc.returncode == 0 and (work / "4").is_dir(), proc.stderr[-2000:]
+    for manifest in (work / "4" / "state").rglob("manifest.ocdbt"):
+        manifest.write_bytes(b"garbage")
+    (work / "6").mkdir()
+    proc = arena_run(*args, "--steps", "5", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["resumed_from"] == 2 and [s for s, _ in report["train"]["losses"]] == [3, 4, 5]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: skipped checkpoint")]
+    assert len(warnings) == 2 and f"{work}/6:" in warnings[0] and f"{work}/4:" in warnings[1]
+    assert "Traceback" not in proc.stderr
+
+
+def test_steps_below_the_checkpoint_say_so(trained, gpt_tiny_plans: Path) -> None:
+    ckpt, _ = trained  # at step 2
+    args = ("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+            "--checkpoint-dir", str(ckpt), "--no-ray", "--devices", "1")
+    before = _digest(ckpt)
+    _one_line_error(arena_run(*args, "--steps", "1"), "is already at step 2, past --steps 1")
+    proc = arena_run(*args, "--steps", "2")
+    assert proc.returncode == 0 and "nothing to train: the checkpoint is already at step 2 (--steps 2)" in proc.stderr
+    assert _digest(ckpt) == before
+
+
+def test_checkpoint_dir_parents_are_not_created(gpt_tiny_plans: Path, tmp_path: Path) -> None:
+    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+                     "--steps", "1", "--checkpoint-dir", str(tmp_path / "no" / "such" / "ckpt"), "--no-ray")
+    _one_line_error(proc, "does not exist (only the checkpoint directory itself is created)")
+    assert not (tmp_path / "no").exists()

@@ -70,7 +70,13 @@ def test_bad_row_is_one_line_exit_2_and_no_output(inputs):
     (["--policy", "nope"], "unknown policy 'nope'"),
     (["--policy", "fcfs", "--no-hetero"], "policy 'fcfs' has no option hetero"),
     (["--overhead", "bogus=1"], "--overhead 'bogus=1'"),
-    (["--tick", "0"], "tick must be > 0"),
+    (["--tick", "0"], "--tick: 0 is out of range"),
+    (["--tick", "inf"], "--tick: inf is not a finite number"),
+    (["--tick", "0.000001"], "--tick: 1e-06 is out of range"),
+    (["--overhead", "checkpoint_resume_s=1e300"], "--overhead checkpoint_resume_s: 1e+300 is out of range"),
+    (["--overhead", "checkpoint_resume_s=nan"], "--overhead checkpoint_resume_s: nan is not"),
+    (["--promotion-time", "-1"], "--promotion-time: -1 is out of range"),
+    (["--max-gpus-per-job", "-1"], "--max-gpus-per-job: -1 is out of range"),
 ])
 def test_bad_options(inputs, args, needle):
     d, cluster = inputs

@@ -52,3 +52,37 @@ def test_imported_csv_and_errors(tmp_path):
     p.write_text("model,global_batch,gpu_type,view\nbert__760M,128,a10,ap\n")
     with pytest.raises(ArenaError, match="missing column"):
         load_perf(p, spec)
+
+
+HEAD = "model,global_batch,gpu_type,num_gpus,view,iter_time_s,fits_in_memory\n"
+
+
+@pytest.mark.parametrize("rows, message", [
+    # problems of the table are reported as problems of the table (row and column of the perf file), never as
+    # trace rows that find no configuration
+    ("bert__760M,128,a400,2,ap,0.5,true\n", r"perf.csv: row 1, column 'gpu_type': unknown GPU type 'a400'"),
+    ("bert__760M,128,a10,2,ap,inf,true\n", r"perf.csv: row 1, column 'iter_time_s': inf is not a finite number in \(0, 86400\]"),
+    ("bert__760M,128,a10,2,ap,1e300,true\n", r"row 1, column 'iter_time_s': 1e\+300 is out of range"),
+    ("bert__760M,128,a10,2,ap,0,true\n", r"row 1, column 'iter_time_s': 0 is out of range"),
+    ("bert__760M,128,a10,2,ap,nan,true\n", r"row 1, column 'iter_time_s': missing value"),
+    ("bert__760M,0,a10,2,ap,0.5,true\n", r"row 1, column 'global_batch': 0 is out of range"),
+    ("bert__760M,128,a10,2.5,ap,0.5,true\n", r"row 1, column 'num_gpus': .* is not an integer|column 'num_gpus' has type"),
+    # conflicting duplicates (same key, different values): which would win is arbitrary
+    ("bert__760M,128,a10,2,ap,0.5,true\nbert__760M,128,a10,2,ap,0.7,true\n",
+     r"row 2, column 'iter_time_s': conflicts with row 1 .*0.5 against 0.7"),
+])
+def test_bad_perf_tables_blame_the_table(tmp_path, rows, message):
+    spec = cluster([("a10", 1, 2)])
+    p = tmp_path / "perf.csv"
+    p.write_text(HEAD + rows)
+    with pytest.raises(ArenaError, match=message):
+        load_perf(p, spec)
+
+
+def test_perf_rows_that_do_not_fit_may_have_unknown_times_and_duplicates_may_repeat(tmp_path):
+    spec = cluster([("a10", 1, 2)])
+    p = tmp_path / "perf.csv"
+    p.write_text(HEAD + "bert__760M,128,a10,1,ap,inf,false\nbert__760M,128,a10,2,ap,0.5,true\n"
+                        "bert__760M,128,a10,2,ap,0.5,true\n")
+    lookup = load_perf(p, spec)
+    assert list(lookup.get("bert__760M", 128).truth[0, :2]) == pytest.approx([0, 256])

@@ -180,8 +180,8 @@ def test_scale_commands(tmp_path, repo_root):
     assert load_cluster(tmp_path / "c.yaml").total_gpus == 12800
     for argv, needle in ((["trace", "scale", "t.csv", "-x", "0", "-o", "x.csv"], "copies must be a positive integer"),
                          (["trace", "scale", "missing.csv", "-x", "2", "-o", "x.csv"], "no such trace file"),
-                         (["trace", "scale", "t.csv", "-x", "2", "-o", "t.csv"], "would overwrite"),
-                         (["cluster", "scale", "c.yaml", "-x", "2", "-o", "c.yaml"], "would overwrite"),
+                         (["trace", "scale", "t.csv", "-x", "2", "-o", "t.csv"], "refusing to overwrite an input"),
+                         (["cluster", "scale", "c.yaml", "-x", "2", "-o", "c.yaml"], "refusing to overwrite an input"),
                          (["cluster", "scale", "c.yaml", "-x", "0", "-o", "d.yaml"], "positive integer")):
         done = subprocess.run([exe, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

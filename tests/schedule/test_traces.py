@@ -57,8 +57,11 @@ def test_adapted_iterations_follow_the_execution_rate(tmp_path):
 
 
 @pytest.mark.parametrize("row,column,problem", [
-    ("a,-5,100,gpt__1.3B,5000,256,2,a100", "submission_time", "negative"),
-    ("a,0,100,gpt__1.3B,5000,256,0,a100", "num_gpu", "> 0"),
+    ("a,-5,100,gpt__1.3B,5000,256,2,a100", "submission_time", "out of range"),
+    ("a,1e18,100,gpt__1.3B,5000,256,2,a100", "submission_time", "out of range"),
+    ("a,0,1e300,gpt__1.3B,5000,256,2,a100", "num_iteration", "out of range"),
+    ("a,0,100,gpt__1.3B,inf,256,2,a100", "deadline", "not a finite number"),
+    ("a,0,100,gpt__1.3B,5000,256,0,a100", "num_gpu", "expected an integer in [1, "),
     ("a,0,100,llama__7B,5000,256,2,a100", "model_name", "unknown model"),
     ("a,0,100,gpt__1.3B,5000,256,2,tpu9", "gpu_type", "unknown GPU type"),
     ("a,0,abc,gpt__1.3B,5000,256,2,a100", "num_iteration", "not a number"),

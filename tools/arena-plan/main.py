@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from libarena.artifacts import write_bytes
+from libarena.artifacts import refuse_overwriting_inputs, write_bytes
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
     print_json, refuse_json_with_stdout_data, run_app,
@@ -139,15 +139,18 @@ def export(
     """Write a (proxy) plan in another runtime's format (alpa: ManualStageOption JSON). Not cached: instant."""
     from libarena.hardware import get_gpu
     from libarena.plan import read_plans
-    from libarena.plan.export import EXPORT_FORMATS, export_plan, select_proxy
+    from libarena.plan.export import EXPORT_FORMATS, export_plan, select_for_export
 
     if fmt not in EXPORT_FORMATS:
         raise ArenaError(f"unknown export format {fmt!r} (known: {', '.join(EXPORT_FORMATS)})")
     refuse_json_with_stdout_data(as_json, output)
+    refuse_overwriting_inputs(output, {"plans": plans})
     reporter = Reporter(quiet=quiet, prefix="arena-plan: ")
     planset = read_plans(plans)
     canonical = get_gpu(gpu_type).name if gpu_type else None
-    plan_obj = select_proxy(planset, plan_id, canonical, num_gpus, stages)
+    plan_obj, note = select_for_export(planset, fmt, plan_id, canonical, num_gpus, stages)
+    if note:
+        reporter.log(note)
     document = export_plan(planset, plan_obj, fmt)
     write_bytes(output, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
     if output != "-":

@@ -49,7 +49,8 @@ def run(
     report: Optional[Path] = typer.Option(None, "--report", help="also write the run report (JSON) here"),
     quiet: bool = QUIET_OPTION,
 ) -> None:
-    from libarena.artifacts import write_json
+    from libarena.artifacts import refuse_overwriting_inputs, write_json
+    from libarena.artifacts.io import check_writable
     from libarena.models.training import OptimizerConfig
     from libarena.run.api import RunRequest, parse_grid, run as run_job
     from libarena.run.cluster import LocalClusterConfig
@@ -65,6 +66,9 @@ def run(
         raise ArenaError("--devices and --search-steps must be at least 1, --checkpoint-every and --search-max non-negative")
     if not plan.is_file():
         raise ArenaError(f"plans file {plan} does not exist")
+    if report is not None:  # checked before training, not after it
+        refuse_overwriting_inputs(report, {"--plan": plan})
+        check_writable(report)
     request = RunRequest(
         plans_path=str(plan), model=model, global_batch=global_batch, steps=steps, checkpoint_dir=str(checkpoint_dir),
         grid=parse_grid(grid) if grid else None, plan_id=plan_id, selection=search or "proxy",
@@ -75,10 +79,25 @@ def run(
     result = run_job(request)
     if report is not None:
         write_json(report, result)
+    _notices(result, quiet)
     if json_out:
         print(json.dumps(result, default=str))
     else:
         _summary(result, quiet)
+
+
+def _notices(result: dict, quiet: bool) -> None:
+    """What the user must hear about the checkpoints on stderr (also with --json; warnings also with --quiet)."""
+    from libarena.run.api import skipped_checkpoints
+
+    for entry in skipped_checkpoints(result):
+        stderr_console.print(f"warning: skipped checkpoint {entry['path']}: {entry['why']}", markup=False, soft_wrap=True)
+    resumed, steps = result.get("resumed_from"), result.get("steps")
+    if resumed is not None and steps is not None and resumed >= steps:
+        stderr_console.print(f"nothing to train: the checkpoint is already at step {resumed} (--steps {steps})",
+                             markup=False, soft_wrap=True)
+    elif resumed is not None and not quiet:
+        stderr_console.print(f"resumed from step {resumed}", markup=False, soft_wrap=True)
 
 
 def _summary(result: dict, quiet: bool = False) -> None:

@@ -40,16 +40,26 @@ cluster_app = typer.Typer(add_completion=False, help="Cluster specs.")
 app.add_typer(perf_app, name="perf")
 app.add_typer(cluster_app, name="cluster")
 
-TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow or raw ITP format)")
+TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow or raw ITP format; '-' = stdin)")
 PerfOpt = typer.Option(..., "--perf", help="performance table (perf_table artifact, or CSV/Parquet in its schema)")
 ClusterOpt = typer.Option(..., "--cluster", help="cluster spec (YAML/TOML)")
 PolicyOpt = typer.Option("arena", "--policy", help=", ".join(policy_names()))
 
 
-def _sim_config(tick: float, horizon: Optional[float], seed: int, overhead: list[str]):
+def _sim_config(tick: float, horizon: Optional[float], seed: int, overhead: list[str], max_ticks: int):
     from libarena.schedule.config import OverheadConfig, SimulatorConfig
 
-    return SimulatorConfig(tick_s=tick, horizon_s=horizon, seed=seed, overheads=OverheadConfig.from_assignments(overhead))
+    return SimulatorConfig(tick_s=tick, horizon_s=horizon, seed=seed, overheads=OverheadConfig.from_assignments(overhead),
+                           max_ticks=max_ticks)
+
+
+def _max_ticks_option():
+    from libarena.schedule.config import MAX_TICKS
+
+    return typer.Option(MAX_TICKS, "--max-ticks", help="refuse or stop a simulation that needs more scheduling ticks")
+
+
+MaxTicksOpt = _max_ticks_option()
 
 
 @app.command()
@@ -69,8 +79,9 @@ def simulate(
     search_depth: Optional[int] = typer.Option(None, "--search-depth", help="arena: search depth D (3)"),
     promotion_time: Optional[float] = typer.Option(None, "--promotion-time", help="arena: seconds before promotion"),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus-per-job", help="largest GPU count per job (16)"),
-    tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds"),
+    tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds (1 to 86400)"),
     horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
+    max_ticks: int = MaxTicksOpt,
     seed: int = typer.Option(0, "--seed", help="seed for trace adaptation"),
     overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS (repeatable)"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip bad trace rows, with a count"),
@@ -85,7 +96,7 @@ def simulate(
     from libarena.pipeline.schedule import simulate as run_simulate
     from libarena.schedule.api import make_policy
 
-    cfg = _sim_config(tick, horizon, seed, overhead)
+    cfg = _sim_config(tick, horizon, seed, overhead, max_ticks)
     pol = make_policy(policy, view=view, objective=objective, hetero=False if no_hetero else None,
                       elastic=False if no_elastic else None, pruning=False if no_pruning else None,
                       profiler=False if no_profiler else None, num_queues=queues, search_depth=search_depth,
@@ -107,8 +118,9 @@ def compare(
     perf: Path = PerfOpt,
     cluster: Path = ClusterOpt,
     output: Path = typer.Option(..., "-o", "--output", help="output directory (one sub-directory per policy)"),
-    tick: float = typer.Option(300.0, "--tick"),
-    horizon: Optional[float] = typer.Option(None, "--horizon"),
+    tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds (1 to 86400)"),
+    horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
+    max_ticks: int = MaxTicksOpt,
     seed: int = typer.Option(0, "--seed"),
     overhead: list[str] = typer.Option([], "--overhead"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
@@ -127,7 +139,7 @@ def compare(
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names or len(set(names)) != len(names):
         raise ArenaError(f"--policies {policies!r}: give distinct policy names separated by commas")
-    cfg = _sim_config(tick, horizon, seed, overhead)
+    cfg = _sim_config(tick, horizon, seed, overhead, max_ticks)
     pols = {name: make_policy(name) for name in names}
     with Reporter(quiet=quiet) as reporter:
         outcome, metrics, doc = run_compare(trace, perf, cluster, pols, cfg, output, skip_bad_rows=skip_bad_rows,
@@ -209,7 +221,7 @@ def list_policies() -> None:
 
 @trace_app.command("stats")
 def trace_stats_cmd(
-    file: Path = typer.Argument(..., help="trace CSV"),
+    file: Path = typer.Argument(..., help="trace CSV ('-' = stdin)"),
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="adapt GPU types to this cluster's"),
     seed: int = typer.Option(0, "--seed"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
@@ -230,7 +242,7 @@ def trace_stats_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{file} ({stats['format']}{', adapted' if stats['adapted'] else ''})", show_header=False)
+    table = Table(title=f"{'stdin' if str(file) == '-' else file} ({stats['format']}{', adapted' if stats['adapted'] else ''})", show_header=False)
     for key in ("jobs", "skipped_rows", "span_days", "arrivals_per_hour", "jobs_with_deadline", "median_deadline_slack_s"):
         v = stats[key]
         table.add_row(key, f"{v:.2f}" if isinstance(v, float) else str(v))
@@ -334,6 +346,8 @@ def serve(
                                                  "arrival ({model} {batch} {cluster} {out}); default analyze|plan|profile"),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="arena-run: checkpoint every N steps"),
     until_idle: bool = typer.Option(False, "--until-idle", help="exit once every submitted job is done"),
+    event_passes: bool = typer.Option(True, "--event-passes/--ticks-only", help="schedule at once when a job arrives, "
+                                      "starts or ends (default), or only at ticks, as the simulator does"),
 ) -> None:
     """Run the live scheduler: the policy against (compressed) real time, state in SQLite; survives kill -9."""
     from libarena.schedule.live.server import ServeConfig, Server
@@ -343,7 +357,8 @@ def serve(
     cfg = ServeConfig(cluster, perf, state, policy=policy, tick_s=tick, compression=time_compression,
                       launcher=launcher, workdir=workdir, address=address,
                       overheads=OverheadConfig.from_assignments(overhead), poll_s=poll,
-                      profile_script=profile_script, launcher_options={"checkpoint_every": checkpoint_every})
+                      profile_script=profile_script, launcher_options={"checkpoint_every": checkpoint_every},
+                      event_passes=event_passes)
     server = Server(cfg)
     print(f"arena-schedule: serving {state} (policy {policy}, tick {tick:g} s, compression {time_compression:g}, "
           f"launcher {launcher})", file=sys.stderr, flush=True)
@@ -361,11 +376,10 @@ def submit(
 ) -> None:
     """Submit a job to the live scheduler (through its database; the server picks it up)."""
     from libarena.schedule.live.jobfile import load_job_file
-    from libarena.schedule.live.store import Store
+    from libarena.schedule.live.store import Store, check_not_before
 
     sub = load_job_file(job_file)
-    if at is not None and not at >= 0:
-        raise ArenaError(f"--at must be >= 0 scheduler seconds, got {at}")
+    check_not_before(at)  # before the state database is created
     store = Store(state, create=True)  # a job may be submitted before the server first starts
     try:
         print(store.submit(sub, not_before=at))

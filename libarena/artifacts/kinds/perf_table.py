@@ -69,24 +69,101 @@ PERF_TABLE = register_kind(
 )
 
 
+#: The columns that identify a row: rows that agree on all of them must agree on their values.
+KEY_COLUMNS = ("model", "global_batch", "gpu_type", "num_gpus", "num_nodes", "view", "pipeline_degree", "plan_id")
+VALUE_COLUMNS = ("iter_time_s", "throughput", "fits_in_memory")
+
+
 def check_perf_table(table, source: str) -> None:
-    """Values every reader relies on (one-line ArenaError naming row and column): identifiers present,
-    positive batch and GPU count, a time on every row, no negative time or throughput. A perf table may
-    come from outside Arena (importable), so this runs on every read, not only on Arena's own files."""
+    """Values every reader relies on (one-line ArenaError naming row, column and the allowed range): identifiers
+    present; batch, GPU count, nodes and pipeline degree integers in range; on rows that fit in memory, a finite
+    iteration time in (0, 1 day] (``throughput``, where given, must imply the same bound); no negative cost; no
+    two rows with the same key (KEY_COLUMNS) and different values. A perf table may come from outside Arena
+    (importable), so this runs on every read, not only on Arena's own files. Rows that do not fit in memory
+    are never used: their times may be unknown (NaN or infinite), never negative."""
+    import numpy as np
+
     from libarena.artifacts.io import check_columns
+    from libarena.checks import MAX_BATCH, MAX_GPUS, MAX_ITERATION_S, MAX_SECONDS, range_problem
 
     if table.num_rows == 0:
         raise ArenaError(f"{source}: the performance table is empty")
-    check_columns(table, source, non_null=("model", "gpu_type", "view", "iter_time_s"),
-                  positive=("global_batch", "num_gpus"))
-    import numpy as np
+    check_columns(table, source, non_null=("model", "gpu_type", "view", "iter_time_s"))
 
-    for name in ("iter_time_s", "throughput", "profiling_cost_device_s", "measured_iter_time_s",
-                 "measured_cost_device_s", "num_nodes", "pipeline_degree"):
+    def column(name: str):
         if name not in table.column_names:
+            return None
+        return table.column(name).to_numpy(zero_copy_only=False)
+
+    def fail(row: int, name: str, problem: str) -> None:
+        raise ArenaError(f"{source}: row {row + 1}, column {name!r}: {problem}")
+
+    for name, lo, hi in (("global_batch", 1, MAX_BATCH), ("num_gpus", 1, MAX_GPUS), ("num_nodes", 0, MAX_GPUS),
+                         ("pipeline_degree", 0, 4096)):
+        values = column(name)
+        if values is None:
             continue
-        values = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
-        bad = values < 0  # NaN compares false: unknown values are allowed, negative ones never
+        values = values.astype(np.float64)  # nulls read as NaN
+        bad = ~((values >= lo) & (values <= hi))
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise ArenaError(f"{source}: row {row + 1}, column {name!r}: negative value {values[row]!r}")
+            fail(row, name, range_problem(float(values[row]), lo, hi, integer=True) or "missing value")
+    fits = np.array([v is not False for v in table.column("fits_in_memory").to_pylist()], bool) \
+        if "fits_in_memory" in table.column_names else np.ones(table.num_rows, bool)
+    iter_time = column("iter_time_s").astype(np.float64)
+    bad = np.flatnonzero(fits & ~((iter_time > 0) & (iter_time <= MAX_ITERATION_S)))
+    if bad.size:
+        row = int(bad[0])
+        fail(row, "iter_time_s", range_problem(float(iter_time[row]), 0, MAX_ITERATION_S, lo_open=True)
+             or "out of range")
+    throughput = column("throughput")
+    if throughput is not None:
+        throughput = throughput.astype(np.float64)
+        batch = column("global_batch").astype(np.float64)
+        given = ~np.isnan(throughput)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            implied = batch / throughput
+        bad = np.flatnonzero(fits & given & ~((throughput > 0) & np.isfinite(throughput) & (implied <= MAX_ITERATION_S)))
+        if bad.size:
+            row = int(bad[0])
+            fail(row, "throughput", f"{throughput[row]!r} samples/s is not a finite number > 0 giving an iteration "
+                                    f"time of at most {MAX_ITERATION_S} s (global_batch / throughput)")
+    for name in ("iter_time_s", "throughput", "profiling_cost_device_s", "measured_iter_time_s",
+                 "measured_cost_device_s"):
+        values = column(name)
+        if values is None:
+            continue
+        values = values.astype(np.float64)
+        bad = values < 0  # NaN compares false: unknown values are allowed, negative ones never
+        if name not in ("iter_time_s", "throughput"):
+            bad |= values > MAX_SECONDS
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            fail(row, name, range_problem(float(values[row]), 0, MAX_SECONDS) or f"negative value {values[row]!r}")
+    _check_conflicting_duplicates(table, source)
+
+
+def _check_conflicting_duplicates(table, source: str) -> None:
+    """Two rows with the same key must say the same thing: which one would win is otherwise arbitrary."""
+    import math
+
+    keys = [c for c in KEY_COLUMNS if c in table.column_names]
+    values = [c for c in VALUE_COLUMNS if c in table.column_names]
+    key_cols = [table.column(c).to_pylist() for c in keys]
+    value_cols = [table.column(c).to_pylist() for c in values]
+    seen: dict[tuple, tuple[int, tuple]] = {}
+
+    def norm(v):
+        return None if isinstance(v, float) and math.isnan(v) else v
+
+    for row in range(table.num_rows):
+        key = tuple(col[row] for col in key_cols)
+        value = tuple(norm(col[row]) for col in value_cols)
+        first = seen.setdefault(key, (row, value))
+        if first[1] != value:
+            differ = next(c for c, a, b in zip(values, first[1], value) if a != b)
+            where = ", ".join(f"{k}={v}" for k, v in zip(keys, key) if k in ("model", "global_batch", "gpu_type",
+                                                                               "num_gpus", "view"))
+            raise ArenaError(f"{source}: row {row + 1}, column {differ!r}: conflicts with row {first[0] + 1} "
+                             f"({where}: {first[1][values.index(differ)]!r} against {value[values.index(differ)]!r}); "
+                             f"rows of several plans need distinct plan_id or pipeline_degree")

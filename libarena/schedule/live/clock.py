@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 from libarena.errors import ArenaError
 
+#: Scheduler seconds per wall second at most (ten million: a year of scheduler time in three wall seconds).
+MAX_COMPRESSION = 1e7
+
 
 @dataclass(frozen=True)
 class VirtualClock:
@@ -15,8 +18,8 @@ class VirtualClock:
     compression: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.compression > 0 or self.compression > 1e7:
-            raise ArenaError(f"time compression must be in (0, 1e7], got {self.compression}")
+        if not 0 < self.compression <= MAX_COMPRESSION:
+            raise ArenaError(f"time compression must be in (0, {MAX_COMPRESSION:g}], got {self.compression}")
 
     def now(self) -> float:
         return self.at(time.time())

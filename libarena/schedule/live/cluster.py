@@ -48,6 +48,9 @@ class LiveCluster(Simulator):
         self.failed: dict[str, str] = {}  # job id -> why
         self.requests: dict[str, LaunchRequest] = {}  # job id -> its current version's request
         self._reported: set[tuple[int, int, str]] = set()
+        #: (job id, version) -> when the launcher says it finished (it may be before the pass that learns it)
+        self._finished_at: dict[tuple[str, int], float] = {}
+        self._record_time: float | None = None
         policy.attach(self)
 
     # -- jobs -----------------------------------------------------------------------------------------
@@ -94,6 +97,18 @@ class LiveCluster(Simulator):
     def _expect_completion(self, job: Job) -> None:
         pass  # the launcher reports it
 
+    def complete(self, job: Job) -> None:
+        """As the simulator, but a job's finish is recorded at the time the launcher says it finished, even when
+        the pass that learns it comes later (a poll interval, or a scheduler restart, after it)."""
+        at = self._finished_at.pop((job.spec.job_id, job.version), None)
+        self._record_time = at if at is not None and at < self.now else None
+        try:
+            super().complete(job)
+        finally:
+            self._record_time = None
+        if at is not None and at < job.finish_time:
+            job.finish_time = at
+
     def _record(self, action: str, job: Job, alloc: Allocation | None) -> None:
         self.decisions_this_tick += 1
         detail: dict[str, Any] = {"version": job.version}
@@ -102,7 +117,8 @@ class LiveCluster(Simulator):
                           num_nodes=alloc.num_nodes, nodes=[n for n, _ in alloc.blocks],
                           view_throughput=float(job.view_thr[alloc.type_index, alloc.count_index]),
                           true_throughput=float(job.true_thr[alloc.type_index, alloc.count_index]))
-        self.log_entries.append((self.now, job.spec.job_id, action, detail))
+        when = self._record_time if action == "finish" and self._record_time is not None else self.now
+        self.log_entries.append((when, job.spec.job_id, action, detail))
         self.touched[job.spec.job_id] = job
 
     def arrive(self, job: Job) -> None:
@@ -136,8 +152,9 @@ class LiveCluster(Simulator):
                                           job, job.version))
             if st.phase == "finished" and (key + ("finish",)) not in self._reported:
                 self._reported.add(key + ("finish",))
-                self.push(CompletionEvent(max(self.now, float(st.finished_at if st.finished_at is not None else self.now)),
-                                          job, job.version))
+                finished = float(st.finished_at if st.finished_at is not None else self.now)
+                self._finished_at[(job_id, job.version)] = finished
+                self.push(CompletionEvent(max(self.now, finished), job, job.version))
             elif st.phase == "running" and measured_progress and st.iterations_done is not None \
                     and job.state == JobState.RUNNING:
                 job.progress = min(float(job.spec.num_iterations), float(st.iterations_done))

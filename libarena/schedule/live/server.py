@@ -5,7 +5,10 @@ Each loop iteration (every ``poll_s`` wall seconds) picks up new submissions (pr
 (ticks every ``tick_s`` scheduler seconds from 0, as in the simulator), it polls the launcher, feeds the
 reports to the LiveCluster's event heap, runs the policy, and commits, in ONE transaction, the job snapshots,
 the decision log and the launch intents, and only then hands the intents to the launcher (marking them
-launched). Restart = rebuild the LiveCluster from the snapshots, re-issue intents not marked launched (the
+launched). Between ticks the same pass runs at once when something happens (a job arrives, starts training,
+finishes or fails; the launcher is polled every loop iteration), so a job submitted to an idle cluster is
+launched within about ``poll_s`` instead of at the next tick; the tick stays as the periodic re-optimisation.
+Restart = rebuild the LiveCluster from the snapshots, re-issue intents not marked launched (the
 launcher ignores versions it already runs), and let the next poll report what happened in between.
 """
 
@@ -18,17 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from libarena.checks import MAX_TICK_S, MIN_TICK_S, Range, check_fields, check_range
 from libarena.errors import ArenaError
 from libarena.hardware import load_cluster
 from libarena.schedule.config import OverheadConfig, SimulatorConfig
 from libarena.schedule.entities import JobSpec
 from libarena.schedule.live import store as st
-from libarena.schedule.live.clock import VirtualClock
+from libarena.schedule.live.clock import MAX_COMPRESSION, VirtualClock
 from libarena.schedule.live.cluster import LiveCluster
 from libarena.schedule.live.jobfile import JobSubmission
 from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, get_launcher
 from libarena.schedule.live.profiling import ArrivalProfiler
-from libarena.schedule.live.store import Store
+from libarena.schedule.live.store import ServerLock, Store
 from libarena.schedule.perf import load_perf
 
 
@@ -50,13 +54,20 @@ class ServeConfig:
     poll_s: float = 0.5
     profile_script: str | None = None
     launcher_options: dict[str, Any] = field(default_factory=dict)
+    #: react to events: a scheduling pass as soon as a job arrives, starts, finishes or fails (polled every
+    #: ``poll_s``), besides the periodic tick; False: passes only at ticks, exactly as the simulator schedules
+    #: (what the live-vs-simulator equivalence test compares)
+    event_passes: bool = True
 
     def __post_init__(self) -> None:
-        if not self.tick_s > 0:
-            raise ArenaError(f"--tick must be > 0 seconds, got {self.tick_s}")
-        if not self.poll_s > 0:
-            raise ArenaError(f"poll interval must be > 0 seconds, got {self.poll_s}")
-        VirtualClock(0.0, self.compression)
+        check_fields(self, {
+            "tick_s": Range("--tick", MIN_TICK_S, MAX_TICK_S),
+            "compression": Range("--time-compression", 0, MAX_COMPRESSION, lo_open=True),
+            "poll_s": Range("--poll", 0.001, 60),
+        })
+        every = self.launcher_options.get("checkpoint_every")
+        if every is not None:
+            check_range(every, "--checkpoint-every", 1, 10**9, integer=True)
 
     def settings(self) -> dict[str, Any]:
         """What must not change across restarts of the same state database."""
@@ -74,10 +85,24 @@ class TickStats:
     queued: int
     active: int
     step_s: float
+    #: False for a pass that reacted to an event (an arrival, a start, a completion) between ticks
+    periodic: bool = True
 
 
 class Server:
     def __init__(self, config: ServeConfig):
+        # one server per state database, for its whole life: taken before anything is read or written
+        self.lock = ServerLock(config.state)
+        try:
+            self._open(config)
+        except BaseException:
+            store = getattr(self, "store", None)
+            if store is not None:
+                store.close()
+            self.lock.release()
+            raise
+
+    def _open(self, config: ServeConfig) -> None:
         from libarena.schedule.api import make_policy
 
         self.config = config
@@ -102,8 +127,10 @@ class Server:
         self.policy = make_policy(config.policy, **config.policy_options)
         self.sim_config = SimulatorConfig(tick_s=config.tick_s, overheads=config.overheads)
         self.last_tick: float | None = self.store.get_meta("last_tick")
+        # the latest pass, periodic or not: scheduler time never goes back across a restart
+        last_pass = self.store.get_meta("last_pass", self.last_tick)
         self.live = LiveCluster(self.perf, self.cluster_spec, self.policy, self.sim_config,
-                                now=self.last_tick if self.last_tick is not None else 0.0)
+                                now=last_pass if last_pass is not None else 0.0)
         for name, value in (self.store.get_meta("policy_state") or {}).items():
             setattr(self.policy, name, value)
         workdir = config.workdir or config.state.with_name(config.state.name + ".d")
@@ -190,8 +217,11 @@ class Server:
                 if path is not None:
                     try:
                         from libarena.artifacts import read_table
+                        from libarena.artifacts.kinds.perf_table import check_perf_table
 
-                        table = read_table(path, "perf_table").table
+                        art = read_table(path, "perf_table")
+                        check_perf_table(art.table, art.source)
+                        table = art.table
                         self.perf.extend(table)
                         if not self.perf.has(model, batch):
                             raise ArenaError(f"{path}: has no rows for {model} (batch {batch})")
@@ -219,11 +249,32 @@ class Server:
                     self._arrive(c, row, sub, self._arrival_time(row, float("-inf")))
 
     # -- ticks ----------------------------------------------------------------------------------------
-    def tick(self, t: float) -> TickStats:
+    def _poll(self, t: float) -> dict[str, Any]:
+        versions = {j.spec.job_id: j.version for j in self.live.active.values()}
+        return self.launcher.poll(t, versions) if versions else {}
+
+    def _events_due(self, t: float, reports: dict[str, Any]) -> bool:
+        """Whether something happened that a scheduling pass should react to at once: an arrival (or any event)
+        due on the heap, a version that finished, failed, was lost, or started training."""
+        live = self.live
+        if live.heap and live.heap[0][0] <= t:
+            return True
+        for job_id, rep in reports.items():
+            job = live.by_id.get(job_id)
+            if job is None or job.version != rep.version:
+                continue
+            if rep.phase in ("finished", "failed", "lost") or (rep.phase == "running" and job.state.value == "starting"):
+                return True
+        return False
+
+    def tick(self, t: float, periodic: bool = True, reports: dict[str, Any] | None = None) -> TickStats:
+        """A scheduling pass at scheduler time ``t``: the periodic one (every tick), or one that reacts to an
+        event (``periodic`` False: the periodic ticks keep their times). ``reports``: the launcher's statuses
+        when the caller already polled it at ``t``."""
         wall0 = time.perf_counter()
         live = self.live
-        versions = {j.spec.job_id: j.version for j in live.active.values()}
-        reports = self.launcher.poll(t, versions) if versions else {}
+        if reports is None:
+            reports = self._poll(t)
         lost = live.apply(reports, self.launcher.measured_progress)
         live.advance(t)
         decision_s = live.tick()
@@ -235,6 +286,7 @@ class Server:
         with self.store.transaction() as c:
             for job_id, job in touched.items():
                 snap = live.snapshot(job)
+                snap["measured_progress"] = self.launcher.measured_progress
                 rep = reports.get(job_id)
                 if rep is not None and rep.version == job.version and rep.iterations_done is not None:
                     snap["reported_iterations"] = rep.iterations_done
@@ -246,13 +298,17 @@ class Server:
             for time_, job_id, kind, detail in entries:
                 Store.log(c, time_, job_id, kind, detail)
             if decisions:
-                Store.log(c, t, None, "tick", {"decisions": decisions, "decision_s": decision_s,
-                                               "queued": live.queued_count, "active": len(live.active)})
-            self.store.set_meta("last_tick", t, c)
+                Store.log(c, t, None, "tick" if periodic else "event-pass",
+                          {"decisions": decisions, "decision_s": decision_s, "queued": live.queued_count,
+                           "active": len(live.active)})
+            if periodic:
+                self.store.set_meta("last_tick", t, c)
+            self.store.set_meta("last_pass", t, c)
             self.store.set_meta("active_order", live.active_order(), c)
             persistent = {n: getattr(self.policy, n) for n in getattr(self.policy, "persistent_attrs", ())}
             self.store.set_meta("policy_state", persistent, c)
-        self.last_tick = t
+        if periodic:
+            self.last_tick = t
         self._execute(intents)
         for req in lost:
             key = (req.job_id, req.version)
@@ -275,7 +331,8 @@ class Server:
         for job_id in [j for j in touched if j in live.failed]:
             job = live.by_id[job_id]
             self.launcher.stop(job_id, job.version)
-        stats = TickStats(t, decision_s, decisions, live.queued_count, len(live.active), time.perf_counter() - wall0)
+        stats = TickStats(t, decision_s, decisions, live.queued_count, len(live.active), time.perf_counter() - wall0,
+                          periodic)
         self.ticks.append(stats)
         return stats
 
@@ -301,12 +358,20 @@ class Server:
         return not pending and not live.active and not live.queued_count and not live.heap and not self.profiler.pending
 
     def step(self) -> bool:
-        """One loop iteration; returns True when a tick ran (the caller sleeps otherwise)."""
+        """One loop iteration; returns True when a pass ran (the caller sleeps otherwise): the periodic tick when
+        its time has come, else (``event_passes``) a pass at once when an arrival or a launcher report is due."""
         self.ingest()
         t = self.next_tick_time()
-        if self.clock.now() >= t:
+        now = self.clock.now()
+        if now >= t:
             self.tick(t)
             return True
+        if self.config.event_passes:
+            now = max(now, self.live.now)
+            reports = self._poll(now)
+            if self._events_due(now, reports):
+                self.tick(now, periodic=False, reports=reports)
+                return True
         return False
 
     def request_stop(self, *_: Any) -> None:
@@ -327,5 +392,8 @@ class Server:
             time.sleep(max(0.0, min(self.config.poll_s, wait)))
 
     def close(self) -> None:
-        self.launcher.close()
-        self.store.close()
+        try:
+            self.launcher.close()
+            self.store.close()
+        finally:
+            self.lock.release()

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libarena.checks import check_range
 from libarena.schedule.live import store as st
 from libarena.schedule.live.clock import VirtualClock
 from libarena.schedule.live.store import Store
@@ -24,16 +25,13 @@ def job_rows(store: Store, include_done: bool = True) -> dict[str, Any]:
         snap = (j["state"] or {}).get("snapshot") or {}
         alloc = snap.get("alloc")
         iters = spec["iterations"]
-        done = snap.get("reported_iterations")
-        if done is None and snap:
-            done = iters - snap.get("remaining", iters)
-            if j["status"] == st.RUNNING and now is not None:
-                done += snap.get("true_rate", 0.0) * max(0.0, now - snap.get("snapshot_time", now))
-        if j["status"] == st.FINISHED:
-            done = iters
-        done = min(float(iters), float(done or 0.0))
+        done = _iterations_done(j["status"], snap, iters, now)
+        # the model's estimate ran out before the launcher reported the end: training goes on, of unknown length
+        overdue = j["status"] in (st.RUNNING, st.STARTING) and done >= iters
+        if j["status"] != st.FINISHED:
+            done = min(done, max(0.0, iters - 1.0))  # a job still training is never shown complete
         eta = None
-        if j["status"] in (st.RUNNING, st.STARTING) and snap.get("true_rate", 0) > 0 and now is not None:
+        if j["status"] in (st.RUNNING, st.STARTING) and snap.get("true_rate", 0) > 0 and now is not None and not overdue:
             eta_s = (iters - done) / snap["true_rate"]
             eta = {"scheduler_s": eta_s, "wall_s": eta_s / (clock.compression if clock else 1.0)}
         req = snap.get("request")
@@ -46,13 +44,33 @@ def job_rows(store: Store, include_done: bool = True) -> dict[str, Any]:
             "nodes": req["nodes"] if req and j["status"] in (st.RUNNING, st.STARTING) else [],
             "plan": (f"{req['gpu_type']},{req['num_gpus']}" if req and j["status"] in (st.RUNNING, st.STARTING) else None),
             "version": snap.get("version", 0), "reschedules": snap.get("reschedules", 0),
-            "arrival_time": j["arrival_time"], "finish_time": snap.get("finish_time"), "eta": eta, "error": j["error"],
+            "arrival_time": j["arrival_time"], "finish_time": snap.get("finish_time"), "eta": eta, "overdue": overdue,
+            "progress_measured": bool(snap.get("measured_progress")), "error": j["error"],
         })
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     return {"state": str(store.path), "policy": settings.get("policy"), "cluster": settings.get("cluster"),
             "scheduler_time": now, "last_tick": store.get_meta("last_tick"), "counts": counts, "jobs": rows}
+
+
+def _iterations_done(status: str, snap: dict[str, Any], iters: int, now: float | None) -> float:
+    """Iterations a job has done: all of them once finished; what the launcher measured (its newest
+    checkpoint), never extrapolated, when the launcher measures progress; else the scheduler's model (the
+    perf table's rate since the last snapshot). Not capped: the caller decides how to show an overrun."""
+    if status == st.FINISHED:
+        return float(iters)
+    if not snap:
+        return 0.0
+    reported = snap.get("reported_iterations")
+    if snap.get("measured_progress"):
+        return float(reported if reported is not None else snap.get("progress", 0.0))
+    if reported is not None:
+        return float(reported)
+    done = iters - snap.get("remaining", iters)
+    if status == st.RUNNING and now is not None:
+        done += snap.get("true_rate", 0.0) * max(0.0, now - snap.get("snapshot_time", now))
+    return float(done)
 
 
 def render(doc: dict[str, Any]):
@@ -80,8 +98,9 @@ def render(doc: dict[str, Any]):
         if r["status"] in (st.RUNNING, st.STARTING):
             running.add_row(r["job_id"], r["status"], r["model"], str(r["global_batch"]), f"{r['num_gpus']} x {r['gpu_type']}",
                             ",".join(map(str, r["nodes"])), r["plan"] or "-",
-                            f"{r['iterations_done']:.0f}/{r['iterations']} ({100 * r['progress']:.0f}%)",
-                            fmt_s(r["eta"]["wall_s"]) if r["eta"] else "-", str(r["reschedules"]))
+                            f"{int(r['iterations_done'])}/{r['iterations']} ({int(100 * r['progress'])}%)",
+                            "overdue" if r.get("overdue") else fmt_s(r["eta"]["wall_s"]) if r["eta"] else "-",
+                            str(r["reschedules"]))
         elif r["status"] in st.TERMINAL:
             done.add_row(r["job_id"], r["status"], r["model"], fmt_s(r["finish_time"]), r["error"] or "")
         else:
@@ -91,6 +110,7 @@ def render(doc: dict[str, Any]):
 
 
 def log_lines(store: Store, job_id: str, limit: int | None = None) -> list[str]:
+    check_range(limit, "--tail", 1, 10**9, integer=True, optional=True)
     out = []
     for e in store.log_of(job_id, limit):
         when = time.strftime("%H:%M:%S", time.localtime(e["wall"]))

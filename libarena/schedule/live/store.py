@@ -11,21 +11,31 @@ Tables:
 - ``perf_rows``: performance rows measured by profiling on arrival (added to the perf table on restart).
 
 Writers: the server (one process) and ``submit`` (inserts a ``submitted`` row); readers: ``status``, ``logs``.
+
+The database is marked as Arena's (SQLite's ``application_id``, :data:`APPLICATION_ID`): a ``--state`` file that
+is some other SQLite database is refused before anything is written to it (not even its journal mode is
+changed). One server at a time: :class:`ServerLock` holds an exclusive lock on ``<state>.lock`` for the server's
+life, and a second server exits naming the first one's process id.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from libarena.checks import MAX_SECONDS, check_range
 from libarena.errors import ArenaError
 from libarena.schedule.live.jobfile import JobSubmission
 
 SCHEMA_VERSION = 1
+#: SQLite's application_id of Arena's state databases ("ARNA")
+APPLICATION_ID = 0x41524E41
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -71,17 +81,25 @@ FINISHED, DROPPED, FAILED, REJECTED, UNSCHEDULABLE = "finished", "dropped", "fai
 TERMINAL = (FINISHED, DROPPED, FAILED, REJECTED, UNSCHEDULABLE)
 
 
+def check_not_before(not_before: float | None) -> None:
+    """``submit --at``: a scheduler time in [0, 100 years] (a job that never arrives would wait forever)."""
+    check_range(not_before, "--at", 0, MAX_SECONDS, optional=True)
+
+
 class Store:
     def __init__(self, path: str | Path, create: bool = False):
         self.path = Path(path)
         if not create and not self.path.exists():
             raise ArenaError(f"{self.path}: no scheduler state database (start one with arena-schedule serve --state {self.path})")
+        if self.path.is_dir():
+            raise ArenaError(f"{self.path}: is a directory, not a scheduler state database")
         self.conn = None
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
+            self.conn.execute("PRAGMA busy_timeout=30000")
+            self._check_marker(create)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
-            self.conn.execute("PRAGMA busy_timeout=30000")
             if create:
                 self.conn.executescript(_SCHEMA)
             version = self.get_meta("schema_version")
@@ -98,6 +116,29 @@ class Store:
             if isinstance(e, ArenaError):
                 raise
             raise ArenaError(f"{self.path}: not a scheduler state database ({e})") from None
+
+    def _check_marker(self, create: bool) -> None:
+        """Arena's marker, or an empty database (marked when ``create``); anything else is refused untouched.
+        A database of an Arena from before the marker (its ``meta`` table holds a schema version) is accepted."""
+        (app_id,) = self.conn.execute("PRAGMA application_id").fetchone()
+        if app_id == APPLICATION_ID:
+            return
+        tables = [name for (name,) in self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        legacy = False
+        if app_id == 0 and "meta" in tables and "jobs" in tables:
+            try:
+                legacy = self.conn.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchone() is not None
+            except sqlite3.DatabaseError:  # a "meta" table of someone else's
+                legacy = False
+        if app_id != 0 or (tables and not legacy):
+            shown = ", ".join(tables[:5]) + (" ..." if len(tables) > 5 else "")
+            raise ArenaError(f"{self.path}: not Arena's scheduler state database (application id {app_id:#x}, "
+                             f"tables: {shown or 'none'}); refusing to write into it: use another --state")
+        if not tables and not create:
+            raise ArenaError(f"{self.path}: not a scheduler state database (it is empty)")
+        if create:
+            self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
     def close(self) -> None:
         self.conn.close()
@@ -125,6 +166,7 @@ class Store:
     def submit(self, sub: JobSubmission, not_before: float | None = None) -> str:
         """Insert a submitted job; returns its id. ``not_before``: scheduler time before which it does not
         arrive (trace replay)."""
+        check_not_before(not_before)
         now = time.time()
         with self.transaction() as c:
             if sub.name is not None:
@@ -212,3 +254,34 @@ class Store:
     def add_perf_rows(self, c: sqlite3.Connection, model: str, batch: int, rows: dict[str, list]) -> None:
         c.execute("INSERT OR REPLACE INTO perf_rows(model, global_batch, rows) VALUES (?, ?, ?)",
                   (model, batch, json.dumps(rows, default=float)))
+
+
+class ServerLock:
+    """An exclusive lock on ``<state>.lock``, held for a server's life: one live scheduler per state database
+    (two would both launch jobs onto the same GPUs). The file holds the holder's process id, for the message
+    the second server exits with. The kernel releases the lock when the holder dies, however it dies."""
+
+    def __init__(self, state: str | Path):
+        self.path = Path(f"{state}.lock")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ArenaError(f"cannot lock {state}: {exc.strerror or exc} ({self.path})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ArenaError(f"{state} is already served by process {holder} (lock {self.path}): one server per "
+                             f"state database; stop that one first, or use another --state") from None
+        except OSError as exc:
+            os.close(fd)
+            raise ArenaError(f"cannot lock {state}: {exc.strerror or exc} ({self.path})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the lock; the file stays (harmless, reused)
+            self.fd = None

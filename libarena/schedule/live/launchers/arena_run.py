@@ -161,10 +161,24 @@ class ArenaRunLauncher(JobLauncher):
     def stop(self, job_id: str, version: int) -> None:
         self._stop_version(job_id, version)
 
-    def progress(self, job_id: str) -> float | None:
+    def _newest_checkpoint(self, job_id: str) -> Path | None:
         ckpt = self.checkpoint_dir(job_id)
-        steps = [int(p.name) for p in ckpt.iterdir() if p.name.isdigit()] if ckpt.is_dir() else []
-        return float(max(steps)) if steps else None
+        steps = [p for p in ckpt.iterdir() if p.name.isdigit()] if ckpt.is_dir() else []
+        return max(steps, key=lambda p: int(p.name)) if steps else None
+
+    def progress(self, job_id: str) -> float | None:
+        newest = self._newest_checkpoint(job_id)
+        return float(newest.name) if newest is not None else None
+
+    def _training_end(self, job_id: str, started_wall: float, exit_wall: float) -> float:
+        """When a finished version's training ended: its final checkpoint (written after the last step), not the
+        process's exit, which follows seconds of Ray and JAX teardown."""
+        newest = self._newest_checkpoint(job_id)
+        try:
+            saved = newest.stat().st_mtime if newest is not None else exit_wall
+        except OSError:
+            saved = exit_wall
+        return min(exit_wall, max(started_wall, saved))
 
     def poll(self, now: float, versions: dict[str, int]) -> dict[str, RunStatus]:
         clock = self.ctx.clock
@@ -177,15 +191,18 @@ class ArenaRunLauncher(JobLauncher):
                 out[job_id] = RunStatus(job_id, version, "lost", message="never started")
                 continue
             try:
-                started = clock.at(float((run_dir / "started_wall").read_text()))
+                started_wall = float((run_dir / "started_wall").read_text())
             except (OSError, ValueError):  # killed before writing it: the pid file is as old
-                started = clock.at((run_dir / "pid").stat().st_mtime)
+                started_wall = (run_dir / "pid").stat().st_mtime
+            started = clock.at(started_wall)
             done = self.progress(job_id)
             code_file = run_dir / "exit_code"
             if code_file.exists():
                 code = code_file.read_text().strip()
-                finished = clock.at(code_file.stat().st_mtime)
+                exit_wall = code_file.stat().st_mtime
+                finished = clock.at(exit_wall)
                 if code == "0":
+                    finished = clock.at(self._training_end(job_id, started_wall, exit_wall))
                     out[job_id] = RunStatus(job_id, version, "finished", started, finished, done)
                 else:
                     out[job_id] = RunStatus(job_id, version, "failed", started, finished, done,

@@ -1,0 +1,163 @@
+"""The live scheduler reacts to events: an arrival or a completion runs a scheduling pass at once (the tick
+stays the periodic re-optimisation), a finish is recorded when the job finished, and ``status`` shows true
+progress (a job still training is never at 100%, ETA 0).
+
+The server runs in this process on a controlled clock (scheduler time set by the test), stepped by hand,
+with the emulated-hosts launcher, so every time below is exact."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from libarena.schedule.config import OverheadConfig
+from libarena.schedule.live import store as st
+from libarena.schedule.live.jobfile import JobSubmission
+from libarena.schedule.live.server import ServeConfig, Server
+from libarena.schedule.live.status import job_rows
+from libarena.schedule.live.store import Store
+from tests.schedule.perf_fixtures import synthetic_perf_rows, write_perf
+
+MODEL, BATCH = "gpt__760M", 128
+
+
+@dataclass
+class SetClock:
+    """Scheduler time as the test sets it (a submission arrives at the time it is ingested)."""
+
+    t: float = 0.0
+    compression: float = 1.0
+
+    def now(self) -> float:
+        return self.t
+
+    def at(self, wall: float) -> float:
+        return self.t
+
+    def wall_of(self, virtual: float) -> float:
+        return virtual
+
+
+def _server(tmp_path, event_passes: bool = True) -> tuple[Server, SetClock]:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"name": "one-gpu", "node_groups": [{"gpu_type": "a100", "nodes": 1,
+                                                                           "gpus_per_node": 1}]}))
+    perf = tmp_path / "perf.parquet"
+    write_perf(perf, [(MODEL, BATCH)], ["a100"], max_gpus=1)
+    cfg = ServeConfig(cluster, perf, tmp_path / "state.db", policy="fcfs", tick_s=300.0, launcher="perf-table",
+                      overheads=OverheadConfig(0, 0, 0, 0, 0, 0), poll_s=0.01, event_passes=event_passes)
+    server = Server(cfg)
+    clock = SetClock()
+    server.clock = clock
+    return server, clock
+
+
+def _rate() -> float:
+    rows = synthetic_perf_rows([(MODEL, BATCH)], ["a100"], max_gpus=1)
+    return next(t for t, v in zip(rows["throughput"], rows["view"]) if v == "ap") / BATCH
+
+
+def _log(server: Server, job_id: str) -> dict[str, float]:
+    return {e["kind"]: e["time"] for e in server.store.log_of(job_id) if e["time"] is not None}
+
+
+def test_arrival_and_completion_schedule_at_once(tmp_path):
+    server, clock = _server(tmp_path)
+    try:
+        assert server.step()  # the first periodic tick, at 0, with nothing to do
+        server.store.submit(JobSubmission(MODEL, BATCH, 600, "a"))
+        clock.t = 10.0
+        assert server.step()  # the arrival runs a pass now, not at the next tick (300)
+        assert _log(server, "a")["launch"] == 10.0
+        server.store.submit(JobSubmission(MODEL, BATCH, 600, "b"))
+        clock.t = 20.0
+        assert server.step()  # b arrives; the one GPU is busy: b waits
+        assert "launch" not in _log(server, "b")
+        finish = 10.0 + 600 / _rate()
+        assert finish < 250
+        clock.t = finish - 1
+        assert not server.step()  # nothing happened: no pass
+        clock.t = finish + 5
+        assert server.step()  # a's completion runs a pass at once: b is launched on the freed GPU
+        assert _log(server, "a")["finish"] == pytest.approx(finish)  # recorded when it finished, not when learnt
+        assert _log(server, "b")["launch"] == finish + 5
+        a = server.store.job("a")
+        assert a["status"] == st.FINISHED and a["state"]["snapshot"]["finish_time"] == pytest.approx(finish)
+        assert server.last_tick == 0.0  # event passes leave the periodic ticks where they were
+        assert [t.periodic for t in server.ticks] == [True, False, False, False]
+    finally:
+        server.close()
+
+
+def test_ticks_only_waits_for_the_tick(tmp_path):
+    """What the event passes replace: with --ticks-only the arrival waits for the next tick."""
+    server, clock = _server(tmp_path, event_passes=False)
+    try:
+        server.step()
+        server.store.submit(JobSubmission(MODEL, BATCH, 600, "a"))
+        clock.t = 10.0
+        assert not server.step()
+        clock.t = 300.0
+        assert server.step()
+        assert _log(server, "a")["launch"] == 300.0
+    finally:
+        server.close()
+
+
+def _with_snapshot(directory, status: str, snapshot: dict, iterations: int = 100) -> dict:
+    directory.mkdir(exist_ok=True)
+    store = Store(directory / "status.db", create=True)
+    store.set_meta("settings", {"compression": 1.0, "policy": "fcfs"})
+    store.set_meta("wall_origin", time.time() - 1000.0)  # scheduler time now: about 1000 s
+    store.submit(JobSubmission(MODEL, BATCH, iterations, "j"))
+    with store.transaction() as c:
+        Store.set_status(c, "j", status, state={"snapshot": snapshot})
+    try:
+        return job_rows(store)["jobs"][0]
+    finally:
+        store.close()
+
+
+def test_status_never_shows_a_training_job_complete(tmp_path):
+    # the perf table's model says the job should have ended 900 s ago; the launcher has not reported it
+    snap = {"remaining": 50.0, "true_rate": 1.0, "snapshot_time": 50.0, "measured_progress": False}
+    row = _with_snapshot(tmp_path, st.RUNNING, snap)
+    assert row["iterations_done"] == 99 and row["progress"] < 1.0
+    assert row["overdue"] and row["eta"] is None
+    # a launcher that measures progress (arena-run: its newest checkpoint) is never extrapolated
+    snap = {"remaining": 50.0, "true_rate": 1.0, "snapshot_time": 50.0, "measured_progress": True,
+            "reported_iterations": 30.0}
+    row = _with_snapshot(tmp_path / "m", st.RUNNING, snap)
+    assert row["iterations_done"] == 30 and row["eta"]["scheduler_s"] == pytest.approx(70.0) and not row["overdue"]
+    # no checkpoint yet: nothing measured is nothing done
+    snap = {"remaining": 100.0, "true_rate": 1.0, "snapshot_time": 50.0, "measured_progress": True, "progress": 0.0}
+    row = _with_snapshot(tmp_path / "n", st.RUNNING, snap)
+    assert row["iterations_done"] == 0
+    # and a finished job is complete
+    row = _with_snapshot(tmp_path / "f", st.FINISHED, {"finish_time": 10.0})
+    assert row["progress"] == 1.0
+
+
+def test_a_finish_learnt_late_is_recorded_when_it_happened(tmp_path):
+    """A completion reported after scheduler time moved past it (a restart, a slow poll) keeps its own time."""
+    from libarena.schedule.live.launchers import RunStatus
+
+    server, clock = _server(tmp_path)
+    try:
+        server.step()
+        server.store.submit(JobSubmission(MODEL, BATCH, 600, "a"))
+        clock.t = 10.0
+        server.step()
+        live = server.live
+        job = live.by_id["a"]
+        live.apply({"a": RunStatus("a", job.version, "running", 10.0, None, 0.0)}, False)
+        live.advance(500.0)
+        live.apply({"a": RunStatus("a", job.version, "finished", 10.0, 123.0, 600.0)}, False)
+        live.advance(500.0)
+        assert job.finish_time == 123.0
+        assert [(t, kind) for t, j, kind, _ in live.log_entries if kind == "finish"] == [(123.0, "finish")]
+    finally:
+        server.close()
