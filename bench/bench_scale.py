@@ -30,84 +30,29 @@ caches). Writes bench/results/scale.json.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces" / "arena-ae"
-CLUSTER = REPO / "examples" / "clusters" / "paper-sim-1280.yaml"
-DEFAULT_PERF = REPO / "bench" / "results" / "perf-arena-ae.parquet"
-SWEEP_TRACES = ("philly", "venus", "pai")
+from bench.paper_inputs import (CLUSTER, DEFAULT_PERF, ITERATION_DIVISOR, PAPER_TRACES as SWEEP_TRACES, REPO, SIM_FLAGS,
+                                TRACES, perf_table, prepare, schedule_tool, timed)
+
 SWEEP_POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
-ITERATION_DIVISOR = 5
 JITTER_S = 150.0
-SIM_FLAGS = ("--horizon", "600000", "--tick", "300", "--skip-bad-rows")
 TARGETS = {"wall_s_at_scale": 60.0, "arena_median_decision_s_at_scale": 0.005, "arena_max_decision_s_at_scale": 0.5,
            "wall_ratio": 12.0}
 ROUNDS = 3
 
 
-def _schedule_tool() -> list[str]:
-    script = Path(sys.executable).parent / "arena-schedule"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from arena_schedule.main import main; main()"]
-
-
-def _timed(argv: list[str], log: Path) -> dict[str, Any]:
-    """Run a command; its wall time, CPU time and peak RSS (wait4: this child only), exit code, stdout."""
-    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    start = time.perf_counter()
-    with open(log, "wb") as err, tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=REPO, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        out.seek(0)
-        stdout = out.read().decode(errors="replace")
-    code = os.waitstatus_to_exitcode(status)
-    record = {"wall_s": round(wall, 3), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-              "peak_rss_bytes": int(usage.ru_maxrss) * 1024, "exit_code": code, "stdout": stdout}
-    if code != 0:
-        record["error"] = (log.read_text(errors="replace").strip().splitlines() or [""])[-1]
-    return record
-
-
-def _prepare(source: Path, target: Path, max_jobs: int | None) -> None:
-    """examples/paper's first stage: the first ``max_jobs`` jobs, iterations / 5."""
-    spec = importlib.util.spec_from_file_location("prepare_trace", REPO / "examples" / "paper" / "prepare_trace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(module.prepare(source, max_jobs, ITERATION_DIVISOR))
-
-
-def _perf_table(perf: Path | None) -> Path:
-    if perf is not None:
-        return perf
-    if not DEFAULT_PERF.is_file():
-        from libarena.pipeline.perf_build import PerfBuildConfig, perf_build
-        from libarena.schedule.traces import read_trace
-
-        extra = sorted({(j.model, j.global_batch) for name in SWEEP_TRACES[1:]
-                        for j in read_trace(TRACES / f"simulate_trace_{name}.csv", skip_bad_rows=True).jobs})
-        print(f"bench_scale: building {DEFAULT_PERF} with arena-schedule perf build (first run: a few minutes)",
-              file=sys.stderr, flush=True)
-        DEFAULT_PERF.parent.mkdir(parents=True, exist_ok=True)
-        perf_build(CLUSTER, str(DEFAULT_PERF), PerfBuildConfig(), trace=TRACES / "simulate_trace_philly.csv", pairs=extra,
-                   skip_bad_rows=True)
-    return DEFAULT_PERF
-
-
 def _simulate(trace: Path, cluster: Path, perf: Path, policy: str, work: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix=f"{policy}-", dir=work))
-    record = _timed([*_schedule_tool(), "simulate", "--trace", str(trace), "--perf", str(perf), "--cluster", str(cluster),
+    record = timed([*schedule_tool(), "simulate", "--trace", str(trace), "--perf", str(perf), "--cluster", str(cluster),
                      "--policy", policy, *SIM_FLAGS, "--no-cache", "--cache-dir", str(run_dir / "cache"), "--json", "-q",
                      "-o", str(run_dir / "run")], run_dir / "stderr.log")
     stdout = record.pop("stdout")
@@ -121,12 +66,12 @@ def _simulate(trace: Path, cluster: Path, perf: Path, policy: str, work: Path) -
 
 def _scale(work: Path, perf: Path, scale: int, rounds: int, policies: tuple[str, ...], max_jobs: int | None) -> dict[str, Any]:
     base_trace, big_trace, big_cluster = work / "1x" / "trace.csv", work / f"{scale}x" / "trace.csv", work / f"{scale}x" / "cluster.yaml"
-    _prepare(TRACES / "simulate_trace_philly.csv", base_trace, max_jobs)
+    prepare(TRACES / "simulate_trace_philly.csv", base_trace, max_jobs)
     big_trace.parent.mkdir(parents=True, exist_ok=True)
     generate = {
-        "trace_scale": _timed([*_schedule_tool(), "trace", "scale", str(base_trace), "-x", str(scale), "--jitter",
+        "trace_scale": timed([*schedule_tool(), "trace", "scale", str(base_trace), "-x", str(scale), "--jitter",
                                str(JITTER_S), "--seed", "0", "-o", str(big_trace)], work / "trace-scale.log"),
-        "cluster_scale": _timed([*_schedule_tool(), "cluster", "scale", str(CLUSTER), "-x", str(scale), "-o",
+        "cluster_scale": timed([*schedule_tool(), "cluster", "scale", str(CLUSTER), "-x", str(scale), "-o",
                                  str(big_cluster)], work / "cluster-scale.log"),
     }
     for name, record in generate.items():
@@ -196,7 +141,7 @@ def _compare_numbers(root: Path, traces: tuple[str, ...], layout: str) -> dict[s
 
 def _sweep(work: Path, perf: Path, rounds: int, max_jobs: int | None) -> dict[str, Any]:
     for trace in SWEEP_TRACES:
-        _prepare(TRACES / f"simulate_trace_{trace}.csv", work / "inputs" / trace / "trace.csv", max_jobs)
+        prepare(TRACES / f"simulate_trace_{trace}.csv", work / "inputs" / trace / "trace.csv", max_jobs)
     common = ["--cluster", str(CLUSTER), *SIM_FLAGS, "--plot"]
     cpus = os.cpu_count() or 1
     modes: dict[str, list[str] | None] = {"compare x3 (before)": None, "sweep --sequential": ["--sequential"]}
@@ -211,7 +156,7 @@ def _sweep(work: Path, perf: Path, rounds: int, max_jobs: int | None) -> dict[st
             cache = ["--no-cache", "--cache-dir", str(out / "cache")]
             if flags is None:  # the Make pipeline before: one compare process per trace, one after another
                 start = time.perf_counter()
-                records = [_timed([*_schedule_tool(), "compare", "--policies", ",".join(SWEEP_POLICIES), "--trace",
+                records = [timed([*schedule_tool(), "compare", "--policies", ",".join(SWEEP_POLICIES), "--trace",
                                    str(work / "inputs" / t / "trace.csv"), "--perf", str(perf), *common, *cache,
                                    "-o", str(out / t / "compare")], out / f"{t}.log") for t in SWEEP_TRACES]
                 record = {"wall_s": round(time.perf_counter() - start, 3),
@@ -219,10 +164,10 @@ def _sweep(work: Path, perf: Path, rounds: int, max_jobs: int | None) -> dict[st
                           "exit_code": max((r["exit_code"] for r in records), key=abs),
                           "error": next((r["error"] for r in records if r.get("error")), None)}
             else:
-                argv = [*_schedule_tool(), "sweep", *(a for t in SWEEP_TRACES for a in (
+                argv = [*schedule_tool(), "sweep", *(a for t in SWEEP_TRACES for a in (
                     "--trace", f"{t}={work / 'inputs' / t / 'trace.csv'}")), "--perf", str(perf), "--policies",
                     ",".join(SWEEP_POLICIES), *common, *cache, "--layout", "{trace}/compare", *flags, "-o", str(out)]
-                record = _timed(argv, out / "sweep.log")
+                record = timed(argv, out / "sweep.log")
                 record.pop("stdout")
             if record["exit_code"] == 0:
                 numbers[mode] = _compare_numbers(out, SWEEP_TRACES, "{trace}/compare")
@@ -248,7 +193,7 @@ def run(results_dir: Path, *, scale: int = 10, rounds: int = ROUNDS, policies: t
     if not TRACES.is_dir():
         print(f"bench_scale: traces not found at {TRACES}", file=sys.stderr)
         return False
-    perf = _perf_table(perf)
+    perf = perf_table(perf)
     load_before = os.getloadavg()
     doc: dict[str, Any] = {"benchmark": "the scheduler at ten times the paper's scale, side by side with 1x; "
                            "examples/paper's comparison as three compare processes and as one sweep (in process, on Ray)",

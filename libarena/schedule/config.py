@@ -129,6 +129,7 @@ class SimulatorConfig:
 
 
 class Objective(str, Enum):
+    JCT = "jct"  # eq. 5's greedy, each job's gains weighted by 1 / its isolated duration (Smith's rule)
     THROUGHPUT = "throughput"  # eq. 5
     DEADLINE = "deadline"  # eq. 5 under eq. 6, dropping jobs that cannot meet their deadline
     FAIRNESS = "fairness"  # eq. 7, finish-time fairness
@@ -162,7 +163,9 @@ class ArenaPolicyConfig(PolicyConfig):
     search_depth: int = 3
     #: A job queued this long is promoted one queue up (assumption: one hour; the paper gives no value).
     promotion_time_s: float = 3600.0
-    objective: Objective = Objective.THROUGHPUT
+    #: jct (default): the throughput objective's gains and losses per GPU weighted by 1 / the job's isolated
+    #: duration, so contended GPUs go to the jobs that finish soonest with them; throughput: eq. 5 as in the paper
+    objective: Objective = Objective.JCT
     #: Ablations (§5.6): no GPU-type switching, no GPU-count scaling, no runtime pruning.
     hetero: bool = True
     elastic: bool = True
@@ -181,6 +184,13 @@ class ArenaPolicyConfig(PolicyConfig):
             "promotion_time_s": Range("--promotion-time", 0, MAX_SECONDS),
             "defrag_interval_s": Range("defrag_interval_s", 0, MAX_SECONDS),
         })
+
+
+@dataclass(frozen=True)
+class FcfsConfig(PolicyConfig):
+    #: One FIFO queue per GPU type (the paper's FCFS: a job blocked on one type does not hold up the others);
+    #: False: one global queue whose head blocks every job behind it.
+    per_type_queues: bool = True
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ way" (absent from the table, or not fitting in memory). Rules:
   runnable plan (``arena`` proxy plan or ``dp``) is the truth, since AP's search space contains both.
 - ``dp-linear`` (Sia's bootstrapped estimate, §2.3): per GPU type, the dp throughput at the smallest count
   that fits, extrapolated linearly (thr_n = thr_n0 x n / n0), offered only where the table has the config.
+- ``truth``: the execution truth itself, for a policy that profiles nothing and learns only from running a
+  job whether its configuration fits (FCFS executing with adaptive parallelism).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from libarena.hardware import ClusterSpec
 from libarena.schedule.entities.allocation import count_index
 
 TABLE_VIEWS = ("arena", "dp", "ap")
-DECISION_VIEWS = ("arena", "dp", "ap", "dp-linear")
+DECISION_VIEWS = ("arena", "dp", "ap", "dp-linear", "truth")
 
 
 @dataclass
@@ -117,6 +119,7 @@ class PerfLookup:
         for perf in self._models.values():
             perf.truth = np.maximum.reduce([perf.views[v] for v in TABLE_VIEWS])
             perf.views["dp-linear"] = self._linear_estimate(perf.views["dp"], perf.truth)
+            perf.views["truth"] = perf.truth
 
     def _linear_estimate(self, dp: np.ndarray, truth: np.ndarray) -> np.ndarray:
         est = np.zeros_like(dp)
@@ -160,6 +163,8 @@ class PerfLookup:
             raise ArenaError(f"{self.source} lacks {len(missing)} (model, global batch) used by {trace_source}: {listed}")
 
     def check_view(self, view: str, pairs: list[tuple[str, int]]) -> None:
+        if view == "truth":
+            return  # every row is part of the truth
         base = "dp" if view == "dp-linear" else view
         lacking = sorted({p for p in pairs if base not in self._views_present.get(p, set())})
         if lacking:

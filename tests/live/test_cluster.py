@@ -50,4 +50,5 @@ def test_snapshot_restore_roundtrip(tmp_path):
                (orig.index, orig.state, orig.version, orig.alloc, orig.priority, orig.enqueue_seq)
     assert other.cluster.free_gpus == live.cluster.free_gpus
     assert other.requests["a"] == live.requests["a"]
-    assert other.policy.queue[0] is restored["b"] and other.queued_count == 1  # back in the policy's queue
+    assert other.policy.queues[restored["b"].requested_type_index][0] is restored["b"]  # back in the policy's queue
+    assert other.queued_count == 1

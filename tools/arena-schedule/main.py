@@ -70,7 +70,7 @@ def simulate(
     policy: str = PolicyOpt,
     output: Path = typer.Option(..., "-o", "--output", help="output directory"),
     view: Optional[str] = typer.Option(None, "--view", help="decision view: arena, dp, ap, dp-linear (default: the policy's)"),
-    objective: Optional[str] = typer.Option(None, "--objective", help="arena: throughput, deadline, fairness"),
+    objective: Optional[str] = typer.Option(None, "--objective", help="arena: jct (default), throughput (eq. 5), deadline, fairness"),
     no_hetero: bool = typer.Option(False, "--no-hetero", help="arena ablation: no GPU-type switching"),
     no_elastic: bool = typer.Option(False, "--no-elastic", help="arena ablation: no GPU-count scaling"),
     no_pruning: bool = typer.Option(False, "--no-pruning", help="arena ablation: full AP search at every (re)launch"),

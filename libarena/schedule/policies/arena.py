@@ -23,7 +23,7 @@ import heapq
 from bisect import insort
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
-from libarena.schedule.config import APSearch, ArenaPolicyConfig, ProfilingKind
+from libarena.schedule.config import APSearch, ArenaPolicyConfig, Objective, ProfilingKind
 from libarena.schedule.entities import Job, JobState, TypePool
 from libarena.schedule.policies.base import Policy, register_policy
 from libarena.schedule.policies.objectives import OBJECTIVES
@@ -193,7 +193,7 @@ class ArenaPolicy(Policy):
     def _grow_at_launch(self, job: Job, t: int, c: int) -> tuple[int, int]:
         """Scale a launching job up for free (it pays no rescale yet) into idle GPUs that the jobs queued
         behind it do not need, while its view says each doubling still gains throughput."""
-        if not self.config.elastic or self.config.objective != self.config.objective.THROUGHPUT:
+        if not self.config.elastic or self.config.objective not in (Objective.JCT, Objective.THROUGHPUT):
             return t, c
         pool = self.sim.pools[t]
         v = job.view_thr

@@ -1,6 +1,7 @@
 """Arena's scheduling objectives (§3.5): throughput (eq. 5), throughput under deadlines (eq. 6), finish-time
-fairness (eq. 7). Each tells the generic event-driven algorithm how to rank launch configurations, scale-down
-victims and scale-up operations; all numbers come from the policy's decision view."""
+fairness (eq. 7), and average JCT (eq. 5's greedy with Smith's rule, Arena's default). Each tells the generic
+event-driven algorithm how to rank launch configurations, scale-down victims and scale-up operations; all
+numbers come from the policy's decision view."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ class ThroughputObjective:
 
     def admissible(self, job: Job, configs: list[tuple[int, int]]) -> bool:
         return True
+
+    def isolated_s(self, job: Job) -> float:
+        """Seconds the whole job takes alone on its fastest configuration the policy allows (its view)."""
+        best = job.policy_state.get("best_view")
+        if best is None:
+            best = job.policy_state["best_view"] = float(np.max(job.view_thr, where=self.sim.policy.allowed,
+                                                                initial=0.0))
+        return job.spec.num_iterations * job.spec.global_batch / best if best > 0 else float("inf")
 
     def launch_order(self, job: Job, configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         cached = self._launch_orders.get(job.index)
@@ -115,15 +124,9 @@ class FairnessObjective(ThroughputObjective):
     static_upgrade_gain = False  # rho moves with time
     static_victim_score = False
 
-    def _isolated(self, job: Job) -> float:
-        best = job.policy_state.get("best_view")
-        if best is None:
-            best = job.policy_state["best_view"] = float(np.max(job.view_thr))
-        return job.spec.num_iterations * job.spec.global_batch / best
-
     def rho(self, job: Job, t: int, c: int, overhead: float = 0.0) -> float:
         finish = self.sim.estimated_finish(job, t, c, overhead)
-        return (finish - job.spec.submit_time) / self._isolated(job)
+        return (finish - job.spec.submit_time) / self.isolated_s(job)
 
     def launch_order(self, job: Job, configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         v = job.view_thr
@@ -145,5 +148,20 @@ class FairnessObjective(ThroughputObjective):
         return before  # help the job furthest behind first
 
 
-OBJECTIVES = {Objective.THROUGHPUT: ThroughputObjective, Objective.DEADLINE: DeadlineObjective,
-              Objective.FAIRNESS: FairnessObjective}
+class JCTObjective(ThroughputObjective):
+    """Average JCT: eq. 5's greedy with each job's throughput gained or lost per GPU weighted by 1 / the
+    job's isolated duration (Smith's rule, weighted shortest processing time first). Where GPUs are
+    contended, scale-ups go to, and scale-downs spare, the jobs that finish soonest with them; a long job
+    gives way. The weight is fixed per job, so the scores stay functions of the job's allocation (indexed)."""
+
+    def victim_score(self, job: Job) -> float | None:
+        score = super().victim_score(job)
+        return None if score is None else score / self.isolated_s(job)
+
+    def upgrade_gain(self, job: Job, t2: int, c2: int) -> float | None:
+        gain = super().upgrade_gain(job, t2, c2)
+        return None if gain is None else gain / self.isolated_s(job)
+
+
+OBJECTIVES = {Objective.JCT: JCTObjective, Objective.THROUGHPUT: ThroughputObjective,
+              Objective.DEADLINE: DeadlineObjective, Objective.FAIRNESS: FairnessObjective}

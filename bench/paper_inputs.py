@@ -1,0 +1,73 @@
+"""Inputs shared by the benchmarks that run the paper's experiment (bench_scale, bench_policy): the traces as
+examples/paper prepares them, the pipeline's performance table for their (model, batch) pairs, and whole-process
+timing of a tool."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces" / "arena-ae"
+CLUSTER = REPO / "examples" / "clusters" / "paper-sim-1280.yaml"
+#: the pipeline's table for philly's, venus's and pai's pairs (built on first use; ignored by git)
+DEFAULT_PERF = REPO / "bench" / "results" / "perf-arena-ae.parquet"
+PAPER_TRACES = ("philly", "venus", "pai")
+#: examples/paper's defaults (the artifact's setting): iterations / 5, 2,000 rounds of 300 s
+ITERATION_DIVISOR = 5
+SIM_FLAGS = ("--horizon", "600000", "--tick", "300", "--skip-bad-rows")
+
+
+def schedule_tool() -> list[str]:
+    script = Path(sys.executable).parent / "arena-schedule"
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from arena_schedule.main import main; main()"]
+
+
+def timed(argv: list[str], log: Path) -> dict[str, Any]:
+    """Run a command; its wall time, CPU time and peak RSS (wait4: this child only), exit code, stdout."""
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    start = time.perf_counter()
+    with open(log, "wb") as err, tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=REPO, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        stdout = out.read().decode(errors="replace")
+    code = os.waitstatus_to_exitcode(status)
+    record = {"wall_s": round(wall, 3), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+              "peak_rss_bytes": int(usage.ru_maxrss) * 1024, "exit_code": code, "stdout": stdout}
+    if code != 0:
+        record["error"] = (log.read_text(errors="replace").strip().splitlines() or [""])[-1]
+    return record
+
+
+def prepare(source: Path, target: Path, max_jobs: int | None) -> None:
+    """examples/paper's first stage: the first ``max_jobs`` jobs, iterations / 5."""
+    spec = importlib.util.spec_from_file_location("prepare_trace", REPO / "examples" / "paper" / "prepare_trace.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(module.prepare(source, max_jobs, ITERATION_DIVISOR))
+
+
+def perf_table(perf: Path | None) -> Path:
+    """``perf``, or the pipeline's table for philly's, venus's and pai's pairs (``arena-schedule perf build``,
+    cache-keyed: rebuilt only when Arena's code or the inputs changed; a few minutes with empty caches)."""
+    if perf is not None:
+        return perf
+    from libarena.pipeline.perf_build import PerfBuildConfig, perf_build
+    from libarena.schedule.traces import read_trace
+
+    extra = sorted({(j.model, j.global_batch) for name in PAPER_TRACES[1:]
+                    for j in read_trace(TRACES / f"simulate_trace_{name}.csv", skip_bad_rows=True).jobs})
+    print(f"bench: {DEFAULT_PERF} from arena-schedule perf build", file=sys.stderr, flush=True)
+    DEFAULT_PERF.parent.mkdir(parents=True, exist_ok=True)
+    perf_build(CLUSTER, str(DEFAULT_PERF), PerfBuildConfig(), trace=TRACES / "simulate_trace_philly.csv", pairs=extra,
+               skip_bad_rows=True)
+    return DEFAULT_PERF

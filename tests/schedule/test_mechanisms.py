@@ -1,0 +1,83 @@
+"""Issue 16's mechanisms on hand-built workloads whose answers can be worked out: FCFS's per-type queues, the
+profile and plan reuse every policy gets, and Arena's JCT objective (Smith's rule) against eq. 5."""
+
+from __future__ import annotations
+
+import pytest
+
+from libarena.errors import ArenaError
+from libarena.schedule.config import OverheadConfig
+from libarena.schedule.metrics import job_records
+from tests.schedule.helpers import NO_OVERHEADS, cluster, hand_table, job, simulate
+
+TABLE = hand_table({
+    ("gpt__1.3B", "a100"): {"dp": {1: 10.0, 2: 20.0, 4: 40.0}, "ap": {1: 10.0, 2: 20.0, 4: 40.0}},
+    ("gpt__1.3B", "v100"): {"dp": {1: 5.0, 2: 10.0}, "ap": {1: 5.0, 2: 10.0}},
+})
+
+
+def _launch_times(res) -> dict[str, float]:
+    d = res.decisions
+    return {res.jobs[j].spec.job_id: t for t, j, a in zip(d["time"], d["job_index"], d["action"]) if a == "launch"}
+
+
+def test_fcfs_queues_per_gpu_type_by_default():
+    spec = cluster([("a100", 1, 4), ("v100", 1, 2)])
+    # a100 is held by "big" until it ends; "blocked" (a100, 4 GPUs) waits behind it; "v" asks for v100
+    jobs = [job("big", "gpt__1.3B", 40000, 4, "a100", submit=0.0, row=1),
+            job("blocked", "gpt__1.3B", 4000, 4, "a100", submit=10.0, row=2),
+            job("v", "gpt__1.3B", 1000, 2, "v100", submit=20.0, row=3)]
+    per_type = _launch_times(simulate(jobs, TABLE, spec, "fcfs"))
+    single = _launch_times(simulate(jobs, TABLE, spec, "fcfs", per_type_queues=False))
+    big_end = 40000 * 256 / 40.0
+    assert per_type["v"] < 1000 and per_type["blocked"] >= big_end  # v100's queue is not held up
+    assert single["v"] >= big_end and single["blocked"] >= big_end  # one queue: the a100 job blocks it
+
+
+def test_reused_profiles_and_plans_are_paid_once_per_pair_and_configuration():
+    spec = cluster([("a100", 1, 4)])
+    overheads = OverheadConfig(grid_profiling_s=500, full_profiling_s=800, bootstrap_profiling_s=200,
+                               pruned_ap_search_s=60, full_ap_search_s=300, checkpoint_resume_s=100)
+    jobs = [job(f"j{i}", "gpt__1.3B", 1000, 4, "a100", submit=20000.0 * i, row=i + 1) for i in range(3)]
+
+    def paid(policy: str, **flags) -> list[float]:
+        opts = {"elastic": False, "view": "ap"} if policy == "arena" else {}
+        res = simulate(jobs, TABLE, spec, policy, overheads=OverheadConfig(**{**overheads.__dict__, **flags}), **opts)
+        return job_records(res).column("overhead_s").to_pylist()
+
+    # the first job of the pair profiles; the next ones reuse its profile (default) and search again
+    assert paid("arena") == [560, 60, 60]
+    assert paid("sia") == [500, 300, 300]
+    assert paid("arena", reuse_profiles=False) == [560, 560, 560]
+    # with searched plans reused too, a later job on the same configuration pays nothing before it trains
+    assert paid("arena", reuse_plans=True) == [560, 0, 0]
+    assert paid("gavel", reuse_plans=True) == [1100, 0, 0]
+    assert paid("fcfs") == [300, 300, 300]  # FCFS profiles nothing
+
+
+def test_overhead_flags_parse_and_reject():
+    cfg = OverheadConfig.from_assignments(["reuse_plans=true", "reuse_profiles=off", "checkpoint_resume_s=60"])
+    assert cfg.reuse_plans is True and cfg.reuse_profiles is False and cfg.checkpoint_resume_s == 60
+    with pytest.raises(ArenaError, match="not true or false"):
+        OverheadConfig.from_assignments(["reuse_plans=maybe"])
+
+
+def test_jct_objective_gives_contended_gpus_to_the_shorter_job():
+    # four jobs arrive together and get 2 A100 each; the two short ones finish first, and the two GPUs each
+    # frees go to a scale-up: both survivors gain the same samples/s from doubling, so eq. 5's greedy (ties by
+    # launch order) grows the long job, the JCT objective the short one.
+    spec = cluster([("a100", 1, 8)])
+    table = hand_table({(m, "a100"): {"ap": {2: 20.0, 4: 40.0}} for m in ("gpt__1.3B", "gpt__2.6B")})
+    jobs = [job("long", "gpt__1.3B", 100000, 2, "a100", row=1), job("short", "gpt__2.6B", 5000, 2, "a100", row=2),
+            job("hold", "gpt__1.3B", 1000, 2, "a100", row=3), job("hold2", "gpt__2.6B", 1000, 2, "a100", row=4)]
+
+    def grown(objective: str) -> str:
+        res = simulate(jobs, table, spec, "arena", objective=objective, view="ap", search_depth=1)
+        d = res.decisions
+        # the first scale-up (the launch handler's halvings to admit the short jobs come before)
+        ups = [res.jobs[j].spec.job_id for j, a, n in zip(d["job_index"], d["action"], d["num_gpus"])
+               if a == "rescale" and n == 4]
+        return ups[0]
+
+    assert grown("jct") == "short"
+    assert grown("throughput") == "long"
