@@ -28,8 +28,18 @@ METRICS = ("submitted_jobs", "finished_jobs", "unfinished_jobs", "unschedulable_
            "peak_throughput", "avg_gpu_utilization", "deadline_satisfaction_ratio", "reschedules_per_job",
            "makespan_s", "decision_time_per_tick_median_s", "simulation_wall_s")
 #: (metric, title, scale) of the summary figure's panels
-PANELS = (("avg_jct_s", "average JCT (h)", 1 / 3600), ("avg_queuing_s", "average queuing (h)", 1 / 3600),
-          ("avg_throughput", "average throughput (samples/s)", 1.0), ("finished_jobs", "finished jobs", 1.0))
+PANELS = (("avg_jct_s", "average JCT (h)", 1 / 3600), ("both_finished_jct_ratio", "JCT / arena's, jobs both finished", 1.0),
+          ("avg_queuing_s", "average queuing (h)", 1 / 3600), ("avg_throughput", "average throughput (samples/s)", 1.0),
+          ("finished_jobs", "finished jobs", 1.0))
+
+
+def _panel_value(entry: dict[str, Any], metric: str) -> float:
+    if metric == "both_finished_jct_ratio":  # the policy's average JCT over the jobs it and Arena both finished
+        pair = entry.get("vs_reference")
+        if not pair or not pair["jobs"]:
+            return 1.0 if pair is None else 0.0  # the reference itself: 1
+        return pair["policy"]["avg_jct_s"] / pair["reference"]["avg_jct_s"]
+    return entry[metric] or 0.0
 
 
 def _read_json(path: Path) -> Any:
@@ -131,7 +141,7 @@ def summary_figure(results: dict[str, Any], path: Path) -> None:
         x = np.arange(len(names))
         for col, (metric, title, scale) in enumerate(PANELS):
             ax = axes[row][col]
-            ax.bar(x, [(policies[n][metric] or 0) * scale for n in names],
+            ax.bar(x, [_panel_value(policies[n], metric) * scale for n in names],
                    color=[f"C{i}" for i in range(len(names))])
             ax.set_xticks(x, names, rotation=45, ha="right", fontsize=7)
             ax.tick_params(axis="y", labelsize=7)

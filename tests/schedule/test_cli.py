@@ -77,11 +77,36 @@ def test_bad_row_is_one_line_exit_2_and_no_output(inputs):
     (["--overhead", "checkpoint_resume_s=nan"], "--overhead checkpoint_resume_s: nan is not"),
     (["--promotion-time", "-1"], "--promotion-time: -1 is out of range"),
     (["--max-gpus-per-job", "-1"], "--max-gpus-per-job: -1 is out of range"),
+    (["--policy", "arena", "--global-queue"], "policy 'arena' has no option per_type_queues"),
+    (["--overhead", "reuse_plans=maybe"], "--overhead 'reuse_plans=maybe': 'maybe' is not true or false"),
 ])
 def test_bad_options(inputs, args, needle):
     d, cluster = inputs
     r = cli("simulate", "--trace", "trace.csv", "--perf", "perf.parquet", "--cluster", str(cluster), "-o", "x", *args, cwd=d)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_fcfs_queue_and_reuse_flags(inputs):
+    d, _ = inputs
+    # one 4-GPU A100 node and one 2-GPU V100 node: the second A100 job waits for the first; the V100 job need not
+    (d / "small.yaml").write_text("name: small\nnode_groups:\n  - {gpu_type: a100, nodes: 1, gpus_per_node: 4}\n"
+                                  "  - {gpu_type: v100, nodes: 1, gpus_per_node: 2}\n")
+    (d / "blocking.csv").write_text(HEADER + "a,0,40000,gpt__1.3B,900000,256,4,a100\nb,10,4000,gpt__1.3B,900000,256,4,a100\n"
+                                    "c,20,1000,gpt__1.3B,900000,256,1,v100\n")
+    base = ["simulate", "--trace", "blocking.csv", "--perf", "perf.parquet", "--cluster", "small.yaml", "--json", "-q"]
+    runs = {}
+    for name, extra in (("per-type", ["--policy", "fcfs"]), ("global", ["--policy", "fcfs", "--global-queue"]),
+                        ("no-reuse", ["--policy", "sia", "--overhead", "reuse_profiles=false"]),
+                        ("reuse", ["--policy", "sia"])):
+        r = cli(*base, *extra, "-o", f"run-{name}", cwd=d)
+        assert r.returncode == 0, r.stderr
+        runs[name] = read_table(d / f"run-{name}" / "jobs.parquet", "job_records").table
+    # one queue for all types can only delay launches; the per-type queues never wait behind another type
+    per_type, single = (dict(zip(runs[k].column("job_id").to_pylist(), runs[k].column("start_time_s").to_pylist()))
+                        for k in ("per-type", "global"))
+    assert per_type["c"] < per_type["b"] and single["c"] >= single["b"] >= per_type["b"]
+    paid = {k: sum(runs[k].column("overhead_s").to_pylist()) for k in ("reuse", "no-reuse")}
+    assert paid["reuse"] < paid["no-reuse"]  # later jobs of a (model, batch) skip Sia's bootstrap profiling
 
 
 @pytest.mark.slow

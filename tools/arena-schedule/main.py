@@ -69,7 +69,7 @@ def simulate(
     cluster: Path = ClusterOpt,
     policy: str = PolicyOpt,
     output: Path = typer.Option(..., "-o", "--output", help="output directory"),
-    view: Optional[str] = typer.Option(None, "--view", help="decision view: arena, dp, ap, dp-linear (default: the policy's)"),
+    view: Optional[str] = typer.Option(None, "--view", help="decision view: arena, dp, ap, dp-linear, truth (default: the policy's)"),
     objective: Optional[str] = typer.Option(None, "--objective", help="arena: jct (default), throughput (eq. 5), deadline, fairness"),
     no_hetero: bool = typer.Option(False, "--no-hetero", help="arena ablation: no GPU-type switching"),
     no_elastic: bool = typer.Option(False, "--no-elastic", help="arena ablation: no GPU-count scaling"),
@@ -79,11 +79,12 @@ def simulate(
     search_depth: Optional[int] = typer.Option(None, "--search-depth", help="arena: search depth D (3)"),
     promotion_time: Optional[float] = typer.Option(None, "--promotion-time", help="arena: seconds before promotion"),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus-per-job", help="largest GPU count per job (16)"),
+    global_queue: bool = typer.Option(False, "--global-queue", help="fcfs: one FIFO queue for every GPU type (default: one per type)"),
     tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds (1 to 86400)"),
     horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
     max_ticks: int = MaxTicksOpt,
     seed: int = typer.Option(0, "--seed", help="seed for trace adaptation"),
-    overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS (repeatable)"),
+    overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS, or reuse_profiles=/reuse_plans=true|false (repeatable)"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip bad trace rows, with a count"),
     plot: bool = typer.Option(False, "--plot", help="also write PNG figures"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics and a summary (output, cache, elapsed_s) as JSON on stdout"),
@@ -100,7 +101,8 @@ def simulate(
     pol = make_policy(policy, view=view, objective=objective, hetero=False if no_hetero else None,
                       elastic=False if no_elastic else None, pruning=False if no_pruning else None,
                       profiler=False if no_profiler else None, num_queues=queues, search_depth=search_depth,
-                      promotion_time_s=promotion_time, max_gpus_per_job=max_gpus)
+                      promotion_time_s=promotion_time, max_gpus_per_job=max_gpus,
+                      per_type_queues=False if global_queue else None)
     with Reporter(quiet=quiet) as reporter:
         outcome, metrics = run_simulate(trace, perf, cluster, pol, cfg, output, skip_bad_rows=skip_bad_rows, plot=plot,
                                         cache=CacheSettings(cache_dir, no_cache), report=reporter)
@@ -163,7 +165,7 @@ def sweep(
     seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated simulator seeds (default 0)"),
     tick: Optional[float] = typer.Option(None, "--tick", help="scheduling interval in seconds (300)"),
     horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
-    overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS (repeatable)"),
+    overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS, or reuse_profiles=/reuse_plans=true|false (repeatable)"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip bad trace rows, with a count"),
     layout: Optional[str] = typer.Option(None, "--layout", help='folder of each comparison, from {trace} {variant} {seed} '
                                          '(default: the dimensions with several values)'),
@@ -340,7 +342,7 @@ def serve(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster for arena-run (ray://... or host:port)"),
     launcher: str = typer.Option("arena-run", "--launcher", help="arena-run (real jobs) or perf-table (emulated hosts)"),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="launcher and profiling files (default: STATE.d)"),
-    overhead: list[str] = typer.Option([], "--overhead", help="override a modelled overhead, NAME=SECONDS"),
+    overhead: list[str] = typer.Option([], "--overhead", help="override a modelled overhead, NAME=SECONDS, or reuse_profiles=/reuse_plans=true|false"),
     poll: float = typer.Option(0.5, "--poll", help="wall seconds between polls of submissions and profiles"),
     profile_script: Optional[str] = typer.Option(None, "--profile-script", help="shell template for profiling on "
                                                  "arrival ({model} {batch} {cluster} {out}); default analyze|plan|profile"),
