@@ -392,3 +392,32 @@ def test_plans_and_operator_tables_of_schema_version_1_are_read(tmp_path):
     again = read_plans(plans_path)
     assert [p.plan_id for p in again.plans()] == [p.plan_id for p in planset.plans()]
     assert all(p.remat_per_stage == [0] * p.pipeline_degree for p in again.plans())
+
+
+def test_a_version_1_operator_table_with_an_absurd_unit_index_is_refused(tmp_path):
+    """The version-1 upgrade sums per unit with np.bincount, which corrupts the heap (a crash at exit, not an
+    exception) for an index near 2**63: the index range is checked first, and the reader refuses in one line."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from libarena.artifacts import read_table, write_table
+    from libarena.errors import ArenaError
+
+    records = [transformer_cluster(i, 512, 128, 32) for i in range(2)]
+    ops = operator_table(records, global_batch=32)
+    path = tmp_path / "ops.parquet"
+    write_table(path, "operator_table", ops.table, Provenance("tests"),
+                {**ops.metadata, "units": [{"index": i, "name": r["units"][0], "forward_flops": 1.0,
+                                            "input_activation_bytes": 1.0, "saved_activation_bytes": 1.0}
+                                           for i, r in enumerate(records)]})
+    table = pq.read_table(path)
+    header = json.loads(table.schema.metadata[b"arena"])
+    header["schema_version"] = 1
+    units = table.column("unit_index").to_pylist()
+    units[0] = 2 ** 63 - 1
+    table = table.set_column(table.column_names.index("unit_index"), "unit_index", pa.array(units, pa.int64()))
+    pq.write_table(table.replace_schema_metadata({b"arena": json.dumps(header).encode()}), path)
+    with pytest.raises(ArenaError, match="unit_index outside"):
+        read_table(path, "operator_table")

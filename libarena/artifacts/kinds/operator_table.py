@@ -43,6 +43,12 @@ def _from_version_1(table: Any, metadata: dict[str, Any]) -> tuple[Any, dict[str
     unit_index = np.asarray(table.column("unit_index").to_pylist(), dtype=np.int64)
     moved = np.asarray(table.column("bytes_read").to_pylist(), dtype=np.float64) + np.asarray(
         table.column("bytes_written").to_pylist(), dtype=np.float64)
+    # Check the range before np.bincount: an index near 2**63 overflows its size computation and corrupts
+    # the heap instead of raising (numpy 2.x), so a hostile table would crash the reader at exit.
+    if unit_index.size and (unit_index.min() < -1 or unit_index.max() >= len(units)):
+        raise ValueError(f"unit_index outside -1..{len(units) - 1}")
+    if any(not isinstance(u.get("index"), int) or not 0 <= u["index"] < len(units) for u in units):
+        raise ValueError("a unit's index is outside its table")
     forward = (phase == "forward") & (unit_index >= 0)
     forward_bytes = np.bincount(unit_index[forward], weights=moved[forward], minlength=len(units))
     for u in units:
