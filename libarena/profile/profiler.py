@@ -174,15 +174,12 @@ def profile_stage(
 
     ``compiled``: its executables compiled ahead (``compile_ahead``), which took ``compile_device_s`` of
     the profiling run's wall time (its share of a parallel compilation)."""
-    import jax
-
     key = stage_cache_key(spec, local, timer.name)
     if cache is not None:
         hit = cache.get(key)
         if hit is not None:
             return hit, True
     t0 = time.perf_counter()
-    view = worker_view(spec)
     opt_key = optimizer_cache_key(spec, local, timer.name)
     opt_record = cache.get(opt_key) if cache is not None else None
     if compiled is not None and opt_record is None and compiled.optimizer is None:
@@ -204,17 +201,29 @@ def profile_stage(
     if compiled is not None and compile_device_s is not None:
         wall += compile_device_s  # compiled before t0, in parallel with other stages
         compile_wall = compile_device_s
+    record = _stage_record(spec, execs, key, local, timer.name, microbatch, opt_key, opt_record, setup, wall, compile_wall)
+    if cache is not None:
+        cache.put(key, record)
+    return record, False
+
+
+def _stage_record(spec: StageSpec, execs: Any, key: str, local: LocalDevice, timer_name: str, microbatch: Timing, opt_key: str,
+                  opt_record: dict[str, Any], setup: dict[str, float], wall: float, compile_wall: float) -> dict[str, Any]:
+    """A stage's profile record from its executables and timings (what the cache keeps, estimate_plan reads)."""
+    import jax
+
+    view = execs.view
     out = execs.forward(execs.inputs["params"], execs.inputs["carry_in"], execs.inputs["batch"])[0]
     out_bytes = 0.0 if view.is_last(_model(spec)) else float(out.size * out.dtype.itemsize)
     carry_in_bytes = 0.0 if view.carry_in is None else float(np.prod(view.carry_in.shape) * np.dtype(view.carry_in.dtype).itemsize)
     # Activations travel at the worker's micro-batch; the batch-equivalent view runs micro_batch / tp.
     scale = spec.micro_batch / view.local_batch
-    record = {
+    return {
         "key": key,
         "spec": asdict(spec),
         "tp_view": view.tp_view,
         "local_batch": view.local_batch,
-        "timer": timer.name,
+        "timer": timer_name,
         "device_kind": local.kind,
         "jax_version": jax.__version__,
         "microbatch": microbatch.to_dict(),
@@ -232,9 +241,60 @@ def profile_stage(
         "activation_out_bytes": out_bytes * scale,
         "activation_in_bytes": carry_in_bytes * scale,
     }
-    if cache is not None:
-        cache.put(key, record)
-    return record, False
+
+
+class StageSession:
+    """Stage executables kept compiled between timings, so that a timing protocol can take a stage's samples
+    in several chunks interleaved with other work (the direct measurement it is compared with: ABAB on a
+    shared host). ``record`` gives the stage's profile record, as ``profile_stage`` would, from every sample
+    taken so far; ``device_s`` counts the wall time spent on the stage (build and compile included)."""
+
+    def __init__(self, local: LocalDevice, timer: Timer, seed: int = 0, burst: int = 4) -> None:
+        self.local, self.timer, self.seed, self.burst = local, timer, seed, burst
+        self._execs: dict[str, Any] = {}
+        self._state: dict[str, dict[str, Any]] = {}
+
+    def build(self, spec: StageSpec, repeats: int = 7) -> str:
+        """Compile the stage (once) and time its per-step host work; returns its profile key."""
+        key = stage_cache_key(spec, self.local, self.timer.name)
+        if key not in self._execs:
+            t0 = time.perf_counter()
+            execs = build_stage_executables(spec, device=self.local.device, seed=self.seed, with_optimizer=True)
+            setup = _time_step_setup(execs, self.local.device, repeats)
+            self._execs[key] = execs
+            self._state[key] = {"spec": spec, "microbatch": [], "optimizer": [], "setup": setup, "device_s": time.perf_counter() - t0}
+        return key
+
+    def time(self, spec: StageSpec, warmup: int, repeats: int) -> None:
+        """``repeats`` more timed runs of the stage's micro-batch (in bursts) and optimizer step."""
+        key = self.build(spec)
+        execs, state = self._execs[key], self._state[key]
+        t0 = time.perf_counter()
+        state["microbatch"].append(_time_burst(self.timer, execs.run_microbatch, warmup, repeats, self.burst))
+        state["optimizer"].append(self.timer.time(execs.run_optimizer, warmup, repeats))
+        state["device_s"] += time.perf_counter() - t0
+
+    def device_s(self, spec: StageSpec) -> float:
+        return self._state[stage_cache_key(spec, self.local, self.timer.name)]["device_s"]
+
+    def record(self, spec: StageSpec) -> dict[str, Any]:
+        key = stage_cache_key(spec, self.local, self.timer.name)
+        execs, state = self._execs[key], self._state[key]
+        if not state["microbatch"]:
+            raise ArenaError(f"stage {spec.model}[{spec.start}:{spec.stop}] has not been timed yet")
+        optimizer = _pooled(state["optimizer"])
+        opt_record = {"optimizer": optimizer.to_dict(), "cost": execs.cost["optimizer"], "memory": execs.memory["optimizer"],
+                      "state_bytes": execs.optimizer_state_bytes()}
+        return _stage_record(spec, execs, key, self.local, self.timer.name, _pooled(state["microbatch"]),
+                             optimizer_cache_key(spec, self.local, self.timer.name), opt_record, state["setup"], state["device_s"],
+                             execs.compile_s)
+
+    def release(self, spec: StageSpec) -> None:
+        self._execs.pop(stage_cache_key(spec, self.local, self.timer.name), None)
+
+
+def _pooled(timings: list[Timing]) -> Timing:
+    return Timing(tuple(t for x in timings for t in x.samples), tuple(c for x in timings for c in x.cpu_samples))
 
 
 def optimizer_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) -> str:
@@ -256,8 +316,7 @@ def _time_burst(timer: Timer, region: Callable[[], Any], warmup: int, repeats: i
             out = region()
         return out
 
-    timing = timer.time(runs, warmup, repeats, budget_s)
-    return Timing(tuple(t / burst for t in timing.samples))
+    return timer.time(runs, warmup, repeats, budget_s).scaled(1.0 / burst)
 
 
 def compile_ahead(
