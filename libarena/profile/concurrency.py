@@ -1,4 +1,12 @@
-"""How much devices that share hardware slow each other down (the host's concurrency), measured once.
+"""How much devices that share hardware slow each other down (the host's concurrency).
+
+Two models (libarena.profile.pipeline has the formulas). ``HostCapacity`` (the profiler's default on a
+host): the cores the plan's devices share, against each stage's own CPU demand from its profile (process
+CPU time over wall time) -- a stage that keeps one core busy runs beside another on a second core at full
+speed, one that keeps both busy does not. ``HostConcurrency``: one slowdown factor for every stage, measured
+once by a micro-benchmark, described below. The micro-benchmark's MLP keeps about 1.6 of 2 cores busy, so its
+factor (1.7-2.0 on 2 cores) said that two devices never run faster than one, for the tiny models' stages too,
+which keep one core busy: 2-device estimates were biased upwards (bench/results/profile.json before this model).
 
 XLA host devices (``--xla_force_host_platform_device_count=N``) are not separate processors: they run on
 the same CPU cores, and one device's computation already uses the cores' intra-op threads. So k devices
@@ -30,6 +38,25 @@ from libarena.profile.subprocess_devices import run_module_with_devices
 CONCURRENCY_VERSION = 1
 #: Micro-benchmark size: an MLP on (batch, width) activations, fp32.
 BATCH, WIDTH = 256, 512
+
+
+@dataclass(frozen=True)
+class HostCapacity:
+    """The cores a plan's host devices share: every core this process may use, or -- when each process is
+    pinned to one core per device (libarena.profile.host's ``pinned`` layout) -- as many as the plan has devices."""
+
+    cores: int
+    one_core_per_device: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ValueError("a host has at least one core")
+
+    def cores_for(self, num_devices: int) -> int:
+        return max(1, num_devices) if self.one_core_per_device else self.cores
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": "cpu-time", "cores": self.cores, "one_core_per_device": self.one_core_per_device}
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommMo
 from libarena.models import ModelDef, get_model
 from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan
 from libarena.profile.cache import ProfileCache, default_cache_dir
-from libarena.profile.concurrency import HostConcurrency, host_concurrency
+from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
 from libarena.profile.estimate import PlanEstimate, perf_rows
@@ -39,14 +39,20 @@ from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
 
 #: Which plans of each grid are profiled.
 SELECTIONS = ("proxy", "frontier", "exhaustive")
-#: Which statistic of the repeated timings a stage contributes: the median (default), or the minimum
-#: (on a shared, contended host the fastest repetition is the closest to the device's own speed).
-STATISTICS = ("median", "min")
+#: Which statistic of the repeated timings a stage contributes: the median (default), the minimum or the
+#: lower quartile (q1; on a shared, contended host disturbances only add time, so the fast quarter of many
+#: samples is the closest to the device's own speed, and steadier than the single fastest).
+STATISTICS = ("median", "min", "q1")
 #: What one profiled executable covers: a whole stage, or one unit (layer) -- identical units (the
 #: repeated blocks of a transformer) then share one profile across every stage partition.
 GRANULARITIES = ("stage", "unit")
-CONCURRENCY_MODELS = ("measured", "independent")
-STAGE_RECORD_VERSION = 3
+#: cpu-time: host devices share the process's cores, each stage demanding what its profile says it keeps
+#: busy; measured: one slowdown factor from a micro-benchmark; independent: every device its own chip.
+CONCURRENCY_MODELS = ("cpu-time", "measured", "independent")
+#: 4: records carry each timing's process CPU time (cpu_per_wall) and lower quartile (q1_s)
+STAGE_RECORD_VERSION = 4
+#: Record key of each statistic.
+_STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
 
 
 @dataclass
@@ -69,9 +75,13 @@ class ProfileConfig:
     #: whose repeated measurements differ by 17-19% (bench/results/profile*.json)
     granularity: str = "stage"
     statistic: str = "median"
-    #: measured: devices that share hardware (XLA host devices on one CPU) slow each other down by the
-    #: host's measured concurrency (libarena.profile.concurrency); independent: every device is its own chip
-    concurrency: str = "measured"
+    #: cpu-time: devices that share hardware (XLA host devices on one CPU) share its cores, each stage
+    #: demanding the cores its profile kept busy; measured: they slow each other down by one factor from a
+    #: micro-benchmark (libarena.profile.concurrency); independent: every device is its own chip
+    concurrency: str = "cpu-time"
+    #: how the plans' host devices will run (libarena.profile.host.XLA_THREADING): ``pinned`` gives a
+    #: process one core per device, so a plan's devices share as many cores as it has devices
+    xla_threading: str = "default"
     #: stop timing a region after this many seconds of timed runs once 5 samples are in (None: always
     #: ``repeats``); long stages (seconds per micro-batch) need fewer repetitions for the same median
     timing_budget_s: float | None = 10.0
@@ -96,6 +106,9 @@ class ProfileConfig:
             raise ArenaError("warmup must be >= 0 and repeats >= 1")
         if self.burst < 1 or self.compile_workers < 1 or self.compile_ahead < 1:
             raise ArenaError("burst, compile_workers and compile_ahead must be >= 1")
+        from libarena.profile.host import XLA_THREADING
+
+        self.xla_threading = XLA_THREADING.canonical(self.xla_threading)
         if self.timing_budget_s is not None and not self.timing_budget_s > 0:
             raise ArenaError(f"timing budget must be a positive number of seconds, got {self.timing_budget_s}")
 
@@ -396,8 +409,13 @@ def combine_unit_records(records: list[dict[str, Any]], spec: StageSpec, overhea
     def timing(name: str) -> dict[str, Any]:
         median = sum(r[name]["median_s"] for r in records) - (n - 1) * overhead_s
         minimum = sum(r[name].get("min_s", r[name]["median_s"]) for r in records) - (n - 1) * overhead_s
+        q1 = sum(r[name].get("q1_s", r[name]["median_s"]) for r in records) - (n - 1) * overhead_s
         spread = float(np.sqrt(sum(r[name]["spread_s"] ** 2 for r in records)))
-        return {"median_s": max(median, 0.0), "min_s": max(minimum, 0.0), "spread_s": spread, "samples_s": []}
+        # the units one after another keep busy the cores each kept busy, for its share of the time
+        cpu = sum(r[name]["median_s"] * (r[name].get("cpu_per_wall") or 1.0) for r in records)
+        wall = sum(r[name]["median_s"] for r in records)
+        return {"median_s": max(median, 0.0), "min_s": max(minimum, 0.0), "q1_s": max(q1, 0.0), "spread_s": spread, "samples_s": [],
+                "cpu_per_wall": cpu / wall if wall > 0 else 1.0}
 
     cost = {
         name: {k: float(sum((r["cost"].get(name) or {}).get(k, 0.0) for r in records)) for k in ("flops", "bytes")}
@@ -530,9 +548,10 @@ def estimate_plan(
     timer_name: str,
     memory_fraction: float,
     statistic: str = "median",
-    concurrency: HostConcurrency | None = None,
+    concurrency: HostConcurrency | HostCapacity | None = None,
 ) -> PlanEstimate:
-    """The 1F1B estimate of ``plan`` from its stages' profiles."""
+    """The 1F1B estimate of ``plan`` from its stages' profiles. ``concurrency``: how local devices that share
+    a host slow each other down (None: independent devices)."""
     estimated = plan.grid.gpu_type != local.gpu_type
     target_spec = None
     if estimated:
@@ -546,7 +565,7 @@ def estimate_plan(
     stage_times, stage_rows, memory = [], [], []
     s, B = plan.pipeline_degree, plan.num_microbatches
     for j, rec in enumerate(records):
-        stat = "min_s" if statistic == "min" else "median_s"
+        stat = _STATISTIC_KEYS[statistic]
         compute = rec["microbatch"].get(stat, rec["microbatch"]["median_s"])
         optimizer = rec["optimizer"].get(stat, rec["optimizer"]["median_s"])
         if target_spec is not None:
@@ -558,7 +577,8 @@ def estimate_plan(
         # stages that read the batch (first: samples, last: targets), from the host, every step.
         reads_batch = j == 0 or j == s - 1
         setup = plan.stages[j].dp * (rec["grad_reset_s"] + (B * rec["input_put_s"] if reads_batch else 0.0))
-        st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup)
+        st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup,
+                        cores=rec["microbatch"].get("cpu_per_wall") or 1.0, optimizer_cores=rec["optimizer"].get("cpu_per_wall") or 1.0)
         stage_times.append(st)
         inflight = min(s - j, B)
         mem = rec["state_bytes"] + inflight * rec["memory"]["forward"].get("output", 0.0) + rec["memory"]["backward"].get("temp", 0.0)
@@ -575,8 +595,12 @@ def estimate_plan(
             }
         )
     # Roofline-scaled rows are for GPUs (separate chips); local ones share what the local devices share.
-    slowdown = None if estimated or concurrency is None else concurrency.slowdown
-    iteration = one_f_one_b(stage_times, B, slowdown)
+    if estimated or concurrency is None:
+        iteration = one_f_one_b(stage_times, B)
+    elif isinstance(concurrency, HostCapacity):
+        iteration = one_f_one_b(stage_times, B, host_cores=concurrency.cores_for(plan.grid.num_gpus))
+    else:
+        iteration = one_f_one_b(stage_times, B, concurrency.slowdown)
     try:
         capacity = get_gpu(plan.grid.gpu_type).memory_bytes
     except ArenaError:
@@ -593,6 +617,19 @@ def estimate_plan(
         stages=stage_rows,
         comm_sources=sorted(set(used)),
     )
+
+
+def host_sharing(config: ProfileConfig, local: LocalDevice, max_devices: int, cache: ProfileCache | None) -> HostConcurrency | HostCapacity:
+    """The concurrency model ``config`` asks for, for plans of up to ``max_devices`` devices of ``local``'s kind
+    (accelerators are separate chips: independent whatever is asked)."""
+    from libarena.profile.host import XLA_THREADING, usable_cores
+
+    if local.platform != "cpu" or config.concurrency == "independent":
+        return HostConcurrency()
+    if config.concurrency == "measured":
+        return host_concurrency(local, max_devices, cache)
+    layout = XLA_THREADING.get(config.xla_threading)
+    return HostCapacity(len(usable_cores()), layout.pin_one_core_per_device)
 
 
 def select_plans(planset: PlanSet, selection: str) -> list[ParallelPlan]:
@@ -663,8 +700,11 @@ def profile_plans(
     dp_estimates: dict[Resources, PlanEstimate] = {}
     overhead = dispatch_overhead(local, cache, timer) if config.granularity == "unit" else 0.0
     local_devices = max([p.grid.num_gpus for p, _ in work if p.grid.gpu_type == local.gpu_type] or [1])
-    concurrency = host_concurrency(local, local_devices, cache) if config.concurrency == "measured" else HostConcurrency()
-    if concurrency.slowdowns:
+    concurrency = host_sharing(config, local, local_devices, cache)
+    if isinstance(concurrency, HostCapacity):
+        log(f"host devices share {'one core per device' if concurrency.one_core_per_device else f'{concurrency.cores} cores'}; "
+            "each stage demands the cores its profile kept busy")
+    elif concurrency.slowdowns:
         log(f"host concurrency: {', '.join(f'{k} devices at once run {v:.2f}x slower' for k, v in concurrency.slowdowns)} ({concurrency.source})")
     def pieces_of(stage_spec: StageSpec) -> list[StageSpec]:
         if config.granularity == "unit":
