@@ -104,8 +104,9 @@ def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str) -> dict[str, Any]
             "estimates": {(e.resources.num_gpus, e.plan.plan_id): e.iter_time_s for e in result.estimates}}
 
 
-def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str) -> list[dict[str, Any]]:
-    """Every plan estimated and measured ABAB; one row each."""
+def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, alternatives: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every plan estimated and measured ABAB; one row each (with the estimates of the ``alternatives``
+    concurrency models from the same stage records, for comparison)."""
     from libarena.plan import DP_PLAN_ID, data_parallel_plan
     from libarena.profile import ProfileConfig, resolve_device
     from libarena.profile.host import XLA_THREADING
@@ -148,6 +149,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str) -> list
                 measure.release(grid, plan.plan_id)
                 records = [stages.record(spec) for spec in specs]
                 est = estimate_plan(job, plan, records, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC, sharing)
+                others = {name: estimate_plan(job, plan, records, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC,
+                                              model).iter_time_s for name, model in alternatives.items()}
                 measured = lower_quartile(samples)
                 rows.append({
                     "model": planset.model_name, "num_gpus": n, "plan_id": plan.plan_id, "is_dp": plan.plan_id == DP_PLAN_ID,
@@ -155,6 +158,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str) -> list
                     "dp_per_stage": list(plan.dp_per_stage), "tp_per_stage": list(plan.tp_per_stage),
                     "estimate_s": est.iter_time_s, "measured_s": measured,
                     "error": est.iter_time_s / measured - 1.0,
+                    "estimate_other_concurrency_models_s": others,
                     "measured_median_s": statistics.median(samples), "measured_iqr_over_median": relative_iqr(samples),
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
                     "breakdown": est.iteration.to_dict(),
@@ -211,7 +215,8 @@ def derived_cost(grids: list[dict[str, int]], profiling_per_stage_s: float, meas
 def _child(request: dict[str, Any]) -> dict[str, Any]:
     from libarena.hardware.comm import load_comm_model
     from libarena.plan import read_plans
-    from libarena.profile import CommBenchConfig, write_comm_table
+    from libarena.profile import CommBenchConfig, ProfileCache, resolve_device, write_comm_table
+    from libarena.profile.concurrency import host_concurrency
     from libarena.profile.host import XLA_THREADING, apply_threading, host_window, snapshot
 
     layout = request["threading"]
@@ -225,13 +230,17 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         write_comm_table(str(comm_path), CommBenchConfig(num_devices=max(DEVICE_COUNTS), points=7, max_bytes=2**23, xla_threading=layout))
         comm = load_comm_model(str(comm_path))
+        # The earlier models, estimated from the same stage records beside the CPU-time model.
+        alternatives = {"measured-slowdown": host_concurrency(resolve_device("local"), max(DEVICE_COUNTS), ProfileCache(tmp / "calibration"),
+                                                                   XLA_THREADING.get(layout)),
+                        "independent": None}
         calibration_s = time.perf_counter() - t0
         for model in request["models"]:
             plans_path = _plans(tmp, model)
             planset = read_plans(plans_path, require_costs=False)
             model_before = snapshot()
             cost = _cost_run(tmp, planset, comm, layout)
-            model_rows = _interleaved(planset, plans_path, comm, layout)
+            model_rows = _interleaved(planset, plans_path, comm, layout, alternatives)
             for r in model_rows:
                 r["estimate_plain_s"] = cost["estimates"].get((r["num_gpus"], r["plan_id"]))
             rows += model_rows
@@ -266,6 +275,9 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
         plain = [abs(r["estimate_plain_s"] / r["measured_s"] - 1) for r in subset if r.get("estimate_plain_s")]
         if plain:
             summary[f"mae_{n}_devices_plain_profile_run"] = statistics.fmean(plain)
+        for model in subset[0]["estimate_other_concurrency_models_s"]:
+            summary[f"mae_{n}_devices_{model}_model"] = statistics.fmean(abs(r["estimate_other_concurrency_models_s"][model] / r["measured_s"] - 1)
+                                                                         for r in subset)
         ok &= mae <= MAE_TARGET
     per_family: dict[str, Any] = {}
     for r in rows:

@@ -123,15 +123,16 @@ def measure(max_devices: int, repeats: int = 15) -> list[tuple[int, float]]:
     return out
 
 
-def host_concurrency(local: Any, max_devices: int, cache: Any | None = None) -> HostConcurrency:
-    """The slowdowns of ``max_devices`` devices of ``local``'s kind (measured on host CPUs, cached)."""
+def host_concurrency(local: Any, max_devices: int, cache: Any | None = None, threading: Any = None) -> HostConcurrency:
+    """The slowdowns of ``max_devices`` devices of ``local``'s kind (measured on host CPUs, cached; ``threading``:
+    the XLA:CPU thread layout of the benchmark's devices, None for this process's own)."""
     import jax
 
     if local.platform != "cpu" or max_devices <= 1:
         return HostConcurrency()
     key = content_digest(
         "host-concurrency", CONCURRENCY_VERSION, local.platform, local.kind, host.node(), os.cpu_count(), max_devices, BATCH, WIDTH,
-        jax.__version__,
+        jax.__version__, None if threading is None else threading.name,
     )
     hit = cache.get(key) if cache is not None else None
     spent = 0.0
@@ -139,7 +140,7 @@ def host_concurrency(local: Any, max_devices: int, cache: Any | None = None) -> 
         t0 = time.perf_counter()
         points = run_module_with_devices(
             "libarena.profile.concurrency", {"max_devices": max_devices}, platform="cpu", num_devices=max_devices, timeout_s=600,
-            what="host concurrency benchmark",
+            what="host concurrency benchmark", threading=threading,
         )
         spent = time.perf_counter() - t0
         hit = {"points": points, "seconds": spent}
