@@ -38,11 +38,12 @@ class Timing:
 
     @property
     def cpu_per_wall(self) -> float | None:
-        """Cores' worth of CPU the region used while it ran (process CPU time / wall time, medians)."""
+        """Cores' worth of CPU the region kept busy while it ran: process CPU time over wall time, lower
+        quartiles of both (a busy host stretches the wall time of some samples, not the work they do)."""
         if not self.cpu_samples:
             return None
-        wall = statistics.median(self.samples)
-        return float(statistics.median(self.cpu_samples) / wall) if wall > 0 else None
+        wall = lower_quartile(self.samples)
+        return float(lower_quartile(self.cpu_samples) / wall) if wall > 0 else None
 
     def scaled(self, factor: float) -> Timing:
         return Timing(tuple(t * factor for t in self.samples), tuple(t * factor for t in self.cpu_samples))
