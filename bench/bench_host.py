@@ -117,8 +117,7 @@ def _layout_round(name: str, plans_path: Path) -> dict[str, Any]:
     layout = XLA_THREADING.get(name)
     before = snapshot()
     child = child_layout(layout, 1, os.environ)
-    proc = subprocess.run([sys.executable, "-m", "bench.bench_host", "--fixed"], env=child.env, preexec_fn=child.preexec(),
-                          capture_output=True, text=True)
+    proc = subprocess.run(child.command([sys.executable, "-m", "bench.bench_host", "--fixed"]), env=child.env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise ArenaError(f"bench_host: the fixed computation failed under {name}: {tail[0]}")

@@ -12,13 +12,14 @@ XLA host devices share the CPU's cores, and XLA:CPU's intra-op thread pool is as
 process may run on. :data:`XLA_THREADING` names the layouts a benchmark can compare (and keep the steadier
 one with the evidence): ``default`` (XLA's own), ``eigen-single`` (``--xla_cpu_multi_thread_eigen=false``)
 and ``pinned`` (a process with N devices pinned to N cores, one intra-op thread per device, and the flag).
-A layout is applied to a child process's environment and affinity (:func:`threading_env`,
-:func:`pin_cores`) or to this process before JAX starts (:func:`apply_threading`).
+A layout is applied to a child process's environment and cores (:func:`child_layout`: its XLA flags and a
+``taskset`` prefix) or to this process before JAX starts (:func:`apply_threading`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -266,9 +267,15 @@ class ChildLayout:
     env: dict[str, str]
     cores: list[int] | None = field(default=None)
 
-    def preexec(self) -> Callable[[], None] | None:
-        cores = self.cores
-        return None if cores is None else (lambda: pin_cores(cores))
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` started on the layout's cores (``taskset``: pinning in the parent between fork and exec
+        is not safe in a process with threads, as JAX's is)."""
+        if self.cores is None:
+            return list(argv)
+        taskset = shutil.which("taskset")
+        if taskset is None:
+            raise ArenaError("pinning a process to cores needs taskset (util-linux)")
+        return [taskset, "-c", ",".join(map(str, self.cores)), *argv]
 
 
 def child_layout(layout: XlaThreading | None, num_devices: int, env: Mapping[str, str]) -> ChildLayout:

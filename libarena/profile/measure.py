@@ -143,8 +143,8 @@ class MeasureSession:
         self.timeout_s = timeout_s
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "libarena.profile.measure", "--serve", str(plans_path)],
-            env=layout.env, preexec_fn=layout.preexec(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            layout.command([sys.executable, "-m", "libarena.profile.measure", "--serve", str(plans_path)]),
+            env=layout.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._stderr, text=True,
         )
 

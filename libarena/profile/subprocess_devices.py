@@ -40,9 +40,8 @@ def run_module_with_devices(
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request_path.write_text(json.dumps(request))
         proc = subprocess.run(
-            [sys.executable, "-m", module, str(request_path), str(result_path)],
+            layout.command([sys.executable, "-m", module, str(request_path), str(result_path)]),
             env=layout.env,
-            preexec_fn=layout.preexec(),
             capture_output=True,
             text=True,
             timeout=timeout_s,

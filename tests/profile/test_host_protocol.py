@@ -88,7 +88,7 @@ def test_a_pinned_child_runs_on_one_core_per_device_with_the_layout_flags():
 
     layout = device_env("cpu", 1, host.XLA_THREADING.get("pinned"))
     code = "import os, json; print(json.dumps([sorted(os.sched_getaffinity(0)), os.environ['XLA_FLAGS']]))"
-    out = subprocess.run([sys.executable, "-c", code], env=layout.env, preexec_fn=layout.preexec(), capture_output=True, text=True, check=True)
+    out = subprocess.run(layout.command([sys.executable, "-c", code]), env=layout.env, capture_output=True, text=True, check=True)
     cores, flags = json.loads(out.stdout)
     assert cores == host.STARTING_CORES[:1]
     assert "--xla_cpu_multi_thread_eigen=false" in flags and "--xla_force_host_platform_device_count=1" in flags
