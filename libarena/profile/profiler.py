@@ -34,7 +34,7 @@ from libarena.profile.estimate import PlanEstimate, perf_rows
 from libarena.profile.stage import (
     CompiledStage, StageSpec, build_stage_executables, compile_stage, lower_stage, plan_stage_specs, worker_view,
 )
-from libarena.profile.timers import Timer, Timing, select_timer
+from libarena.profile.timers import Timer, Timing, lower_quartile, select_timer
 from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
 
 #: Which plans of each grid are profiled.
@@ -50,7 +50,7 @@ GRANULARITIES = ("stage", "unit")
 #: busy; measured: one slowdown factor from a micro-benchmark; independent: every device its own chip.
 CONCURRENCY_MODELS = ("cpu-time", "measured", "independent")
 #: 4: records carry each timing's process CPU time (cpu_per_wall) and lower quartile (q1_s); the per-step
-#: host work is placed with the runtime's named shardings
+#: host work is done as the runtime does it; the forward returns its residuals stacked as the runtime's does
 STAGE_RECORD_VERSION = 4
 #: Record key of each statistic.
 _STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
@@ -360,7 +360,8 @@ def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
     of inputs. Done the way the runtime does it (libarena.run.executor): zeros freshly allocated on the host
     every step (placing them touches new pages: 25-40% of the reset's time on this host) with the leading
     per-replica dimension, placed with named shardings over the stage's (dp, tp) mesh -- here the worker's
-    own one-device mesh. Host wall clock (it is host work whatever the device), median of ``repeats``."""
+    own one-device mesh. Host wall clock (it is host work whatever the device), median (and lower quartile)
+    of ``repeats``."""
     import statistics
 
     import jax
@@ -377,18 +378,23 @@ def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
     batch = {name: np.asarray(jax.device_get(value)) for name, value in execs.inputs["batch"].items()}
     batch_shardings = {name: by_replica for name in batch}
 
-    def median_s(region: Callable[[], Any]) -> float:
+    def samples_of(region: Callable[[], Any]) -> list[float]:
         jax.block_until_ready(region())
         samples = []
         for _ in range(max(3, repeats)):
             t0 = time.perf_counter()
             jax.block_until_ready(region())
             samples.append(time.perf_counter() - t0)
-        return float(statistics.median(samples))
+        return samples
 
+    reset = samples_of(lambda: jax.device_put(fresh_zeros(), zero_shardings))
+    put = samples_of(lambda: jax.device_put(batch, batch_shardings))
     return {
-        "grad_reset_s": median_s(lambda: jax.device_put(fresh_zeros(), zero_shardings)),
-        "input_put_s": median_s(lambda: jax.device_put(batch, batch_shardings)),
+        "grad_reset_s": float(statistics.median(reset)),
+        "input_put_s": float(statistics.median(put)),
+        # the lower quartiles, for the q1 statistic (a shared host)
+        "grad_reset_q1_s": lower_quartile(reset),
+        "input_put_q1_s": lower_quartile(put),
     }
 
 
@@ -449,6 +455,8 @@ def combine_unit_records(records: list[dict[str, Any]], spec: StageSpec, overhea
         # one gradient buffer per parameter of every unit; one input placement for the stage
         "grad_reset_s": float(sum(r["grad_reset_s"] for r in records)),
         "input_put_s": float(records[0]["input_put_s"]),
+        "grad_reset_q1_s": float(sum(r.get("grad_reset_q1_s", r["grad_reset_s"]) for r in records)),
+        "input_put_q1_s": float(records[0].get("input_put_q1_s", records[0]["input_put_s"])),
         "compile_s": float(sum(r["compile_s"] for r in records)),
         "device_s": float(sum(r["device_s"] for r in records)),
         "cost": cost,
@@ -588,7 +596,8 @@ def estimate_plan(
         # The runtime resets every replica's gradient buffers and places each micro-batch's inputs on the
         # stages that read the batch (first: samples, last: targets), from the host, every step.
         reads_batch = j == 0 or j == s - 1
-        setup = plan.stages[j].dp * (rec["grad_reset_s"] + (B * rec["input_put_s"] if reads_batch else 0.0))
+        suffix = "_q1_s" if statistic == "q1" and "grad_reset_q1_s" in rec else "_s"
+        setup = plan.stages[j].dp * (rec["grad_reset" + suffix] + (B * rec["input_put" + suffix] if reads_batch else 0.0))
         st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup,
                         cores=rec["microbatch"].get("cpu_per_wall") or 1.0, optimizer_cores=rec["optimizer"].get("cpu_per_wall") or 1.0)
         stage_times.append(st)

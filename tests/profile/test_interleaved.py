@@ -131,3 +131,46 @@ def test_host_benchmark_spreads_are_across_runs_of_per_run_lower_quartiles():
     out = spread(runs)
     assert out["run_lower_quartiles_s"] == [1.0, 1.1, 1.0, 1.1]
     assert out["across_runs_iqr_over_median"] == pytest.approx((1.1 - 1.0) / 1.05)
+
+
+@pytest.mark.slow
+def test_profiled_stage_compiles_to_the_runtimes_own_forward_and_backward(tmp_path):
+    """The disaggregated stage is the runtime's stage: same HLO traffic (XLA's cost analysis) for one worker
+    (the runtime's residuals leave the forward stacked by replica, which copies the parameters among them)."""
+    import jax
+    import numpy as np
+
+    from libarena.plan import read_plans
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+    from libarena.profile.measure import _run_plan
+    from libarena.profile.profiler import ProfiledJob
+    from libarena.profile.stage import build_stage_executables
+    from libarena.run import distributed
+    from libarena.run.executor import PipelineExecutor
+    from libarena.run.train import batch_for_step
+
+    path = tmp_path / "plans.parquet"
+    write_plans_table(str(path), "gpt__tiny", 8, enumerate_grid_plans("gpt__tiny", 8, 1, "cpu", 2),
+                      model_clusters("gpt__tiny", 8, num_clusters=2))
+    planset = read_plans(path, require_costs=False)
+    job = ProfiledJob.of(planset)
+    plan = planset.plans()[0]
+    device = jax.devices()[0]
+    executor = PipelineExecutor(job.model, _run_plan(job, plan, [device]), [device], "fp32")
+    executor.init_state(0)
+    runtime = executor.stages[0]
+    piece = executor.microbatches(batch_for_step(job.model, 0, 8, 0))[0]
+    placed = distributed.place_tree(piece, {k: runtime.batch_sharding for k in piece})
+    runtime_forward = runtime.forward.lower(executor.params[0], placed).compile()
+    _, vjp = runtime.forward(executor.params[0], placed)
+    cotangent = distributed.place(np.float32(0.5), runtime.replicated)
+    runtime_backward = runtime.backward.lower(vjp, cotangent, runtime.zero_grads()).compile()
+    execs = build_stage_executables(job.stage_specs(plan)[0], device)
+
+    def moved(compiled):
+        analysis = compiled.cost_analysis()
+        return float((analysis[0] if isinstance(analysis, list) else analysis)["bytes accessed"])
+
+    assert execs.cost["forward"]["bytes"] == pytest.approx(moved(runtime_forward), rel=0.01)
+    assert execs.cost["backward"]["bytes"] == pytest.approx(moved(runtime_backward), rel=0.02)
+    assert len(jax.tree.leaves(execs.forward.out_info)) == len(jax.tree.leaves(runtime_forward.out_info))
