@@ -93,31 +93,35 @@ def _plans(tmp: Path, model: str) -> Path:
 
 
 def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str) -> dict[str, Any]:
-    """One ordinary profiling run with an empty cache: its wall time is the profiling device-seconds."""
+    """One ordinary profiling run with an empty cache (but the host calibration, measured once per host, not
+    per model): its wall time is the profiling device-seconds."""
+    import shutil
+
     from libarena.profile import ProfileConfig, profile_plans
 
+    cache = tmp / f"cache-{planset.model_name}"
+    shutil.copytree(tmp / "calibration", cache)
     t0 = time.perf_counter()
-    result = profile_plans(planset, ProfileConfig(cache_dir=tmp / f"cache-{planset.model_name}", selection="exhaustive",
+    result = profile_plans(planset, ProfileConfig(cache_dir=cache, selection="exhaustive",
                                                   warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS, xla_threading=layout), comm=comm)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "summary": result.summary,
             "estimates": {(e.resources.num_gpus, e.plan.plan_id): e.iter_time_s for e in result.estimates}}
 
 
-def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, alternatives: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every plan estimated and measured ABAB; one row each (with the estimates of the ``alternatives``
-    concurrency models from the same stage records, for comparison)."""
+def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing: Any, alternatives: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every plan estimated and measured ABAB; one row each (estimated with the profiler's concurrency model
+    ``sharing``, and with the ``alternatives`` from the same stage records, for comparison)."""
     from libarena.plan import DP_PLAN_ID, data_parallel_plan
     from libarena.profile import ProfileConfig, resolve_device
     from libarena.profile.host import XLA_THREADING
     from libarena.profile.measure import MeasureSession
-    from libarena.profile.profiler import ProfiledJob, StageSession, estimate_plan, host_sharing
+    from libarena.profile.profiler import ProfiledJob, StageSession, estimate_plan
     from libarena.profile.timers import HostTimer, lower_quartile
 
     job = ProfiledJob.of(planset)
     local = resolve_device("local")
     config = ProfileConfig(selection="exhaustive", statistic=STATISTIC, xla_threading=layout)
-    sharing = host_sharing(config, local, max(DEVICE_COUNTS), None)
     stages = StageSession(local, HostTimer(), burst=config.burst)
     plans = list(planset.plans())
     grids = {g.grid.resources: g.grid for g in planset.grids}
@@ -215,8 +219,9 @@ def derived_cost(grids: list[dict[str, int]], profiling_per_stage_s: float, meas
 def _child(request: dict[str, Any]) -> dict[str, Any]:
     from libarena.hardware.comm import load_comm_model
     from libarena.plan import read_plans
-    from libarena.profile import CommBenchConfig, ProfileCache, resolve_device, write_comm_table
+    from libarena.profile import CommBenchConfig, ProfileCache, ProfileConfig, resolve_device, write_comm_table
     from libarena.profile.concurrency import host_concurrency
+    from libarena.profile.profiler import host_sharing
     from libarena.profile.host import XLA_THREADING, apply_threading, host_window, snapshot
 
     layout = request["threading"]
@@ -230,17 +235,20 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         write_comm_table(str(comm_path), CommBenchConfig(num_devices=max(DEVICE_COUNTS), points=7, max_bytes=2**23, xla_threading=layout))
         comm = load_comm_model(str(comm_path))
-        # The earlier models, estimated from the same stage records beside the CPU-time model.
-        alternatives = {"measured-slowdown": host_concurrency(resolve_device("local"), max(DEVICE_COUNTS), ProfileCache(tmp / "calibration"),
-                                                                   XLA_THREADING.get(layout)),
-                        "independent": None}
+        # The host's concurrency (measured once); the profiler's model and, from the same stage records, the
+        # earlier one (one measured slowdown), the CPU-time model on all the cores, and independent devices.
+        local = resolve_device("local")
+        calibration = ProfileCache(tmp / "calibration")
+        sharing = host_sharing(ProfileConfig(xla_threading=layout), local, max(DEVICE_COUNTS), calibration)
+        measured = host_concurrency(local, max(DEVICE_COUNTS), calibration, XLA_THREADING.get(layout))
+        alternatives = {"measured-slowdown": measured, "cpu-time-all-cores": replace(sharing, measured=None), "independent": None}
         calibration_s = time.perf_counter() - t0
         for model in request["models"]:
             plans_path = _plans(tmp, model)
             planset = read_plans(plans_path, require_costs=False)
             model_before = snapshot()
             cost = _cost_run(tmp, planset, comm, layout)
-            model_rows = _interleaved(planset, plans_path, comm, layout, alternatives)
+            model_rows = _interleaved(planset, plans_path, comm, layout, sharing, alternatives)
             for r in model_rows:
                 r["estimate_plain_s"] = cost["estimates"].get((r["num_gpus"], r["plan_id"]))
             rows += model_rows
@@ -252,7 +260,8 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
                           "host": host_window(model_before, snapshot())})
             _log(f"{model}: profiling {cost['wall_s']:.0f} device-s ({summary['stages_profiled']} stages), measuring "
                  f"{costs[-1]['measurement_device_s']:.0f} device-s")
-    return {"rows": rows, "costs": costs, "calibration_s": calibration_s, "threading": applied, "host": host_window(before, snapshot())}
+    return {"rows": rows, "costs": costs, "calibration_s": calibration_s, "threading": applied, "host_sharing": sharing.to_dict(),
+            "host": host_window(before, snapshot())}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,7 +345,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         "costs": out["costs"],
         "protocol": {
             "quiet_check": quiet_record, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
-            "calibration_s": out["calibration_s"],
+            "calibration_s": out["calibration_s"], "host_sharing": out["host_sharing"],
             "interleaving": f"per plan, {CHUNKS} turns of {CHUNK} samples per side, alternating which side goes first (ABAB)",
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
         },

@@ -35,7 +35,7 @@ from typing import Any
 from libarena.artifacts import content_digest
 from libarena.profile.subprocess_devices import run_module_with_devices
 
-CONCURRENCY_VERSION = 1
+CONCURRENCY_VERSION = 2
 #: Micro-benchmark size: an MLP on (batch, width) activations, fp32.
 BATCH, WIDTH = 256, 512
 
@@ -43,20 +43,27 @@ BATCH, WIDTH = 256, 512
 @dataclass(frozen=True)
 class HostCapacity:
     """The cores a plan's host devices share: every core this process may use, or -- when each process is
-    pinned to one core per device (libarena.profile.host's ``pinned`` layout) -- as many as the plan has devices."""
+    pinned to one core per device (libarena.profile.host's ``pinned`` layout) -- as many as the plan has devices;
+    at most what the micro-benchmark found the host gives that many devices busy at once (``measured``: its
+    effective cores, k x the cores one device alone keeps busy / slowdown(k) -- less than the cores when other
+    work shares them, or when threads contend)."""
 
     cores: int
     one_core_per_device: bool = False
+    measured: HostConcurrency | None = None
 
     def __post_init__(self) -> None:
         if self.cores < 1:
             raise ValueError("a host has at least one core")
 
-    def cores_for(self, num_devices: int) -> int:
-        return max(1, num_devices) if self.one_core_per_device else self.cores
+    def cores_for(self, num_devices: int) -> float:
+        cores = float(max(1, num_devices) if self.one_core_per_device else self.cores)
+        effective = self.measured.effective_cores(num_devices) if self.measured is not None and num_devices > 1 else None
+        return cores if effective is None else max(1.0, min(cores, effective))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": "cpu-time", "cores": self.cores, "one_core_per_device": self.one_core_per_device}
+        return {"model": "cpu-time", "cores": self.cores, "one_core_per_device": self.one_core_per_device,
+                "measured": None if self.measured is None else self.measured.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,14 @@ class HostConcurrency:
     source: str = "independent devices"
     #: wall seconds spent measuring it in this run (0 when served from the cache)
     measured_now_s: float = 0.0
+    #: per measured k: the cores' worth of CPU one device running the micro-benchmark alone kept busy
+    alone_cores: tuple[tuple[int, float], ...] = ()
+
+    def effective_cores(self, k: int) -> float | None:
+        """Cores' worth of CPU the host gave k devices busy at once: k x (cores one alone keeps busy) / slowdown(k)
+        (None where k was not measured)."""
+        cores = dict(self.alone_cores).get(k)
+        return None if cores is None else k * cores / self.slowdown(k)
 
     def slowdown(self, k: int) -> float:
         if k <= 1 or not self.slowdowns:
@@ -79,7 +94,8 @@ class HostConcurrency:
         return min(float(k), s1 + (s1 - s0) * (k - k1) / (k1 - k0))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"slowdowns": {str(k): s for k, s in self.slowdowns}, "source": self.source, "measured_now_s": self.measured_now_s}
+        return {"slowdowns": {str(k): s for k, s in self.slowdowns}, "source": self.source, "measured_now_s": self.measured_now_s,
+                "alone_cores": {str(k): c for k, c in self.alone_cores}}
 
 
 def _mlp_step(device: Any) -> tuple[Any, Any]:
@@ -97,8 +113,8 @@ def _mlp_step(device: Any) -> tuple[Any, Any]:
     return jax.jit(jax.grad(loss)), (params, x)
 
 
-def measure(max_devices: int, repeats: int = 15) -> list[tuple[int, float]]:
-    """(k, slowdown(k)) for k = 2 .. max_devices on this process's devices."""
+def measure(max_devices: int, repeats: int = 15) -> list[tuple[int, float, float]]:
+    """(k, slowdown(k), cores one device alone keeps busy) for k = 2 .. max_devices on this process's devices."""
     import jax
 
     devices = jax.devices()[:max_devices]
@@ -107,11 +123,11 @@ def measure(max_devices: int, repeats: int = 15) -> list[tuple[int, float]]:
         for _ in range(3):
             jax.block_until_ready(fn(*args))
 
-    def run(k: int) -> float:
-        t0 = time.perf_counter()
+    def run(k: int) -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
         outs = [fn(*args) for fn, args in kernels[:k]]  # dispatched asynchronously: they run at once
         jax.block_until_ready(outs)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     out = []
     for k in range(2, len(devices) + 1):
@@ -119,7 +135,9 @@ def measure(max_devices: int, repeats: int = 15) -> list[tuple[int, float]]:
         for _ in range(repeats):  # interleaved: load from elsewhere affects both alike
             alone.append(run(1))
             together.append(run(k))
-        out.append((k, max(1.0, statistics.median(together) / statistics.median(alone))))
+        wall = statistics.median(w for w, _ in alone)
+        cores = statistics.median(c for _, c in alone) / wall if wall > 0 else 1.0
+        out.append((k, max(1.0, statistics.median(w for w, _ in together) / wall), cores))
     return out
 
 
@@ -146,8 +164,9 @@ def host_concurrency(local: Any, max_devices: int, cache: Any | None = None, thr
         hit = {"points": points, "seconds": spent}
         if cache is not None:
             cache.put(key, hit)
-    slowdowns = tuple((int(k), float(s)) for k, s in hit["points"])
-    return HostConcurrency(slowdowns, f"measured on {os.cpu_count()} host cores", spent)
+    slowdowns = tuple((int(point[0]), float(point[1])) for point in hit["points"])
+    alone_cores = tuple((int(point[0]), float(point[2])) for point in hit["points"])
+    return HostConcurrency(slowdowns, f"measured on {os.cpu_count()} host cores", spent, alone_cores)
 
 
 def _main(request_path: str, result_path: str) -> None:

@@ -650,7 +650,8 @@ def host_sharing(config: ProfileConfig, local: LocalDevice, max_devices: int, ca
     if config.concurrency == "measured":
         return host_concurrency(local, max_devices, cache)
     layout = XLA_THREADING.get(config.xla_threading)
-    return HostCapacity(len(usable_cores()), layout.pin_one_core_per_device)
+    measured = host_concurrency(local, max_devices, cache, layout) if max_devices > 1 else None
+    return HostCapacity(len(usable_cores()), layout.pin_one_core_per_device, measured)
 
 
 def select_plans(planset: PlanSet, selection: str) -> list[ParallelPlan]:

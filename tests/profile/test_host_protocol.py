@@ -136,11 +136,18 @@ def test_cpu_time_model_runs_single_core_stages_side_by_side_and_saturated_ones_
         one_f_one_b(dp, 1, slowdown=lambda k: 2.0, host_cores=2)
 
 
-def test_host_capacity_shares_all_cores_or_one_per_device():
-    from libarena.profile.concurrency import HostCapacity
+def test_host_capacity_shares_all_cores_or_one_per_device_at_most_what_the_host_gave_the_micro_benchmark():
+    from libarena.profile.concurrency import HostCapacity, HostConcurrency
 
     assert HostCapacity(2).cores_for(1) == 2
     assert HostCapacity(1, one_core_per_device=True).cores_for(2) == 2
+    # one MLP alone keeps 1.6 cores busy; two at once take 1.9x as long: the host gave them 2 x 1.6 / 1.9 cores
+    measured = HostConcurrency(((2, 1.9),), "test", 0.0, ((2, 1.6),))
+    assert measured.effective_cores(2) == pytest.approx(3.2 / 1.9) and measured.effective_cores(3) is None
+    assert HostCapacity(2, measured=measured).cores_for(2) == pytest.approx(3.2 / 1.9)
+    assert HostCapacity(2, measured=measured).cores_for(1) == 2
+    assert HostCapacity(1, True, HostConcurrency(((2, 1.2),), "test", 0.0, ((2, 1.0),))).cores_for(2) == pytest.approx(2 / 1.2)
+    assert HostCapacity(2, measured=HostConcurrency(((2, 1.0),), "test", 0.0, ((2, 1.9),))).cores_for(2) == 2  # never above the cores
 
 
 def test_gpu_check_without_a_gpu_is_one_line_and_exit_2(repo_root):
