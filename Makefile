@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE := disabled
 export PYTHONHASHSEED := 0
 
-.PHONY: venv demo test test-fast test-slow bench schemas clean reproduce
+.PHONY: venv demo test test-fast test-slow bench gpu-check schemas clean reproduce
 
 venv: $(STAMP)
 
@@ -34,6 +34,12 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# GPU validation on a machine with an NVIDIA GPU: installs JAX's CUDA plugin and cupti-python (the cuda12 or
+# cuda13 extra, by the driver), times with CUPTI and the host timer, profiles and directly measures the 1-GPU
+# plans of the tiny and small models: bench/results/gpu.json in under 10 minutes. Elsewhere: "no NVIDIA GPU visible".
+gpu-check: $(STAMP)
+	@$(BIN)/python -m bench gpu
 
 # Regenerate schemas/ from the artifact registry (a test fails when they drift).
 schemas: $(STAMP)

@@ -1,55 +1,84 @@
 """arena-profile accuracy and cost: disaggregated single-device estimate vs direct measurement.
 
-For the tiny and small zoo models, every plan of their 1- and 2-device CPU grids (plus each grid's pure
-data-parallel plan) is (a) profiled with a fresh cache -- stage executables (``--granularity``) on one device, the comm
-table measured by ``arena-profile comm``, the host's measured concurrency, the 1F1B model -- and (b) run
-for real with the runtime's executor (``libarena.run.measure_plan``) on 1 or 2 host devices, at the same
-plan, micro-batch count and dtype, steady-state step time (median of the timed steps after warm-up).
+For the tiny and small size of every family (gpt, bert, moe, wide_resnet), every plan of the 1- and
+2-device CPU grids (plus each grid's pure data-parallel plan) is estimated by the profiler and run for real
+with the runtime's executor (``libarena.run.measure_plan``'s PipelineExecutor) at the same plan, micro-batch
+count and dtype.
 
-Targets: mean absolute error <= 5% per device count; profiling device-time >= 10x smaller than the
-direct measurement of the same plans. Cost counts everything each side spends, compilation included
-(the paper's GPU-seconds); the figures without compilation are reported next to it. The one-off host
-calibration (comm table, concurrency micro-benchmark) is reported separately, not charged to any model.
+The timing protocol (libarena.profile.host), for a host that other work may share:
 
-The host is shared, so within a round each model is measured on 1 device, then profiled, then measured
-on 2 devices (profiling sits between the measurements it is compared with); with ``--rounds R`` the
-order alternates and the median over rounds is used per plan, with the spread reported. Per-plan rows,
-the estimate's breakdown (and what the idealised model -- independent devices, no per-step runtime work
--- would have said) go to ``results_dir/profile.json`` (``--name`` to write another file).
+* it starts only when the host is quiet (load average and other processes' CPU, waited for, bounded;
+  refused with one line otherwise) and records the load average before and after, the CPU time stolen by
+  the hypervisor, the process CPU time beside the wall time and the XLA flags and cores it ran with;
+* XLA:CPU's threads follow one layout (``--threading``; by default the steadiest in bench/results/host.json,
+  written by bench_host), applied before JAX starts: the work runs in a fresh interpreter;
+* estimate side and measurement side are interleaved, ABAB: per plan, the profiler's stage executables
+  (kept compiled in this process, one device) and the plan's executor (kept in a child with 1 or 2
+  devices) take ``CHUNKS`` turns of ``CHUNK`` samples each, alternating which goes first, so that both
+  sides see the same host;
+* each side's statistic is the lower quartile of its samples (a shared host only adds time), stage by stage
+  on the estimate side, step by step on the measurement side.
 
-    .venv/bin/python -m bench.bench_profile --rounds 1            # about 10 minutes on a quiet host
+Cost is device-seconds as the paper counts them (devices held x wall time, compilation included on both
+sides): profiling is one ordinary ``profile_plans`` run with an empty cache (one device); a direct
+measurement holds the plan's devices while it builds, compiles, warms up and times the same number of
+steps. From the same measured per-stage and per-plan costs, the ratio for every plan of the 4-, 8- and
+16-device grids of each model is *derived* (profiling holds one device per distinct stage; a direct
+measurement holds the whole grid for compilation plus the same timed steps), labelled as such.
+
+Targets: mean absolute error <= 5% per device count; profiling >= 10x cheaper than direct measurement.
+
+    .venv/bin/python -m bench.bench_profile          # alone on a quiet machine; results in bench/results/profile.json
 """
 
 from __future__ import annotations
 
-import shutil
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
-from bench.stats import relative_iqr, relative_spread
+from bench.stats import relative_iqr
 from libarena.artifacts import write_json
-from libarena.plan import read_plans
+from libarena.errors import ArenaError
 
-MODELS = ("gpt__tiny", "moe__tiny", "wide_resnet__tiny", "gpt__small")
+MODELS = tuple(f"{family}__{size}" for size in ("tiny", "small") for family in ("gpt", "bert", "moe", "wide_resnet"))
 GLOBAL_BATCH = 16
 NUM_CLUSTERS = 3
 DEVICE_COUNTS = (1, 2)
 MAE_TARGET = 0.05
 COST_TARGET = 10.0
-#: Same number of samples on both sides, at most: the profiler stops timing a stage after its timing
-#: budget (ProfileConfig.timing_budget_s, 10 s) once 5 samples are in, as it does outside the benchmark.
-#: The first steps after compiling run up to 1.5x slower (allocator and caches warming up) and single
-#: steps vary by about 20% on this host: 3 + 15.
+#: ABAB: CHUNKS turns of CHUNK samples per side and plan (15 samples each), after WARMUP untimed runs.
+CHUNKS, CHUNK, WARMUP = 5, 3, 3
+#: Profiler settings of the cost run (as users run it) and the statistic of the interleaved runs.
 PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
-MEASURE_WARMUP, MEASURE_REPEATS = 3, 15
+STATISTIC = "q1"
+#: Grid sizes of the paper's clusters the cost ratio is derived for.
+DERIVED_GRIDS = (4, 8, 16)
+#: Refusals printed as one line by ``python -m bench``.
+REFUSALS = (ArenaError,)
 
 
 def _log(message: str) -> None:
     print(f"[bench_profile] {message}", file=sys.stderr, flush=True)
+
+
+def steadiest_layout(results_dir: Path) -> str:
+    """The XLA threading layout bench_host found steadiest (``default`` without its results)."""
+    path = results_dir / "host.json"
+    try:
+        return str(json.loads(path.read_text())["steadiest_layout"])
+    except (OSError, KeyError, ValueError):
+        return "default"
+
+
+# --------------------------------------------------------------------------------------------------
+# The child: one interpreter, the layout applied before JAX starts
 
 
 def _plans(tmp: Path, model: str) -> Path:
@@ -63,254 +92,293 @@ def _plans(tmp: Path, model: str) -> Path:
     return path
 
 
-#: Profiler settings the command line may change (``--granularity unit``, ``--statistic min``).
-OPTIONS: dict[str, str] = {"granularity": "stage", "statistic": "median"}
-
-
-def _profile(tmp: Path, model: str, plans_path: Path, comm: Any, calibration: Path, round_index: int) -> dict[str, Any]:
-    """Profile every plan of the model with a fresh cache (seeded with the host calibration only)."""
-    import json
+def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str) -> dict[str, Any]:
+    """One ordinary profiling run with an empty cache (but the host calibration, measured once per host, not
+    per model): its wall time is the profiling device-seconds."""
+    import shutil
 
     from libarena.profile import ProfileConfig, profile_plans
 
-    cache = tmp / f"cache-{model}-{round_index}"
-    shutil.copytree(calibration, cache)  # the host-concurrency entry: measured once per host, not per model
-    plans = read_plans(plans_path, require_costs=False)
+    cache = tmp / f"cache-{planset.model_name}"
+    shutil.copytree(tmp / "calibration", cache)
     t0 = time.perf_counter()
-    result = profile_plans(plans, ProfileConfig(cache_dir=cache, selection="exhaustive", warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS,
-                                                **OPTIONS), comm=comm)
+    result = profile_plans(planset, ProfileConfig(cache_dir=cache, selection="exhaustive",
+                                                  warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS, xla_threading=layout), comm=comm)
     wall = time.perf_counter() - t0
-    compile_s = 0.0
-    for path in cache.glob("*/*.json"):
-        value = json.loads(path.read_text())["value"]
-        compile_s += float(value.get("compile_device_s", value.get("compile_s", 0.0))) if "spec" in value else 0.0
-    # The same profiles under the idealised model (every device its own chip): all cache hits.
-    ideal = profile_plans(plans, ProfileConfig(cache_dir=cache, selection="exhaustive", concurrency="independent",
-                                               warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS, **OPTIONS), comm=comm)
-    assert ideal.summary["stages_profiled"] == 0
-    ideal_by = {(e.resources.num_gpus, e.plan.plan_id): e for e in ideal.estimates}
-    estimates = {}
-    for e in result.estimates:
-        it = e.iteration
-        i = ideal_by[(e.resources.num_gpus, e.plan.plan_id)].iteration
-        estimates[(e.resources.num_gpus, e.plan.plan_id)] = {
-            "plan": e.plan,
-            "grid": e.resources,
-            "estimate_s": e.iter_time_s,
-            "breakdown": it.to_dict(),
-            "stages": [{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
-                                             "optimizer_s", "setup_s", "compute_spread_s")} for st in e.stages],
-            "estimate_independent_s": i.iter_time_s,
-            "estimate_independent_no_setup_s": i.iter_time_s - i.setup_s,
-        }
-    return {"estimates": estimates, "wall_s": wall, "compile_s": compile_s, "summary": result.summary}
+    return {"wall_s": wall, "summary": result.summary,
+            "estimates": {(e.resources.num_gpus, e.plan.plan_id): e.iter_time_s for e in result.estimates}}
 
 
-def _measure(plans_path: Path, plan_keys: list[tuple[dict[str, Any], str]], n: int) -> list[dict[str, Any]]:
-    from libarena.profile.measure import measure_in_subprocess
+def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing: Any, alternatives: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every plan estimated and measured ABAB; one row each (estimated with the profiler's concurrency model
+    ``sharing``, and with the ``alternatives`` from the same stage records, for comparison)."""
+    from libarena.plan import DP_PLAN_ID, data_parallel_plan
+    from libarena.profile import ProfileConfig, resolve_device
+    from libarena.profile.host import XLA_THREADING
+    from libarena.profile.measure import MeasureSession
+    from libarena.profile.profiler import ProfiledJob, StageSession, estimate_plan
+    from libarena.profile.timers import HostTimer, lower_quartile
 
-    return measure_in_subprocess(plans_path, plan_keys, n, warmup=MEASURE_WARMUP, repeats=MEASURE_REPEATS)
-
-
-def _round(tmp: Path, model: str, plans_path: Path, comm: Any, calibration: Path, round_index: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    planset = read_plans(plans_path, require_costs=False)
-    keys: dict[int, list[tuple[dict[str, Any], str]]] = {}
-    for p in planset.plans():
-        keys.setdefault(p.grid.num_gpus, []).append((p.resources.to_dict(), p.plan_id))
-    for grid in sorted({p.resources for p in planset.plans()}, key=lambda g: g.num_gpus):
-        keys[grid.num_gpus].append((grid.to_dict(), "dp"))
-    counts = sorted(keys)
-    # Measurements on both sides of the profiling run; the order flips every round.
-    before, after = (counts[:1], counts[1:]) if round_index % 2 == 0 else (counts[1:], counts[:1])
-    measured: dict[tuple[int, str], dict[str, Any]] = {}
-    for n in before:
-        measured.update({(n, m["plan_id"]): m for m in _measure(plans_path, keys[n], n)})
-    prof = _profile(tmp, model, plans_path, comm, calibration, round_index)
-    for n in after:
-        measured.update({(n, m["plan_id"]): m for m in _measure(plans_path, keys[n], n)})
+    job = ProfiledJob.of(planset)
+    local = resolve_device("local")
+    config = ProfileConfig(selection="exhaustive", statistic=STATISTIC, xla_threading=layout)
+    stages = StageSession(local, HostTimer(), burst=config.burst)
+    plans = list(planset.plans())
+    grids = {g.grid.resources: g.grid for g in planset.grids}
+    plans += [data_parallel_plan(replace(grid, pipeline_degree=1), job.layout.num_clusters) for grid in grids.values()]
     rows = []
-    for key, est in prof["estimates"].items():
-        m = measured[key]
-        plan = est["plan"]
-        rows.append(
-            {
-                "model": model,
-                "num_gpus": key[0],
-                "plan_id": key[1],
-                "round": round_index,
-                "pipeline_degree": plan.pipeline_degree,
-                "num_microbatches": plan.num_microbatches,
-                "dp_per_stage": list(plan.dp_per_stage),
-                "tp_per_stage": list(plan.tp_per_stage),
-                "estimate_s": est["estimate_s"],
-                "estimate_independent_s": est["estimate_independent_s"],
-                "estimate_independent_no_setup_s": est["estimate_independent_no_setup_s"],
-                "breakdown": est["breakdown"],
-                "stages": est["stages"],
-                "measured_s": m["iter_time_min_s"] if OPTIONS["statistic"] == "min" else m["iter_time_s"],
-                "measured_samples_s": m["samples_s"],
-                "measurement_device_s": m["device_s"],
-                "measurement_compile_device_s": m["compile_s"] * key[0],
-                # device time of the timed steady-state steps only (no compilation, no executor set-up)
-                "measurement_running_device_s": sum(m["samples_s"]) * key[0],
-            }
-        )
-    s = prof["summary"]
-    _log(
-        f"{model} round {round_index}: {len(rows)} plans; profiling {prof['wall_s']:.0f} s ({s['stages_profiled']} {OPTIONS['granularity']} executables, "
-        f"{s['stages_skipped']} reused); measuring {sum(r['measurement_device_s'] for r in rows):.0f} device-s"
-    )
-    cost = {"model": model, "round": round_index, "profiling_device_s": prof["wall_s"], "profiling_compile_s": prof["compile_s"],
-            "measurement_device_s": sum(r["measurement_device_s"] for r in rows),
-            "measurement_compile_device_s": sum(r["measurement_compile_device_s"] for r in rows),
-            "measurement_running_device_s": sum(r["measurement_running_device_s"] for r in rows)}
-    return rows, cost
-
-
-def noise_floor(plans: list[dict[str, Any]], n: int) -> float | None:
-    """Mean absolute deviation of one round's direct measurement from the median over all rounds, per plan,
-    averaged over the plans on ``n`` devices: what the same measurement, repeated, disagrees with itself by --
-    the floor under any estimate's error on this host (None with a single round)."""
-    deviations = []
-    for p in plans:
-        measured = [r["measured_s"] for r in p["rounds"]]
-        if p["num_gpus"] != n or len(measured) < 2:
-            continue
-        med = statistics.median(measured)
-        deviations.append(statistics.fmean(abs(m - med) / med for m in measured))
-    return statistics.fmean(deviations) if deviations else None
-
-
-def _aggregate(all_rows: list[dict[str, Any]], costs: list[dict[str, Any]], models: tuple[str, ...], rounds: int,
-               calibration_s: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
-    from libarena.profile import ProfileConfig
-
-    per_plan: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
-    for row in all_rows:
-        per_plan.setdefault((row["model"], row["num_gpus"], row["plan_id"]), []).append(row)
-    plans = []
-    for (model, n, plan_id), rows in sorted(per_plan.items()):
-        med = {k: statistics.median(r[k] for r in rows) for k in ("estimate_s", "estimate_independent_s", "estimate_independent_no_setup_s", "measured_s")}
-        last = rows[-1]
-        plans.append(
-            {
-                "model": model,
-                "num_gpus": n,
-                "plan_id": plan_id,
-                "pipeline_degree": last["pipeline_degree"],
-                "num_microbatches": last["num_microbatches"],
-                "dp_per_stage": last["dp_per_stage"],
-                "tp_per_stage": last["tp_per_stage"],
-                **med,
-                "error": (med["estimate_s"] - med["measured_s"]) / med["measured_s"],
-                "abs_error": abs(med["estimate_s"] - med["measured_s"]) / med["measured_s"],
-                "abs_error_independent": abs(med["estimate_independent_s"] - med["measured_s"]) / med["measured_s"],
-                "abs_error_independent_no_setup": abs(med["estimate_independent_no_setup_s"] - med["measured_s"]) / med["measured_s"],
-                "measured_spread_over_rounds": relative_spread([r["measured_s"] for r in rows]),
-                "estimate_spread_over_rounds": relative_spread([r["estimate_s"] for r in rows]),
-                "measured_iqr_within_run": statistics.median(relative_iqr(r["measured_samples_s"]) for r in rows),
-                "breakdown": last["breakdown"],
-                "stages": last["stages"],
-                "rounds": [{k: r[k] for k in ("round", "estimate_s", "measured_s", "measured_samples_s", "measurement_device_s")} for r in rows],
-            }
-        )
-    summary: dict[str, Any] = {}
-    ok = True
     for n in DEVICE_COUNTS:
-        subset = [p for p in plans if p["num_gpus"] == n]
-        if not subset:
-            continue
-        mae = statistics.fmean(p["abs_error"] for p in subset)
-        summary[f"mae_{n}_devices"] = mae
-        summary[f"mae_{n}_devices_independent_model"] = statistics.fmean(p["abs_error_independent"] for p in subset)
-        summary[f"mae_{n}_devices_independent_no_setup_model"] = statistics.fmean(p["abs_error_independent_no_setup"] for p in subset)
-        summary[f"mean_signed_error_{n}_devices"] = statistics.fmean(p["error"] for p in subset)
-        summary[f"plans_{n}_devices"] = len(subset)
-        summary[f"measured_spread_{n}_devices_median"] = statistics.median(p["measured_iqr_within_run"] for p in subset)
-        summary[f"measurement_repeatability_{n}_devices"] = noise_floor(plans, n)
-        ok &= mae <= MAE_TARGET
-    ratios, ratios_no_compile = {}, {}
-    for model in models:
-        subset = [c for c in costs if c["model"] == model]
-        if not subset:
-            continue
-        prof = statistics.median(c["profiling_device_s"] for c in subset)
-        meas = statistics.median(c["measurement_device_s"] for c in subset)
-        prof_nc = statistics.median(c["profiling_device_s"] - c["profiling_compile_s"] for c in subset)
-        # Measurement without compilation: only its timed steady-state steps (executor set-up and the
-        # compiling first step left out), against profiling minus its executables' compile time.
-        meas_nc = statistics.median(c["measurement_running_device_s"] for c in subset)
-        ratios[model] = {"profiling_device_s": prof, "measurement_device_s": meas, "ratio": meas / prof if prof > 0 else float("inf"),
-                         "profiling_device_s_without_compile": prof_nc, "measurement_device_s_without_compile": meas_nc,
-                         "ratio_without_compile": meas_nc / prof_nc if prof_nc > 0 else float("inf")}
-    summary["cost_per_model"] = ratios
-    summary["cost_ratio_mean"] = statistics.fmean(r["ratio"] for r in ratios.values()) if ratios else 0.0
-    summary["cost_ratio_mean_without_compile"] = statistics.fmean(r["ratio_without_compile"] for r in ratios.values()) if ratios else 0.0
-    ok &= summary["cost_ratio_mean"] >= COST_TARGET
-    summary["targets"] = {"mae": MAE_TARGET, "cost_ratio": COST_TARGET, "cost_ratio_counts": "compilation included on both sides"}
-    summary["met"] = bool(ok)
-    summary["rounds"] = rounds
-    summary["calibration_s"] = calibration_s
-    payload = {
-        "summary": summary,
-        "plans": plans,
-        "costs": costs,
-        "setup": {"models": list(models), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS),
-                  "profile": {"warmup": PROFILE_WARMUP, "repeats": PROFILE_REPEATS,
-                              "timing_budget_s": ProfileConfig().timing_budget_s, **OPTIONS},
-                  "measure": {"runner": "libarena.run.measure_plan", "warmup": MEASURE_WARMUP, "repeats": MEASURE_REPEATS,
-                              "statistic": OPTIONS["statistic"]}},
-        "note": "CPU host devices on a 2-core machine (shared with other work while measured: see the spreads). Estimates: "
-                f"{OPTIONS['granularity']}-granularity profiles, measured comm table, measured host concurrency, per-step runtime work, 1F1B.",
-    }
-    return summary, payload
+        with MeasureSession(plans_path, n, threading=XLA_THREADING.get(layout)) as measure:
+            for plan in [p for p in plans if p.grid.num_gpus == n]:
+                grid = plan.resources.to_dict()
+                specs = job.stage_specs(plan)
+                for spec in specs:
+                    stages.build(spec)
+                prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
+                samples: list[float] = []
+                cpu: list[float] = []
+                for turn in range(CHUNKS):
+
+                    def estimate_side() -> None:
+                        for spec in specs:
+                            stages.time(spec, 1 if turn else WARMUP, CHUNK)
+
+                    def measure_side() -> None:
+                        out = measure.steps(grid, plan.plan_id, CHUNK)
+                        samples.extend(out["samples_s"])
+                        cpu.extend(out["cpu_s"])
+
+                    for side in ((estimate_side, measure_side) if turn % 2 == 0 else (measure_side, estimate_side)):
+                        side()
+                measure.release(grid, plan.plan_id)
+                records = [stages.record(spec) for spec in specs]
+                est = estimate_plan(job, plan, records, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC, sharing)
+                others = {name: estimate_plan(job, plan, records, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC,
+                                              model).iter_time_s for name, model in alternatives.items()}
+                measured = lower_quartile(samples)
+                rows.append({
+                    "model": planset.model_name, "num_gpus": n, "plan_id": plan.plan_id, "is_dp": plan.plan_id == DP_PLAN_ID,
+                    "pipeline_degree": plan.pipeline_degree, "num_microbatches": plan.num_microbatches,
+                    "dp_per_stage": list(plan.dp_per_stage), "tp_per_stage": list(plan.tp_per_stage),
+                    "estimate_s": est.iter_time_s, "measured_s": measured,
+                    "error": est.iter_time_s / measured - 1.0,
+                    "estimate_other_concurrency_models_s": others,
+                    "measured_median_s": statistics.median(samples), "measured_iqr_over_median": relative_iqr(samples),
+                    "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
+                    "breakdown": est.iteration.to_dict(),
+                    "stages": [{**{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
+                                                     "optimizer_s", "setup_s", "cores", "optimizer_cores")},
+                                "compute_iqr_over_median": relative_iqr(rec["microbatch"]["samples_s"])}
+                               for st, rec in zip(est.stages, records, strict=True)],
+                    # direct measurement's device time: build + compile + warm-up + the timed steps, all devices held
+                    "measurement_device_s": n * (prepared["wall_s"] + sum(samples)),
+                    "measurement_compile_device_s": n * prepared["wall_s"],
+                })
+                _log(f"{planset.model_name} {n} dev {plan.plan_id}: estimate {est.iter_time_s * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
+                     f"({rows[-1]['error']:+.1%}; measured IQR/median {rows[-1]['measured_iqr_over_median']:.1%})")
+                for spec in specs:
+                    stages.release(spec)
+    return rows
 
 
-def run(results_dir: Path, rounds: int = 1, models: tuple[str, ...] = MODELS, name: str = "profile") -> bool:
+def grid_stage_counts(model: str, layout: Any) -> list[dict[str, int]]:
+    """Plans and distinct stages (one profile each) of every plan of the model's 4-16-device grids (and their
+    pure data-parallel plans), with the benchmark's stage layout."""
+    from libarena.models import get_model
+    from libarena.plan import data_parallel_plan
+    from libarena.profile.local_plans import enumerate_grid_plans
+    from libarena.profile.stage import plan_stage_specs
+
+    m = get_model(model)
+    out = []
+    for g in DERIVED_GRIDS:
+        plans = enumerate_grid_plans(model, GLOBAL_BATCH, g, "cpu", NUM_CLUSTERS)
+        if plans:
+            plans.append(data_parallel_plan(replace(plans[0].grid, pipeline_degree=1), NUM_CLUSTERS))
+        distinct = {spec for plan in plans for spec in plan_stage_specs(m, layout, plan, "fp32", None)}
+        out.append({"num_gpus": g, "plans": len(plans), "distinct_stages": len(distinct)})
+    return out
+
+
+def derived_cost(grids: list[dict[str, int]], profiling_per_stage_s: float, measurement_compile_s: float, iter_time_1_s: float,
+                 timed_steps: int) -> list[dict[str, Any]]:
+    """The profiling / measurement cost of every plan of larger grids, derived from measured per-stage and
+    per-plan costs: profiling holds one device per distinct stage (``profiling_per_stage_s`` each: compile and
+    time it); measuring a plan holds its G devices for its compilation (``measurement_compile_s``) and
+    ``timed_steps`` steps of ``iter_time_1_s / G`` each (perfect scaling: the cheapest a measurement could be)."""
+    out = []
+    for grid in grids:
+        g, plans = grid["num_gpus"], grid["plans"]
+        profiling = grid["distinct_stages"] * profiling_per_stage_s
+        measuring = plans * (g * measurement_compile_s + timed_steps * iter_time_1_s)
+        out.append({**grid, "profiling_device_s": profiling, "measurement_device_s": measuring,
+                    "ratio": measuring / profiling if profiling > 0 else None})
+    return out
+
+
+def _child(request: dict[str, Any]) -> dict[str, Any]:
     from libarena.hardware.comm import load_comm_model
-    from libarena.profile import CommBenchConfig, ProfileCache, resolve_device, write_comm_table
+    from libarena.plan import read_plans
+    from libarena.profile import CommBenchConfig, ProfileCache, ProfileConfig, resolve_device, write_comm_table
     from libarena.profile.concurrency import host_concurrency
+    from libarena.profile.profiler import host_sharing
+    from libarena.profile.host import XLA_THREADING, apply_threading, host_window, snapshot
 
-    results_dir.mkdir(parents=True, exist_ok=True)
+    layout = request["threading"]
+    applied = apply_threading(XLA_THREADING.get(layout), 1)
+    before = snapshot()
+    rows: list[dict[str, Any]] = []
+    costs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp_name:
         tmp = Path(tmp_name)
         comm_path = tmp / "comm.parquet"
         t0 = time.perf_counter()
-        write_comm_table(str(comm_path), CommBenchConfig(num_devices=max(DEVICE_COUNTS), points=7, max_bytes=2**23))
-        comm_s = time.perf_counter() - t0
+        write_comm_table(str(comm_path), CommBenchConfig(num_devices=max(DEVICE_COUNTS), points=7, max_bytes=2**23, xla_threading=layout))
         comm = load_comm_model(str(comm_path))
-        calibration = tmp / "calibration"
-        concurrency = host_concurrency(resolve_device("local"), max(DEVICE_COUNTS), ProfileCache(calibration))
-        calibration_s = {"comm_table_s": comm_s, "host_concurrency_s": concurrency.measured_now_s, "host_concurrency": concurrency.to_dict()}
-        _log(f"calibration: comm table {comm_s:.0f} s; host concurrency {concurrency.to_dict()['slowdowns']} ({concurrency.measured_now_s:.0f} s)")
-        all_rows: list[dict[str, Any]] = []
-        costs: list[dict[str, Any]] = []
-        plans_paths = {m: _plans(tmp, m) for m in models}
-        for r in range(rounds):
-            for model in models:
-                rows, cost = _round(tmp, model, plans_paths[model], comm, calibration, r)
-                all_rows += rows
-                costs.append(cost)
-                # Partial results after every model: a long run that is stopped still leaves numbers.
-                write_json(results_dir / f"{name}.json", _aggregate(all_rows, costs, models, r + 1, calibration_s)[1])
-    summary, payload = _aggregate(all_rows, costs, models, rounds, calibration_s)
+        # The host's concurrency (measured once); the profiler's model and, from the same stage records, the
+        # earlier one (one measured slowdown), the CPU-time model on all the cores, and independent devices.
+        local = resolve_device("local")
+        calibration = ProfileCache(tmp / "calibration")
+        sharing = host_sharing(ProfileConfig(xla_threading=layout), local, max(DEVICE_COUNTS), calibration)
+        measured = host_concurrency(local, max(DEVICE_COUNTS), calibration, XLA_THREADING.get(layout))
+        alternatives = {"measured-slowdown": measured, "cpu-time-all-cores": replace(sharing, measured=None), "independent": None}
+        calibration_s = time.perf_counter() - t0
+        for model in request["models"]:
+            plans_path = _plans(tmp, model)
+            planset = read_plans(plans_path, require_costs=False)
+            model_before = snapshot()
+            cost = _cost_run(tmp, planset, comm, layout)
+            model_rows = _interleaved(planset, plans_path, comm, layout, sharing, alternatives)
+            for r in model_rows:
+                r["estimate_plain_s"] = cost["estimates"].get((r["num_gpus"], r["plan_id"]))
+            rows += model_rows
+            summary = cost["summary"]
+            costs.append({"model": model, "profiling_device_s": cost["wall_s"], "stages_profiled": summary["stages_profiled"],
+                          "paper_grids": grid_stage_counts(model, planset.layout),
+                          "measurement_device_s": sum(r["measurement_device_s"] for r in model_rows),
+                          "measurement_compile_device_s": sum(r["measurement_compile_device_s"] for r in model_rows),
+                          "host": host_window(model_before, snapshot())})
+            _log(f"{model}: profiling {cost['wall_s']:.0f} device-s ({summary['stages_profiled']} stages), measuring "
+                 f"{costs[-1]['measurement_device_s']:.0f} device-s")
+    return {"rows": rows, "costs": costs, "calibration_s": calibration_s, "threading": applied, "host_sharing": sharing.to_dict(),
+            "host": host_window(before, snapshot())}
+
+
+# --------------------------------------------------------------------------------------------------
+# Aggregation
+
+
+def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    ok = bool(rows)
+    for n in DEVICE_COUNTS:
+        subset = [r for r in rows if r["num_gpus"] == n]
+        if not subset:
+            continue
+        mae = statistics.fmean(abs(r["error"]) for r in subset)
+        summary[f"mae_{n}_devices"] = mae
+        summary[f"mean_signed_error_{n}_devices"] = statistics.fmean(r["error"] for r in subset)
+        summary[f"max_abs_error_{n}_devices"] = max(abs(r["error"]) for r in subset)
+        summary[f"plans_{n}_devices"] = len(subset)
+        summary[f"measured_iqr_over_median_{n}_devices_median"] = statistics.median(r["measured_iqr_over_median"] for r in subset)
+        plain = [abs(r["estimate_plain_s"] / r["measured_s"] - 1) for r in subset if r.get("estimate_plain_s")]
+        if plain:
+            summary[f"mae_{n}_devices_plain_profile_run"] = statistics.fmean(plain)
+        for model in subset[0]["estimate_other_concurrency_models_s"]:
+            summary[f"mae_{n}_devices_{model}_model"] = statistics.fmean(abs(r["estimate_other_concurrency_models_s"][model] / r["measured_s"] - 1)
+                                                                         for r in subset)
+        ok &= mae <= MAE_TARGET
+    per_family: dict[str, Any] = {}
+    for r in rows:
+        per_family.setdefault(f"{r['model']}/{r['num_gpus']}", []).append(abs(r["error"]))
+    summary["mae_per_model_and_devices"] = {k: statistics.fmean(v) for k, v in sorted(per_family.items())}
+    cost_rows = {}
+    for c in costs:
+        model_rows = [r for r in rows if r["model"] == c["model"]]
+        ones = [r for r in model_rows if r["num_gpus"] == 1]
+        per_stage = c["profiling_device_s"] / max(1, c["stages_profiled"])
+        per_plan_compile = statistics.fmean(r["measurement_compile_device_s"] / r["num_gpus"] for r in model_rows)
+        iter_1 = statistics.fmean(r["measured_s"] for r in ones) if ones else 0.0
+        steps = CHUNKS * CHUNK
+        cost_rows[c["model"]] = {
+            "profiling_device_s": c["profiling_device_s"], "measurement_device_s": c["measurement_device_s"],
+            "ratio": c["measurement_device_s"] / c["profiling_device_s"] if c["profiling_device_s"] > 0 else None,
+            "measured_on": "1- and 2-device CPU grids (every plan); compilation included on both sides",
+            "derived_paper_grids": {
+                "note": "DERIVED, not measured: every plan of the model's 4/8/16-device grids, from the measured cost of profiling "
+                        "one stage and of compiling one plan here, and timed steps at the 1-device iteration time / G",
+                "profiling_device_s_per_stage": per_stage, "measurement_compile_s_per_plan": per_plan_compile,
+                "grids": derived_cost(c["paper_grids"], per_stage, per_plan_compile, iter_1, steps),
+            },
+        }
+    summary["cost_per_model"] = cost_rows
+    ratios = [c["ratio"] for c in cost_rows.values() if c["ratio"]]
+    summary["cost_ratio_mean"] = statistics.fmean(ratios) if ratios else 0.0
+    derived = [g["ratio"] for c in cost_rows.values() for g in c["derived_paper_grids"]["grids"] if g.get("ratio")]
+    summary["cost_ratio_derived_4_16_gpus_mean"] = statistics.fmean(derived) if derived else None
+    ok &= summary["cost_ratio_mean"] >= COST_TARGET
+    summary["targets"] = {"mae": MAE_TARGET, "cost_ratio": COST_TARGET, "cost_ratio_counts": "device-seconds, compilation included on both sides"}
+    summary["met"] = bool(ok)
+    return summary
+
+
+def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profile", threading: str | None = None,
+        quiet: Any = None) -> bool:
+    from libarena.profile.host import XLA_THREADING, QuietPolicy, wait_until_quiet
+
+    quiet_record = wait_until_quiet(quiet or QuietPolicy(), _log)
+    layout = XLA_THREADING.canonical(threading or steadiest_layout(results_dir))
+    _log(f"host {'quiet' if quiet_record['quiet'] else 'BUSY (going on: --allow-busy)'} (load {quiet_record['load_average']:.2f}); "
+         f"XLA threading {layout}; models {', '.join(models)}")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-profile-run-") as tmp:
+        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request.write_text(json.dumps({"models": list(models), "threading": layout}))
+        proc = subprocess.run([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)])
+        if proc.returncode != 0 or not result.is_file():
+            raise ArenaError(f"bench_profile: the measuring interpreter failed (exit {proc.returncode}; its log is above)")
+        out = json.loads(result.read_text())
+    summary = aggregate(out["rows"], out["costs"])
+    payload = {
+        "summary": summary,
+        "plans": out["rows"],
+        "costs": out["costs"],
+        "protocol": {
+            "quiet_check": quiet_record, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
+            "calibration_s": out["calibration_s"], "host_sharing": out["host_sharing"],
+            "interleaving": f"per plan, {CHUNKS} turns of {CHUNK} samples per side, alternating which side goes first (ABAB)",
+            "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
+        },
+        "setup": {"models": list(models), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS),
+                  "warmup": WARMUP, "profile_cost_run": {"warmup": PROFILE_WARMUP, "repeats": PROFILE_REPEATS}},
+    }
     write_json(results_dir / f"{name}.json", payload)
-    brief = {k: v for k, v in summary.items() if k != "cost_per_model"}
-    _log(f"summary: {brief}")
+    _log(f"summary: {({k: v for k, v in summary.items() if k not in ('cost_per_model', 'mae_per_model_and_devices')})}")
     return bool(summary["met"])
 
 
 if __name__ == "__main__":
     import argparse
 
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        write_json(sys.argv[3], _child(json.loads(Path(sys.argv[2]).read_text())))
+        raise SystemExit(0)
+    from libarena.profile.host import XLA_THREADING, QuietPolicy
+
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--results", default="bench/results")
     parser.add_argument("--name", default="profile", help="results file name (RESULTS/NAME.json)")
-    parser.add_argument("--granularity", choices=("unit", "stage"), default="stage")
-    parser.add_argument("--statistic", choices=("median", "min"), default="median",
-                        help="per-run statistic on both sides (min: the fastest repetition, for a contended host)")
+    parser.add_argument("--threading", choices=XLA_THREADING.names(), default=None,
+                        help="XLA:CPU thread layout (default: the steadiest in RESULTS/host.json)")
+    parser.add_argument("--max-load", type=float, default=QuietPolicy.max_load, help="load average the host must be under to start")
+    parser.add_argument("--max-wait", type=float, default=QuietPolicy.max_wait_s, help="seconds to wait for a quiet host")
+    parser.add_argument("--allow-busy", action="store_true", help="go on (recording it) when the host stays busy")
     args = parser.parse_args()
-    OPTIONS.update(granularity=args.granularity, statistic=args.statistic)
-    sys.exit(0 if run(Path(args.results), args.rounds, tuple(args.models), args.name) else 1)
+    try:
+        ok = run(Path(args.results), tuple(args.models), args.name, args.threading,
+                 QuietPolicy(max_load=args.max_load, max_wait_s=args.max_wait, refuse=not args.allow_busy))
+    except ArenaError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(0 if ok else 1)

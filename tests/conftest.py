@@ -84,3 +84,33 @@ def pytest_terminal_summary(terminalreporter):
                                     "and peak RSS measured on this machine, which may be shared):")
         for line in summary_lines(merged):
             terminalreporter.write_line("  " + line)
+
+
+def cuda_plugin_installed() -> bool:
+    """Whether JAX's CUDA plugin is installed (without it JAX sees no NVIDIA GPU; checked without starting JAX)."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(name) is not None for name in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped where JAX cannot have a GPU (the ``gpu_device`` fixture skips where it has none)."""
+    if cuda_plugin_installed():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (JAX's CUDA plugin is not installed: make gpu-check installs it)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gpu_device():
+    import jax
+
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        pytest.skip("JAX sees no NVIDIA GPU")
+    return gpus[0]

@@ -14,7 +14,9 @@ Public API (the scheduler's ``perf build`` and the CLI call these)::
 Lower level: ``StageSpec`` + ``build_stage_executables`` / ``profile_stage`` (one worker of one stage on
 one device), ``one_f_one_b`` (the pipeline model; ``HostConcurrency`` says how much devices that share a host's
 cores slow each other down), ``select_timer`` (host / cupti), ``ProfileCache``. Direct measurement runs
-plans through the runtime's executor (``libarena.run.measure_plan``; libarena.profile.measure).
+plans through the runtime's executor (``libarena.run.measure_plan``; libarena.profile.measure). The timing
+protocol for a shared host (quiet check, load and steal, XLA:CPU thread layouts) is libarena.profile.host;
+``StageSession`` (profiler) and ``MeasureSession`` (measure) keep both sides alive for interleaved timing.
 Importing this package does not import JAX.
 """
 

@@ -38,6 +38,8 @@ class CommBenchConfig:
     repeats: int = 10
     primitives: tuple[str, ...] = PRIMITIVES
     platform: str = "cpu"
+    #: XLA:CPU thread layout of the benchmark's devices (libarena.profile.host.XLA_THREADING; None: this process's)
+    xla_threading: str | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, {
@@ -163,8 +165,12 @@ def benchmark_in_subprocess(config: CommBenchConfig, timeout_s: float = 1800.0) 
     """Run :func:`benchmark` in a fresh interpreter with ``num_devices`` host devices (CPU) or the GPUs."""
     if config.num_devices < 2:
         raise ArenaError("the communication benchmark needs at least 2 devices (--devices)")
+    from libarena.profile.host import XLA_THREADING
+
+    layout = XLA_THREADING.get(config.xla_threading) if config.xla_threading is not None else None
     data = run_module_with_devices("libarena.profile.comm_bench", asdict(config), platform=config.platform,
-                                   num_devices=config.num_devices, timeout_s=timeout_s, what="communication benchmark")
+                                   num_devices=config.num_devices, timeout_s=timeout_s, what="communication benchmark",
+                                   threading=layout)
     return data["rows"], data["hardware"]
 
 

@@ -9,6 +9,8 @@ with the compilation share reported separately.
 
 On a host, N devices exist only when XLA is told so before JAX starts: ``measure_in_subprocess`` runs the
 plans in a fresh interpreter with ``--xla_force_host_platform_device_count=N``, exchanging plain JSON.
+``MeasureSession`` keeps such an interpreter, and the plans' executors, alive between chunks of timed steps,
+so that a benchmark can interleave them with the estimate side's timings (ABAB) on a shared host.
 """
 
 from __future__ import annotations
@@ -25,18 +27,25 @@ from libarena.plan import DP_PLAN_ID, ParallelPlan, Resources
 from libarena.profile.subprocess_devices import run_module_with_devices
 
 
-def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 2, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
-    """Run ``plan`` of ``job`` (a profiler ProfiledJob) with the runtime's executor on ``devices``: steady-state
-    step time and device-seconds."""
-    from libarena.run import RunPlan, measure_plan
+def _run_plan(job: Any, plan: ParallelPlan, devices: list[Any]) -> Any:
+    """The runtime's RunPlan of ``plan`` (checked against the devices and the plans' sequence length)."""
+    from libarena.run import RunPlan
 
     if plan.grid.num_gpus > len(devices):
         raise ArenaError(f"plan {plan.plan_id} needs {plan.grid.num_gpus} devices, {len(devices)} available")
     default_shapes = job.model.batch_shapes(1, None)
     if job.seq_len is not None and job.model.batch_shapes(1, job.seq_len) != default_shapes:
         raise ArenaError(f"plan {plan.plan_id}: the runtime trains at the model's own sequence length, the plans use {job.seq_len}")
+    return RunPlan.from_plan(plan, job.layout, job.model)
+
+
+def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 2, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
+    """Run ``plan`` of ``job`` (a profiler ProfiledJob) with the runtime's executor on ``devices``: steady-state
+    step time and device-seconds."""
+    from libarena.run import measure_plan
+
     m = measure_plan(
-        job.model, RunPlan.from_plan(plan, job.layout, job.model), warmup=max(1, warmup), steps=repeats,
+        job.model, _run_plan(job, plan, devices), warmup=max(1, warmup), steps=repeats,
         devices=devices[: plan.grid.num_gpus], dtype=job.dtype, seed=seed, profile_stages=False,
     )
     times = list(m.step_times_s)
@@ -72,28 +81,43 @@ def measure_in_subprocess(
                                    timeout_s=timeout_s, what="direct measurement")
 
 
+class _PlanFinder:
+    """Plans of a plan set by (grid dict, plan id); ``dp`` is a grid's pure data-parallel plan."""
+
+    def __init__(self, plans_path: str) -> None:
+        from libarena.plan import read_plans
+        from libarena.profile.profiler import ProfiledJob
+
+        self.path = plans_path
+        self.planset = read_plans(plans_path, require_costs=False)
+        self.job = ProfiledJob.of(self.planset)
+        self.by_key = {(p.resources, p.plan_id): p for p in self.planset.plans()}
+        self.grids = {g.grid.resources: g.grid for g in self.planset.grids}
+
+    def find(self, resources_dict: dict[str, Any], plan_id: str) -> ParallelPlan:
+        from libarena.plan import data_parallel_plan
+
+        resources = Resources(**resources_dict)
+        if plan_id == DP_PLAN_ID and resources in self.grids:
+            return data_parallel_plan(replace(self.grids[resources], pipeline_degree=1), self.job.layout.num_clusters)
+        plan = self.by_key.get((resources, plan_id))
+        if plan is None:
+            raise ArenaError(f"plan {plan_id} of grid {resources_dict} is not in {self.path}")
+        return plan
+
+
 def _main(request_path: str, result_path: str) -> None:
     import jax
 
     from libarena.artifacts import write_json
-    from libarena.plan import data_parallel_plan, read_plans
-    from libarena.profile.profiler import ProfiledJob
 
     request = json.loads(Path(request_path).read_text())
-    planset = read_plans(request["plans"], require_costs=False)
-    job = ProfiledJob.of(planset)
+    finder = _PlanFinder(request["plans"])
+    job = finder.job
     devices = jax.devices()
-    by_key = {(p.resources, p.plan_id): p for p in planset.plans()}
-    grids = {g.grid.resources: g.grid for g in planset.grids}
     out = []
     for resources_dict, plan_id in request["plans_to_measure"]:
-        resources = Resources(**resources_dict)
-        if plan_id == DP_PLAN_ID and resources in grids:
-            plan = data_parallel_plan(replace(grids[resources], pipeline_degree=1), job.layout.num_clusters)
-        else:
-            plan = by_key.get((resources, plan_id))
-        if plan is None:
-            raise ArenaError(f"plan {plan_id} of grid {resources_dict} is not in {request['plans']}")
+        plan = finder.find(resources_dict, plan_id)
         result = measure_one(job, plan, devices, request["warmup"], request["repeats"])
         result["grid"] = resources_dict
         out.append(result)
@@ -101,5 +125,144 @@ def _main(request_path: str, result_path: str) -> None:
     write_json(result_path, out)
 
 
+class MeasureSession:
+    """A child interpreter with ``num_devices`` devices that keeps plans' executors between chunks of timed
+    steps: ``prepare`` builds a plan's executor and runs its warm-up steps (compilation included), ``steps``
+    times more steps of it (wall and process CPU seconds each), ``release`` frees it. One request at a time,
+    one JSON line each way; a failing child raises a one-line ArenaError."""
+
+    def __init__(self, plans_path: str | Path, num_devices: int, platform: str = "cpu", threading: Any = None,
+                 timeout_s: float = 3600.0) -> None:
+        import subprocess
+        import tempfile
+
+        from libarena.profile.subprocess_devices import device_env
+
+        layout = device_env(platform, num_devices, threading)
+        self.num_devices = num_devices
+        self.timeout_s = timeout_s
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            layout.command([sys.executable, "-m", "libarena.profile.measure", "--serve", str(plans_path)]),
+            env=layout.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._stderr, text=True,
+        )
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            self._stderr.seek(0)
+            tail = self._stderr.read().strip().splitlines()[-1:] or ["no output"]
+            raise ArenaError(f"direct measurement failed: {tail[0]}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise ArenaError(f"direct measurement failed: {reply['error']}")
+        return reply
+
+    def prepare(self, grid: dict[str, Any], plan_id: str, warmup: int = 2, seed: int = 0) -> dict[str, Any]:
+        """Build ``plan_id``'s executor and run ``warmup`` steps (the first compiles): build_s, first_step_s,
+        warmup_s, wall_s (all of it)."""
+        return self._ask({"op": "prepare", "grid": grid, "plan_id": plan_id, "warmup": warmup, "seed": seed})
+
+    def steps(self, grid: dict[str, Any], plan_id: str, steps: int) -> dict[str, Any]:
+        """``steps`` more timed steps of a prepared plan: samples_s (wall) and cpu_s (process CPU) per step."""
+        return self._ask({"op": "steps", "grid": grid, "plan_id": plan_id, "steps": steps})
+
+    def release(self, grid: dict[str, Any], plan_id: str) -> None:
+        self._ask({"op": "release", "grid": grid, "plan_id": plan_id})
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._ask({"op": "exit"})
+            except ArenaError:
+                pass
+            try:
+                self._proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - a child that does not exit is ended
+                self._proc.kill()
+                self._proc.wait()
+        self._stderr.close()
+
+    def __enter__(self) -> MeasureSession:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _serve(plans_path: str) -> None:
+    """The child side of MeasureSession: requests on stdin, one JSON reply line each on the original stdout
+    (anything else printed goes to stderr)."""
+    import os
+    import time
+
+    import jax
+
+    from libarena.run.executor import PipelineExecutor
+    from libarena.run.train import batch_for_step
+
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    finder = _PlanFinder(plans_path)
+    job = finder.job
+    devices = jax.devices()
+    running: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def key(request: dict[str, Any]) -> tuple[str, str]:
+        return json.dumps(request["grid"], sort_keys=True), request["plan_id"]
+
+    def step(state: dict[str, Any]) -> tuple[float, float]:
+        executor, plan = state["executor"], state["run_plan"]
+        batch = batch_for_step(job.model, state["position"], plan.global_batch, 0)
+        state["position"] += plan.global_batch
+        c0 = time.process_time()
+        stats = executor.step(batch)
+        return stats.step_time_s, time.process_time() - c0
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            op = request["op"]
+            if op == "exit":
+                replies.write(json.dumps({"ok": True}) + "\n")
+                replies.flush()
+                break
+            if op == "prepare":
+                t0 = time.perf_counter()
+                run_plan = _run_plan(job, finder.find(request["grid"], request["plan_id"]), devices)
+                executor = PipelineExecutor(job.model, run_plan, devices[: run_plan.num_gpus], job.dtype)
+                executor.init_state(int(request.get("seed", 0)))
+                state = {"executor": executor, "run_plan": run_plan, "position": 0}
+                build = time.perf_counter() - t0
+                warm = [step(state)[0] for _ in range(max(1, int(request["warmup"])))]
+                running[key(request)] = state
+                reply = {"build_s": build, "first_step_s": warm[0], "warmup_s": sum(warm), "wall_s": time.perf_counter() - t0}
+            elif op == "steps":
+                if key(request) not in running:
+                    raise ArenaError(f"plan {request['plan_id']} is not prepared")
+                timed = [step(running[key(request)]) for _ in range(int(request["steps"]))]
+                reply = {"samples_s": [w for w, _ in timed], "cpu_s": [c for _, c in timed]}
+            elif op == "release":
+                running.pop(key(request), None)
+                reply = {"ok": True}
+            else:
+                raise ArenaError(f"unknown request {op!r}")
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
+            reply = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--serve":
+        _serve(sys.argv[2])
+    else:
+        _main(sys.argv[1], sys.argv[2])

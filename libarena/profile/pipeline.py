@@ -13,12 +13,22 @@ all-to-all), ``p2p_j`` its activation send forward plus gradient send backward. 
          + max_j optimizer_j                      (the optimizer step, stages in parallel)
 
 Devices that share compute. The model above assumes every device is its own hardware (GPUs). When they
-are not -- several XLA host devices on one CPU share its cores -- k devices busy at once each run
-``slowdown(k)`` times slower than one alone (measured by libarena.profile.concurrency; 1 for GPUs). Then
-stage j's k_j workers slow each other by slowdown(k_j), and phases where all N devices work at once (the
-steady state, the optimizer step) cannot go faster than the host's capacity: their solo work
-``sum_j k_j * x_j`` at ``N / slowdown(N)`` devices' worth of throughput. With slowdown = 1 this bound
-never binds (``sum_j k_j x_j / N <= max_j x_j``), so the GPU model is unchanged.
+are not -- several XLA host devices on one CPU share its cores -- devices busy at once slow each other
+down. Two models of it (libarena.profile.concurrency):
+
+* CPU time (``host_cores`` = C, the cores the plan's devices share): each stage's profile says how many
+  cores' worth of CPU its computation keeps busy while it runs alone (``cores`` = p_j, its process CPU time
+  over its wall time). Stage j's k_j workers at once need k_j p_j cores, so they take
+  ``max(1, k_j p_j / C)`` times as long as one alone; phases where all devices work at once (the steady
+  state, the optimizer step) take at least their CPU seconds over the cores, ``sum_j k_j p_j x_j / C``.
+  A stage that keeps one core busy runs two devices side by side on two cores at full speed; one that
+  already keeps both busy runs them at half speed each.
+* measured slowdown: k devices busy at once each run ``slowdown(k)`` times slower than one alone, one
+  factor for every stage, from a micro-benchmark (an MLP); then stage j's k_j workers slow each other by
+  slowdown(k_j), and all-devices phases run the solo work ``sum_j k_j x_j`` at ``N / slowdown(N)`` devices'
+  worth of throughput.
+
+With neither (GPUs) the bounds never bind (``sum_j k_j x_j / N <= max_j x_j``), so the GPU model is unchanged.
 """
 
 from __future__ import annotations
@@ -39,6 +49,9 @@ class StageTimes:
     workers: int = 1
     #: per-step host work of the runtime for this stage (gradient-buffer reset, input placement)
     setup_s: float = 0.0
+    #: cores' worth of CPU the stage's computation (and its optimizer step) keeps busy on a host device
+    cores: float = 1.0
+    optimizer_cores: float = 1.0
 
     @property
     def per_microbatch_s(self) -> float:
@@ -54,7 +67,7 @@ class IterationEstimate:
     optimizer_s: float
     bottleneck_stage: int
     setup_s: float = 0.0
-    #: slowdown(N) applied for devices sharing compute (1.0: independent devices)
+    #: slowdown(N) applied for devices sharing compute (1.0: independent devices or the CPU-time model)
     host_slowdown: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,30 +75,45 @@ class IterationEstimate:
 
 
 def one_f_one_b(
-    stages: Sequence[StageTimes], num_microbatches: int, slowdown: Callable[[int], float] | None = None
+    stages: Sequence[StageTimes], num_microbatches: int, slowdown: Callable[[int], float] | None = None,
+    host_cores: float | None = None,
 ) -> IterationEstimate:
+    """The iteration time of ``stages`` over ``num_microbatches`` micro-batches. Devices that share a host:
+    ``host_cores`` (the CPU-time model: the cores the devices share) or ``slowdown`` (the measured-slowdown
+    model); neither for independent devices."""
     if not stages:
         raise ValueError("a pipeline needs at least one stage")
     if num_microbatches < 1:
         raise ValueError("num_microbatches must be >= 1")
+    if host_cores is not None and slowdown is not None:
+        raise ValueError("one host-sharing model at a time: host_cores or slowdown")
+    if host_cores is not None and not host_cores > 0:
+        raise ValueError("host_cores must be positive")
     slow = slowdown or (lambda k: 1.0)
     total = sum(max(1, st.workers) for st in stages)
     shared = max(1.0, float(slow(total)))
 
-    def alone(st: StageTimes) -> float:
+    def alone(st: StageTimes, cores: float) -> float:
+        if host_cores is not None:
+            return max(1.0, max(1, st.workers) * cores / host_cores)
         return max(1.0, float(slow(max(1, st.workers))))
 
-    def capacity_bound(work: Sequence[float]) -> float:
-        """Seconds the whole host needs for per-stage solo times ``work`` when all devices are busy."""
-        return shared * sum(max(1, st.workers) * w for st, w in zip(stages, work, strict=True)) / total
+    def capacity_bound(work: Sequence[tuple[float, float]]) -> float:
+        """Seconds the whole host needs when all devices are busy with per-stage (solo seconds, cores) ``work``."""
+        if host_cores is not None:
+            return sum(max(1, st.workers) * w * c for st, (w, c) in zip(stages, work, strict=True)) / host_cores
+        return shared * sum(max(1, st.workers) * w for st, (w, _) in zip(stages, work, strict=True)) / total
 
-    per_mb = [st.compute_s * alone(st) + st.comm_s + st.p2p_s for st in stages]
+    per_mb = [st.compute_s * alone(st, st.cores) + st.comm_s + st.p2p_s for st in stages]
     first = sum(per_mb)
     steady = [t - st.p2p_s for t, st in zip(per_mb, stages, strict=True)]
     bottleneck = max(range(len(stages)), key=lambda j: steady[j])
-    period = max(steady[bottleneck], capacity_bound([st.compute_s + st.comm_s for st in stages]))
+    # A host's collectives are copies on one core each.
+    work = [(st.compute_s * st.cores + st.comm_s, 1.0) if host_cores is not None else (st.compute_s + st.comm_s, 1.0) for st in stages]
+    period = max(steady[bottleneck], capacity_bound(work))
     steady_total = (num_microbatches - 1) * period
     grad = max(st.grad_sync_s for st in stages)
-    opt = max(max(st.optimizer_s * alone(st) for st in stages), capacity_bound([st.optimizer_s for st in stages]))
+    opt = max(max(st.optimizer_s * alone(st, st.optimizer_cores) for st in stages),
+              capacity_bound([(st.optimizer_s, st.optimizer_cores) for st in stages]))
     setup = sum(st.setup_s for st in stages)
     return IterationEstimate(setup + first + steady_total + grad + opt, first, steady_total, grad, opt, bottleneck, setup, shared)

@@ -28,26 +28,33 @@ from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommMo
 from libarena.models import ModelDef, get_model
 from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan
 from libarena.profile.cache import ProfileCache, default_cache_dir
-from libarena.profile.concurrency import HostConcurrency, host_concurrency
+from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
 from libarena.profile.estimate import PlanEstimate, perf_rows
 from libarena.profile.stage import (
     CompiledStage, StageSpec, build_stage_executables, compile_stage, lower_stage, plan_stage_specs, worker_view,
 )
-from libarena.profile.timers import Timer, Timing, select_timer
+from libarena.profile.timers import Timer, Timing, lower_quartile, select_timer
 from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
 
 #: Which plans of each grid are profiled.
 SELECTIONS = ("proxy", "frontier", "exhaustive")
-#: Which statistic of the repeated timings a stage contributes: the median (default), or the minimum
-#: (on a shared, contended host the fastest repetition is the closest to the device's own speed).
-STATISTICS = ("median", "min")
+#: Which statistic of the repeated timings a stage contributes: the median (default), the minimum or the
+#: lower quartile (q1; on a shared, contended host disturbances only add time, so the fast quarter of many
+#: samples is the closest to the device's own speed, and steadier than the single fastest).
+STATISTICS = ("median", "min", "q1")
 #: What one profiled executable covers: a whole stage, or one unit (layer) -- identical units (the
 #: repeated blocks of a transformer) then share one profile across every stage partition.
 GRANULARITIES = ("stage", "unit")
-CONCURRENCY_MODELS = ("measured", "independent")
-STAGE_RECORD_VERSION = 3
+#: cpu-time: host devices share the process's cores, each stage demanding what its profile says it keeps
+#: busy; measured: one slowdown factor from a micro-benchmark; independent: every device its own chip.
+CONCURRENCY_MODELS = ("cpu-time", "measured", "independent")
+#: 4: records carry each timing's process CPU time (cpu_per_wall) and lower quartile (q1_s); the per-step
+#: host work is done as the runtime does it; the forward returns its residuals stacked as the runtime's does
+STAGE_RECORD_VERSION = 4
+#: Record key of each statistic.
+_STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
 
 
 @dataclass
@@ -70,9 +77,13 @@ class ProfileConfig:
     #: whose repeated measurements differ by 17-19% (bench/results/profile*.json)
     granularity: str = "stage"
     statistic: str = "median"
-    #: measured: devices that share hardware (XLA host devices on one CPU) slow each other down by the
-    #: host's measured concurrency (libarena.profile.concurrency); independent: every device is its own chip
-    concurrency: str = "measured"
+    #: cpu-time: devices that share hardware (XLA host devices on one CPU) share its cores, each stage
+    #: demanding the cores its profile kept busy; measured: they slow each other down by one factor from a
+    #: micro-benchmark (libarena.profile.concurrency); independent: every device is its own chip
+    concurrency: str = "cpu-time"
+    #: how the plans' host devices will run (libarena.profile.host.XLA_THREADING): ``pinned`` gives a
+    #: process one core per device, so a plan's devices share as many cores as it has devices
+    xla_threading: str = "default"
     #: stop timing a region after this many seconds of timed runs once 5 samples are in (None: always
     #: ``repeats``); long stages (seconds per micro-batch) need fewer repetitions for the same median
     timing_budget_s: float | None = 10.0
@@ -103,6 +114,9 @@ class ProfileConfig:
             "memory_fraction": Range("memory_fraction", 0, 1, lo_open=True),
             "seed": Range("seed", 0, MAX_SEED, integer=True),
         })
+        from libarena.profile.host import XLA_THREADING
+
+        self.xla_threading = XLA_THREADING.canonical(self.xla_threading)
 
 
 @dataclass(frozen=True)
@@ -179,15 +193,12 @@ def profile_stage(
 
     ``compiled``: its executables compiled ahead (``compile_ahead``), which took ``compile_device_s`` of
     the profiling run's wall time (its share of a parallel compilation)."""
-    import jax
-
     key = stage_cache_key(spec, local, timer.name)
     if cache is not None:
         hit = cache.get(key)
         if hit is not None:
             return hit, True
     t0 = time.perf_counter()
-    view = worker_view(spec)
     opt_key = optimizer_cache_key(spec, local, timer.name)
     opt_record = cache.get(opt_key) if cache is not None else None
     if compiled is not None and opt_record is None and compiled.optimizer is None:
@@ -209,17 +220,29 @@ def profile_stage(
     if compiled is not None and compile_device_s is not None:
         wall += compile_device_s  # compiled before t0, in parallel with other stages
         compile_wall = compile_device_s
+    record = _stage_record(spec, execs, key, local, timer.name, microbatch, opt_key, opt_record, setup, wall, compile_wall)
+    if cache is not None:
+        cache.put(key, record)
+    return record, False
+
+
+def _stage_record(spec: StageSpec, execs: Any, key: str, local: LocalDevice, timer_name: str, microbatch: Timing, opt_key: str,
+                  opt_record: dict[str, Any], setup: dict[str, float], wall: float, compile_wall: float) -> dict[str, Any]:
+    """A stage's profile record from its executables and timings (what the cache keeps, estimate_plan reads)."""
+    import jax
+
+    view = execs.view
     out = execs.forward(execs.inputs["params"], execs.inputs["carry_in"], execs.inputs["batch"])[0]
     out_bytes = 0.0 if view.is_last(_model(spec)) else float(out.size * out.dtype.itemsize)
     carry_in_bytes = 0.0 if view.carry_in is None else float(np.prod(view.carry_in.shape) * np.dtype(view.carry_in.dtype).itemsize)
     # Activations travel at the worker's micro-batch; the batch-equivalent view runs micro_batch / tp.
     scale = spec.micro_batch / view.local_batch
-    record = {
+    return {
         "key": key,
         "spec": asdict(spec),
         "tp_view": view.tp_view,
         "local_batch": view.local_batch,
-        "timer": timer.name,
+        "timer": timer_name,
         "device_kind": local.kind,
         "jax_version": jax.__version__,
         "microbatch": microbatch.to_dict(),
@@ -237,9 +260,60 @@ def profile_stage(
         "activation_out_bytes": out_bytes * scale,
         "activation_in_bytes": carry_in_bytes * scale,
     }
-    if cache is not None:
-        cache.put(key, record)
-    return record, False
+
+
+class StageSession:
+    """Stage executables kept compiled between timings, so that a timing protocol can take a stage's samples
+    in several chunks interleaved with other work (the direct measurement it is compared with: ABAB on a
+    shared host). ``record`` gives the stage's profile record, as ``profile_stage`` would, from every sample
+    taken so far; ``device_s`` counts the wall time spent on the stage (build and compile included)."""
+
+    def __init__(self, local: LocalDevice, timer: Timer, seed: int = 0, burst: int = 4) -> None:
+        self.local, self.timer, self.seed, self.burst = local, timer, seed, burst
+        self._execs: dict[str, Any] = {}
+        self._state: dict[str, dict[str, Any]] = {}
+
+    def build(self, spec: StageSpec, repeats: int = 7) -> str:
+        """Compile the stage (once) and time its per-step host work; returns its profile key."""
+        key = stage_cache_key(spec, self.local, self.timer.name)
+        if key not in self._execs:
+            t0 = time.perf_counter()
+            execs = build_stage_executables(spec, device=self.local.device, seed=self.seed, with_optimizer=True)
+            setup = _time_step_setup(execs, self.local.device, repeats)
+            self._execs[key] = execs
+            self._state[key] = {"spec": spec, "microbatch": [], "optimizer": [], "setup": setup, "device_s": time.perf_counter() - t0}
+        return key
+
+    def time(self, spec: StageSpec, warmup: int, repeats: int) -> None:
+        """``repeats`` more timed runs of the stage's micro-batch (in bursts) and optimizer step."""
+        key = self.build(spec)
+        execs, state = self._execs[key], self._state[key]
+        t0 = time.perf_counter()
+        state["microbatch"].append(_time_burst(self.timer, execs.run_microbatch, warmup, repeats, self.burst))
+        state["optimizer"].append(self.timer.time(execs.run_optimizer, warmup, repeats))
+        state["device_s"] += time.perf_counter() - t0
+
+    def device_s(self, spec: StageSpec) -> float:
+        return self._state[stage_cache_key(spec, self.local, self.timer.name)]["device_s"]
+
+    def record(self, spec: StageSpec) -> dict[str, Any]:
+        key = stage_cache_key(spec, self.local, self.timer.name)
+        execs, state = self._execs[key], self._state[key]
+        if not state["microbatch"]:
+            raise ArenaError(f"stage {spec.model}[{spec.start}:{spec.stop}] has not been timed yet")
+        optimizer = _pooled(state["optimizer"])
+        opt_record = {"optimizer": optimizer.to_dict(), "cost": execs.cost["optimizer"], "memory": execs.memory["optimizer"],
+                      "state_bytes": execs.optimizer_state_bytes()}
+        return _stage_record(spec, execs, key, self.local, self.timer.name, _pooled(state["microbatch"]),
+                             optimizer_cache_key(spec, self.local, self.timer.name), opt_record, state["setup"], state["device_s"],
+                             execs.compile_s)
+
+    def release(self, spec: StageSpec) -> None:
+        self._execs.pop(stage_cache_key(spec, self.local, self.timer.name), None)
+
+
+def _pooled(timings: list[Timing]) -> Timing:
+    return Timing(tuple(t for x in timings for t in x.samples), tuple(c for x in timings for c in x.cpu_samples))
 
 
 def optimizer_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) -> str:
@@ -261,8 +335,7 @@ def _time_burst(timer: Timer, region: Callable[[], Any], warmup: int, repeats: i
             out = region()
         return out
 
-    timing = timer.time(runs, warmup, repeats, budget_s)
-    return Timing(tuple(t / burst for t in timing.samples))
+    return timer.time(runs, warmup, repeats, budget_s).scaled(1.0 / burst)
 
 
 def compile_ahead(
@@ -289,27 +362,44 @@ def compile_ahead(
 def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
     """Host work the runtime does for this worker once per step, besides running executables: resetting
     the gradient buffers (zeros placed from the host, one array per parameter) and placing one micro-batch
-    of inputs. Host wall clock (it is host work whatever the device), median of ``repeats``."""
+    of inputs. Done the way the runtime does it (libarena.run.executor): zeros freshly allocated on the host
+    every step (placing them touches new pages: 25-40% of the reset's time on this host) with the leading
+    per-replica dimension, placed with named shardings over the stage's (dp, tp) mesh -- here the worker's
+    own one-device mesh. Host wall clock (it is host work whatever the device), median (and lower quartile)
+    of ``repeats``."""
     import statistics
 
     import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     view = execs.view
-    zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), view.params)
-    batch = {name: np.asarray(jax.device_get(value)) for name, value in execs.inputs["batch"].items()}
+    by_replica = NamedSharding(Mesh(np.array([device], dtype=object).reshape(1, 1), ("dp", "tp")), PartitionSpec("dp"))
+    leaves, treedef = jax.tree.flatten(view.params)
+    zero_shardings = treedef.unflatten([by_replica] * len(leaves))
 
-    def median_s(region: Callable[[], Any]) -> float:
+    def fresh_zeros() -> Any:
+        return treedef.unflatten([np.zeros((1, *leaf.shape), leaf.dtype) for leaf in leaves])
+
+    batch = {name: np.asarray(jax.device_get(value)) for name, value in execs.inputs["batch"].items()}
+    batch_shardings = {name: by_replica for name in batch}
+
+    def samples_of(region: Callable[[], Any]) -> list[float]:
         jax.block_until_ready(region())
         samples = []
         for _ in range(max(3, repeats)):
             t0 = time.perf_counter()
             jax.block_until_ready(region())
             samples.append(time.perf_counter() - t0)
-        return float(statistics.median(samples))
+        return samples
 
+    reset = samples_of(lambda: jax.device_put(fresh_zeros(), zero_shardings))
+    put = samples_of(lambda: jax.device_put(batch, batch_shardings))
     return {
-        "grad_reset_s": median_s(lambda: jax.device_put(zeros, device)),
-        "input_put_s": median_s(lambda: jax.device_put(batch, device)),
+        "grad_reset_s": float(statistics.median(reset)),
+        "input_put_s": float(statistics.median(put)),
+        # the lower quartiles, for the q1 statistic (a shared host)
+        "grad_reset_q1_s": lower_quartile(reset),
+        "input_put_q1_s": lower_quartile(put),
     }
 
 
@@ -342,8 +432,13 @@ def combine_unit_records(records: list[dict[str, Any]], spec: StageSpec, overhea
     def timing(name: str) -> dict[str, Any]:
         median = sum(r[name]["median_s"] for r in records) - (n - 1) * overhead_s
         minimum = sum(r[name].get("min_s", r[name]["median_s"]) for r in records) - (n - 1) * overhead_s
+        q1 = sum(r[name].get("q1_s", r[name]["median_s"]) for r in records) - (n - 1) * overhead_s
         spread = float(np.sqrt(sum(r[name]["spread_s"] ** 2 for r in records)))
-        return {"median_s": max(median, 0.0), "min_s": max(minimum, 0.0), "spread_s": spread, "samples_s": []}
+        # the units one after another keep busy the cores each kept busy, for its share of the time
+        cpu = sum(r[name]["median_s"] * (r[name].get("cpu_per_wall") or 1.0) for r in records)
+        wall = sum(r[name]["median_s"] for r in records)
+        return {"median_s": max(median, 0.0), "min_s": max(minimum, 0.0), "q1_s": max(q1, 0.0), "spread_s": spread, "samples_s": [],
+                "cpu_per_wall": cpu / wall if wall > 0 else 1.0}
 
     cost = {
         name: {k: float(sum((r["cost"].get(name) or {}).get(k, 0.0) for r in records)) for k in ("flops", "bytes")}
@@ -365,6 +460,8 @@ def combine_unit_records(records: list[dict[str, Any]], spec: StageSpec, overhea
         # one gradient buffer per parameter of every unit; one input placement for the stage
         "grad_reset_s": float(sum(r["grad_reset_s"] for r in records)),
         "input_put_s": float(records[0]["input_put_s"]),
+        "grad_reset_q1_s": float(sum(r.get("grad_reset_q1_s", r["grad_reset_s"]) for r in records)),
+        "input_put_q1_s": float(records[0].get("input_put_q1_s", records[0]["input_put_s"])),
         "compile_s": float(sum(r["compile_s"] for r in records)),
         "device_s": float(sum(r["device_s"] for r in records)),
         "cost": cost,
@@ -476,9 +573,10 @@ def estimate_plan(
     timer_name: str,
     memory_fraction: float,
     statistic: str = "median",
-    concurrency: HostConcurrency | None = None,
+    concurrency: HostConcurrency | HostCapacity | None = None,
 ) -> PlanEstimate:
-    """The 1F1B estimate of ``plan`` from its stages' profiles."""
+    """The 1F1B estimate of ``plan`` from its stages' profiles. ``concurrency``: how local devices that share
+    a host slow each other down (None: independent devices)."""
     estimated = plan.grid.gpu_type != local.gpu_type
     target_spec = None
     if estimated:
@@ -492,7 +590,7 @@ def estimate_plan(
     stage_times, stage_rows, memory = [], [], []
     s, B = plan.pipeline_degree, plan.num_microbatches
     for j, rec in enumerate(records):
-        stat = "min_s" if statistic == "min" else "median_s"
+        stat = _STATISTIC_KEYS[statistic]
         compute = rec["microbatch"].get(stat, rec["microbatch"]["median_s"])
         optimizer = rec["optimizer"].get(stat, rec["optimizer"]["median_s"])
         if target_spec is not None:
@@ -503,8 +601,10 @@ def estimate_plan(
         # The runtime resets every replica's gradient buffers and places each micro-batch's inputs on the
         # stages that read the batch (first: samples, last: targets), from the host, every step.
         reads_batch = j == 0 or j == s - 1
-        setup = plan.stages[j].dp * (rec["grad_reset_s"] + (B * rec["input_put_s"] if reads_batch else 0.0))
-        st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup)
+        suffix = "_q1_s" if statistic == "q1" and "grad_reset_q1_s" in rec else "_s"
+        setup = plan.stages[j].dp * (rec["grad_reset" + suffix] + (B * rec["input_put" + suffix] if reads_batch else 0.0))
+        st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup,
+                        cores=rec["microbatch"].get("cpu_per_wall") or 1.0, optimizer_cores=rec["optimizer"].get("cpu_per_wall") or 1.0)
         stage_times.append(st)
         inflight = min(s - j, B)
         mem = rec["state_bytes"] + inflight * rec["memory"]["forward"].get("output", 0.0) + rec["memory"]["backward"].get("temp", 0.0)
@@ -521,8 +621,12 @@ def estimate_plan(
             }
         )
     # Roofline-scaled rows are for GPUs (separate chips); local ones share what the local devices share.
-    slowdown = None if estimated or concurrency is None else concurrency.slowdown
-    iteration = one_f_one_b(stage_times, B, slowdown)
+    if estimated or concurrency is None:
+        iteration = one_f_one_b(stage_times, B)
+    elif isinstance(concurrency, HostCapacity):
+        iteration = one_f_one_b(stage_times, B, host_cores=concurrency.cores_for(plan.grid.num_gpus))
+    else:
+        iteration = one_f_one_b(stage_times, B, concurrency.slowdown)
     try:
         capacity = get_gpu(plan.grid.gpu_type).memory_bytes
     except ArenaError:
@@ -539,6 +643,20 @@ def estimate_plan(
         stages=stage_rows,
         comm_sources=sorted(set(used)),
     )
+
+
+def host_sharing(config: ProfileConfig, local: LocalDevice, max_devices: int, cache: ProfileCache | None) -> HostConcurrency | HostCapacity:
+    """The concurrency model ``config`` asks for, for plans of up to ``max_devices`` devices of ``local``'s kind
+    (accelerators are separate chips: independent whatever is asked)."""
+    from libarena.profile.host import XLA_THREADING, usable_cores
+
+    if local.platform != "cpu" or config.concurrency == "independent":
+        return HostConcurrency()
+    if config.concurrency == "measured":
+        return host_concurrency(local, max_devices, cache)
+    layout = XLA_THREADING.get(config.xla_threading)
+    measured = host_concurrency(local, max_devices, cache, layout) if max_devices > 1 else None
+    return HostCapacity(len(usable_cores()), layout.pin_one_core_per_device, measured)
 
 
 def select_plans(planset: PlanSet, selection: str) -> list[ParallelPlan]:
@@ -609,8 +727,11 @@ def profile_plans(
     dp_estimates: dict[Resources, PlanEstimate] = {}
     overhead = dispatch_overhead(local, cache, timer) if config.granularity == "unit" else 0.0
     local_devices = max([p.grid.num_gpus for p, _ in work if p.grid.gpu_type == local.gpu_type] or [1])
-    concurrency = host_concurrency(local, local_devices, cache) if config.concurrency == "measured" else HostConcurrency()
-    if concurrency.slowdowns:
+    concurrency = host_sharing(config, local, local_devices, cache)
+    if isinstance(concurrency, HostCapacity):
+        log(f"host devices share {'one core per device' if concurrency.one_core_per_device else f'{concurrency.cores} cores'}; "
+            "each stage demands the cores its profile kept busy")
+    elif concurrency.slowdowns:
         log(f"host concurrency: {', '.join(f'{k} devices at once run {v:.2f}x slower' for k, v in concurrency.slowdowns)} ({concurrency.source})")
     def pieces_of(stage_spec: StageSpec) -> list[StageSpec]:
         if config.granularity == "unit":

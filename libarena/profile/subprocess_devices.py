@@ -16,24 +16,32 @@ from pathlib import Path
 from typing import Any
 
 from libarena.errors import ArenaError
+from libarena.profile.host import ChildLayout, XlaThreading, child_layout, merge_xla_flags
+
+
+def device_env(platform: str, num_devices: int, threading: XlaThreading | None = None) -> ChildLayout:
+    """Environment (and cores) of a child that runs ``num_devices`` devices of ``platform``: on a host,
+    ``--xla_force_host_platform_device_count`` and the threading layout (None: this process's own)."""
+    layout = child_layout(threading if platform == "cpu" else None, num_devices, os.environ)
+    if platform == "cpu":
+        layout.env["XLA_FLAGS"] = merge_xla_flags(layout.env.get("XLA_FLAGS", ""), (f"--xla_force_host_platform_device_count={int(num_devices)}",))
+        layout.env["JAX_PLATFORMS"] = "cpu"
+    return layout
 
 
 def run_module_with_devices(
-    module: str, request: Any, *, platform: str, num_devices: int, timeout_s: float, what: str
+    module: str, request: Any, *, platform: str, num_devices: int, timeout_s: float, what: str,
+    threading: XlaThreading | None = None,
 ) -> Any:
     """Write ``request`` as JSON, run ``module`` on it and return its JSON result; a failing child raises
     ``ArenaError("<what> failed: <last line of its output>")``."""
-    env = dict(os.environ)
-    if platform == "cpu":
-        flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count"))
-        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(num_devices)}".strip()
-        env["JAX_PLATFORMS"] = "cpu"
+    layout = device_env(platform, num_devices, threading)
     with tempfile.TemporaryDirectory(prefix="arena-profile-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request_path.write_text(json.dumps(request))
         proc = subprocess.run(
-            [sys.executable, "-m", module, str(request_path), str(result_path)],
-            env=env,
+            layout.command([sys.executable, "-m", module, str(request_path), str(result_path)]),
+            env=layout.env,
             capture_output=True,
             text=True,
             timeout=timeout_s,

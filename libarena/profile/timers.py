@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +19,34 @@ from libarena.registry import Registry
 
 @dataclass(frozen=True)
 class Timing:
-    """Repeated timings of one region: median and spread (interquartile range), seconds."""
+    """Repeated timings of one region: median and spread (interquartile range), seconds; beside each
+    sample the process CPU time it took (all threads: how many cores' worth the region kept busy)."""
 
     samples: tuple[float, ...]
+    #: process CPU seconds of each sample (empty where the timer cannot see them)
+    cpu_samples: tuple[float, ...] = ()
 
     @property
     def median(self) -> float:
         return float(statistics.median(self.samples))
+
+    @property
+    def lower_quartile(self) -> float:
+        """The first quartile: on a shared host, disturbances only add time, so the fast quarter of many
+        short samples is the steadiest estimate of the region's own time (the minimum is one outlier away)."""
+        return lower_quartile(self.samples)
+
+    @property
+    def cpu_per_wall(self) -> float | None:
+        """Cores' worth of CPU the region kept busy while it ran: process CPU time over wall time, lower
+        quartiles of both (a busy host stretches the wall time of some samples, not the work they do)."""
+        if not self.cpu_samples:
+            return None
+        wall = lower_quartile(self.samples)
+        return float(lower_quartile(self.cpu_samples) / wall) if wall > 0 else None
+
+    def scaled(self, factor: float) -> Timing:
+        return Timing(tuple(t * factor for t in self.samples), tuple(t * factor for t in self.cpu_samples))
 
     @property
     def spread(self) -> float:
@@ -39,7 +60,19 @@ class Timing:
         return float(min(self.samples))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"median_s": self.median, "min_s": self.minimum, "spread_s": self.spread, "samples_s": list(self.samples)}
+        out = {"median_s": self.median, "min_s": self.minimum, "q1_s": self.lower_quartile, "spread_s": self.spread,
+               "samples_s": list(self.samples)}
+        if self.cpu_samples:
+            out.update(cpu_per_wall=self.cpu_per_wall, cpu_samples_s=list(self.cpu_samples))
+        return out
+
+
+def lower_quartile(samples: Sequence[float]) -> float:
+    """First quartile (the minimum for fewer than four samples)."""
+    if len(samples) < 4:
+        return float(min(samples))
+    return float(statistics.quantiles(samples, n=4)[0])
+
 
 
 #: Samples a timing keeps even when its time budget is spent (enough for a median and a spread).
@@ -57,12 +90,15 @@ class Timer(ABC):
         for _ in range(warmup):
             _block(region())
         samples: list[float] = []
+        cpu: list[float] = []
         started = time.perf_counter()
         while len(samples) < repeats:
             if budget_s is not None and len(samples) >= min(MIN_SAMPLES, repeats) and time.perf_counter() - started >= budget_s:
                 break
+            c0 = time.process_time()
             samples.append(self.sample(region))
-        return Timing(tuple(samples))
+            cpu.append(time.process_time() - c0)
+        return Timing(tuple(samples), tuple(cpu))
 
     @abstractmethod
     def sample(self, region: Callable[[], Any]) -> float:

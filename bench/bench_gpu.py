@@ -1,0 +1,253 @@
+"""GPU validation in one command (``make gpu-check``, ``python -m bench gpu``): the CUPTI timer against the
+host timer, and the disaggregated profiler against direct measurement, on one NVIDIA GPU.
+
+On a machine with an NVIDIA GPU and nothing else set up, it
+
+1. finds the GPU and its driver's CUDA version (``nvidia-smi``; on a machine without one it stops with the
+   one line "no NVIDIA GPU visible" and exit status 2),
+2. installs what the GPU needs into this interpreter's environment when it is missing: JAX's CUDA plugin
+   matching jax 0.10.2 (``jax[cuda12]`` or ``jax[cuda13]``, by the driver) and NVIDIA's ``cupti-python`` of
+   the same CUDA major version (the ``cuda12`` / ``cuda13`` extras of pyproject.toml),
+3. runs, in a fresh interpreter (JAX must start after the install): a fixed matmul chain timed by both
+   timers; then for the tiny and small size of every family, every plan of the 1-GPU grid (and its pure
+   data-parallel plan) profiled with the ``cupti`` timer and with the ``host`` timer, and measured
+   directly with the runtime's executor;
+4. writes ``bench/results/gpu.json``: per plan the two estimates, the measurement, the errors and the
+   CUPTI kernel time per stage, and the machine it ran on.
+
+Everything within ``TIME_BUDGET_S`` (models are skipped, and listed as such, once it is spent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+#: This module needs an NVIDIA GPU: ``python -m bench`` runs it only when named.
+REQUIRES_GPU = True
+MODELS = tuple(f"{family}__{size}" for size in ("tiny", "small") for family in ("gpt", "bert", "moe", "wide_resnet"))
+GLOBAL_BATCH = 16
+NUM_CLUSTERS = 3
+WARMUP, REPEATS = 3, 15
+#: The whole check (install excluded) within this; the rest of the models are skipped once it is spent.
+TIME_BUDGET_S = 420.0
+NO_GPU = "no NVIDIA GPU visible"
+
+
+class GpuCheckError(Exception):
+    """A one-line reason the check cannot run here."""
+
+
+#: Printed alone by ``python -m bench`` (exit status 2), never as a traceback.
+REFUSALS = (GpuCheckError,)
+
+
+def nvidia_gpus(run: Any = subprocess.run) -> list[str]:
+    """The NVIDIA GPUs the driver shows (``nvidia-smi -L`` lines); empty without a driver or a GPU."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip().startswith("GPU ")]
+
+
+def driver_cuda_major(run: Any = subprocess.run) -> int:
+    """The CUDA major version the driver supports (``nvidia-smi``'s header: "CUDA Version: 12.8")."""
+    out = run(["nvidia-smi"], capture_output=True, text=True, timeout=60)
+    match = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", out.stdout or "")
+    if not match:
+        raise GpuCheckError("nvidia-smi does not say which CUDA version the driver supports")
+    return int(match.group(1))
+
+
+def cuda_extra(cuda_major: int) -> str:
+    """The pyproject extra for a driver: cuda13 from CUDA 13 on, cuda12 for CUDA 12 (older: unsupported)."""
+    if cuda_major >= 13:
+        return "cuda13"
+    if cuda_major == 12:
+        return "cuda12"
+    raise GpuCheckError(f"the driver supports CUDA {cuda_major}; jax 0.10.2 needs CUDA 12 or 13")
+
+
+def _installed(extra: str) -> bool:
+    import importlib.util
+
+    plugin = "jax_cuda13_plugin" if extra == "cuda13" else "jax_cuda12_plugin"
+    return importlib.util.find_spec(plugin) is not None and importlib.util.find_spec("cupti") is not None
+
+
+def ensure_installed(extra: str, log: Any) -> None:
+    if _installed(extra):
+        return
+    repo = Path(__file__).resolve().parents[1]
+    log(f"installing the '{extra}' extra (JAX's CUDA plugin and cupti-python)")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-e", f"{repo}[{extra}]"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise GpuCheckError(f"pip install '.[{extra}]' failed: {tail[0]}")
+
+
+def _log(message: str) -> None:
+    print(f"[bench_gpu] {message}", file=sys.stderr, flush=True)
+
+
+def preflight() -> list[str]:
+    """The visible NVIDIA GPUs; GpuCheckError("no NVIDIA GPU visible") where there is none."""
+    gpus = nvidia_gpus()
+    if not gpus:
+        raise GpuCheckError(NO_GPU)
+    return gpus
+
+
+def run(results_dir: Path) -> bool:
+    gpus = preflight()
+    extra = cuda_extra(driver_cuda_major())
+    ensure_installed(extra, _log)
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # the direct measurement's child shares the GPU
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        out = Path(tmp) / "gpu.json"
+        proc = subprocess.run([sys.executable, "-m", "bench.bench_gpu", "--child", str(out)], env=env, timeout=TIME_BUDGET_S + 150)
+        if proc.returncode != 0 or not out.is_file():
+            raise GpuCheckError(f"the GPU check failed (exit {proc.returncode}; its log is above)")
+        payload = json.loads(out.read_text())
+    payload["machine"].update(gpus=gpus, cuda_extra=extra)
+    from libarena.artifacts import write_json
+
+    write_json(results_dir / "gpu.json", payload)
+    s = payload["summary"]
+    _log(f"{s['plans']} plans: mean error {s['mae_cupti']:.1%} (cupti) / {s['mae_host']:.1%} (host); wrote {results_dir / 'gpu.json'}")
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# The check itself (a fresh interpreter with the GPU packages importable)
+
+
+def _fixed_computation() -> dict[str, Any]:
+    """A chain of matmuls timed by both timers: CUPTI's kernel time is at most the host's wall time."""
+    import jax
+    import numpy as np
+
+    from libarena.profile.timers import select_timer
+
+    device = jax.devices()[0]
+    a = jax.device_put(np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32), device)
+
+    @jax.jit
+    def chain(x: Any) -> Any:
+        out = x
+        for _ in range(16):
+            out = (x @ out) * (1.0 / 2048)
+        return out
+
+    host = select_timer("host", device).time(lambda: chain(a), WARMUP, REPEATS)
+    cupti = select_timer("cupti", device).time(lambda: chain(a), WARMUP, REPEATS)
+    return {"what": "16 chained 2048x2048 float32 matmuls", "host": host.to_dict(), "cupti": cupti.to_dict(),
+            "cupti_over_host": cupti.median / host.median}
+
+
+def _model_rows(tmp: Path, model: str, gpu_type: str) -> list[dict[str, Any]]:
+    from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.plan import read_plans
+    from libarena.profile import ProfileConfig, profile_plans
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+    from libarena.profile.measure import measure_in_subprocess
+
+    path = tmp / f"plans-{model}.parquet"
+    plans = enumerate_grid_plans(model, GLOBAL_BATCH, 1, gpu_type, NUM_CLUSTERS)
+    write_plans_table(str(path), model, GLOBAL_BATCH, plans, model_clusters(model, GLOBAL_BATCH, num_clusters=NUM_CLUSTERS))
+    planset = read_plans(path, require_costs=False)
+    results = {}
+    for timer in ("cupti", "host"):
+        t0 = time.perf_counter()
+        config = ProfileConfig(cache_dir=tmp / f"cache-{model}-{timer}", timer=timer, selection="exhaustive", warmup=WARMUP,
+                               repeats=REPEATS)
+        results[timer] = (profile_plans(planset, config, comm=AlphaBetaCommModel()), time.perf_counter() - t0)
+    wanted = [(p.resources.to_dict(), p.plan_id) for p in planset.plans()] + [(planset.grids[0].grid.resources.to_dict(), "dp")]
+    t0 = time.perf_counter()
+    measured = {m["plan_id"]: m for m in measure_in_subprocess(path, wanted, 1, platform="gpu", warmup=WARMUP, repeats=REPEATS)}
+    measure_wall = time.perf_counter() - t0
+    host_by_id = {e.plan.plan_id: e for e in results["host"][0].estimates}
+    rows = []
+    for e in results["cupti"][0].estimates:
+        h = host_by_id[e.plan.plan_id]
+        m = measured[e.plan.plan_id]
+        rows.append({
+            "model": model, "plan_id": e.plan.plan_id, "num_microbatches": e.plan.num_microbatches,
+            "estimate_cupti_s": e.iter_time_s, "estimate_host_s": h.iter_time_s, "measured_s": m["iter_time_s"],
+            "measured_samples_s": m["samples_s"],
+            "error_cupti": e.iter_time_s / m["iter_time_s"] - 1.0, "error_host": h.iter_time_s / m["iter_time_s"] - 1.0,
+            # what CUPTI saw of each stage: kernel seconds per micro-batch (forward + backward) and optimizer step
+            "stages": [{"units": st["units"], "micro_batch": st["micro_batch"], "cupti_kernel_s": st["compute_s"],
+                        "cupti_optimizer_kernel_s": st["optimizer_s"], "host_s": hs["compute_s"], "host_optimizer_s": hs["optimizer_s"]}
+                       for st, hs in zip(e.stages, h.stages, strict=True)],
+            "profiling_wall_s": {t: r[1] for t, r in results.items()},
+            "measurement_wall_s": measure_wall,
+        })
+    return rows
+
+
+def _child(out_path: str) -> None:
+    import jax
+
+    from libarena.artifacts import write_json
+    from libarena.profile import resolve_device
+
+    started = time.perf_counter()
+    local = resolve_device("local")
+    if local.platform != "gpu":
+        raise GpuCheckError(f"JAX sees no GPU after the install (its default device is {local.label})")
+    _log(f"device {local.label}: {local.kind} (counts as {local.gpu_type}); jax {jax.__version__}")
+    fixed = _fixed_computation()
+    _log(f"fixed computation: cupti {fixed['cupti']['median_s'] * 1e3:.2f} ms, host {fixed['host']['median_s'] * 1e3:.2f} ms")
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-child-") as tmp:
+        for model in MODELS:
+            if time.perf_counter() - started > TIME_BUDGET_S:
+                skipped.append(model)
+                continue
+            model_rows = _model_rows(Path(tmp), model, local.gpu_type)
+            for r in model_rows:
+                _log(f"{model} {r['plan_id']}: estimate {r['estimate_cupti_s'] * 1e3:.2f} ms (cupti) / {r['estimate_host_s'] * 1e3:.2f} ms "
+                     f"(host), measured {r['measured_s'] * 1e3:.2f} ms")
+            rows += model_rows
+    summary = {
+        "plans": len(rows),
+        "mae_cupti": statistics.fmean(abs(r["error_cupti"]) for r in rows) if rows else None,
+        "mae_host": statistics.fmean(abs(r["error_host"]) for r in rows) if rows else None,
+        "models_skipped_for_time": skipped,
+        "wall_s": time.perf_counter() - started,
+    }
+    write_json(out_path, {
+        "benchmark": "CUPTI and host timers; disaggregated estimate vs direct measurement of every 1-GPU plan of the tiny and small models",
+        "summary": summary, "fixed_computation": fixed, "plans": rows,
+        "setup": {"models": list(MODELS), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "warmup": WARMUP, "repeats": REPEATS},
+        "machine": {"device": local.describe(), "jax": jax.__version__, "python": sys.version.split()[0]},
+    })
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        _child(sys.argv[2])
+    else:
+        out = Path(__file__).resolve().parent / "results"
+        try:
+            ok = run(out)
+        except GpuCheckError as exc:
+            print(exc, file=sys.stderr)
+            raise SystemExit(2) from None
+        raise SystemExit(0 if ok else 1)

@@ -1,0 +1,285 @@
+"""The timing protocol for a shared host: what the machine was doing while something was timed, waiting for
+it to be quiet, and how XLA:CPU's threads are laid out on its cores.
+
+Timings taken on a machine that other processes share are only as good as the quiet they were taken in, so
+an accuracy run (bench/) first waits, bounded, for the load to fall (:func:`wait_until_quiet`: the one-minute
+load average and the other processes' CPU use, refused with a one-line error when it does not), and records
+around its work the load average before and after, the CPU time the hypervisor stole (``/proc/stat``), the
+process's own CPU time beside its wall time, and the XLA flags and core affinity it ran with
+(:func:`host_window`).
+
+XLA host devices share the CPU's cores, and XLA:CPU's intra-op thread pool is as large as the cores the
+process may run on. :data:`XLA_THREADING` names the layouts a benchmark can compare (and keep the steadier
+one with the evidence): ``default`` (XLA's own), ``eigen-single`` (``--xla_cpu_multi_thread_eigen=false``)
+and ``pinned`` (a process with N devices pinned to N cores, one intra-op thread per device, and the flag).
+A layout is applied to a child process's environment and cores (:func:`child_layout`: its XLA flags and a
+``taskset`` prefix) or to this process before JAX starts (:func:`apply_threading`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from libarena.errors import ArenaError
+from libarena.registry import Registry
+
+#: /proc/stat's first line: cpu user nice system idle iowait irq softirq steal ...
+_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_ticks(stat_path: str | Path = "/proc/stat") -> dict[str, int] | None:
+    """The machine's cumulative CPU ticks by state (None where /proc/stat is not readable)."""
+    try:
+        fields = Path(stat_path).read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [int(v) for v in fields[1 : 1 + len(_STAT_FIELDS)]]
+    return dict(zip(_STAT_FIELDS, values + [0] * (len(_STAT_FIELDS) - len(values))))
+
+
+def usable_cores() -> list[int]:
+    """The cores this process may run on."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+#: The cores this process could use when it started (before any pinning): what children are pinned within.
+STARTING_CORES = usable_cores()
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """The host and this process at one instant."""
+
+    wall_s: float
+    load_average: tuple[float, float, float]
+    ticks: dict[str, int] | None
+    #: CPU seconds of this process (all threads) and of its waited-for children
+    process_cpu_s: float
+    children_cpu_s: float
+
+
+def snapshot() -> HostSnapshot:
+    children = os.times()
+    return HostSnapshot(time.perf_counter(), tuple(round(x, 2) for x in os.getloadavg()), cpu_ticks(), time.process_time(),
+                        children.children_user + children.children_system)
+
+
+def host_window(before: HostSnapshot, after: HostSnapshot) -> dict[str, Any]:
+    """What the host did between two snapshots: load average at both ends, the share of all CPU time that
+    was stolen (by the hypervisor) and that was busy (any process), this process's CPU time beside the wall
+    time, and the XLA flags and cores it ran with."""
+    wall = after.wall_s - before.wall_s
+    out: dict[str, Any] = {
+        "wall_s": wall,
+        "load_average_before": list(before.load_average),
+        "load_average_after": list(after.load_average),
+        "process_cpu_s": after.process_cpu_s - before.process_cpu_s,
+        "children_cpu_s": after.children_cpu_s - before.children_cpu_s,
+        "cpu_steal_fraction": None,
+        "cpu_busy_fraction": None,
+        "cpus": os.cpu_count(),
+        "cores": usable_cores(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+    if before.ticks and after.ticks:
+        delta = {k: after.ticks[k] - before.ticks[k] for k in _STAT_FIELDS}
+        total = sum(delta.values())
+        if total > 0:
+            out["cpu_steal_fraction"] = delta["steal"] / total
+            out["cpu_busy_fraction"] = 1.0 - (delta["idle"] + delta["iowait"]) / total
+    return out
+
+
+def busy_processes(min_percent: float = 20.0, interval_s: float = 1.0, exclude: set[int] | None = None) -> list[dict[str, Any]]:
+    """Other processes that used more than ``min_percent`` of one core over ``interval_s`` (this process, its
+    ancestors and its children excluded): who would disturb a timing."""
+    import psutil
+
+    me = psutil.Process()
+    skip = {me.pid, *(p.pid for p in me.parents()), *(p.pid for p in me.children(recursive=True)), *(exclude or set())}
+    procs = []
+    for proc in psutil.process_iter(["pid", "name"]):
+        if proc.pid in skip:
+            continue
+        try:
+            proc.cpu_percent(None)
+            procs.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    time.sleep(interval_s)
+    busy = []
+    for proc in procs:
+        try:
+            percent = proc.cpu_percent(None)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if percent >= min_percent:
+            busy.append({"pid": proc.pid, "name": proc.info.get("name") or "?", "cpu_percent": round(percent, 1)})
+    return sorted(busy, key=lambda b: -b["cpu_percent"])
+
+
+@dataclass(frozen=True)
+class QuietPolicy:
+    """When the host counts as quiet enough to time on, and how long to wait for it."""
+
+    #: one-minute load average at most (this process idle)
+    max_load: float = 0.5
+    #: no other process may use more than this share of one core (percent)
+    max_process_percent: float = 25.0
+    #: wait at most this long for quiet, then refuse (or go on, with ``refuse=False``, recording it)
+    max_wait_s: float = 600.0
+    poll_s: float = 15.0
+    refuse: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_load < 0 or self.max_process_percent <= 0 or self.max_wait_s < 0 or self.poll_s <= 0:
+            raise ArenaError("quiet policy: max_load and max_wait_s must be >= 0, max_process_percent and poll_s > 0")
+
+
+def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = None,
+                     probe: Callable[[], tuple[float, list[dict[str, Any]]]] | None = None,
+                     sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """Wait (at most ``policy.max_wait_s``) until the load average and every other process are under the
+    policy's limits. Returns what was seen (``quiet``, ``waited_s``, the load and the busy processes at
+    the end); raises a one-line ArenaError when the host stays busy and the policy refuses.
+
+    ``probe`` (tests): returns (one-minute load average, busy processes) instead of looking at the host."""
+    log = log or (lambda message: None)
+
+    def look() -> tuple[float, list[dict[str, Any]]]:
+        return os.getloadavg()[0], busy_processes(policy.max_process_percent)
+
+    probe = probe or look
+    waited = 0.0
+    while True:
+        load, busy = probe()
+        quiet = load <= policy.max_load and not busy
+        if quiet or waited >= policy.max_wait_s:
+            break
+        log(f"host busy (load average {load:.2f}, {_describe(busy)}): waiting {policy.poll_s:.0f} s "
+            f"({waited:.0f} of at most {policy.max_wait_s:.0f} s)")
+        sleep(policy.poll_s)
+        waited += policy.poll_s
+    record = {"quiet": quiet, "waited_s": waited, "load_average": load, "busy_processes": busy,
+              "policy": {"max_load": policy.max_load, "max_process_percent": policy.max_process_percent, "max_wait_s": policy.max_wait_s}}
+    if not quiet and policy.refuse:
+        raise ArenaError(f"host not quiet after {waited:.0f} s: load average {load:.2f} (limit {policy.max_load}), {_describe(busy)}; "
+                         "run the benchmark alone (or lower the limits knowingly)")
+    return record
+
+
+def _describe(busy: list[dict[str, Any]]) -> str:
+    if not busy:
+        return "no other busy process"
+    return "busy: " + ", ".join(f"{b['name']}[{b['pid']}] {b['cpu_percent']:.0f}%" for b in busy[:5])
+
+
+# --------------------------------------------------------------------------------------------------
+# XLA:CPU thread layouts
+
+
+@dataclass(frozen=True)
+class XlaThreading:
+    """How XLA:CPU's threads sit on the cores: extra XLA flags, and whether a process is pinned to as many
+    cores as it has devices (one intra-op thread per device)."""
+
+    name: str
+    flags: tuple[str, ...] = ()
+    pin_one_core_per_device: bool = False
+    description: str = ""
+
+    def cores(self, num_devices: int, available: list[int] | None = None) -> list[int] | None:
+        """The cores a process with ``num_devices`` devices runs on (None: wherever it may)."""
+        if not self.pin_one_core_per_device:
+            return None
+        available = available if available is not None else usable_cores()
+        if num_devices > len(available):
+            raise ArenaError(f"threading {self.name!r}: {num_devices} devices need {num_devices} cores, {len(available)} usable")
+        return available[:num_devices]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "flags": list(self.flags), "pin_one_core_per_device": self.pin_one_core_per_device}
+
+
+XLA_THREADING: Registry[XlaThreading] = Registry("XLA threading layout")
+for _layout in (
+    XlaThreading("default", (), False, "XLA's own: an intra-op pool of every usable core, shared by the devices"),
+    XlaThreading("eigen-single", ("--xla_cpu_multi_thread_eigen=false",), False, "Eigen's multi-threading off"),
+    XlaThreading("pinned", ("--xla_cpu_multi_thread_eigen=false",), True,
+                 "N devices pinned to N cores (an intra-op pool of one thread per device), Eigen single-threaded"),
+):
+    XLA_THREADING.register(_layout.name, _layout)
+
+
+def merge_xla_flags(existing: str, flags: tuple[str, ...]) -> str:
+    """``existing`` XLA_FLAGS with ``flags`` set (a flag given again replaces the old value)."""
+    names = {f.split("=", 1)[0] for f in flags}
+    kept = [f for f in existing.split() if f.split("=", 1)[0] not in names]
+    return " ".join([*kept, *flags]).strip()
+
+
+def threading_env(layout: XlaThreading, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the layout's XLA flags."""
+    out = dict(env)
+    flags = merge_xla_flags(out.get("XLA_FLAGS", ""), layout.flags)
+    if flags:
+        out["XLA_FLAGS"] = flags
+    return out
+
+
+def pin_cores(cores: list[int] | None) -> None:
+    """Pin this process (and the children it starts later) to ``cores`` (None: leave it)."""
+    if cores is not None:
+        os.sched_setaffinity(0, set(cores))
+
+
+def apply_threading(layout: XlaThreading, num_devices: int = 1) -> dict[str, Any]:
+    """Apply ``layout`` to this process, which must not have started a JAX backend yet (XLA reads its flags
+    and sizes its thread pool once). Returns what was applied."""
+    import sys
+
+    if "jax" in sys.modules:
+        from jax._src import xla_bridge
+
+        if xla_bridge.backends_are_initialized():
+            raise ArenaError(f"threading {layout.name!r} must be applied before JAX starts its backend")
+    os.environ.update(threading_env(layout, os.environ))
+    cores = layout.cores(num_devices)
+    pin_cores(cores)
+    return {**layout.to_dict(), "cores": cores if cores is not None else usable_cores(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
+@dataclass(frozen=True)
+class ChildLayout:
+    """Environment and cores of a child process that runs ``num_devices`` devices under a layout."""
+
+    env: dict[str, str]
+    cores: list[int] | None = field(default=None)
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` started on the layout's cores (``taskset``: pinning in the parent between fork and exec
+        is not safe in a process with threads, as JAX's is)."""
+        if self.cores is None:
+            return list(argv)
+        taskset = shutil.which("taskset")
+        if taskset is None:
+            raise ArenaError("pinning a process to cores needs taskset (util-linux)")
+        return [taskset, "-c", ",".join(map(str, self.cores)), *argv]
+
+
+def child_layout(layout: XlaThreading | None, num_devices: int, env: Mapping[str, str]) -> ChildLayout:
+    if layout is None:
+        return ChildLayout(dict(env))
+    # A pinned parent would hand its own (fewer) cores down: choose from those it started with.
+    return ChildLayout(threading_env(layout, env), layout.cores(num_devices, STARTING_CORES))

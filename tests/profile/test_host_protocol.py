@@ -1,0 +1,174 @@
+"""The timing protocol for a shared host (libarena.profile.host), process CPU time in timings, the CPU-time
+model of host devices that share cores, and the one-command GPU check's behaviour without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from libarena.errors import ArenaError
+from libarena.profile import host
+from libarena.profile.pipeline import StageTimes, one_f_one_b
+
+
+def test_quiet_host_starts_at_once():
+    record = host.wait_until_quiet(host.QuietPolicy(max_load=0.5), probe=lambda: (0.1, []), sleep=pytest.fail)
+    assert record["quiet"] and record["waited_s"] == 0
+
+
+def test_busy_host_is_waited_for_then_used():
+    looks = iter([(3.0, [{"pid": 9, "name": "pytest", "cpu_percent": 180.0}]), (1.2, []), (0.2, [])])
+    slept = []
+    record = host.wait_until_quiet(host.QuietPolicy(max_load=0.5, poll_s=10, max_wait_s=60), probe=lambda: next(looks), sleep=slept.append)
+    assert record["quiet"] and record["waited_s"] == 20 and slept == [10, 10]
+
+
+def test_host_that_stays_busy_is_refused_in_one_line_naming_the_load_and_the_process():
+    busy = (2.5, [{"pid": 42, "name": "stress", "cpu_percent": 99.0}])
+    with pytest.raises(ArenaError) as err:
+        host.wait_until_quiet(host.QuietPolicy(max_wait_s=30, poll_s=10), probe=lambda: busy, sleep=lambda s: None)
+    message = str(err.value)
+    assert "\n" not in message and "2.50" in message and "stress[42]" in message
+    record = host.wait_until_quiet(host.QuietPolicy(max_wait_s=0, refuse=False), probe=lambda: busy)
+    assert not record["quiet"] and record["busy_processes"][0]["pid"] == 42
+
+
+def test_busy_processes_sees_another_process_burning_a_core():
+    # Started through a parent that exits at once: not this process's child (children are not "other" work).
+    burn = "import time\nt = time.time()\nwhile time.time() - t < 20: pass"
+    spawn = (f"import subprocess, sys\nprint(subprocess.Popen([sys.executable, '-c', {burn!r}], stdout=subprocess.DEVNULL, "
+             "stderr=subprocess.DEVNULL).pid)")
+    pid = int(subprocess.run([sys.executable, "-c", spawn], capture_output=True, text=True, check=True).stdout)
+    try:
+        time.sleep(0.5)
+        busy = host.busy_processes(min_percent=5.0, interval_s=2.0)  # a loaded host shares its cores
+        assert pid in {b["pid"] for b in busy}
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def test_cpu_ticks_and_host_window_report_steal_and_busy_shares(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 10 0 0 40 0 0\ncpu0 1 2 3\n")
+    ticks = host.cpu_ticks(stat)
+    assert ticks == {"user": 100, "nice": 0, "system": 50, "idle": 800, "iowait": 10, "irq": 0, "softirq": 0, "steal": 40}
+    assert host.cpu_ticks(tmp_path / "missing") is None
+    before = host.HostSnapshot(0.0, (1.0, 1.0, 1.0), ticks, 0.0, 0.0)
+    later = dict(ticks, user=ticks["user"] + 60, idle=ticks["idle"] + 30, steal=ticks["steal"] + 10)
+    after = host.HostSnapshot(2.0, (1.5, 1.1, 1.0), later, 1.5, 0.25)
+    window = host.host_window(before, after)
+    assert window["cpu_steal_fraction"] == pytest.approx(0.1)
+    assert window["cpu_busy_fraction"] == pytest.approx(0.7)
+    assert window["process_cpu_s"] == 1.5 and window["wall_s"] == 2.0 and window["load_average_before"] == [1.0, 1.0, 1.0]
+
+
+def test_xla_flags_are_merged_and_layouts_pin_one_core_per_device():
+    assert host.merge_xla_flags("--a=1 --b=2", ("--b=3", "--c")) == "--a=1 --b=3 --c"
+    pinned = host.XLA_THREADING.get("pinned")
+    assert pinned.cores(2, [0, 1, 2, 3]) == [0, 1]
+    assert host.XLA_THREADING.get("default").cores(2, [0, 1]) is None
+    with pytest.raises(ArenaError, match="3 devices need 3 cores"):
+        pinned.cores(3, [0, 1])
+    with pytest.raises(ArenaError, match="unknown XLA threading layout"):
+        host.XLA_THREADING.get("turbo")
+    env = host.threading_env(host.XLA_THREADING.get("eigen-single"), {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false"
+
+
+def test_a_pinned_child_runs_on_one_core_per_device_with_the_layout_flags():
+    from libarena.profile.subprocess_devices import device_env
+
+    layout = device_env("cpu", 1, host.XLA_THREADING.get("pinned"))
+    code = "import os, json; print(json.dumps([sorted(os.sched_getaffinity(0)), os.environ['XLA_FLAGS']]))"
+    out = subprocess.run(layout.command([sys.executable, "-c", code]), env=layout.env, capture_output=True, text=True, check=True)
+    cores, flags = json.loads(out.stdout)
+    assert cores == host.STARTING_CORES[:1]
+    assert "--xla_cpu_multi_thread_eigen=false" in flags and "--xla_force_host_platform_device_count=1" in flags
+
+
+def test_threading_cannot_be_applied_once_jax_has_started():
+    code = ("import jax; jax.devices()\nfrom libarena.profile.host import XLA_THREADING, apply_threading\n"
+            "from libarena.errors import ArenaError\ntry:\n    apply_threading(XLA_THREADING.get('pinned'))\n"
+            "except ArenaError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert "must be applied before JAX starts" in out.stdout
+
+
+def test_timings_carry_process_cpu_time_and_a_lower_quartile():
+    from libarena.profile.timers import HostTimer, Timing, lower_quartile
+
+    def spin():
+        t = time.process_time()
+        while time.process_time() - t < 0.01:
+            pass
+
+    timing = HostTimer().time(spin, 1, 8)
+    assert len(timing.cpu_samples) == len(timing.samples) == 8
+    # each run burns 10 ms of CPU on one thread: its CPU time is that, its wall time at least that
+    assert all(0.01 <= c <= w + 1e-3 for c, w in zip(timing.cpu_samples, timing.samples))
+    assert 0 < timing.cpu_per_wall <= 1.1
+    d = timing.to_dict()
+    assert d["q1_s"] <= d["median_s"] and len(d["cpu_samples_s"]) == 8
+    assert lower_quartile([5.0, 1.0, 2.0, 3.0, 4.0]) == pytest.approx(1.5)
+    assert Timing((1.0, 2.0), (0.5, 1.0)).scaled(0.5).cpu_samples == (0.25, 0.5)
+
+
+def test_cpu_time_model_runs_single_core_stages_side_by_side_and_saturated_ones_in_turn():
+    single = [StageTimes(0.010, cores=1.0), StageTimes(0.010, cores=1.0)]
+    assert one_f_one_b(single, 8, host_cores=2).iter_time_s == pytest.approx(one_f_one_b(single, 8).iter_time_s)
+    saturated = [StageTimes(0.010, cores=2.0), StageTimes(0.010, cores=2.0)]
+    est = one_f_one_b(saturated, 8, host_cores=2)
+    # both stages busy all the time: each micro-batch period needs 2 x 10 ms of both cores
+    assert est.steady_state_s == pytest.approx(7 * 0.020)
+    dp = [StageTimes(0.010, workers=2, cores=1.0)]
+    assert one_f_one_b(dp, 1, host_cores=2).iter_time_s == pytest.approx(0.010)
+    assert one_f_one_b([StageTimes(0.010, workers=2, cores=1.6)], 1, host_cores=2).iter_time_s == pytest.approx(0.016)
+    with pytest.raises(ValueError, match="one host-sharing model"):
+        one_f_one_b(dp, 1, slowdown=lambda k: 2.0, host_cores=2)
+
+
+def test_host_capacity_shares_all_cores_or_one_per_device_at_most_what_the_host_gave_the_micro_benchmark():
+    from libarena.profile.concurrency import HostCapacity, HostConcurrency
+
+    assert HostCapacity(2).cores_for(1) == 2
+    assert HostCapacity(1, one_core_per_device=True).cores_for(2) == 2
+    # one MLP alone keeps 1.6 cores busy; two at once take 1.9x as long: the host gave them 2 x 1.6 / 1.9 cores
+    measured = HostConcurrency(((2, 1.9),), "test", 0.0, ((2, 1.6),))
+    assert measured.effective_cores(2) == pytest.approx(3.2 / 1.9) and measured.effective_cores(3) is None
+    assert HostCapacity(2, measured=measured).cores_for(2) == pytest.approx(3.2 / 1.9)
+    assert HostCapacity(2, measured=measured).cores_for(1) == 2
+    assert HostCapacity(1, True, HostConcurrency(((2, 1.2),), "test", 0.0, ((2, 1.0),))).cores_for(2) == pytest.approx(2 / 1.2)
+    assert HostCapacity(2, measured=HostConcurrency(((2, 1.0),), "test", 0.0, ((2, 1.9),))).cores_for(2) == 2  # never above the cores
+
+
+def test_gpu_check_without_a_gpu_is_one_line_and_exit_2(repo_root):
+    for args in (["-m", "bench", "gpu"], ["-m", "bench.bench_gpu"]):
+        out = subprocess.run([sys.executable, *args], cwd=repo_root, capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, PATH="/usr/bin:/bin"))
+        assert out.returncode == 2
+        assert out.stderr.strip() == "no NVIDIA GPU visible" and out.stdout == ""
+
+
+def test_gpu_check_picks_the_cuda_extra_from_the_driver():
+    import types
+
+    from bench import bench_gpu
+
+    smi = "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8     |"
+    fake = lambda *a, **k: types.SimpleNamespace(stdout=smi, returncode=0)  # noqa: E731
+    assert bench_gpu.driver_cuda_major(fake) == 12
+    assert bench_gpu.cuda_extra(12) == "cuda12" and bench_gpu.cuda_extra(13) == "cuda13"
+    with pytest.raises(bench_gpu.GpuCheckError, match="CUDA 11"):
+        bench_gpu.cuda_extra(11)
+    lines = lambda *a, **k: types.SimpleNamespace(stdout="GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n", returncode=0)  # noqa: E731
+    if bench_gpu.shutil.which("nvidia-smi"):
+        assert bench_gpu.nvidia_gpus(lines) == ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)"]

@@ -1,0 +1,176 @@
+"""The interleaved (ABAB) timing protocol's two sides kept alive between chunks -- the runtime's executor in a
+child with N devices (MeasureSession) and the profiler's stage executables in this process (StageSession) --
+and the accuracy benchmark's aggregation and derived cost, on real models."""
+
+from __future__ import annotations
+
+import pytest
+
+from libarena.errors import ArenaError
+
+GRID2 = {"model": "gpt__tiny", "global_batch": 8, "gpu_type": "cpu", "num_gpus": 2, "num_nodes": 1}
+
+
+@pytest.fixture(scope="module")
+def two_device_plans(tmp_path_factory):
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+
+    plans = [p for p in enumerate_grid_plans("gpt__tiny", 8, 2, "cpu", 2) if p.pipeline_degree == 2]
+    path = tmp_path_factory.mktemp("interleaved") / "plans.parquet"
+    write_plans_table(str(path), "gpt__tiny", 8, plans, model_clusters("gpt__tiny", 8, num_clusters=2))
+    return path, plans
+
+
+@pytest.mark.multidevice
+@pytest.mark.slow
+def test_measure_session_keeps_a_plan_ready_between_chunks_of_steps(two_device_plans):
+    from libarena.profile.host import XLA_THREADING
+    from libarena.profile.measure import MeasureSession
+
+    path, plans = two_device_plans
+    plan_id = plans[0].plan_id
+    with MeasureSession(path, 2, threading=XLA_THREADING.get("eigen-single")) as session:
+        prepared = session.prepare(GRID2, plan_id, warmup=1)
+        assert prepared["wall_s"] >= prepared["build_s"] > 0 and prepared["first_step_s"] > 0
+        chunks = [session.steps(GRID2, plan_id, 2) for _ in range(2)]
+        for chunk in chunks:
+            assert len(chunk["samples_s"]) == len(chunk["cpu_s"]) == 2 and all(t > 0 for t in chunk["samples_s"])
+        session.release(GRID2, plan_id)
+        with pytest.raises(ArenaError, match="is not prepared"):
+            session.steps(GRID2, plan_id, 1)
+        with pytest.raises(ArenaError, match="not in"):
+            session.prepare(GRID2, "s9-nonsense", warmup=1)
+    assert session._proc.poll() == 0
+
+
+@pytest.mark.slow
+def test_stage_session_pools_chunks_of_samples_into_one_profile_record(two_device_plans):
+    from libarena.hardware.comm import CommModel
+    from libarena.plan import read_plans
+    from libarena.profile import resolve_device
+    from libarena.profile.concurrency import HostCapacity
+    from libarena.profile.profiler import ProfiledJob, StageSession, estimate_plan
+    from libarena.profile.timers import HostTimer
+
+    path, plans = two_device_plans
+    planset = read_plans(path, require_costs=False)
+    job = ProfiledJob.of(planset)
+    plan = planset.plans()[0]
+    local = resolve_device("local")
+    session = StageSession(local, HostTimer(), burst=2)
+    specs = job.stage_specs(plan)
+    with pytest.raises(ArenaError, match="not been timed"):
+        session.build(specs[0]) and session.record(specs[0])
+    for spec in specs:
+        session.time(spec, 1, 3)
+        session.time(spec, 0, 3)
+    records = [session.record(spec) for spec in specs]
+    for record in records:
+        assert len(record["microbatch"]["samples_s"]) == 6 and len(record["microbatch"]["cpu_samples_s"]) == 6
+        assert record["microbatch"]["q1_s"] <= record["microbatch"]["median_s"] and record["microbatch"]["cpu_per_wall"] > 0
+        assert record["grad_reset_s"] > 0 and record["input_put_s"] > 0
+    assert session.device_s(specs[0]) > 0
+    class FixedComm(CommModel):  # host collectives at 0.1 ms each
+        def time(self, primitive, bytes_per_device, group_size, gpu_type, crosses_nodes):
+            return 1e-4
+
+        def source(self, primitive, group_size, gpu_type, crosses_nodes):
+            return "fixed"
+
+    comm = FixedComm()
+    one_core_each = estimate_plan(job, plan, records, 0.0, local, None, comm, "host", 0.9, "q1", HostCapacity(1, True))
+    one_core = estimate_plan(job, plan, records, 0.0, local, None, comm, "host", 0.9, "q1", HostCapacity(1, False))
+    # the same records on fewer cores cannot be faster
+    assert one_core.iter_time_s >= one_core_each.iter_time_s > 0
+    assert [st["cores"] for st in one_core.stages] == [r["microbatch"]["cpu_per_wall"] for r in records]
+
+
+def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids():
+    from bench import bench_profile
+
+    def row(model, n, est, meas):
+        return {"model": model, "num_gpus": n, "plan_id": f"p{n}{est}", "error": est / meas - 1, "measured_s": meas,
+                "estimate_plain_s": est, "measured_iqr_over_median": 0.01, "estimate_other_concurrency_models_s": {"independent": meas},
+                "measurement_compile_device_s": 10.0 * n, "measurement_device_s": 12.0 * n}
+
+    rows = [row("gpt__tiny", 1, 1.02, 1.0), row("gpt__tiny", 1, 0.96, 1.0), row("gpt__tiny", 2, 0.6, 0.5)]
+    grids = [{"num_gpus": 4, "plans": 6, "distinct_stages": 5}, {"num_gpus": 16, "plans": 3, "distinct_stages": 4}]
+    costs = [{"model": "gpt__tiny", "profiling_device_s": 6.0, "stages_profiled": 3, "measurement_device_s": 48.0,
+              "measurement_compile_device_s": 40.0, "paper_grids": grids}]
+    summary = bench_profile.aggregate(rows, costs)
+    assert summary["mae_1_devices"] == pytest.approx(0.03) and summary["mae_2_devices"] == pytest.approx(0.2)
+    assert summary["mae_1_devices_independent_model"] == 0.0
+    assert summary["cost_per_model"]["gpt__tiny"]["ratio"] == pytest.approx(8.0)
+    derived = summary["cost_per_model"]["gpt__tiny"]["derived_paper_grids"]
+    assert "DERIVED" in derived["note"]
+    g4, g16 = derived["grids"]
+    # profiling: 2 device-s per distinct stage; measuring: per plan G x 10 s of compilation + 15 steps of 1 s / G... x G
+    assert g4["profiling_device_s"] == pytest.approx(10.0) and g4["measurement_device_s"] == pytest.approx(6 * (4 * 10.0 + 15 * 1.0))
+    assert g16["ratio"] == pytest.approx(3 * (16 * 10.0 + 15) / 8.0)
+    assert not summary["met"]
+
+
+def test_benchmark_counts_the_distinct_stages_of_larger_grids():
+    from bench import bench_profile
+    from libarena.plan import read_plans
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        layout = read_plans(bench_profile._plans(Path(tmp), "gpt__tiny"), require_costs=False).layout
+    counts = bench_profile.grid_stage_counts("gpt__tiny", layout)
+    assert [c["num_gpus"] for c in counts] == list(bench_profile.DERIVED_GRIDS)
+    assert all(0 < c["distinct_stages"] <= 3 * c["plans"] for c in counts if c["plans"])
+
+
+def test_host_benchmark_spreads_are_across_runs_of_per_run_lower_quartiles():
+    from bench.bench_host import spread
+
+    runs = [[(1.0, 1.0), (1.0, 1.0), (2.0, 1.0), (2.0, 1.0)], [(1.1, 1.0), (1.1, 1.0), (3.0, 1.0), (3.0, 1.0)]] * 2
+    out = spread(runs)
+    assert out["run_lower_quartiles_s"] == [1.0, 1.1, 1.0, 1.1]
+    assert out["across_runs_iqr_over_median"] == pytest.approx((1.1 - 1.0) / 1.05)
+
+
+@pytest.mark.slow
+def test_profiled_stage_compiles_to_the_runtimes_own_forward_and_backward(tmp_path):
+    """The disaggregated stage is the runtime's stage: same HLO traffic (XLA's cost analysis) for one worker
+    (the runtime's residuals leave the forward stacked by replica, which copies the parameters among them)."""
+    import jax
+    import numpy as np
+
+    from libarena.plan import read_plans
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+    from libarena.profile.measure import _run_plan
+    from libarena.profile.profiler import ProfiledJob
+    from libarena.profile.stage import build_stage_executables
+    from libarena.run import distributed
+    from libarena.run.executor import PipelineExecutor
+    from libarena.run.train import batch_for_step
+
+    path = tmp_path / "plans.parquet"
+    write_plans_table(str(path), "gpt__tiny", 8, enumerate_grid_plans("gpt__tiny", 8, 1, "cpu", 2),
+                      model_clusters("gpt__tiny", 8, num_clusters=2))
+    planset = read_plans(path, require_costs=False)
+    job = ProfiledJob.of(planset)
+    plan = planset.plans()[0]
+    device = jax.devices()[0]
+    executor = PipelineExecutor(job.model, _run_plan(job, plan, [device]), [device], "fp32")
+    executor.init_state(0)
+    runtime = executor.stages[0]
+    piece = executor.microbatches(batch_for_step(job.model, 0, 8, 0))[0]
+    placed = distributed.place_tree(piece, {k: runtime.batch_sharding for k in piece})
+    runtime_forward = runtime.forward.lower(executor.params[0], placed).compile()
+    _, vjp = runtime.forward(executor.params[0], placed)
+    cotangent = distributed.place(np.float32(0.5), runtime.replicated)
+    runtime_backward = runtime.backward.lower(vjp, cotangent, runtime.zero_grads()).compile()
+    execs = build_stage_executables(job.stage_specs(plan)[0], device)
+
+    def moved(compiled):
+        analysis = compiled.cost_analysis()
+        return float((analysis[0] if isinstance(analysis, list) else analysis)["bytes accessed"])
+
+    assert execs.cost["forward"]["bytes"] == pytest.approx(moved(runtime_forward), rel=0.01)
+    assert execs.cost["backward"]["bytes"] == pytest.approx(moved(runtime_backward), rel=0.02)
+    assert len(jax.tree.leaves(execs.forward.out_info)) == len(jax.tree.leaves(runtime_forward.out_info))
