@@ -107,10 +107,11 @@ class Simulator:
         self.decisions_this_tick = 0
         self.stall = 0
         self._enqueue_seq = 0
-        #: (model, global batch) already profiled, and (model, global batch, type, count index) already
-        #: searched: what later (re)starts reuse (OverheadConfig.reuse_profiles / reuse_plans)
-        self.profiled_pairs: set[tuple[str, int]] = set()
-        self.searched_configs: set[tuple[str, int, int, int]] = set()
+        #: When the profiles of a (model, global batch) and the plan of a (model, global batch, type, count
+        #: index) are (or will be) ready: what later (re)starts reuse (OverheadConfig.reuse_profiles /
+        #: reuse_plans). Ready times, not flags: a job launched while another profiles its pair waits for it.
+        self.profiles_ready: dict[tuple[str, int], float] = {}
+        self.plans_ready: dict[tuple[str, int, int, int], float] = {}
 
     def _check_work_bound(self, trace_source: str) -> None:
         """Refuse, before anything runs, a workload that needs more than ``max_ticks`` scheduling ticks even in
@@ -280,13 +281,13 @@ class Simulator:
         alloc = self.cluster.allocation(t, c)
         if alloc is None:
             return False
+        profiles_at = self._profiles_ready_at(job)
         overhead = self.launch_overhead(job, t, c)
+        self._note_ready(job, t, c, profiles_at, self.now + overhead)
         job.alloc = alloc
         job.state = JobState.STARTING
         job.version += 1
         job.profiled = True
-        self.profiled_pairs.add((job.spec.model, job.spec.global_batch))
-        self.searched_configs.add((job.spec.model, job.spec.global_batch, t, c))
         if job.first_start is None:
             job.first_start = self.now
         job.overhead_s += overhead
@@ -319,7 +320,7 @@ class Simulator:
                     self.cluster.occupy(old)
                     return False
         overhead = self.rescale_overhead(job, t, c)
-        self.searched_configs.add((job.spec.model, job.spec.global_batch, t, c))
+        self._note_ready(job, t, c, self.now, self._plan_ready_at(job, t, c, self.now))
         self._reallocate(job, Allocation(t, c, blocks), "rescale", overhead)
         return True
 
@@ -347,24 +348,42 @@ class Simulator:
             return float("inf")
         return self.now + overhead + job.remaining_at(self.now) * job.spec.global_batch / thr
 
-    def search_overhead(self, job: Job, t: int, c: int) -> float:
-        """The AP search a (re)start of the job on 2**c GPUs of type t pays (none where that plan is reused)."""
-        if self.overheads.reuse_plans and (job.spec.model, job.spec.global_batch, t, c) in self.searched_configs:
-            return 0.0
-        return self.overheads.ap_search_s(self.policy.ap_search)
+    def _profiles_ready_at(self, job: Job) -> float:
+        """When the job's profiles are ready if it (re)starts now: at once when it was profiled before; when
+        another job's profiling of its (model, batch) ends, where profiles are reused; else after its own."""
+        if job.profiled:
+            return self.now
+        own = self.now + self.overheads.profiling_s(self.policy.profiling)
+        if self.overheads.reuse_profiles:
+            pair = (job.spec.model, job.spec.global_batch)
+            return min(own, max(self.now, self.profiles_ready.get(pair, own)))
+        return own
+
+    def _plan_ready_at(self, job: Job, t: int, c: int, profiles_at: float) -> float:
+        """When the job's plan for 2**c GPUs of type t is ready: after its own AP search (once its profiles
+        are), or, where plans are reused, when another job's search of that configuration ends if sooner."""
+        own = profiles_at + self.overheads.ap_search_s(self.policy.ap_search)
+        if self.overheads.reuse_plans:
+            config = (job.spec.model, job.spec.global_batch, t, c)
+            return min(own, max(self.now, self.plans_ready.get(config, own)))
+        return own
+
+    def _note_ready(self, job: Job, t: int, c: int, profiles_at: float, plan_at: float) -> None:
+        pair = (job.spec.model, job.spec.global_batch)
+        self.profiles_ready[pair] = min(self.profiles_ready.get(pair, profiles_at), profiles_at)
+        config = (*pair, t, c)
+        self.plans_ready[config] = min(self.plans_ready.get(config, plan_at), plan_at)
 
     def launch_overhead(self, job: Job, t: int, c: int) -> float:
         """What launching the job on (t, c) now costs before it trains: its profiling (once per job, or once
-        per (model, batch) where profiles are reused) and the AP search."""
-        o = self.search_overhead(job, t, c)
-        if job.profiled or (self.overheads.reuse_profiles
-                            and (job.spec.model, job.spec.global_batch) in self.profiled_pairs):
-            return o
-        return o + self.overheads.profiling_s(self.policy.profiling)
+        per (model, batch) where profiles are reused) and the AP search (once per configuration where plans
+        are reused); a reused profile or plan still in the making is waited for."""
+        return self._plan_ready_at(job, t, c, self._profiles_ready_at(job)) - self.now
 
     def rescale_overhead(self, job: Job, t: int, c: int) -> float:
-        """What moving the running job to (t, c) costs: checkpoint-resume and the AP search."""
-        return self.overheads.checkpoint_resume_s + self.search_overhead(job, t, c)
+        """What moving the running job to (t, c) costs: checkpoint-resume and the AP search (or the wait for a
+        reused plan)."""
+        return self.overheads.checkpoint_resume_s + self._plan_ready_at(job, t, c, self.now) - self.now
 
     # -- where the simulated cluster and a live one differ ------------------------------------------
     # The simulator predicts when a (re)started job begins training and when it completes; a live cluster

@@ -10,12 +10,12 @@ from libarena.schedule.perf import load_perf
 from tests.live.helpers import OVERHEADS, write_inputs
 
 
-def _cluster(tmp_path):
+def _cluster(tmp_path, policy: str = "fcfs"):
     from libarena.schedule.config import SimulatorConfig
 
     cluster, perf = write_inputs(tmp_path)
     spec = load_cluster(cluster)
-    return LiveCluster(load_perf(perf, spec), spec, make_policy("fcfs"), SimulatorConfig(overheads=OVERHEADS))
+    return LiveCluster(load_perf(perf, spec), spec, make_policy(policy), SimulatorConfig(overheads=OVERHEADS))
 
 
 def test_twice_in_one_round_stops_the_launched_version(tmp_path):
@@ -52,3 +52,28 @@ def test_snapshot_restore_roundtrip(tmp_path):
     assert other.requests["a"] == live.requests["a"]
     assert other.policy.queues[restored["b"].requested_type_index][0] is restored["b"]  # back in the policy's queue
     assert other.queued_count == 1
+
+
+def test_reuse_state_survives_a_restart(tmp_path):
+    """What the server saves each pass (LiveCluster.reuse_state) gives a restarted server the profiles of
+    finished jobs' (model, batch) and the searched plans: a later job of that pair is not profiled again."""
+    import json
+
+    live = _cluster(tmp_path, "arena")
+    a = live.submit(JobSpec("a", 1, 0.0, "gpt__760M", 128, 5000, 1, "a100", None, 1), 0.0)
+    live.advance(0.0)
+    fresh_cost = live.launch_overhead(a, 0, 0)
+    assert live.launch(a, 0, 0)
+    saved = json.loads(json.dumps(live.reuse_state()))  # through the store's JSON, as the server saves it
+    assert saved["profiles"] and saved["plans"][0][2] == live.perf.gpu_types[0]
+    (tmp_path / "x").mkdir()
+    other = _cluster(tmp_path / "x", "arena")
+    other.restore_reuse_state(saved)
+    other.advance(10000.0)  # long after the profile was ready
+    b = other.submit(JobSpec("b", 2, 10000.0, "gpt__760M", 128, 5000, 1, "a100", None, 2), 10000.0)
+    forgetful = _cluster(tmp_path / "x", "arena")
+    forgetful.advance(10000.0)
+    c = forgetful.submit(JobSpec("c", 2, 10000.0, "gpt__760M", 128, 5000, 1, "a100", None, 2), 10000.0)
+    assert forgetful.launch_overhead(c, 0, 0) == fresh_cost
+    assert other.launch_overhead(b, 0, 0) < fresh_cost
+    assert other.plans_ready == live.plans_ready and other.profiles_ready == live.profiles_ready

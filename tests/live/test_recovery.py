@@ -80,5 +80,8 @@ def test_kill9_and_restart_recovers(tmp_path):
     runs = hosts.execute("SELECT job_id, version FROM runs").fetchall()
     assert len(runs) == len(set(runs)) == len([r for r in launches if r["state"] == "launched"])
     assert _count(state, "recover") >= 1
+    # the profiles and plans later starts reuse were saved with the state, finished jobs' pairs included
+    saved = store.get_meta("reuse_state")
+    assert {(m, b) for m, b, _ in saved["profiles"]} == {(s.model, s.global_batch) for s in specs}
     # the restored state was exact: the whole run made the simulator's decisions
     assert sorted(got) == sorted(expected)

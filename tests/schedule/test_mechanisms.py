@@ -55,6 +55,26 @@ def test_reused_profiles_and_plans_are_paid_once_per_pair_and_configuration():
     assert paid("fcfs") == [300, 300, 300]  # FCFS profiles nothing
 
 
+@pytest.mark.parametrize("reuse_plans", [False, True])
+def test_a_job_launched_while_its_pair_is_profiled_waits_for_the_profile(reuse_plans):
+    """Reuse counts from when a profile (or plan) is ready, not from when its job launched: j1 arrives while j0
+    still profiles the same (model, batch), so it trains no earlier than j0's profile plus a search."""
+    spec = cluster([("a100", 2, 4)])
+    overheads = OverheadConfig(grid_profiling_s=500, full_profiling_s=800, bootstrap_profiling_s=200,
+                               pruned_ap_search_s=60, full_ap_search_s=300, checkpoint_resume_s=100,
+                               reuse_plans=reuse_plans)
+    jobs = [job("j0", "gpt__1.3B", 100000, 4, "a100", submit=0.0, row=1),
+            job("j1", "gpt__1.3B", 100000, 4, "a100", submit=300.0, row=2)]
+    res = simulate(jobs, TABLE, spec, "arena", overheads=overheads, elastic=False, view="ap")
+    launched = _launch_times(res)
+    paid = dict(zip(["j0", "j1"], job_records(res).column("overhead_s").to_pylist()))
+    assert launched["j0"] == 0.0 and paid["j0"] == 560
+    assert 300 <= launched["j1"] < 500
+    # j0's profile is ready at 500 and its plan at 560: j1 trains from 560 either way (own search after the
+    # profile, or j0's plan), where a flag set at launch would have let it start 60 s after its launch
+    assert launched["j1"] + paid["j1"] == pytest.approx(560)
+
+
 def test_overhead_flags_parse_and_reject():
     cfg = OverheadConfig.from_assignments(["reuse_plans=true", "reuse_profiles=off", "checkpoint_resume_s=60"])
     assert cfg.reuse_plans is True and cfg.reuse_profiles is False and cfg.checkpoint_resume_s == 60

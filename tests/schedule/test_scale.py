@@ -116,23 +116,29 @@ class ScanningArena(ArenaPolicy):
         self._victim_index = None
 
 
-def _run(policy, specs, spec, tick_s=300.0):
+def _run(policy, specs, spec, tick_s=300.0, overheads=None):
     table = synthetic_perf_table(MODELS, TYPES, max_gpus=16)
-    res = run_policy(workload(specs, table, spec), policy, SimulatorConfig(tick_s=tick_s))
+    config = SimulatorConfig(tick_s=tick_s) if overheads is None else SimulatorConfig(tick_s=tick_s, overheads=overheads)
+    res = run_policy(workload(specs, table, spec), policy, config)
     return res.decisions, repr((job_records(res).to_pydict(), res.ts_throughput))  # repr: NaN equals NaN
 
 
-@pytest.mark.parametrize("options", [{}, {"objective": "deadline"}, {"objective": "fairness"}, {"hetero": False},
-                                     {"search_depth": 1}, {"elastic": False}])
+@pytest.mark.parametrize("options", [{}, {"objective": "throughput"}, {"objective": "deadline"},
+                                     {"objective": "fairness"}, {"hetero": False}, {"search_depth": 1},
+                                     {"elastic": False}, {"reuse_plans": True}])
 def test_arena_with_indexes_decides_as_the_exhaustive_scan(options):
     """A busy small cluster (queues, scale-downs, scale-ups, migrations): every decision and every job's
-    JCT equal with and without the indexes."""
+    JCT equal with and without the indexes (with searched plans reused too, so overheads move with time)."""
+    from libarena.schedule.config import OverheadConfig
+
+    options = dict(options)
+    overheads = OverheadConfig(reuse_plans=True) if options.pop("reuse_plans", False) else None
     specs = _generated_trace(220)
     spec = cluster([("a100", 6, 4), ("a40", 8, 2), ("v100", 2, 8)])
     base = make_policy("arena", **options)
     scanning = ScanningArena(base.config)
-    fast = _run(base, specs, spec)
-    slow = _run(scanning, specs, spec)
+    fast = _run(base, specs, spec, overheads=overheads)
+    slow = _run(scanning, specs, spec, overheads=overheads)
     assert fast[0]["action"].count("rescale") > 10  # the handlers were exercised
     assert fast == slow
 

@@ -244,8 +244,8 @@ class LiveCluster(Simulator):
         job.reschedules = snap["reschedules"]
         job.overhead_s = snap["overhead_s"]
         job.profiled = snap["profiled"]
-        if job.profiled:  # what a restarted server knows was profiled (finished jobs' pairs are profiled again)
-            self.profiled_pairs.add((spec.model, spec.global_batch))
+        if job.profiled:  # its profiles exist (the server's saved reuse state covers finished jobs' pairs)
+            self.profiles_ready.setdefault((spec.model, spec.global_batch), self.now)
         job.policy_state.update(snap.get("policy_state") or {})
         self._enqueue_seq = max(self._enqueue_seq, job.enqueue_seq)
         if snap["request"] is not None:
@@ -256,7 +256,7 @@ class LiveCluster(Simulator):
             alloc = Allocation(self.perf.type_index[al["gpu_type"]], al["count_index"],
                                tuple((int(n), int(m)) for n, m in al["blocks"]))
             self.cluster.occupy(alloc)
-            self.searched_configs.add((spec.model, spec.global_batch, alloc.type_index, alloc.count_index))
+            self.plans_ready.setdefault((spec.model, spec.global_batch, alloc.type_index, alloc.count_index), self.now)
             job.alloc = alloc
             job.state = state
             if state == JobState.RUNNING:
@@ -271,6 +271,22 @@ class LiveCluster(Simulator):
 
     def active_order(self) -> list[str]:
         return [j.spec.job_id for j in self.active.values()]
+
+    def reuse_state(self) -> dict[str, list[list[Any]]]:
+        """The profiles and plans later (re)starts reuse, with their ready times (saved by the server so a
+        restart neither profiles a finished job's (model, batch) again nor forgets the plans searched)."""
+        names = self.perf.gpu_types
+        return {"profiles": [[m, b, at] for (m, b), at in sorted(self.profiles_ready.items())],
+                "plans": [[m, b, names[t], c, at] for (m, b, t, c), at in sorted(self.plans_ready.items())]}
+
+    def restore_reuse_state(self, state: dict[str, Any] | None) -> None:
+        """Take back what :meth:`reuse_state` saved; entries for GPU types the performance table lacks are dropped."""
+        state = state or {}
+        for m, b, at in state.get("profiles", []):
+            self.profiles_ready[(str(m), int(b))] = float(at)
+        for m, b, name, c, at in state.get("plans", []):
+            if name in self.perf.type_index:
+                self.plans_ready[(str(m), int(b), self.perf.type_index[name], int(c))] = float(at)
 
     def reorder_active(self, order: list[str]) -> None:
         """Restore the in-flight jobs' order (policies iterate them in it, and break ties by it)."""

@@ -152,6 +152,7 @@ class Server:
     def _recover(self) -> None:
         queued = []
         with self.store.transaction() as c:
+            self.live.restore_reuse_state(self.store.get_meta("reuse_state"))
             for row in self.store.jobs((st.PROFILING, st.ARRIVING, st.QUEUED, st.STARTING, st.RUNNING)):
                 state = row["state"] or {}
                 if row["status"] == st.PROFILING:
@@ -305,6 +306,7 @@ class Server:
                 self.store.set_meta("last_tick", t, c)
             self.store.set_meta("last_pass", t, c)
             self.store.set_meta("active_order", live.active_order(), c)
+            self.store.set_meta("reuse_state", live.reuse_state(), c)
             persistent = {n: getattr(self.policy, n) for n in getattr(self.policy, "persistent_attrs", ())}
             self.store.set_meta("policy_state", persistent, c)
         if periodic:

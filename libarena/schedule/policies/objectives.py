@@ -33,8 +33,12 @@ class ThroughputObjective:
         """Seconds the whole job takes alone on its fastest configuration the policy allows (its view)."""
         best = job.policy_state.get("best_view")
         if best is None:
-            best = job.policy_state["best_view"] = float(np.max(job.view_thr, where=self.sim.policy.allowed,
-                                                                initial=0.0))
+            configs = getattr(self.sim.policy, "configs", None)  # Arena's: its type and elasticity settings
+            if configs is not None:
+                best = max((float(job.view_thr[tc]) for tc in configs(job)), default=0.0)
+            else:
+                best = float(np.max(job.view_thr, where=self.sim.policy.allowed, initial=0.0))
+            job.policy_state["best_view"] = best
         return job.spec.num_iterations * job.spec.global_batch / best if best > 0 else float("inf")
 
     def launch_order(self, job: Job, configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -54,7 +58,7 @@ class ThroughputObjective:
             return None
         return (job.view_thr[t, c] - job.view_thr[t, c - 1]) / (1 << (c - 1))
 
-    #: upgrade_score(job, t2, c2, o) is upgrade_gain(job, t2, c2) where upgrade_pays_off(job, t2, c2, o), else
+    #: upgrade_score(job, t2, c2) is upgrade_gain(job, t2, c2) where upgrade_pays_off(job, t2, c2), else
     #: None, and the gain depends only on the job's view and allocation: Arena's in-flight handler then keeps
     #: the gains of the running jobs' upgrades in an index instead of scoring every job every round.
     static_upgrade_gain: ClassVar[bool] = True
