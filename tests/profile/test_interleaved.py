@@ -164,7 +164,7 @@ def test_profiled_stage_compiles_to_the_runtimes_own_forward_and_backward(tmp_pa
     runtime_forward = runtime.forward.lower(executor.params[0], placed).compile()
     _, vjp = runtime.forward(executor.params[0], placed)
     cotangent = distributed.place(np.float32(0.5), runtime.replicated)
-    runtime_backward = runtime.backward.lower(vjp, cotangent, runtime.zero_grads()).compile()
+    runtime_backward = runtime.backward.lower(executor.params[0], placed, vjp, cotangent, runtime.zero_grads()).compile()
     execs = build_stage_executables(job.stage_specs(plan)[0], device)
 
     def moved(compiled):
