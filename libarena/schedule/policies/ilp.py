@@ -9,6 +9,11 @@ allocation) and nothing new starts.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
 import numpy as np
 
 Option = tuple[int, int, float]  # (type index, gpus, weight)
@@ -37,8 +42,9 @@ def solve_assignment(groups: list[list[Option]], must: list[bool], capacity: np.
     a = coo_matrix((vals, (rows, cols)), shape=(len(groups) + num_types, n)).tocsr()
     lb = np.concatenate([np.array([1.0 if m else 0.0 for m in must]), np.full(num_types, -np.inf)])
     ub = np.concatenate([np.ones(len(groups)), capacity.astype(float)])
-    res = milp(-weights, integrality=np.ones(n), bounds=Bounds(0, 1), constraints=LinearConstraint(a, lb, ub),
-               options={"time_limit": time_limit_s, "disp": False, "mip_rel_gap": 1e-3})
+    with native_stdout_to_stderr():
+        res = milp(-weights, integrality=np.ones(n), bounds=Bounds(0, 1), constraints=LinearConstraint(a, lb, ub),
+                   options={"time_limit": time_limit_s, "disp": False, "mip_rel_gap": 1e-3})
     if res.x is None:
         return [0 if m else None for m in must]
     choice: list[int | None] = [None] * len(groups)
@@ -46,3 +52,28 @@ def solve_assignment(groups: list[list[Option]], must: list[bool], capacity: np.
         if res.x[i] > 0.5:
             choice[g] = k
     return choice
+
+
+@contextlib.contextmanager
+def native_stdout_to_stderr() -> Iterator[None]:
+    """Send what native code prints to the process's stdout to stderr instead, for the duration.
+
+    HiGHS prints some MIP lines with printf whatever its output options say (``HighsMipSolverData::
+    transformNewIntegerFeasibleSolution tmpSolver.run();``), which would corrupt a tool's data on stdout
+    (``arena-schedule simulate --json``)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no stdout to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        libc.fflush(None)  # C's buffered stdout still holds the lines: out with them while fd 1 is stderr
+        os.dup2(saved, 1)
+        os.close(saved)
