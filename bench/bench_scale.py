@@ -155,6 +155,8 @@ def _sweep(work: Path, perf: Path, rounds: int, max_jobs: int | None) -> dict[st
             out = Path(tempfile.mkdtemp(prefix="sweep-", dir=work))
             cache = ["--no-cache", "--cache-dir", str(out / "cache")]
             if flags is None:  # the Make pipeline before: one compare process per trace, one after another
+                for t in SWEEP_TRACES:  # compare writes into an existing directory only (as make's rules do)
+                    (out / t).mkdir(parents=True, exist_ok=True)
                 start = time.perf_counter()
                 records = [timed([*schedule_tool(), "compare", "--policies", ",".join(SWEEP_POLICIES), "--trace",
                                    str(work / "inputs" / t / "trace.csv"), "--perf", str(perf), *common, *cache,
