@@ -27,16 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.paper_inputs import CLUSTER, PAPER_TRACES, REPO, SIM_FLAGS, TRACES, perf_table, prepare, schedule_tool, timed
+from bench.paper_inputs import (CLUSTER, PAPER_TRACES, POLICIES, REPO, SIM_FLAGS, TRACES, machine_record, perf_table,
+                                prepare, schedule_tool, timed)
 
-POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
 TARGETS = {"jct_reduction_vs_sia_and_gavel": 0.15, "philly_wall_s": 10.0, "arena_median_decision_s": 0.005}
 #: sensitivity settings: name -> (extra simulate flags for every policy, policies)
 SETTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -154,9 +153,7 @@ def run(results_dir: Path, *, traces: tuple[str, ...] = PAPER_TRACES, perf: Path
                     runs_s["arena"].pop("vs_arena", None)
                 doc["sensitivity"].setdefault(setting, {"flags": list(flags)})[name] = runs_s
     doc["all_targets_met"] = ok
-    doc["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                      "load_average_before": [round(x, 2) for x in load_before],
-                      "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+    doc["machine"] = machine_record(load_before)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     write_json(Path(results_dir) / "policy.json", doc)
     return ok

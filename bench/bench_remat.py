@@ -23,10 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces" / "arena-ae"
-CLUSTER = REPO / "examples" / "clusters" / "paper-sim-1280.yaml"
-POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
+from bench.paper_inputs import CLUSTER, PAPER_TRACES, POLICIES, REPO, TRACES, machine_record
+
 HORIZON_S = 600_000.0
 MODELS = ("gpt__tiny", "gpt__small", "bert__tiny", "bert__small", "moe__tiny", "moe__small", "wide_resnet__tiny",
           "wide_resnet__small")
@@ -78,7 +76,7 @@ def run(results_dir: Path) -> bool:
     load_before = os.getloadavg()
     cluster = load_cluster(CLUSTER)
     cache = CacheSettings()
-    traces = {name: TRACES / f"simulate_trace_{name}.csv" for name in ("philly", "venus", "pai")}
+    traces = {name: TRACES / f"simulate_trace_{name}.csv" for name in PAPER_TRACES}
     pairs: dict[str, set[tuple[str, int]]] = {}
     for name, path in traces.items():
         with path.open(newline="") as f:
@@ -116,8 +114,7 @@ def run(results_dir: Path) -> bool:
         "feasibility": feasibility,
         "pairs_with_no_feasible_configuration_after": pairs_infeasible_after,
         "memory_model_vs_xla": {"stages": memory, "worst_relative_error_kept_bytes": worst, "target": 0.2},
-        "machine": {"cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "machine": machine_record(load_before),
         "wall_s": time.perf_counter() - t0,
         "ok": ok,
     })

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -40,10 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.paper_inputs import (CLUSTER, DEFAULT_PERF, ITERATION_DIVISOR, PAPER_TRACES as SWEEP_TRACES, REPO, SIM_FLAGS,
-                                TRACES, perf_table, prepare, schedule_tool, timed)
+from bench.paper_inputs import (CLUSTER, DEFAULT_PERF, ITERATION_DIVISOR, PAPER_TRACES as SWEEP_TRACES,
+                                POLICIES as SWEEP_POLICIES, REPO, SIM_FLAGS, TRACES, machine_record, perf_table,
+                                prepare, schedule_tool, timed)
 
-SWEEP_POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
 JITTER_S = 150.0
 TARGETS = {"wall_s_at_scale": 60.0, "arena_median_decision_s_at_scale": 0.005, "arena_max_decision_s_at_scale": 0.5,
            "wall_ratio": 12.0}
@@ -205,9 +204,7 @@ def run(results_dir: Path, *, scale: int = 10, rounds: int = ROUNDS, policies: t
         doc["scale"] = _scale(Path(tmp), perf, scale, rounds, policies, max_jobs)
         if sweep:
             doc["sweep"] = _sweep(Path(tmp), perf, sweep_rounds, max_jobs)
-    doc["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                      "load_average_before": [round(x, 2) for x in load_before],
-                      "load_average_after": [round(x, 2) for x in os.getloadavg()],
+    doc["machine"] = {**machine_record(load_before),
                       "note": "wall times carry whatever else runs on the machine: run this benchmark alone"}
     ok = doc["scale"]["all_targets_met"] and (not sweep or doc["sweep"]["same_numbers_in_every_mode"])
     doc["ok"] = ok

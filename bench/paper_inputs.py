@@ -1,11 +1,12 @@
-"""Inputs shared by the benchmarks that run the paper's experiment (bench_scale, bench_policy): the traces as
-examples/paper prepares them, the pipeline's performance table for their (model, batch) pairs, and whole-process
-timing of a tool."""
+"""Inputs shared by the benchmarks that run the paper's experiment (bench_scale, bench_policy, bench_remat): the
+traces as examples/paper prepares them, the pipeline's performance table for their (model, batch) pairs,
+whole-process timing of a tool, and the machine record every results file carries."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,8 @@ CLUSTER = REPO / "examples" / "clusters" / "paper-sim-1280.yaml"
 #: the pipeline's table for philly's, venus's and pai's pairs (built on first use; ignored by git)
 DEFAULT_PERF = REPO / "bench" / "results" / "perf-arena-ae.parquet"
 PAPER_TRACES = ("philly", "venus", "pai")
+#: the paper's policies, Arena first (the reference of the jobs-both-finished comparisons)
+POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
 #: examples/paper's defaults (the artifact's setting): iterations / 5, 2,000 rounds of 300 s
 ITERATION_DIVISOR = 5
 SIM_FLAGS = ("--horizon", "600000", "--tick", "300", "--skip-bad-rows")
@@ -71,3 +74,11 @@ def perf_table(perf: Path | None) -> Path:
     perf_build(CLUSTER, str(DEFAULT_PERF), PerfBuildConfig(), trace=TRACES / "simulate_trace_philly.csv", pairs=extra,
                skip_bad_rows=True)
     return DEFAULT_PERF
+
+
+def machine_record(load_before: tuple[float, float, float]) -> dict[str, Any]:
+    """The machine a benchmark ran on and its load averages before (``os.getloadavg()`` at the start) and now:
+    wall times carry whatever else ran beside them."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()]}
