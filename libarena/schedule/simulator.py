@@ -123,10 +123,10 @@ class Simulator:
         counts = 1 << np.arange(self.perf.num_counts)
         usable = counts[None, :] <= capacity[:, None]
         end, why = self.jobs[-1].spec.submit_time, "the submissions span"
+        overhead = self.overheads.ap_search_s(self.policy.ap_search) + self.overheads.profiling_s(self.policy.profiling)
         for job in self.jobs:
             best = float(np.max(job.true_thr, where=usable, initial=0.0))
             if best > 0:
-                overhead = self.overheads.ap_search_s(self.policy.ap_search) + self.overheads.profiling_s(self.policy.profiling)
                 finish = job.spec.submit_time + overhead + job.spec.num_iterations * job.spec.global_batch / best
                 if finish > end:
                     end, why = finish, f"job {job.spec.job_id} (row {job.spec.row}) alone trains until"
@@ -282,8 +282,9 @@ class Simulator:
         if alloc is None:
             return False
         profiles_at = self._profiles_ready_at(job)
-        overhead = self.launch_overhead(job, t, c)
-        self._note_ready(job, t, c, profiles_at, self.now + overhead)
+        plan_at = self._plan_ready_at(job, t, c, profiles_at)
+        overhead = plan_at - self.now  # as launch_overhead(job, t, c)
+        self._note_ready(job, t, c, profiles_at, plan_at)
         job.alloc = alloc
         job.state = JobState.STARTING
         job.version += 1
@@ -319,8 +320,9 @@ class Simulator:
                 if blocks is None:
                     self.cluster.occupy(old)
                     return False
-        overhead = self.rescale_overhead(job, t, c)
-        self._note_ready(job, t, c, self.now, self._plan_ready_at(job, t, c, self.now))
+        plan_at = self._plan_ready_at(job, t, c, self.now)
+        overhead = self.overheads.checkpoint_resume_s + plan_at - self.now  # as rescale_overhead(job, t, c)
+        self._note_ready(job, t, c, self.now, plan_at)
         self._reallocate(job, Allocation(t, c, blocks), "rescale", overhead)
         return True
 

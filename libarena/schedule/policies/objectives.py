@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-
 from libarena.schedule.config import Objective
 from libarena.schedule.entities import Job
 
@@ -32,13 +30,9 @@ class ThroughputObjective:
     def isolated_s(self, job: Job) -> float:
         """Seconds the whole job takes alone on its fastest configuration the policy allows (its view)."""
         best = job.policy_state.get("best_view")
-        if best is None:
-            configs = getattr(self.sim.policy, "configs", None)  # Arena's: its type and elasticity settings
-            if configs is not None:
-                best = max((float(job.view_thr[tc]) for tc in configs(job)), default=0.0)
-            else:
-                best = float(np.max(job.view_thr, where=self.sim.policy.allowed, initial=0.0))
-            job.policy_state["best_view"] = best
+        if best is None:  # over Arena's configurations (its type and elasticity settings)
+            best = job.policy_state["best_view"] = max((float(job.view_thr[tc]) for tc in self.sim.policy.configs(job)),
+                                                       default=0.0)
         return job.spec.num_iterations * job.spec.global_batch / best if best > 0 else float("inf")
 
     def launch_order(self, job: Job, configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
