@@ -1,0 +1,210 @@
+"""How XLA:CPU host devices share a host: the evidence behind bench_profile's 2-device error.
+
+The profiler times each stage in a process with one device pinned to one core; a 2-device plan is measured in
+a process whose two devices share two cores (the ``pinned`` layout). Fresh interpreters under that layout: one
+device on one core (the profiler's condition), and two devices pinned to one core and to two:
+
+* every distinct stage of the 2-device plans, its micro-batch (forward + backward) alone on device 0 (in each
+  interpreter): the same stage takes longer in a 2-device process than in the profiler's 1-device one; with
+  two cores it runs faster than on one -- a device's computation is not confined to one core, it spreads over
+  the process's intra-op pool -- which a pipeline's lone bottleneck stage enjoys and the profile does not see;
+* the 2-device data-parallel plan's forward + backward through the runtime's executor (both devices busy at
+  once, one call each, no per-micro-batch host work), against its stage in the profiler's process.
+
+No target: the file records what the host does (bench_profile's results are read against it).
+
+    .venv/bin/python -m bench sharing          # alone; results in bench/results/sharing.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from libarena.artifacts import write_json
+from libarena.errors import ArenaError
+
+MODELS = ("gpt__tiny", "gpt__small")
+DEVICES = 2
+#: lower quartile of SAMPLES timed runs of BURST back-to-back dispatches each, after WARMUP runs
+SAMPLES, BURST, WARMUP = 15, 2, 2
+REFUSALS = (ArenaError,)
+
+
+def _log(message: str) -> None:
+    print(f"[bench_sharing] {message}", file=sys.stderr, flush=True)
+
+
+def _timed(region: Any, samples: int = SAMPLES, burst: int = BURST, warmup: int = WARMUP) -> dict[str, float]:
+    """Lower quartile of per-dispatch wall seconds and process CPU over wall of ``region``."""
+    import jax
+
+    from libarena.profile.timers import lower_quartile
+
+    for _ in range(warmup):
+        jax.block_until_ready(region())
+    wall, cpu = [], 0.0
+    for _ in range(samples):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(burst):
+            out = region()
+        jax.block_until_ready(out)
+        wall.append((time.perf_counter() - t0) / burst)
+        cpu += (time.process_time() - c0) / burst
+    return {"seconds": lower_quartile(wall), "cpu_per_wall": cpu / sum(wall)}
+
+
+def stage_times(plans_path: str | Path) -> list[dict[str, Any]]:
+    """Every distinct stage of the plan set's 2-device plans (and of its 2-device data-parallel plan), its
+    micro-batch alone on this process's first device."""
+    import jax
+
+    from libarena.plan import DP_PLAN_ID
+    from libarena.profile.measure import _PlanFinder
+    from libarena.profile.stage import build_stage_executables
+
+    finder = _PlanFinder(str(plans_path))
+    grid = next(g for g in finder.grids.values() if g.num_gpus == DEVICES)
+    plans = [p for p in finder.planset.plans() if p.grid.num_gpus == DEVICES]
+    plans.append(finder.find(grid.resources.to_dict(), DP_PLAN_ID))
+    out, seen = [], set()
+    for plan in plans:
+        for spec in finder.job.stage_specs(plan):
+            if spec in seen:
+                continue
+            seen.add(spec)
+            execs = build_stage_executables(spec, device=jax.devices()[0], with_optimizer=False)
+            out.append({"units": [spec.start, spec.stop], "micro_batch": spec.micro_batch,
+                        "in_plans": sorted({p.plan_id for p in plans if spec in finder.job.stage_specs(p)}),
+                        **_timed(execs.run_microbatch)})
+    return out
+
+
+def data_parallel_forward_backward(plans_path: str | Path) -> dict[str, float]:
+    """The 2-device data-parallel plan's forward + backward (one micro-batch, both devices at once) through the
+    runtime's executor."""
+    import jax
+    import numpy as np
+
+    from libarena.plan import DP_PLAN_ID
+    from libarena.profile.measure import _PlanFinder, _run_plan
+    from libarena.run import distributed
+    from libarena.run.executor import PipelineExecutor
+    from libarena.run.train import batch_for_step
+
+    finder = _PlanFinder(str(plans_path))
+    job = finder.job
+    grid = next(g for g in finder.grids.values() if g.num_gpus == DEVICES)
+    run_plan = _run_plan(job, finder.find(grid.resources.to_dict(), DP_PLAN_ID), jax.devices())
+    executor = PipelineExecutor(job.model, run_plan, jax.devices()[:DEVICES], job.dtype)
+    executor.init_state(0)
+    stage = executor.stages[0]
+    batch = batch_for_step(job.model, 0, run_plan.global_batch, 0)
+    placed = distributed.place_tree(batch, {k: stage.batch_sharding for k in batch})
+    cotangent = distributed.place(np.float32(1.0), stage.replicated)
+    state = {"grads": stage.zero_grads()}
+
+    def forward_backward() -> Any:
+        _, residuals = stage.forward(executor.params[0], placed)
+        state["grads"] = stage.backward(executor.params[0], placed, residuals, cotangent, state["grads"])  # donated
+        return state["grads"]
+
+    return _timed(forward_backward)
+
+
+def _child(request: dict[str, Any]) -> dict[str, Any]:
+    from libarena.profile.host import host_window, snapshot
+
+    before = snapshot()
+    out: dict[str, Any] = {}
+    for model, plans_path in request["plans"].items():
+        out[model] = {"stages": stage_times(plans_path)}
+        if request["devices"] >= DEVICES:
+            out[model]["data_parallel"] = data_parallel_forward_backward(plans_path)
+        _log(f"{model} on {request['cores']} core(s): {len(out[model]['stages'])} stages")
+    return {"models": out, "host": host_window(before, snapshot())}
+
+
+def _run_child(request: dict[str, Any], cores: list[int], devices: int, tmp: Path) -> dict[str, Any]:
+    import subprocess
+
+    from libarena.profile.host import XLA_THREADING, ChildLayout
+    from libarena.profile.subprocess_devices import device_env
+
+    env = device_env("cpu", devices, XLA_THREADING.get("pinned")).env
+    request_path, result_path = tmp / f"request-{devices}-{len(cores)}.json", tmp / f"result-{devices}-{len(cores)}.json"
+    request_path.write_text(json.dumps({**request, "cores": cores, "devices": devices}))
+    layout = ChildLayout(env, cores)
+    proc = subprocess.run(layout.command([sys.executable, "-m", "bench.bench_sharing", "--child", str(request_path), str(result_path)]),
+                          env=layout.env)
+    if proc.returncode != 0 or not result_path.is_file():
+        raise ArenaError(f"bench_sharing: the measuring interpreter on cores {cores} failed (exit {proc.returncode}; its log is above)")
+    return json.loads(result_path.read_text())
+
+
+def compare(one_device: dict[str, Any], one_core: dict[str, Any], two_cores: dict[str, Any]) -> dict[str, Any]:
+    """Per model and stage: its time alone in the profiler's 1-device process and in the 2-device process on one
+    and on two cores; the data-parallel plan's forward + backward on two devices at once against its stage in
+    the profiler's process."""
+    out = {}
+    for model, two in two_cores["models"].items():
+        stages = []
+        for p, a, b in zip(one_device["models"][model]["stages"], one_core["models"][model]["stages"], two["stages"], strict=True):
+            stages.append({"units": a["units"], "micro_batch": a["micro_batch"], "in_plans": a["in_plans"],
+                           "profiler_process_s": p["seconds"], "one_core_s": a["seconds"], "two_cores_s": b["seconds"],
+                           "two_cores_cpu_per_wall": b["cpu_per_wall"], "speedup_two_cores": a["seconds"] / b["seconds"],
+                           "two_cores_over_profiler": b["seconds"] / p["seconds"]})
+        dp_stage = next(s for s in stages if "dp" in s["in_plans"])
+        together = two["data_parallel"]["seconds"]
+        out[model] = {"stages": stages, "data_parallel": {
+            "two_devices_at_once_s": together, "stage_alone_two_cores_s": dp_stage["two_cores_s"],
+            "stage_in_profiler_process_s": dp_stage["profiler_process_s"], "ratio": together / dp_stage["profiler_process_s"]}}
+    return out
+
+
+def run(results_dir: Path, models: tuple[str, ...] = MODELS) -> bool:
+    import os
+
+    from bench.bench_profile import _plans
+    from libarena.profile.host import STARTING_CORES, QuietPolicy, wait_until_quiet
+
+    if len(STARTING_CORES) < DEVICES:
+        raise ArenaError(f"bench_sharing needs {DEVICES} usable cores, this process has {len(STARTING_CORES)}")
+    quiet = wait_until_quiet(QuietPolicy(), _log)
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-sharing-") as name:
+        tmp = Path(name)
+        request = {"plans": {model: str(_plans(tmp, model)) for model in models}}
+        profiler = _run_child(request, STARTING_CORES[:1], 1, tmp)
+        one = _run_child(request, STARTING_CORES[:1], DEVICES, tmp)
+        two = _run_child(request, STARTING_CORES[:DEVICES], DEVICES, tmp)
+    results = compare(profiler, one, two)
+    payload = {"models": results, "setup": {"devices": DEVICES, "layout": "pinned", "samples": SAMPLES, "burst": BURST,
+                                            "statistic": "lower quartile"},
+               "protocol": {"quiet_check": quiet, "load_average_before": [round(x, 2) for x in load_before],
+                            "load_average_after": [round(x, 2) for x in os.getloadavg()], "wall_s": time.perf_counter() - started,
+                            "profiler_process": profiler["host"], "one_core": one["host"], "two_cores": two["host"]}}
+    write_json(results_dir / "sharing.json", payload)
+    for model, r in results.items():
+        speedups = [s["speedup_two_cores"] for s in r["stages"]]
+        over = [s["two_cores_over_profiler"] for s in r["stages"]]
+        _log(f"{model}: stages alone {min(speedups):.2f}-{max(speedups):.2f}x faster on two cores than on one, "
+             f"{min(over):.2f}-{max(over):.2f}x the profiler's time; data-parallel forward + backward on two devices at once "
+             f"{r['data_parallel']['ratio']:.2f}x its stage in the profiler's process")
+    return True
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        write_json(sys.argv[3], _child(json.loads(Path(sys.argv[2]).read_text())))
+        raise SystemExit(0)
+    try:
+        run(Path("bench/results"))
+    except ArenaError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2) from None
