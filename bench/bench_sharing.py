@@ -39,64 +39,50 @@ def _log(message: str) -> None:
     print(f"[bench_sharing] {message}", file=sys.stderr, flush=True)
 
 
-def _timed(region: Any, samples: int = SAMPLES, burst: int = BURST, warmup: int = WARMUP) -> dict[str, float]:
-    """Lower quartile of per-dispatch wall seconds and process CPU over wall of ``region``."""
-    import jax
+def _timed(region: Any) -> dict[str, float]:
+    """Lower quartile of per-dispatch wall seconds, and process CPU over wall (all samples), of ``region``."""
+    from libarena.profile.profiler import _time_burst
+    from libarena.profile.timers import HostTimer
 
-    from libarena.profile.timers import lower_quartile
-
-    for _ in range(warmup):
-        jax.block_until_ready(region())
-    wall, cpu = [], 0.0
-    for _ in range(samples):
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(burst):
-            out = region()
-        jax.block_until_ready(out)
-        wall.append((time.perf_counter() - t0) / burst)
-        cpu += (time.process_time() - c0) / burst
-    return {"seconds": lower_quartile(wall), "cpu_per_wall": cpu / sum(wall)}
+    timing = _time_burst(HostTimer(), region, WARMUP, SAMPLES, BURST)
+    return {"seconds": timing.lower_quartile, "cpu_per_wall": sum(timing.cpu_samples) / sum(timing.samples)}
 
 
-def stage_times(plans_path: str | Path) -> list[dict[str, Any]]:
+def stage_times(finder: Any) -> list[dict[str, Any]]:
     """Every distinct stage of the plan set's 2-device plans (and of its 2-device data-parallel plan), its
     micro-batch alone on this process's first device."""
     import jax
 
     from libarena.plan import DP_PLAN_ID
-    from libarena.profile.measure import _PlanFinder
     from libarena.profile.stage import build_stage_executables
 
-    finder = _PlanFinder(str(plans_path))
     grid = next(g for g in finder.grids.values() if g.num_gpus == DEVICES)
     plans = [p for p in finder.planset.plans() if p.grid.num_gpus == DEVICES]
     plans.append(finder.find(grid.resources.to_dict(), DP_PLAN_ID))
-    out, seen = [], set()
+    in_plans: dict[Any, set[str]] = {}  # insertion order: stages in the order the plans first use them
     for plan in plans:
         for spec in finder.job.stage_specs(plan):
-            if spec in seen:
-                continue
-            seen.add(spec)
-            execs = build_stage_executables(spec, device=jax.devices()[0], with_optimizer=False)
-            out.append({"units": [spec.start, spec.stop], "micro_batch": spec.micro_batch,
-                        "in_plans": sorted({p.plan_id for p in plans if spec in finder.job.stage_specs(p)}),
-                        **_timed(execs.run_microbatch)})
+            in_plans.setdefault(spec, set()).add(plan.plan_id)
+    out = []
+    for spec, plan_ids in in_plans.items():
+        execs = build_stage_executables(spec, device=jax.devices()[0], with_optimizer=False)
+        out.append({"units": [spec.start, spec.stop], "micro_batch": spec.micro_batch, "in_plans": sorted(plan_ids),
+                    **_timed(execs.run_microbatch)})
     return out
 
 
-def data_parallel_forward_backward(plans_path: str | Path) -> dict[str, float]:
+def data_parallel_forward_backward(finder: Any) -> dict[str, float]:
     """The 2-device data-parallel plan's forward + backward (one micro-batch, both devices at once) through the
     runtime's executor."""
     import jax
     import numpy as np
 
     from libarena.plan import DP_PLAN_ID
-    from libarena.profile.measure import _PlanFinder, _run_plan
+    from libarena.profile.measure import _run_plan
     from libarena.run import distributed
     from libarena.run.executor import PipelineExecutor
     from libarena.run.train import batch_for_step
 
-    finder = _PlanFinder(str(plans_path))
     job = finder.job
     grid = next(g for g in finder.grids.values() if g.num_gpus == DEVICES)
     run_plan = _run_plan(job, finder.find(grid.resources.to_dict(), DP_PLAN_ID), jax.devices())
@@ -118,13 +104,15 @@ def data_parallel_forward_backward(plans_path: str | Path) -> dict[str, float]:
 
 def _child(request: dict[str, Any]) -> dict[str, Any]:
     from libarena.profile.host import host_window, snapshot
+    from libarena.profile.measure import _PlanFinder
 
     before = snapshot()
     out: dict[str, Any] = {}
     for model, plans_path in request["plans"].items():
-        out[model] = {"stages": stage_times(plans_path)}
+        finder = _PlanFinder(plans_path)
+        out[model] = {"stages": stage_times(finder)}
         if request["devices"] >= DEVICES:
-            out[model]["data_parallel"] = data_parallel_forward_backward(plans_path)
+            out[model]["data_parallel"] = data_parallel_forward_backward(finder)
         _log(f"{model} on {request['cores']} core(s): {len(out[model]['stages'])} stages")
     return {"models": out, "host": host_window(before, snapshot())}
 
