@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -135,19 +136,43 @@ def run_app(tool: str, app: Callable[..., Any], argv: list[str] | None = None) -
         _run_app(tool, app, argv)
         if argv is None:
             sys.stdout.flush()  # what is still buffered meets a closed pipe here
+        code: Any = 0
     except BrokenPipeError:
         _closed_pipe(argv)
     except SystemExit as exc:
         if _stdout_closed_by_reader():
             _closed_pipe(argv)
-        if argv is None and isinstance(exc.code, int) and exc.code != 0 and not _ray_running():
-            # A failed command has nothing left to do (its outputs were already unwound): leave without
-            # interpreter teardown, where a native thread pool still alive at exit can abort the process
-            # with SIGABRT after the one-line error (seen with Arrow's pool under load, apache/arrow#34314).
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(exc.code)
-        raise
+        if argv is not None or not isinstance(exc.code, (int, type(None))):
+            raise
+        code = exc.code or 0
+    if argv is None and not _ray_running():
+        _leave_without_native_teardown(code)
+    if code:
+        raise SystemExit(code)
+
+
+def _leave_without_native_teardown(code: int) -> None:
+    """End a finished command without the C++ half of interpreter teardown.
+
+    Its outputs are already renamed into place and its temporary files removed, so nothing is left to do;
+    but a native thread pool still alive at exit (Arrow's, apache/arrow#34314) can abort the process with
+    SIGABRT ("terminate called without an active exception") after the work succeeded, or after the one-line
+    error, when static destructors run. Python's own exit handlers still run; then the process leaves.
+    """
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _closed_pipe(None)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    for thread in threading.enumerate():  # as teardown would: Python threads the command started finish
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # the interpreter's own first step of teardown (CPython, every version we support)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _stdout_closed_by_reader() -> bool:

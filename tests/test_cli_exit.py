@@ -1,0 +1,64 @@
+"""How a tool's process ends: finished commands skip the native half of interpreter teardown.
+
+A native thread pool alive at exit (Arrow's, apache/arrow#34314) can abort a process with SIGABRT after its
+work succeeded; CI saw ``arena-plan show --json`` end that way. The abort happens in C-level exit handlers
+and static destructors, so the stand-in here is a C exit handler that calls ``abort()``: a process that goes
+through ``exit()`` dies with SIGABRT, one that leaves as the tools do exits with its own status, after its
+Python threads and Python exit handlers ran.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import atexit, ctypes, sys, threading, time
+    import typer
+    from libarena.cli import run_app
+    from libarena.errors import ArenaError
+
+    libc = ctypes.CDLL(None)
+    # what a native pool's teardown can do: a C exit handler that aborts (glibc exports atexit as this)
+    libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
+
+    app = typer.Typer()
+
+    @app.command()
+    def main(outcome: str) -> None:
+        def late() -> None:
+            time.sleep(0.2)
+            print("thread finished", file=sys.stderr, flush=True)
+        threading.Thread(target=late).start()
+        atexit.register(lambda: print("exit handler ran", file=sys.stderr, flush=True))
+        print("data")
+        if outcome == "fail":
+            raise ArenaError("no such thing")
+
+    if sys.argv[1] == "exit":  # control: the ordinary way out reaches the C exit handler
+        sys.exit(0)
+    run_app("tool", app)
+""")
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", SCRIPT, *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_ordinary_exit_reaches_the_native_abort():
+    assert _run("exit").returncode == -signal.SIGABRT
+
+
+@pytest.mark.parametrize(("outcome", "code"), [("ok", 0), ("fail", 2)])
+def test_finished_command_leaves_without_native_teardown(outcome, code):
+    r = _run(outcome)
+    assert r.returncode == code, r.stderr
+    assert r.stdout == "data\n"
+    assert "thread finished" in r.stderr and "exit handler ran" in r.stderr
+    assert r.stderr.index("thread finished") < r.stderr.index("exit handler ran")
+    if outcome == "fail":
+        assert "tool: error: no such thing" in r.stderr
