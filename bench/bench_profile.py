@@ -33,6 +33,7 @@ Targets: mean absolute error <= 5% per device count; profiling >= 10x cheaper th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import subprocess
@@ -105,7 +106,10 @@ def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str) -> dict[str, Any]
     result = profile_plans(planset, ProfileConfig(cache_dir=cache, selection="exhaustive",
                                                   warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS, xla_threading=layout), comm=comm)
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "summary": result.summary,
+    # the co-run children held N devices while this process waited: N - 1 more devices for that time
+    corun = {int(n): w for n, w in result.summary.get("co_run_wall_s", {}).items()}
+    return {"wall_s": wall, "device_s": wall + sum((n - 1) * w for n, w in corun.items()),
+            "co_run_device_s": sum(n * w for n, w in corun.items()), "summary": result.summary,
             "estimates": {(e.resources.num_gpus, e.plan.plan_id): e.iter_time_s for e in result.estimates}}
 
 
@@ -115,6 +119,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     from libarena.plan import DP_PLAN_ID, data_parallel_plan
     from libarena.profile import ProfileConfig, resolve_device
     from libarena.profile.host import XLA_THREADING
+    from libarena.profile.corun import CoRunSession
     from libarena.profile.measure import MeasureSession
     from libarena.profile.profiler import ProfiledJob, StageSession, estimate_plan
     from libarena.profile.timers import HostTimer, lower_quartile
@@ -128,7 +133,10 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     plans += [data_parallel_plan(replace(grid, pipeline_degree=1), job.layout.num_clusters) for grid in grids.values()]
     rows = []
     for n in DEVICE_COUNTS:
-        with MeasureSession(plans_path, n, threading=XLA_THREADING.get(layout)) as measure:
+        with contextlib.ExitStack() as children:
+            measure = children.enter_context(MeasureSession(plans_path, n, threading=XLA_THREADING.get(layout)))
+            # The profiler's co-run timings (its default model on a host) for plans of several devices
+            corun = children.enter_context(CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst)) if n > 1 else None
             for plan in [p for p in plans if p.grid.num_gpus == n]:
                 grid = plan.resources.to_dict()
                 specs = job.stage_specs(plan)
@@ -142,6 +150,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     def estimate_side() -> None:
                         for spec in specs:
                             stages.time(spec, 1 if turn else WARMUP, CHUNK)
+                            if corun is not None:
+                                corun.time(spec, 1 if turn else WARMUP, CHUNK)
 
                     def measure_side() -> None:
                         out = measure.steps(grid, plan.plan_id, CHUNK)
@@ -151,9 +161,12 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     for side in ((estimate_side, measure_side) if turn % 2 == 0 else (measure_side, estimate_side)):
                         side()
                 measure.release(grid, plan.plan_id)
-                records = [stages.record(spec) for spec in specs]
+                plain = [stages.record(spec) for spec in specs]
+                records = plain if corun is None else [{**rec, "corun": corun.timing(spec, STATISTIC).to_dict()}
+                                                       for rec, spec in zip(plain, specs, strict=True)]
                 est = estimate_plan(job, plan, records, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC, sharing)
-                others = {name: estimate_plan(job, plan, records, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC,
+                # the other models from the one-device records alone
+                others = {name: estimate_plan(job, plan, plain, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC,
                                               model).iter_time_s for name, model in alternatives.items()}
                 measured = lower_quartile(samples)
                 rows.append({
@@ -167,7 +180,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
                     "breakdown": est.iteration.to_dict(),
                     "stages": [{**{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
-                                                     "optimizer_s", "setup_s", "cores", "optimizer_cores")},
+                                                     "optimizer_s", "setup_s", "cores", "optimizer_cores", "alone_s", "together_s")},
                                 "compute_iqr_over_median": relative_iqr(rec["microbatch"]["samples_s"])}
                                for st, rec in zip(est.stages, records, strict=True)],
                     # direct measurement's device time: build + compile + warm-up + the timed steps, all devices held
@@ -178,6 +191,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                      f"({rows[-1]['error']:+.1%}; measured IQR/median {rows[-1]['measured_iqr_over_median']:.1%})")
                 for spec in specs:
                     stages.release(spec)
+                    if corun is not None:
+                        corun.release(spec)
     return rows
 
 
@@ -241,7 +256,8 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
         calibration = ProfileCache(tmp / "calibration")
         sharing = host_sharing(ProfileConfig(xla_threading=layout), local, max(DEVICE_COUNTS), calibration)
         measured = host_concurrency(local, max(DEVICE_COUNTS), calibration, XLA_THREADING.get(layout))
-        alternatives = {"measured-slowdown": measured, "cpu-time-all-cores": replace(sharing, measured=None), "independent": None}
+        alternatives = {"cpu-time": sharing, "measured-slowdown": measured, "cpu-time-all-cores": replace(sharing, measured=None),
+                        "independent": None}
         calibration_s = time.perf_counter() - t0
         for model in request["models"]:
             plans_path = _plans(tmp, model)
@@ -253,12 +269,13 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
                 r["estimate_plain_s"] = cost["estimates"].get((r["num_gpus"], r["plan_id"]))
             rows += model_rows
             summary = cost["summary"]
-            costs.append({"model": model, "profiling_device_s": cost["wall_s"], "stages_profiled": summary["stages_profiled"],
+            costs.append({"model": model, "profiling_device_s": cost["device_s"], "co_run_device_s": cost["co_run_device_s"],
+                          "stages_profiled": summary["stages_profiled"],
                           "paper_grids": grid_stage_counts(model, planset.layout),
                           "measurement_device_s": sum(r["measurement_device_s"] for r in model_rows),
                           "measurement_compile_device_s": sum(r["measurement_compile_device_s"] for r in model_rows),
                           "host": host_window(model_before, snapshot())})
-            _log(f"{model}: profiling {cost['wall_s']:.0f} device-s ({summary['stages_profiled']} stages), measuring "
+            _log(f"{model}: profiling {cost['device_s']:.0f} device-s ({summary['stages_profiled']} stages), measuring "
                  f"{costs[-1]['measurement_device_s']:.0f} device-s")
     return {"rows": rows, "costs": costs, "calibration_s": calibration_s, "threading": applied, "host_sharing": sharing.to_dict(),
             "host": host_window(before, snapshot())}
@@ -296,7 +313,8 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
     for c in costs:
         model_rows = [r for r in rows if r["model"] == c["model"]]
         ones = [r for r in model_rows if r["num_gpus"] == 1]
-        per_stage = c["profiling_device_s"] / max(1, c["stages_profiled"])
+        # Accelerators are separate chips: profiling them needs no co-run timing (host devices only)
+        per_stage = (c["profiling_device_s"] - c.get("co_run_device_s", 0.0)) / max(1, c["stages_profiled"])
         per_plan_compile = statistics.fmean(r["measurement_compile_device_s"] / r["num_gpus"] for r in model_rows)
         iter_1 = statistics.fmean(r["measured_s"] for r in ones) if ones else 0.0
         steps = CHUNKS * CHUNK
@@ -306,7 +324,8 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
             "measured_on": "1- and 2-device CPU grids (every plan); compilation included on both sides",
             "derived_paper_grids": {
                 "note": "DERIVED, not measured: every plan of the model's 4/8/16-device grids, from the measured cost of profiling "
-                        "one stage and of compiling one plan here, and timed steps at the 1-device iteration time / G",
+                        "one stage on one device (without the host-only co-run timing: GPUs are separate chips) and of "
+                        "compiling one plan here, and timed steps at the 1-device iteration time / G",
                 "profiling_device_s_per_stage": per_stage, "measurement_compile_s_per_plan": per_plan_compile,
                 "grids": derived_cost(c["paper_grids"], per_stage, per_plan_compile, iter_1, steps),
             },

@@ -24,7 +24,7 @@ from typing import Any
 
 from libarena.errors import ArenaError
 from libarena.plan import DP_PLAN_ID, ParallelPlan, Resources
-from libarena.profile.subprocess_devices import run_module_with_devices
+from libarena.profile.subprocess_devices import DeviceChild, run_module_with_devices, serve_requests
 
 
 def _run_plan(job: Any, plan: ParallelPlan, devices: list[Any]) -> Any:
@@ -125,83 +125,34 @@ def _main(request_path: str, result_path: str) -> None:
     write_json(result_path, out)
 
 
-class MeasureSession:
+class MeasureSession(DeviceChild):
     """A child interpreter with ``num_devices`` devices that keeps plans' executors between chunks of timed
     steps: ``prepare`` builds a plan's executor and runs its warm-up steps (compilation included), ``steps``
     times more steps of it (wall and process CPU seconds each), ``release`` frees it. One request at a time,
     one JSON line each way; a failing child raises a one-line ArenaError."""
 
-    def __init__(self, plans_path: str | Path, num_devices: int, platform: str = "cpu", threading: Any = None,
-                 timeout_s: float = 3600.0) -> None:
-        import subprocess
-        import tempfile
-
-        from libarena.profile.subprocess_devices import device_env
-
-        layout = device_env(platform, num_devices, threading)
-        self.num_devices = num_devices
-        self.timeout_s = timeout_s
-        self._stderr = tempfile.TemporaryFile(mode="w+")
-        self._proc = subprocess.Popen(
-            layout.command([sys.executable, "-m", "libarena.profile.measure", "--serve", str(plans_path)]),
-            env=layout.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._stderr, text=True,
-        )
-
-    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        proc = self._proc
-        assert proc.stdin is not None and proc.stdout is not None
-        try:
-            proc.stdin.write(json.dumps(request) + "\n")
-            proc.stdin.flush()
-            line = proc.stdout.readline()
-        except (BrokenPipeError, OSError):
-            line = ""
-        if not line:
-            self._stderr.seek(0)
-            tail = self._stderr.read().strip().splitlines()[-1:] or ["no output"]
-            raise ArenaError(f"direct measurement failed: {tail[0]}")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise ArenaError(f"direct measurement failed: {reply['error']}")
-        return reply
+    def __init__(self, plans_path: str | Path, num_devices: int, platform: str = "cpu", threading: Any = None) -> None:
+        super().__init__("libarena.profile.measure", [str(plans_path)], num_devices, what="direct measurement",
+                         platform=platform, threading=threading)
 
     def prepare(self, grid: dict[str, Any], plan_id: str, warmup: int = 2, seed: int = 0) -> dict[str, Any]:
         """Build ``plan_id``'s executor and run ``warmup`` steps (the first compiles): build_s, first_step_s,
         warmup_s, wall_s (all of it)."""
-        return self._ask({"op": "prepare", "grid": grid, "plan_id": plan_id, "warmup": warmup, "seed": seed})
+        return self.ask({"op": "prepare", "grid": grid, "plan_id": plan_id, "warmup": warmup, "seed": seed})
 
     def steps(self, grid: dict[str, Any], plan_id: str, steps: int) -> dict[str, Any]:
         """``steps`` more timed steps of a prepared plan: samples_s (wall) and cpu_s (process CPU) per step."""
-        return self._ask({"op": "steps", "grid": grid, "plan_id": plan_id, "steps": steps})
+        return self.ask({"op": "steps", "grid": grid, "plan_id": plan_id, "steps": steps})
 
     def release(self, grid: dict[str, Any], plan_id: str) -> None:
-        self._ask({"op": "release", "grid": grid, "plan_id": plan_id})
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                self._ask({"op": "exit"})
-            except ArenaError:
-                pass
-            try:
-                self._proc.wait(timeout=30)
-            except Exception:  # noqa: BLE001 - a child that does not exit is ended
-                self._proc.kill()
-                self._proc.wait()
-        self._stderr.close()
+        self.ask({"op": "release", "grid": grid, "plan_id": plan_id})
 
     def __enter__(self) -> MeasureSession:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
 
 def _serve(plans_path: str) -> None:
-    """The child side of MeasureSession: requests on stdin, one JSON reply line each on the original stdout
-    (anything else printed goes to stderr)."""
-    import os
+    """The child side of MeasureSession."""
     import time
 
     import jax
@@ -209,8 +160,6 @@ def _serve(plans_path: str) -> None:
     from libarena.run.executor import PipelineExecutor
     from libarena.run.train import batch_for_step
 
-    replies = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
     finder = _PlanFinder(plans_path)
     job = finder.job
     devices = jax.devices()
@@ -227,38 +176,28 @@ def _serve(plans_path: str) -> None:
         stats = executor.step(batch)
         return stats.step_time_s, time.process_time() - c0
 
-    for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            op = request["op"]
-            if op == "exit":
-                replies.write(json.dumps({"ok": True}) + "\n")
-                replies.flush()
-                break
-            if op == "prepare":
-                t0 = time.perf_counter()
-                run_plan = _run_plan(job, finder.find(request["grid"], request["plan_id"]), devices)
-                executor = PipelineExecutor(job.model, run_plan, devices[: run_plan.num_gpus], job.dtype)
-                executor.init_state(int(request.get("seed", 0)))
-                state = {"executor": executor, "run_plan": run_plan, "position": 0}
-                build = time.perf_counter() - t0
-                warm = [step(state)[0] for _ in range(max(1, int(request["warmup"])))]
-                running[key(request)] = state
-                reply = {"build_s": build, "first_step_s": warm[0], "warmup_s": sum(warm), "wall_s": time.perf_counter() - t0}
-            elif op == "steps":
-                if key(request) not in running:
-                    raise ArenaError(f"plan {request['plan_id']} is not prepared")
-                timed = [step(running[key(request)]) for _ in range(int(request["steps"]))]
-                reply = {"samples_s": [w for w, _ in timed], "cpu_s": [c for _, c in timed]}
-            elif op == "release":
-                running.pop(key(request), None)
-                reply = {"ok": True}
-            else:
-                raise ArenaError(f"unknown request {op!r}")
-        except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
-            reply = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
+    def prepare(request: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        run_plan = _run_plan(job, finder.find(request["grid"], request["plan_id"]), devices)
+        executor = PipelineExecutor(job.model, run_plan, devices[: run_plan.num_gpus], job.dtype)
+        executor.init_state(int(request.get("seed", 0)))
+        state = {"executor": executor, "run_plan": run_plan, "position": 0}
+        build = time.perf_counter() - t0
+        warm = [step(state)[0] for _ in range(max(1, int(request["warmup"])))]
+        running[key(request)] = state
+        return {"build_s": build, "first_step_s": warm[0], "warmup_s": sum(warm), "wall_s": time.perf_counter() - t0}
+
+    def steps(request: dict[str, Any]) -> dict[str, Any]:
+        if key(request) not in running:
+            raise ArenaError(f"plan {request['plan_id']} is not prepared")
+        timed = [step(running[key(request)]) for _ in range(int(request["steps"]))]
+        return {"samples_s": [w for w, _ in timed], "cpu_s": [c for _, c in timed]}
+
+    def release(request: dict[str, Any]) -> dict[str, Any]:
+        running.pop(key(request), None)
+        return {"ok": True}
+
+    serve_requests({"prepare": prepare, "steps": steps, "release": release})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,14 @@ all-to-all), ``p2p_j`` its activation send forward plus gradient send backward. 
 
 Devices that share compute. The model above assumes every device is its own hardware (GPUs). When they
 are not -- several XLA host devices on one CPU share its cores -- devices busy at once slow each other
-down. Two models of it (libarena.profile.concurrency):
+down. Three models of it:
+
+* co-run (the profiler's default on a host; libarena.profile.corun): each stage also timed in a process laid
+  out as the plan's, ``alone_s`` while its worker is the only device busy and ``together_s`` while every
+  device is. A single-worker stage passes the first micro-batch at its alone time (a multi-worker one keeps
+  all its devices busy: together); in the steady state the bottleneck b works the whole period, beside the
+  others for o = max_{j != b} together_j and alone for the rest: P = o + alone_b (1 - o / together_b).
+  The optimizer step and setup follow the CPU-time model below.
 
 * CPU time (``host_cores`` = C, the cores the plan's devices share): each stage's profile says how many
   cores' worth of CPU its computation keeps busy while it runs alone (``cores`` = p_j, its process CPU time
@@ -52,6 +59,10 @@ class StageTimes:
     #: cores' worth of CPU the stage's computation (and its optimizer step) keeps busy on a host device
     cores: float = 1.0
     optimizer_cores: float = 1.0
+    #: host devices timed as the plan's process lays them out (libarena.profile.corun): one micro-batch's
+    #: compute while the stage's worker is the only device busy, and while every device is (None: not measured)
+    alone_s: float | None = None
+    together_s: float | None = None
 
     @property
     def per_microbatch_s(self) -> float:
@@ -104,16 +115,43 @@ def one_f_one_b(
             return sum(max(1, st.workers) * w * c for st, (w, c) in zip(stages, work, strict=True)) / host_cores
         return shared * sum(max(1, st.workers) * w for st, (w, _) in zip(stages, work, strict=True)) / total
 
-    per_mb = [st.compute_s * alone(st, st.cores) + st.comm_s + st.p2p_s for st in stages]
+    corun = all(st.alone_s is not None and st.together_s is not None for st in stages)
+    if corun:
+        # A stage alone on the host runs at its alone time; one whose own workers run at once (dp x tp > 1)
+        # keeps every device busy.
+        solo = [float(st.together_s if max(1, st.workers) > 1 else st.alone_s) for st in stages]  # type: ignore[arg-type]
+    else:
+        solo = [st.compute_s * alone(st, st.cores) for st in stages]
+    per_mb = [x + st.comm_s + st.p2p_s for x, st in zip(solo, stages, strict=True)]
     first = sum(per_mb)
     steady = [t - st.p2p_s for t, st in zip(per_mb, stages, strict=True)]
-    bottleneck = max(range(len(stages)), key=lambda j: steady[j])
-    # A host's collectives are copies on one core each.
-    work = [(st.compute_s * st.cores + st.comm_s, 1.0) if host_cores is not None else (st.compute_s + st.comm_s, 1.0) for st in stages]
-    period = max(steady[bottleneck], capacity_bound(work))
+    if corun:
+        period, bottleneck = _corun_period(stages, solo)
+    else:
+        bottleneck = max(range(len(stages)), key=lambda j: steady[j])
+        # A host's collectives are copies on one core each.
+        work = [(st.compute_s * st.cores + st.comm_s, 1.0) if host_cores is not None else (st.compute_s + st.comm_s, 1.0) for st in stages]
+        period = max(steady[bottleneck], capacity_bound(work))
     steady_total = (num_microbatches - 1) * period
     grad = max(st.grad_sync_s for st in stages)
     opt = max(max(st.optimizer_s * alone(st, st.optimizer_cores) for st in stages),
               capacity_bound([(st.optimizer_s, st.optimizer_cores) for st in stages]))
     setup = sum(st.setup_s for st in stages)
     return IterationEstimate(setup + first + steady_total + grad + opt, first, steady_total, grad, opt, bottleneck, setup, shared)
+
+
+def _corun_period(stages: Sequence[StageTimes], solo: Sequence[float]) -> tuple[float, int]:
+    """The steady-state period of stages timed alone and all-busy on a shared host, and its bottleneck.
+
+    The bottleneck b (the longest all-busy time c_b) works the whole period; the others work beside it for
+    o = max_j c_j of them (they overlap one another too), and for the rest of the period b runs alone (a_b):
+    b's one micro-batch of work done is o / c_b + (P - o) / a_b = 1, so P = o + a_b (1 - o / c_b). One stage:
+    its own time; equal stages: c_b (always overlapped); a short partner: close to a_b.
+    """
+    busy = [float(st.together_s) + st.comm_s for st in stages]  # type: ignore[arg-type]
+    alone = [x + st.comm_s for x, st in zip(solo, stages, strict=True)]
+    b = max(range(len(stages)), key=lambda j: busy[j])
+    others = max((busy[j] for j in range(len(stages)) if j != b), default=0.0)
+    if busy[b] <= 0:
+        return alone[b], b
+    return others + alone[b] * (1.0 - others / busy[b]), b

@@ -28,6 +28,7 @@ from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommMo
 from libarena.models import ModelDef, get_model
 from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan
 from libarena.profile.cache import ProfileCache, default_cache_dir
+from libarena.profile.corun import CoRunTiming
 from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
@@ -49,7 +50,7 @@ STATISTICS = ("median", "min", "q1")
 GRANULARITIES = ("stage", "unit")
 #: cpu-time: host devices share the process's cores, each stage demanding what its profile says it keeps
 #: busy; measured: one slowdown factor from a micro-benchmark; independent: every device its own chip.
-CONCURRENCY_MODELS = ("cpu-time", "measured", "independent")
+CONCURRENCY_MODELS = ("co-run", "cpu-time", "measured", "independent")
 #: 4: records carry each timing's process CPU time (cpu_per_wall) and lower quartile (q1_s); the per-step
 #: host work is done as the runtime does it; the forward returns its residuals stacked as the runtime's does
 STAGE_RECORD_VERSION = 4
@@ -77,10 +78,12 @@ class ProfileConfig:
     #: whose repeated measurements differ by 17-19% (bench/results/profile*.json)
     granularity: str = "stage"
     statistic: str = "median"
-    #: cpu-time: devices that share hardware (XLA host devices on one CPU) share its cores, each stage
-    #: demanding the cores its profile kept busy; measured: they slow each other down by one factor from a
-    #: micro-benchmark (libarena.profile.concurrency); independent: every device is its own chip
-    concurrency: str = "cpu-time"
+    #: co-run: for plans of several host devices (XLA devices on one CPU), every stage is also timed in a
+    #: process laid out as the plan's (libarena.profile.corun), alone and with every device busy; cpu-time:
+    #: the devices share the cores, each stage demanding the cores its profile kept busy; measured: they slow
+    #: each other down by one factor from a micro-benchmark (libarena.profile.concurrency); independent:
+    #: every device is its own chip (what accelerators always are, whatever is asked)
+    concurrency: str = "co-run"
     #: how the plans' host devices will run (libarena.profile.host.XLA_THREADING): ``pinned`` gives a
     #: process one core per device, so a plan's devices share as many cores as it has devices
     xla_threading: str = "default"
@@ -603,8 +606,13 @@ def estimate_plan(
         reads_batch = j == 0 or j == s - 1
         suffix = "_q1_s" if statistic == "q1" and "grad_reset_q1_s" in rec else "_s"
         setup = plan.stages[j].dp * (rec["grad_reset" + suffix] + (B * rec["input_put" + suffix] if reads_batch else 0.0))
+        corun = rec.get("corun") if not estimated and isinstance(concurrency, HostCapacity) else None
+        if corun is not None and int(corun["num_devices"]) != plan.grid.num_gpus:
+            corun = None  # timed for another device count's process
         st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup,
-                        cores=rec["microbatch"].get("cpu_per_wall") or 1.0, optimizer_cores=rec["optimizer"].get("cpu_per_wall") or 1.0)
+                        cores=rec["microbatch"].get("cpu_per_wall") or 1.0, optimizer_cores=rec["optimizer"].get("cpu_per_wall") or 1.0,
+                        alone_s=None if corun is None else float(corun["alone_s"]),
+                        together_s=None if corun is None else float(corun["together_s"]))
         stage_times.append(st)
         inflight = min(s - j, B)
         mem = rec["state_bytes"] + inflight * rec["memory"]["forward"].get("output", 0.0) + rec["memory"]["backward"].get("temp", 0.0)
@@ -654,9 +662,36 @@ def host_sharing(config: ProfileConfig, local: LocalDevice, max_devices: int, ca
         return HostConcurrency()
     if config.concurrency == "measured":
         return host_concurrency(local, max_devices, cache)
+    # co-run: the CPU-time model for what is not co-run timed (the optimizer step, unit granularity)
     layout = XLA_THREADING.get(config.xla_threading)
     measured = host_concurrency(local, max_devices, cache, layout) if max_devices > 1 else None
     return HostCapacity(len(usable_cores()), layout.pin_one_core_per_device, measured)
+
+
+def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], config: ProfileConfig, local: LocalDevice, timer: Timer,
+                  cache: ProfileCache | None, log: Callable[[str], None]) -> tuple[dict[tuple[int, str], CoRunTiming], dict[int, float]]:
+    """Co-run timings (libarena.profile.corun) of the stages of ``work``'s plans of several local host devices:
+    {(devices, stage key): timing}, and per device count the wall seconds its child spent measuring."""
+    from libarena.profile.corun import profile_corun
+    from libarena.profile.host import XLA_THREADING
+
+    if config.concurrency != "co-run" or config.granularity != "stage" or local.platform != "cpu":
+        return {}, {}
+    by_devices: dict[int, dict[str, StageSpec]] = {}
+    for plan, _ in work:
+        if plan.grid.gpu_type == local.gpu_type and plan.grid.num_gpus > 1:
+            for spec in job.stage_specs(plan):
+                by_devices.setdefault(plan.grid.num_gpus, {})[stage_cache_key(spec, local, timer.name)] = spec
+    out: dict[tuple[int, str], CoRunTiming] = {}
+    cost: dict[int, float] = {}
+    layout = XLA_THREADING.get(config.xla_threading)
+    for n, specs in sorted(by_devices.items()):
+        timings, spent = profile_corun(list(specs.values()), list(specs), n, layout, cache, warmup=config.warmup, repeats=config.repeats,
+                                       statistic=config.statistic, seed=config.seed, burst=config.burst, log=log)
+        out.update({(n, key): t for key, t in timings.items()})
+        if spent > 0:
+            cost[n] = spent
+    return out, cost
 
 
 def select_plans(planset: PlanSet, selection: str) -> list[ParallelPlan]:
@@ -733,6 +768,9 @@ def profile_plans(
             "each stage demands the cores its profile kept busy")
     elif concurrency.slowdowns:
         log(f"host concurrency: {', '.join(f'{k} devices at once run {v:.2f}x slower' for k, v in concurrency.slowdowns)} ({concurrency.source})")
+    corun, corun_cost = corun_timings(job, work, config, local, timer, cache, log)
+    corun_wall = {str(n): w for n, w in corun_cost.items()}
+
     def pieces_of(stage_spec: StageSpec) -> list[StageSpec]:
         if config.granularity == "unit":
             return [replace(stage_spec, start=i, stop=i + 1) for i in range(stage_spec.start, stage_spec.stop)]
@@ -791,7 +829,10 @@ def profile_plans(
             if config.granularity == "unit":
                 records.append(combine_unit_records(piece_records, stage_spec, overhead))
             else:
-                records.append(piece_records[0])
+                timing = corun.get((plan.grid.num_gpus, piece_records[0]["key"]))
+                records.append(piece_records[0] if timing is None else {**piece_records[0], "corun": timing.to_dict()})
+        if plan.grid.num_gpus in corun_cost:  # the co-run child held the plans' devices: charged to the first such plan
+            new_cost += plan.grid.num_gpus * corun_cost.pop(plan.grid.num_gpus)
         estimate = estimate_plan(
             job, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction, config.statistic, concurrency
         )
@@ -816,7 +857,9 @@ def profile_plans(
         "granularity": config.granularity,
         "statistic": config.statistic,
         "dispatch_overhead_s": overhead,
-        "host_concurrency": concurrency.to_dict(),
+        "host_concurrency": {**concurrency.to_dict(), "co_run_stages": len(corun)} if corun else concurrency.to_dict(),
+        #: wall seconds co-run children held N host devices, per N (0 entries when all came from the cache)
+        "co_run_wall_s": corun_wall,
         "plans_profiled": len(estimates),
         "stages_needed": stages_needed,
         "stages_profiled": stages_profiled,

@@ -50,3 +50,80 @@ def run_module_with_devices(
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise ArenaError(f"{what} failed: {tail[0]}")
         return json.loads(result_path.read_text())
+
+
+class DeviceChild:
+    """A child interpreter with ``num_devices`` devices, kept alive between requests: ``python -m module
+    --serve *args`` answering one JSON line per JSON request line (``serve_requests`` is its side). A failing
+    child raises ``ArenaError("<what> failed: ...")`` in one line."""
+
+    def __init__(self, module: str, args: list[str], num_devices: int, *, what: str, platform: str = "cpu",
+                 threading: XlaThreading | None = None) -> None:
+        layout = device_env(platform, num_devices, threading)
+        self.num_devices = num_devices
+        self.what = what
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            layout.command([sys.executable, "-m", module, "--serve", *args]),
+            env=layout.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+        )
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            self._stderr.seek(0)
+            tail = self._stderr.read().strip().splitlines()[-1:] or ["no output"]
+            raise ArenaError(f"{self.what} failed: {tail[0]}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise ArenaError(f"{self.what} failed: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self.ask({"op": "exit"})
+            except ArenaError:
+                pass
+            try:
+                self._proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - a child that does not exit is ended
+                self._proc.kill()
+                self._proc.wait()
+        self._stderr.close()
+
+    def __enter__(self) -> DeviceChild:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def serve_requests(handlers: dict[str, Any]) -> None:
+    """The child side of DeviceChild: each request's ``op`` picks a handler (request -> reply dict); ``exit``
+    ends the loop. Replies go to the original stdout, one JSON line each; anything else printed goes to stderr;
+    a failing handler is reported to the parent as one line."""
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request.get("op")
+        if op == "exit":
+            replies.write(json.dumps({"ok": True}) + "\n")
+            replies.flush()
+            break
+        try:
+            if op not in handlers:
+                raise ArenaError(f"unknown request {op!r}")
+            reply = handlers[op](request)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
+            reply = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()

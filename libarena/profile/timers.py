@@ -45,6 +45,10 @@ class Timing:
         wall = lower_quartile(self.samples)
         return float(lower_quartile(self.cpu_samples) / wall) if wall > 0 else None
 
+    def statistic(self, name: str) -> float:
+        """The named statistic of the samples: median, min or q1 (the lower quartile)."""
+        return {"median": self.median, "min": self.minimum, "q1": self.lower_quartile}[name]
+
     def scaled(self, factor: float) -> Timing:
         return Timing(tuple(t * factor for t in self.samples), tuple(t * factor for t in self.cpu_samples))
 

@@ -53,9 +53,10 @@ def profile(
     no_dp: bool = typer.Option(False, "--no-dp", help="do not profile the pure data-parallel plan (view dp)"),
     granularity: str = typer.Option("stage", "--granularity", help="stage (one executable per distinct stage: accurate) or unit (identical layers profiled once: cheaper)"),
     statistic: str = typer.Option("median", "--statistic", help="median of the timed runs, min, or q1 (lower quartile: steadiest on a shared host)"),
-    concurrency: str = typer.Option("cpu-time", "--concurrency", help="how host devices sharing the CPU slow each other: "
-                                    "cpu-time (each stage demands the cores its profile kept busy), measured (one factor from "
-                                    "a micro-benchmark) or independent"),
+    concurrency: str = typer.Option("co-run", "--concurrency", help="how host devices sharing the CPU slow each other: "
+                                    "co-run (each stage also timed in a process laid out as the plan's, alone and with every "
+                                    "device busy), cpu-time (each stage demands the cores its profile kept busy), measured "
+                                    "(one factor from a micro-benchmark) or independent"),
     burst: int = typer.Option(4, "--burst", help="micro-batches dispatched back to back per timed run (as the runtime does)"),
     timing_budget: float = typer.Option(10.0, "--timing-budget", help="seconds of timed runs per stage after which "
                                         "timing stops once 5 runs are in (0: always --repeats)"),

@@ -1,0 +1,106 @@
+"""Co-run profiling: stages timed in a process laid out as the plan's host devices, alone and all busy, and
+the 1F1B composition that uses the two times."""
+
+from __future__ import annotations
+
+import pytest
+
+from libarena.errors import ArenaError
+from libarena.profile.pipeline import StageTimes, one_f_one_b
+
+
+def test_a_multi_worker_stage_runs_at_its_all_busy_time():
+    dp = [StageTimes(0.010, workers=2, alone_s=0.007, together_s=0.016)]
+    est = one_f_one_b(dp, 3, host_cores=2)
+    assert est.first_microbatch_s == pytest.approx(0.016)
+    assert est.steady_state_s == pytest.approx(2 * 0.016)
+
+
+def test_pipeline_period_interpolates_between_alone_and_all_busy():
+    # the bottleneck (together 0.08) works alone while its short partner (together 0.02) idles
+    stages = [StageTimes(0.019, p2p_s=0.001, alone_s=0.015, together_s=0.020),
+              StageTimes(0.077, p2p_s=0.001, alone_s=0.055, together_s=0.080)]
+    est = one_f_one_b(stages, 5, host_cores=2)
+    period = 0.020 + 0.055 * (1 - 0.020 / 0.080)
+    assert est.bottleneck_stage == 1
+    assert est.steady_state_s == pytest.approx(4 * period)
+    assert est.first_microbatch_s == pytest.approx(0.015 + 0.001 + 0.055 + 0.001)  # one stage busy at a time
+    assert 0.055 < period < 0.080
+    # equal stages always overlap: the all-busy time; without a partner: the alone time
+    equal = [StageTimes(0.05, alone_s=0.04, together_s=0.06)] * 2
+    assert one_f_one_b(equal, 3).steady_state_s == pytest.approx(2 * 0.06)
+    lone = [StageTimes(0.05, alone_s=0.04, together_s=0.06)]
+    assert one_f_one_b(lone, 3).steady_state_s == pytest.approx(2 * 0.04)
+
+
+def test_stages_without_corun_times_keep_the_cpu_time_model():
+    plain = [StageTimes(0.010, workers=2, cores=1.0)]
+    mixed = [StageTimes(0.010, workers=1, cores=1.0), StageTimes(0.010, workers=1, alone_s=0.001, together_s=0.001)]
+    assert one_f_one_b(plain, 2, host_cores=2).iter_time_s == pytest.approx(0.020)
+    # all stages or none: a partly co-run pipeline is composed from the one-device times
+    assert one_f_one_b(mixed, 2, host_cores=2).iter_time_s == pytest.approx(one_f_one_b(
+        [StageTimes(0.010), StageTimes(0.010)], 2, host_cores=2).iter_time_s)
+
+
+@pytest.mark.multidevice
+def test_corun_session_times_a_real_stage_alone_and_all_busy():
+    from libarena.profile.corun import CoRunSession
+    from libarena.profile.host import XLA_THREADING
+    from libarena.profile.stage import StageSpec
+
+    spec = StageSpec("gpt__tiny", 0, 3, 2)
+    with CoRunSession(2, XLA_THREADING.get("eigen-single"), burst=2) as session:
+        with pytest.raises(ArenaError, match="no co-run samples"):
+            session.build(spec)
+            session.timing(spec, "median")
+        session.time(spec, 1, 3)
+        session.time(spec, 0, 2)  # chunks pool into one record
+        timing = session.timing(spec, "q1")
+        assert timing.num_devices == 2
+        assert len(timing.alone_samples_s) == len(timing.together_samples_s) == 5
+        assert 0 < timing.alone_s <= max(timing.alone_samples_s) and timing.together_s > 0
+        # two devices computing at once on the host's cores never finish sooner than one alone, give or take noise
+        assert timing.together_s > 0.7 * timing.alone_s
+        assert timing.device_s > 0
+        session.release(spec)
+        with pytest.raises(ArenaError, match="co-run profiling failed"):
+            session.ask({"op": "nonsense"})
+    assert session._proc.poll() == 0
+
+
+@pytest.mark.multidevice
+@pytest.mark.slow
+def test_profiler_times_two_device_plans_co_run_and_caches_them(tmp_path):
+    from libarena.plan import read_plans
+    from libarena.profile import ProfileConfig, profile_plans
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+
+    rows = [p for p in enumerate_grid_plans("gpt__tiny", 8, 2, "cpu", 2) if p.pipeline_degree == 2]
+    rows += enumerate_grid_plans("gpt__tiny", 8, 1, "cpu", 2)
+    path = tmp_path / "plans.parquet"
+    write_plans_table(str(path), "gpt__tiny", 8, rows, model_clusters("gpt__tiny", 8, num_clusters=2))
+    planset = read_plans(path, require_costs=False)
+    from tests.profile.test_profile import _cpu_comm
+
+    config = ProfileConfig(cache_dir=tmp_path / "cache", warmup=1, repeats=3, include_dp=False, xla_threading="eigen-single")
+    messages: list[str] = []
+    result = profile_plans(planset, config, comm=_cpu_comm(), log=messages.append)
+    two = [e for e in result.estimates if e.resources.num_gpus == 2]
+    one = [e for e in result.estimates if e.resources.num_gpus == 1]
+    assert two and one
+    for e in two:  # every stage of the 2-device plans was timed in a 2-device process
+        assert all(st["alone_s"] > 0 and st["together_s"] > 0 for st in e.stages)
+    for e in one:
+        assert all(st["alone_s"] is None for st in e.stages)
+    assert result.summary["host_concurrency"]["co_run_stages"] == len({st["key"] for e in two for st in e.stages})
+    assert any(m.startswith("co-run gpt__tiny") for m in messages)
+    assert sum(e.profiling_cost_device_s for e in two) > 0
+    # a second run reads the co-run timings from the cache: no child, the same estimates
+    again: list[str] = []
+    second = profile_plans(planset, config, comm=_cpu_comm(), log=again.append)
+    assert not any(m.startswith("co-run") for m in again)
+    assert [e.iter_time_s for e in second.estimates] == [e.iter_time_s for e in result.estimates]
+    # the CPU-time model asked for: no co-run timings
+    cpu_time = profile_plans(planset, ProfileConfig(cache_dir=tmp_path / "cache", warmup=1, repeats=3, include_dp=False,
+                                                    concurrency="cpu-time"), comm=_cpu_comm())
+    assert all(st["alone_s"] is None for e in cpu_time.estimates for st in e.stages)
