@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from libarena.artifacts import content_digest
+from libarena.errors import ArenaError
 from libarena.profile.stage import StageSpec
 from libarena.profile.subprocess_devices import DeviceChild, serve_requests
+from libarena.profile.timers import Timing
 
 #: bump when what a co-run record holds, or how it is timed, changes (cached records are then re-measured)
 CORUN_VERSION = 1
@@ -51,8 +53,8 @@ class CoRunTiming:
 
 
 def corun_cache_key(stage_key: str, num_devices: int, threading_name: str) -> str:
-    """A stage's co-run record: the stage's own profile key, the process's device count and threading layout
-    (and the host, through the profile cache's own key)."""
+    """A stage's co-run record: the stage's own profile key, the process's device count and threading layout,
+    and the host (its name and CPU count: the cores the devices share)."""
     import os
     import platform
 
@@ -86,9 +88,6 @@ class CoRunSession(DeviceChild):
         self._device_s[spec] += float(reply["wall_s"])
 
     def timing(self, spec: StageSpec, statistic: str) -> CoRunTiming:
-        from libarena.errors import ArenaError
-        from libarena.profile.timers import Timing
-
         alone, together = self._samples[spec]
         if not alone:
             raise ArenaError(f"stage {spec.model}[{spec.start}:{spec.stop}] has no co-run samples yet")
@@ -100,19 +99,19 @@ class CoRunSession(DeviceChild):
             self.ask({"op": "release", "spec": asdict(spec)})
 
 
-def profile_corun(specs: list[StageSpec], stage_keys: list[str], num_devices: int, threading: Any, cache: Any, *,
+def profile_corun(specs: dict[str, StageSpec], num_devices: int, threading: Any, cache: Any, *,
                   warmup: int, repeats: int, statistic: str, seed: int = 0, burst: int = 4,
                   log: Any = None) -> tuple[dict[str, CoRunTiming], float]:
-    """Co-run timings of ``specs`` (with their stage profile keys) on ``num_devices`` host devices laid out as
+    """Co-run timings of ``specs`` (by their stage profile keys) on ``num_devices`` host devices laid out as
     ``threading``: {stage key: timing}, and the wall seconds spent measuring (0 when all came from ``cache``)."""
     out: dict[str, CoRunTiming] = {}
     missing = []
     threading_name = getattr(threading, "name", "default")
-    for spec, key in zip(specs, stage_keys, strict=True):
+    for key, spec in specs.items():
         hit = cache.get(corun_cache_key(key, num_devices, threading_name)) if cache is not None else None
         if hit is not None:
             out[key] = CoRunTiming(**{k: tuple(v) if k.endswith("samples_s") else v for k, v in hit.items()})
-        elif key not in {k for _, k in missing}:
+        else:
             missing.append((spec, key))
     if not missing:
         return out, 0.0
@@ -135,6 +134,7 @@ def _serve(seed: int, burst: int) -> None:
     """The child side of CoRunSession: every stage built on each of this process's devices."""
     import jax
 
+    from libarena.profile.profiler import _time_burst
     from libarena.profile.stage import build_stage_executables
     from libarena.profile.timers import HostTimer
 
@@ -143,8 +143,7 @@ def _serve(seed: int, burst: int) -> None:
     built: dict[StageSpec, list[Any]] = {}
 
     def spec_of(request: dict[str, Any]) -> StageSpec:
-        fields = dict(request["spec"])
-        return StageSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        return StageSpec(**request["spec"])  # every field a JSON scalar
 
     def build(request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -156,31 +155,25 @@ def _serve(seed: int, burst: int) -> None:
                     built[spec].append(build_stage_executables(spec, device=d, seed=seed, with_optimizer=False))
         return {"wall_s": time.perf_counter() - t0}
 
-    def alone(execs: list[Any]) -> Any:
-        out = None
-        for _ in range(burst):
-            out = execs[0].run_microbatch()
-        return out
-
-    def together(execs: list[Any]) -> Any:
-        outs = []
-        for _ in range(burst):  # every device dispatched before any is waited for: they run at once
-            outs = [e.run_microbatch() for e in execs]
-        return outs
+    def sample(region: Any) -> float:
+        return _time_burst(timer, region, 0, 1, burst).samples[0]
 
     def time_stage(request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         build(request)
         execs = built[spec_of(request)]
+
+        def together() -> Any:  # every device dispatched before any is waited for: they run at once
+            return [e.run_microbatch() for e in execs]
+
+        sides = [(execs[0].run_microbatch, []), (together, [])]
         for _ in range(int(request["warmup"])):
-            timer.sample(lambda: alone(execs))
-            timer.sample(lambda: together(execs))
-        alone_s, together_s = [], []
+            for region, _samples in sides:
+                sample(region)
         for i in range(int(request["repeats"])):  # interleaved, alternating which goes first
-            pair = [("a", lambda: alone(execs)), ("t", lambda: together(execs))]
-            for name, region in pair if i % 2 == 0 else pair[::-1]:
-                (alone_s if name == "a" else together_s).append(timer.sample(region) / burst)
-        return {"alone_s": alone_s, "together_s": together_s, "wall_s": time.perf_counter() - t0}
+            for region, samples in sides if i % 2 == 0 else sides[::-1]:
+                samples.append(sample(region))
+        return {"alone_s": sides[0][1], "together_s": sides[1][1], "wall_s": time.perf_counter() - t0}
 
     def release(request: dict[str, Any]) -> dict[str, Any]:
         built.pop(spec_of(request), None)

@@ -126,7 +126,7 @@ def one_f_one_b(
     first = sum(per_mb)
     steady = [t - st.p2p_s for t, st in zip(per_mb, stages, strict=True)]
     if corun:
-        period, bottleneck = _corun_period(stages, solo)
+        period, bottleneck = _corun_period(stages, steady)
     else:
         bottleneck = max(range(len(stages)), key=lambda j: steady[j])
         # A host's collectives are copies on one core each.
@@ -140,16 +140,16 @@ def one_f_one_b(
     return IterationEstimate(setup + first + steady_total + grad + opt, first, steady_total, grad, opt, bottleneck, setup, shared)
 
 
-def _corun_period(stages: Sequence[StageTimes], solo: Sequence[float]) -> tuple[float, int]:
+def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple[float, int]:
     """The steady-state period of stages timed alone and all-busy on a shared host, and its bottleneck.
 
     The bottleneck b (the longest all-busy time c_b) works the whole period; the others work beside it for
     o = max_j c_j of them (they overlap one another too), and for the rest of the period b runs alone (a_b):
     b's one micro-batch of work done is o / c_b + (P - o) / a_b = 1, so P = o + a_b (1 - o / c_b). One stage:
-    its own time; equal stages: c_b (always overlapped); a short partner: close to a_b.
+    its own time; equal stages: c_b (always overlapped); a short partner: close to a_b. ``alone``: each
+    stage's per-micro-batch time without P2P when it works alone (a_j).
     """
     busy = [float(st.together_s) + st.comm_s for st in stages]  # type: ignore[arg-type]
-    alone = [x + st.comm_s for x, st in zip(solo, stages, strict=True)]
     b = max(range(len(stages)), key=lambda j: busy[j])
     others = max((busy[j] for j in range(len(stages)) if j != b), default=0.0)
     if busy[b] <= 0:

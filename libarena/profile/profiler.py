@@ -28,7 +28,7 @@ from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommMo
 from libarena.models import ModelDef, get_model
 from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan
 from libarena.profile.cache import ProfileCache, default_cache_dir
-from libarena.profile.corun import CoRunTiming
+from libarena.profile.corun import CoRunTiming, profile_corun
 from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
@@ -672,7 +672,6 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
                   cache: ProfileCache | None, log: Callable[[str], None]) -> tuple[dict[tuple[int, str], CoRunTiming], dict[int, float]]:
     """Co-run timings (libarena.profile.corun) of the stages of ``work``'s plans of several local host devices:
     {(devices, stage key): timing}, and per device count the wall seconds its child spent measuring."""
-    from libarena.profile.corun import profile_corun
     from libarena.profile.host import XLA_THREADING
 
     if config.concurrency != "co-run" or config.granularity != "stage" or local.platform != "cpu":
@@ -686,7 +685,7 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
     cost: dict[int, float] = {}
     layout = XLA_THREADING.get(config.xla_threading)
     for n, specs in sorted(by_devices.items()):
-        timings, spent = profile_corun(list(specs.values()), list(specs), n, layout, cache, warmup=config.warmup, repeats=config.repeats,
+        timings, spent = profile_corun(specs, n, layout, cache, warmup=config.warmup, repeats=config.repeats,
                                        statistic=config.statistic, seed=config.seed, burst=config.burst, log=log)
         out.update({(n, key): t for key, t in timings.items()})
         if spent > 0:
@@ -769,7 +768,7 @@ def profile_plans(
     elif concurrency.slowdowns:
         log(f"host concurrency: {', '.join(f'{k} devices at once run {v:.2f}x slower' for k, v in concurrency.slowdowns)} ({concurrency.source})")
     corun, corun_cost = corun_timings(job, work, config, local, timer, cache, log)
-    corun_wall = {str(n): w for n, w in corun_cost.items()}
+    corun_charged: set[int] = set()
 
     def pieces_of(stage_spec: StageSpec) -> list[StageSpec]:
         if config.granularity == "unit":
@@ -831,8 +830,10 @@ def profile_plans(
             else:
                 timing = corun.get((plan.grid.num_gpus, piece_records[0]["key"]))
                 records.append(piece_records[0] if timing is None else {**piece_records[0], "corun": timing.to_dict()})
-        if plan.grid.num_gpus in corun_cost:  # the co-run child held the plans' devices: charged to the first such plan
-            new_cost += plan.grid.num_gpus * corun_cost.pop(plan.grid.num_gpus)
+        n = plan.grid.num_gpus
+        if n in corun_cost and n not in corun_charged:  # the co-run child held the plans' devices: charged to the first such plan
+            corun_charged.add(n)
+            new_cost += n * corun_cost[n]
         estimate = estimate_plan(
             job, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction, config.statistic, concurrency
         )
@@ -859,7 +860,7 @@ def profile_plans(
         "dispatch_overhead_s": overhead,
         "host_concurrency": {**concurrency.to_dict(), "co_run_stages": len(corun)} if corun else concurrency.to_dict(),
         #: wall seconds co-run children held N host devices, per N (0 entries when all came from the cache)
-        "co_run_wall_s": corun_wall,
+        "co_run_wall_s": {str(n): w for n, w in corun_cost.items()},
         "plans_profiled": len(estimates),
         "stages_needed": stages_needed,
         "stages_profiled": stages_profiled,

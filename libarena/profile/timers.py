@@ -47,7 +47,7 @@ class Timing:
 
     def statistic(self, name: str) -> float:
         """The named statistic of the samples: median, min or q1 (the lower quartile)."""
-        return {"median": self.median, "min": self.minimum, "q1": self.lower_quartile}[name]
+        return float(getattr(self, {"median": "median", "min": "minimum", "q1": "lower_quartile"}[name]))
 
     def scaled(self, factor: float) -> Timing:
         return Timing(tuple(t * factor for t in self.samples), tuple(t * factor for t in self.cpu_samples))
