@@ -121,7 +121,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     from libarena.profile.host import XLA_THREADING
     from libarena.profile.corun import CoRunSession
     from libarena.profile.measure import MeasureSession
-    from libarena.profile.profiler import ProfiledJob, StageSession, estimate_plan
+    from libarena.profile.profiler import ProfiledJob, StageSession, corun_item, estimate_plan
     from libarena.profile.timers import HostTimer, lower_quartile
 
     job = ProfiledJob.of(planset)
@@ -140,6 +140,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
             for plan in [p for p in plans if p.grid.num_gpus == n]:
                 grid = plan.resources.to_dict()
                 specs = job.stage_specs(plan)
+                items = [corun_item(plan, j, spec) for j, spec in enumerate(specs)]
                 for spec in specs:
                     stages.build(spec)
                 prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
@@ -148,10 +149,10 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 for turn in range(CHUNKS):
 
                     def estimate_side() -> None:
-                        for spec in specs:
+                        for spec, item in zip(specs, items, strict=True):
                             stages.time(spec, 1 if turn else WARMUP, CHUNK)
                             if corun is not None:
-                                corun.time(spec, 1 if turn else WARMUP, CHUNK)
+                                corun.time(item, 1 if turn else WARMUP, CHUNK)
 
                     def measure_side() -> None:
                         out = measure.steps(grid, plan.plan_id, CHUNK)
@@ -162,8 +163,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                         side()
                 measure.release(grid, plan.plan_id)
                 plain = [stages.record(spec) for spec in specs]
-                records = plain if corun is None else [{**rec, "corun": corun.timing(spec, STATISTIC).to_dict()}
-                                                       for rec, spec in zip(plain, specs, strict=True)]
+                records = plain if corun is None else [{**rec, "corun": corun.timing(item, STATISTIC).to_dict()}
+                                                       for rec, item in zip(plain, items, strict=True)]
                 est = estimate_plan(job, plan, records, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC, sharing)
                 # the other models from the one-device records alone
                 others = {name: estimate_plan(job, plan, plain, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC,
@@ -180,7 +181,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
                     "breakdown": est.iteration.to_dict(),
                     "stages": [{**{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
-                                                     "optimizer_s", "setup_s", "cores", "optimizer_cores", "alone_s", "together_s")},
+                                                     "optimizer_s", "setup_s", "cores", "optimizer_cores", "alone_s", "together_s",
+                                                     "timed_as_spmd")},
                                 "compute_iqr_over_median": relative_iqr(rec["microbatch"]["samples_s"])}
                                for st, rec in zip(est.stages, records, strict=True)],
                     # direct measurement's device time: build + compile + warm-up + the timed steps, all devices held
@@ -189,10 +191,10 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 })
                 _log(f"{planset.model_name} {n} dev {plan.plan_id}: estimate {est.iter_time_s * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
                      f"({rows[-1]['error']:+.1%}; measured IQR/median {rows[-1]['measured_iqr_over_median']:.1%})")
-                for spec in specs:
+                for spec, item in zip(specs, items, strict=True):
                     stages.release(spec)
                     if corun is not None:
-                        corun.release(spec)
+                        corun.release(item)
     return rows
 
 

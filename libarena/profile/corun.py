@@ -16,6 +16,16 @@ devices, the same XLA threading and cores): its micro-batch alone on device 0, a
 (the same executable on each: the contention of the all-busy phases), the two interleaved sample by sample.
 The 1F1B model (libarena.profile.pipeline) uses the first where one stage works alone and the second where
 all do. Accelerators are separate chips and need none of this.
+
+A stage whose workers hold every device of the plan (data or tensor parallelism over the whole grid) is timed
+as the runtime runs it instead (:class:`SpmdStage`): one SPMD executable over its dp x tp devices
+(libarena.run.executor.StageRuntime, collectives inside), its forward + backward per micro-batch, the
+optimizer update (which reduces the replicas' gradients), the gradient-buffer reset and one micro-batch's
+input placement. Two one-device executables side by side miss what the SPMD one adds on a host -- GSPMD's
+partitioning, the dp stacking of residuals and accumulators, the update's cross-replica sum: gpt__small's
+data-parallel micro-batch took 9% longer as the runtime's executable than co-run as two
+(bench/results/profile-corun.json), and gpt__tiny's update 1.1 ms against the 0.5 ms of a one-device update
+plus the priced all-reduce.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from libarena.artifacts import content_digest
 from libarena.errors import ArenaError
 from libarena.profile.stage import StageSpec
@@ -33,6 +45,31 @@ from libarena.profile.timers import Timing
 
 #: bump when what a co-run record holds, or how it is timed, changes (cached records are then re-measured)
 CORUN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SpmdStage:
+    """A stage over several host devices as the runtime runs it: units [start, stop) of ``model`` on a
+    (dp, tp) mesh, ``microbatch`` samples per micro-batch over the whole stage."""
+
+    model: str
+    start: int
+    stop: int
+    dp: int
+    tp: int
+    microbatch: int
+    zero: bool = False
+    remat: bool = False
+    dtype: str = "fp32"
+    seq_len: int | None = None
+
+    @property
+    def workers(self) -> int:
+        return self.dp * self.tp
+
+
+#: what the co-run child times: a worker's stage executable (alone / all devices busy) or a whole SPMD stage
+CoRunItem = StageSpec | SpmdStage
 
 
 @dataclass(frozen=True)
@@ -47,91 +84,187 @@ class CoRunTiming:
     together_samples_s: tuple[float, ...] = ()
     #: wall seconds of the child spent on this stage (build, compile, warm-up and timing)
     device_s: float = 0.0
+    #: an SpmdStage's (None for a worker's stage): alone_s = together_s = its SPMD forward + backward; the
+    #: optimizer update with the replicas' gradient reduction; the gradient-buffer reset; one micro-batch's inputs
+    update_s: float | None = None
+    grad_reset_s: float | None = None
+    input_put_s: float | None = None
+
+    @property
+    def spmd(self) -> bool:
+        return self.update_s is not None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def corun_cache_key(stage_key: str, num_devices: int, threading_name: str) -> str:
+def corun_cache_key(stage_key: str, num_devices: int, threading_name: str, item: CoRunItem | None = None) -> str:
     """A stage's co-run record: the stage's own profile key, the process's device count and threading layout,
-    and the host (its name and CPU count: the cores the devices share)."""
+    and the host (its name and CPU count: the cores the devices share); for an SpmdStage its mesh, micro-batch
+    and options too."""
     import os
     import platform
 
-    return content_digest("stage-corun", CORUN_VERSION, stage_key, int(num_devices), threading_name, platform.node(), os.cpu_count())
+    spmd = asdict(item) if isinstance(item, SpmdStage) else None
+    return content_digest("stage-corun", CORUN_VERSION, stage_key, int(num_devices), threading_name, platform.node(), os.cpu_count(),
+                          *([spmd] if spmd else []))
+
+
+def _describe(item: CoRunItem) -> str:
+    what = f"dp {item.dp} x tp {item.tp} SPMD" if isinstance(item, SpmdStage) else f"mb {item.micro_batch} tp {item.tp}"
+    return f"{item.model} units [{item.start}, {item.stop}) {what}"
+
+
+def _request(item: CoRunItem) -> dict[str, Any]:
+    return {"kind": "spmd" if isinstance(item, SpmdStage) else "worker", "item": asdict(item)}
 
 
 class CoRunSession(DeviceChild):
-    """A child with ``num_devices`` host devices that keeps stages compiled on every device between chunks of
-    timed samples, so that a benchmark can interleave them with other timings (ABAB). ``time`` adds samples;
-    ``timing`` gives the statistic of all of them."""
+    """A child with ``num_devices`` host devices that keeps stages compiled on every device (or, for an
+    SpmdStage, on its mesh) between chunks of timed samples, so that a benchmark can interleave them with other
+    timings (ABAB). ``time`` adds samples; ``timing`` gives the statistic of all of them."""
 
     def __init__(self, num_devices: int, threading: Any = None, seed: int = 0, burst: int = 4) -> None:
         super().__init__("libarena.profile.corun", [str(seed), str(burst)], num_devices, what="co-run profiling",
                          platform="cpu", threading=threading)
-        self._samples: dict[StageSpec, tuple[list[float], list[float]]] = {}
-        self._device_s: dict[StageSpec, float] = {}
+        self._samples: dict[CoRunItem, dict[str, list[float]]] = {}
+        self._device_s: dict[CoRunItem, float] = {}
 
-    def build(self, spec: StageSpec) -> None:
-        if spec not in self._samples:
-            reply = self.ask({"op": "build", "spec": asdict(spec)})
-            self._samples[spec] = ([], [])
-            self._device_s[spec] = float(reply["wall_s"])
+    def build(self, item: CoRunItem) -> None:
+        if item not in self._samples:
+            reply = self.ask({"op": "build", **_request(item)})
+            self._samples[item] = {}
+            self._device_s[item] = float(reply["wall_s"])
 
-    def time(self, spec: StageSpec, warmup: int, repeats: int) -> None:
-        """``repeats`` more samples of each (alone, together), interleaved, after ``warmup`` untimed ones."""
-        self.build(spec)
-        reply = self.ask({"op": "time", "spec": asdict(spec), "warmup": warmup, "repeats": repeats})
-        alone, together = self._samples[spec]
-        alone.extend(reply["alone_s"])
-        together.extend(reply["together_s"])
-        self._device_s[spec] += float(reply["wall_s"])
+    def time(self, item: CoRunItem, warmup: int, repeats: int) -> None:
+        """``repeats`` more samples of each region, interleaved, after ``warmup`` untimed ones."""
+        self.build(item)
+        reply = self.ask({"op": "time", **_request(item), "warmup": warmup, "repeats": repeats})
+        for region, samples in reply["samples_s"].items():
+            self._samples[item].setdefault(region, []).extend(samples)
+        self._device_s[item] += float(reply["wall_s"])
 
-    def timing(self, spec: StageSpec, statistic: str) -> CoRunTiming:
-        alone, together = self._samples[spec]
-        if not alone:
-            raise ArenaError(f"stage {spec.model}[{spec.start}:{spec.stop}] has no co-run samples yet")
-        return CoRunTiming(self.num_devices, Timing(tuple(alone)).statistic(statistic), Timing(tuple(together)).statistic(statistic),
-                           tuple(alone), tuple(together), self._device_s[spec])
+    def timing(self, item: CoRunItem, statistic: str) -> CoRunTiming:
+        samples = self._samples.get(item) or {}
+        if not samples:
+            raise ArenaError(f"stage {_describe(item)} has no co-run samples yet")
 
-    def release(self, spec: StageSpec) -> None:
-        if self._samples.pop(spec, None) is not None:
-            self.ask({"op": "release", "spec": asdict(spec)})
+        def stat(region: str) -> float:
+            return Timing(tuple(samples[region])).statistic(statistic)
+
+        if isinstance(item, SpmdStage):
+            step = tuple(samples["microbatch"])
+            return CoRunTiming(self.num_devices, stat("microbatch"), stat("microbatch"), step, step, self._device_s[item],
+                               update_s=stat("update"), grad_reset_s=stat("grad_reset"), input_put_s=stat("input_put"))
+        return CoRunTiming(self.num_devices, stat("alone"), stat("together"), tuple(samples["alone"]), tuple(samples["together"]),
+                           self._device_s[item])
+
+    def release(self, item: CoRunItem) -> None:
+        if self._samples.pop(item, None) is not None:
+            self.ask({"op": "release", **_request(item)})
 
 
-def profile_corun(specs: dict[str, StageSpec], num_devices: int, threading: Any, cache: Any, *,
+def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: int, threading: Any, cache: Any, *,
                   warmup: int, repeats: int, statistic: str, seed: int = 0, burst: int = 4,
-                  log: Any = None) -> tuple[dict[str, CoRunTiming], float]:
-    """Co-run timings of ``specs`` (by their stage profile keys) on ``num_devices`` host devices laid out as
-    ``threading``: {stage key: timing}, and the wall seconds spent measuring (0 when all came from ``cache``)."""
-    out: dict[str, CoRunTiming] = {}
+                  log: Any = None) -> tuple[dict[tuple[str, CoRunItem], CoRunTiming], float]:
+    """Co-run timings of ``items`` (keyed by (stage profile key, item)) on ``num_devices`` host devices laid
+    out as ``threading``: {key: timing}, and the wall seconds spent measuring (0 when all came from ``cache``)."""
+    out: dict[tuple[str, CoRunItem], CoRunTiming] = {}
     missing = []
     threading_name = getattr(threading, "name", "default")
-    for key, spec in specs.items():
-        hit = cache.get(corun_cache_key(key, num_devices, threading_name)) if cache is not None else None
+    for key, item in items.items():
+        hit = cache.get(corun_cache_key(key[0], num_devices, threading_name, item)) if cache is not None else None
         if hit is not None:
             out[key] = CoRunTiming(**{k: tuple(v) if k.endswith("samples_s") else v for k, v in hit.items()})
         else:
-            missing.append((spec, key))
+            missing.append((key, item))
     if not missing:
         return out, 0.0
     t0 = time.perf_counter()
     with CoRunSession(num_devices, threading, seed, burst) as session:
-        for spec, key in missing:
-            session.time(spec, warmup, repeats)
-            timing = session.timing(spec, statistic)
-            session.release(spec)
+        for key, item in missing:
+            session.time(item, warmup, repeats)
+            timing = session.timing(item, statistic)
+            session.release(item)
             out[key] = timing
             if cache is not None:
-                cache.put(corun_cache_key(key, num_devices, threading_name), timing.to_dict())
+                cache.put(corun_cache_key(key[0], num_devices, threading_name, item), timing.to_dict())
             if log is not None:
-                log(f"co-run {spec.model} units [{spec.start}, {spec.stop}) mb {spec.micro_batch} tp {spec.tp} on {num_devices} "
-                    f"host devices: {timing.alone_s * 1e3:.2f} ms alone, {timing.together_s * 1e3:.2f} ms all busy")
+                times = (f"{timing.alone_s * 1e3:.2f} ms per micro-batch, update {timing.update_s * 1e3:.2f} ms" if timing.spmd
+                         else f"{timing.alone_s * 1e3:.2f} ms alone, {timing.together_s * 1e3:.2f} ms all busy")
+                log(f"co-run {_describe(item)} on {num_devices} host devices: {times}")
     return out, time.perf_counter() - t0
 
 
+class _SpmdRunner:
+    """The child's side of an SpmdStage: the runtime's StageRuntime on the stage's devices, with its parameters,
+    optimizer state, gradient buffers and one micro-batch (its input activation and output gradient random)."""
+
+    def __init__(self, item: SpmdStage, devices: list[Any], seed: int) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        from libarena.models import get_model
+        from libarena.models.training import OptimizerConfig, compute_dtype, init_params
+        from libarena.plan import StagePlan
+        from libarena.profile.stage import _batch_abstract, _carry_in_abstract, _concrete
+        from libarena.run.executor import StageRuntime
+
+        model = get_model(item.model)
+        if item.workers > len(devices):
+            raise ArenaError(f"{_describe(item)} needs {item.workers} devices, the child has {len(devices)}")
+        first, last = item.start == 0, item.stop == len(model.units)
+        stage = StagePlan(index=0, first_cluster=0, end_cluster=1, num_gpus=item.workers, dp=item.dp, tp=item.tp,
+                          zero=item.zero, gpu_offset=0, remat=item.remat)
+        # built directly, not through the runtime's stage cache: a released stage's executables are freed
+        rt = StageRuntime(model, stage, range(item.start, item.stop), devices[: item.workers], item.microbatch, item.dtype,
+                           OptimizerConfig(), first, last)
+        self.rt, self.first = rt, first
+        self.params = jax.jit(lambda: init_params(model, seed, tuple(rt.units)), out_shardings=rt.param_shardings)()
+        self.opt_state = rt.init_opt(self.params)
+        self.grads = rt.zero_grads()
+        host = model.synthetic_samples(np.arange(item.microbatch), seed, item.seq_len)
+        self.host_batch = {name: np.asarray(host[name]) for name in _batch_abstract(model, item.microbatch, item.seq_len)}
+        self.batch_shardings = {name: rt.batch_sharding for name in self.host_batch}
+        self.batch = jax.device_put(self.host_batch, self.batch_shardings) if rt.uses_batch else {}
+        abstract_batch = _batch_abstract(model, item.microbatch, item.seq_len)
+        self.carry = None if first else _concrete(_carry_in_abstract(model, item.start, abstract_batch, compute_dtype(item.dtype)),
+                                                  seed + 1, rt.carry_sharding)
+        out, _ = self._forward()
+        self.cotangent = jax.device_put(np.float32(1.0), rt.replicated) if last else jnp.ones_like(out)
+
+    def _forward(self) -> Any:
+        if self.first:
+            return self.rt.forward(self.params, self.batch)
+        return self.rt.forward(self.params, self.carry, self.batch)
+
+    def microbatch(self) -> Any:
+        """One micro-batch's forward and backward, accumulating into the (donated) gradient buffers."""
+        _, residuals = self._forward()
+        result = self.rt.backward(self.params, self.batch, residuals, self.cotangent, self.grads)
+        self.grads = result if self.first else result[0]
+        return result
+
+    def update(self) -> Any:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            self.params, self.opt_state = self.rt.update(self.params, self.opt_state, self.grads)
+        return self.params
+
+    def grad_reset(self) -> Any:
+        return self.rt.zero_grads()
+
+    def input_put(self) -> Any:
+        import jax
+
+        return jax.device_put(self.host_batch, self.batch_shardings) if self.rt.uses_batch else []
+
+
 def _serve(seed: int, burst: int) -> None:
-    """The child side of CoRunSession: every stage built on each of this process's devices."""
+    """The child side of CoRunSession: a worker's stage built on each of this process's devices, an SpmdStage
+    on its mesh."""
     import jax
 
     from libarena.profile.profiler import _time_burst
@@ -140,46 +273,58 @@ def _serve(seed: int, burst: int) -> None:
 
     devices = jax.devices()
     timer = HostTimer()
-    built: dict[StageSpec, list[Any]] = {}
+    built: dict[CoRunItem, Any] = {}
 
-    def spec_of(request: dict[str, Any]) -> StageSpec:
-        return StageSpec(**request["spec"])  # every field a JSON scalar
+    def item_of(request: dict[str, Any]) -> CoRunItem:
+        kind = SpmdStage if request["kind"] == "spmd" else StageSpec
+        return kind(**request["item"])  # every field a JSON scalar
 
     def build(request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
-        spec = spec_of(request)
-        if spec not in built:
-            built[spec] = []
-            for d in devices:
-                with jax.default_device(d):  # the executables are lowered and compiled for this device
-                    built[spec].append(build_stage_executables(spec, device=d, seed=seed, with_optimizer=False))
+        item = item_of(request)
+        if item not in built:
+            if isinstance(item, SpmdStage):
+                built[item] = _SpmdRunner(item, devices, seed)
+            else:
+                built[item] = []
+                for d in devices:
+                    with jax.default_device(d):  # the executables are lowered and compiled for this device
+                        built[item].append(build_stage_executables(item, device=d, seed=seed, with_optimizer=False))
         return {"wall_s": time.perf_counter() - t0}
 
-    def sample(region: Any) -> float:
-        return _time_burst(timer, region, 0, 1, burst).samples[0]
+    def sample(region: Any, times: int = burst) -> float:
+        return _time_burst(timer, region, 0, 1, times).samples[0]
 
-    def time_stage(request: dict[str, Any]) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        build(request)
-        execs = built[spec_of(request)]
+    def regions(item: CoRunItem) -> list[tuple[str, Any, int]]:
+        """(name, region, burst) of what is timed for ``item``."""
+        target = built[item]
+        if isinstance(item, SpmdStage):
+            # host work (buffer reset, input placement) is timed one call per sample, as the runtime does it per step
+            return [("microbatch", target.microbatch, burst), ("update", target.update, burst),
+                    ("grad_reset", target.grad_reset, 1), ("input_put", target.input_put, 1)]
 
         def together() -> Any:  # every device dispatched before any is waited for: they run at once
-            return [e.run_microbatch() for e in execs]
+            return [e.run_microbatch() for e in target]
 
-        sides = [(execs[0].run_microbatch, []), (together, [])]
+        return [("alone", target[0].run_microbatch, burst), ("together", together, burst)]
+
+    def time_item(request: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        build(request)
+        sides = [(name, region, times, []) for name, region, times in regions(item_of(request))]
         for _ in range(int(request["warmup"])):
-            for region, _samples in sides:
-                sample(region)
-        for i in range(int(request["repeats"])):  # interleaved, alternating which goes first
-            for region, samples in sides if i % 2 == 0 else sides[::-1]:
-                samples.append(sample(region))
-        return {"alone_s": sides[0][1], "together_s": sides[1][1], "wall_s": time.perf_counter() - t0}
+            for _name, region, times, _samples in sides:
+                sample(region, times)
+        for i in range(int(request["repeats"])):  # interleaved, alternating the order
+            for _name, region, times, samples in sides if i % 2 == 0 else sides[::-1]:
+                samples.append(sample(region, times))
+        return {"samples_s": {name: samples for name, _region, _times, samples in sides}, "wall_s": time.perf_counter() - t0}
 
     def release(request: dict[str, Any]) -> dict[str, Any]:
-        built.pop(spec_of(request), None)
+        built.pop(item_of(request), None)
         return {"ok": True}
 
-    serve_requests({"build": build, "time": time_stage, "release": release})
+    serve_requests({"build": build, "time": time_item, "release": release})
 
 
 if __name__ == "__main__":

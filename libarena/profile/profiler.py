@@ -26,9 +26,9 @@ from libarena.errors import ArenaError
 from libarena.hardware.catalogue import get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommModel
 from libarena.models import ModelDef, get_model
-from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan
+from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan, replica_microbatch
 from libarena.profile.cache import ProfileCache, default_cache_dir
-from libarena.profile.corun import CoRunTiming, profile_corun
+from libarena.profile.corun import CoRunItem, CoRunTiming, SpmdStage, profile_corun
 from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
 from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
@@ -609,8 +609,14 @@ def estimate_plan(
         corun = rec.get("corun") if not estimated and isinstance(concurrency, HostCapacity) else None
         if corun is not None and int(corun["num_devices"]) != plan.grid.num_gpus:
             corun = None  # timed for another device count's process
-        st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup,
-                        cores=rec["microbatch"].get("cpu_per_wall") or 1.0, optimizer_cores=rec["optimizer"].get("cpu_per_wall") or 1.0,
+        cores, optimizer_cores = rec["microbatch"].get("cpu_per_wall") or 1.0, rec["optimizer"].get("cpu_per_wall") or 1.0
+        if corun is not None and corun.get("update_s") is not None:
+            # timed as the runtime's SPMD executable on the stage's devices: its collectives, the replicas'
+            # gradient reduction (in the update) and the host work on its mesh are all in the timings
+            compute, comm_mb, grad, optimizer = float(corun["alone_s"]), 0.0, 0.0, float(corun["update_s"])
+            setup = float(corun["grad_reset_s"]) + (B * float(corun["input_put_s"]) if reads_batch else 0.0)
+            cores = optimizer_cores = 1.0
+        st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup, cores=cores, optimizer_cores=optimizer_cores,
                         alone_s=None if corun is None else float(corun["alone_s"]),
                         together_s=None if corun is None else float(corun["together_s"]))
         stage_times.append(st)
@@ -625,6 +631,7 @@ def estimate_plan(
                 "key": rec["key"],
                 **asdict(st),
                 "compute_spread_s": rec["microbatch"]["spread_s"],
+                "timed_as_spmd": bool(corun is not None and corun.get("update_s") is not None),
                 "memory_bytes": float(mem),
             }
         )
@@ -668,26 +675,40 @@ def host_sharing(config: ProfileConfig, local: LocalDevice, max_devices: int, ca
     return HostCapacity(len(usable_cores()), layout.pin_one_core_per_device, measured)
 
 
+def corun_item(plan: ParallelPlan, j: int, spec: StageSpec) -> CoRunItem:
+    """What the co-run child times for stage ``j`` (worker spec ``spec``) of a plan of several host devices: a
+    stage whose workers hold every device of the plan as the runtime's SPMD executable, any other stage as its
+    worker's executable alone and beside the others."""
+    stage = plan.stages[j]
+    if 1 < stage.num_gpus == plan.grid.num_gpus:
+        return SpmdStage(spec.model, spec.start, spec.stop, stage.dp, stage.tp,
+                         replica_microbatch(plan.grid.global_batch, plan.num_microbatches), stage.zero, stage.remat,
+                         spec.dtype, spec.seq_len)
+    return spec
+
+
 def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], config: ProfileConfig, local: LocalDevice, timer: Timer,
-                  cache: ProfileCache | None, log: Callable[[str], None]) -> tuple[dict[tuple[int, str], CoRunTiming], dict[int, float]]:
+                  cache: ProfileCache | None, log: Callable[[str], None]
+                  ) -> tuple[dict[tuple[int, str, CoRunItem], CoRunTiming], dict[int, float]]:
     """Co-run timings (libarena.profile.corun) of the stages of ``work``'s plans of several local host devices:
-    {(devices, stage key): timing}, and per device count the wall seconds its child spent measuring."""
+    {(devices, stage key, co-run item): timing}, and per device count the wall seconds its child spent measuring."""
     from libarena.profile.host import XLA_THREADING
 
     if config.concurrency != "co-run" or config.granularity != "stage" or local.platform != "cpu":
         return {}, {}
-    by_devices: dict[int, dict[str, StageSpec]] = {}
+    by_devices: dict[int, dict[tuple[str, CoRunItem], CoRunItem]] = {}
     for plan, _ in work:
         if plan.grid.gpu_type == local.gpu_type and plan.grid.num_gpus > 1:
-            for spec in job.stage_specs(plan):
-                by_devices.setdefault(plan.grid.num_gpus, {})[stage_cache_key(spec, local, timer.name)] = spec
-    out: dict[tuple[int, str], CoRunTiming] = {}
+            for j, spec in enumerate(job.stage_specs(plan)):
+                item = corun_item(plan, j, spec)
+                by_devices.setdefault(plan.grid.num_gpus, {})[(stage_cache_key(spec, local, timer.name), item)] = item
+    out: dict[tuple[int, str, CoRunItem], CoRunTiming] = {}
     cost: dict[int, float] = {}
     layout = XLA_THREADING.get(config.xla_threading)
-    for n, specs in sorted(by_devices.items()):
-        timings, spent = profile_corun(specs, n, layout, cache, warmup=config.warmup, repeats=config.repeats,
+    for n, items in sorted(by_devices.items()):
+        timings, spent = profile_corun(items, n, layout, cache, warmup=config.warmup, repeats=config.repeats,
                                        statistic=config.statistic, seed=config.seed, burst=config.burst, log=log)
-        out.update({(n, key): t for key, t in timings.items()})
+        out.update({(n, key, item): t for (key, item), t in timings.items()})
         if spent > 0:
             cost[n] = spent
     return out, cost
@@ -799,7 +820,7 @@ def profile_plans(
     for done, (plan, is_dp) in enumerate(work):
         progress(ProgressUpdate("profiling plans", done, len(work), f"{plan.grid.gpu_type} {plan.plan_id}"))
         records, new_cost = [], 0.0
-        for stage_spec, pieces in zip(job.stage_specs(plan), plan_pieces[done]):
+        for j, (stage_spec, pieces) in enumerate(zip(job.stage_specs(plan), plan_pieces[done])):
             piece_records = []
             for spec in pieces:
                 if spec in queued and spec not in ahead and next_pending < len(pending):
@@ -828,7 +849,7 @@ def profile_plans(
             if config.granularity == "unit":
                 records.append(combine_unit_records(piece_records, stage_spec, overhead))
             else:
-                timing = corun.get((plan.grid.num_gpus, piece_records[0]["key"]))
+                timing = corun.get((plan.grid.num_gpus, piece_records[0]["key"], corun_item(plan, j, stage_spec)))
                 records.append(piece_records[0] if timing is None else {**piece_records[0], "corun": timing.to_dict()})
         n = plan.grid.num_gpus
         if n in corun_cost and n not in corun_charged:  # the co-run child held the plans' devices: charged to the first such plan

@@ -69,13 +69,53 @@ def test_corun_session_times_a_real_stage_alone_and_all_busy():
 
 
 @pytest.mark.multidevice
+def test_corun_session_times_a_whole_grid_stage_as_the_runtimes_spmd_executable():
+    from libarena.profile.corun import CoRunSession, SpmdStage
+    from libarena.profile.host import XLA_THREADING
+
+    data_parallel = SpmdStage("gpt__tiny", 0, 6, dp=2, tp=1, microbatch=4)
+    tensor_parallel_tail = SpmdStage("gpt__tiny", 2, 6, dp=1, tp=2, microbatch=4, remat=True)
+    with CoRunSession(2, XLA_THREADING.get("eigen-single"), burst=2) as session:
+        for item in (data_parallel, tensor_parallel_tail):
+            session.time(item, 1, 3)
+            timing = session.timing(item, "q1")
+            assert timing.spmd and timing.num_devices == 2
+            # its own devices are all busy: one time for both phases
+            assert timing.alone_s == timing.together_s > 0
+            assert len(timing.alone_samples_s) == 3
+            assert timing.update_s > 0 and timing.grad_reset_s > 0 and timing.input_put_s > 0
+            session.release(item)
+        with pytest.raises(ArenaError, match="needs 4 devices, the child has 2"):
+            session.time(SpmdStage("gpt__tiny", 0, 6, dp=4, tp=1, microbatch=4), 0, 1)
+
+
+def test_only_stages_that_hold_the_whole_grid_are_timed_as_spmd():
+    from libarena.plan import Grid, make_plan
+    from libarena.profile.corun import SpmdStage
+    from libarena.profile.profiler import corun_item
+    from libarena.profile.stage import StageSpec
+
+    spec = StageSpec("gpt__tiny", 0, 6, 4)
+    whole = make_plan(Grid("gpt__tiny", 16, "cpu", 2, 1, 2, 1), [0], [2], [2], [1], None, num_microbatches=2, num_clusters=2)
+    item = corun_item(whole, 0, spec)
+    assert isinstance(item, SpmdStage)
+    assert (item.dp, item.tp, item.microbatch, item.start, item.stop) == (2, 1, 8, 0, 6)
+    # single-worker pipeline stages keep the per-worker alone / all-busy timing
+    pipeline = make_plan(Grid("gpt__tiny", 16, "cpu", 2, 1, 2, 2), [0, 1], [1, 1], [1, 1], [1, 1], None,
+                         num_microbatches=2, num_clusters=2)
+    assert corun_item(pipeline, 0, spec) is spec
+
+
+@pytest.mark.multidevice
 @pytest.mark.slow
 def test_profiler_times_two_device_plans_co_run_and_caches_them(tmp_path):
     from libarena.plan import read_plans
     from libarena.profile import ProfileConfig, profile_plans
     from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
 
-    rows = [p for p in enumerate_grid_plans("gpt__tiny", 8, 2, "cpu", 2) if p.pipeline_degree == 2]
+    two_device = enumerate_grid_plans("gpt__tiny", 8, 2, "cpu", 2)
+    rows = [p for p in two_device if p.pipeline_degree == 2]
+    rows += [next(p for p in two_device if p.pipeline_degree == 1 and p.stages[0].dp == 2)]
     rows += enumerate_grid_plans("gpt__tiny", 8, 1, "cpu", 2)
     path = tmp_path / "plans.parquet"
     write_plans_table(str(path), "gpt__tiny", 8, rows, model_clusters("gpt__tiny", 8, num_clusters=2))
@@ -92,7 +132,14 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(tmp_path):
         assert all(st["alone_s"] > 0 and st["together_s"] > 0 for st in e.stages)
     for e in one:
         assert all(st["alone_s"] is None for st in e.stages)
-    assert result.summary["host_concurrency"]["co_run_stages"] == len({st["key"] for e in two for st in e.stages})
+    # the data-parallel stage over both devices as the runtime's SPMD executable: collectives and the replicas'
+    # gradient reduction inside its timings, none priced on top
+    spmd = [st for e in two for st in e.stages if st["timed_as_spmd"]]
+    assert len(spmd) == 1 and spmd[0]["workers"] == 2
+    assert spmd[0]["comm_s"] == spmd[0]["grad_sync_s"] == 0 and spmd[0]["optimizer_s"] > 0
+    assert spmd[0]["compute_s"] == spmd[0]["alone_s"] == spmd[0]["together_s"]
+    assert all(not st["timed_as_spmd"] for e in two if e.plan.pipeline_degree == 2 for st in e.stages)
+    assert result.summary["host_concurrency"]["co_run_stages"] == len({(st["key"], st["timed_as_spmd"]) for e in two for st in e.stages})
     assert any(m.startswith("co-run gpt__tiny") for m in messages)
     assert sum(e.profiling_cost_device_s for e in two) > 0
     # a second run reads the co-run timings from the cache: no child, the same estimates
