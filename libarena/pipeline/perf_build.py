@@ -31,6 +31,7 @@ from libarena.artifacts.stage_cache import StageOutcome, library_versions
 from libarena.checks import check_range
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, load_cluster
+from libarena.hardware.catalogue import normalize_dtype
 from libarena.pipeline.cache import CacheSettings
 from libarena.plan import PlannerConfig
 from libarena.profile.roofline import RooflineConfig
@@ -44,6 +45,8 @@ GRANULARITIES = ("stage", "unit")
 @dataclass(frozen=True)
 class PerfBuildConfig:
     mode: str = "auto"
+    #: training compute dtype of every job: bf16 (the default), fp16 (what Volta GPUs such as the V100 train in:
+    #: they have fp16 tensor cores but no bf16, so their bf16 rows run at the fp32 peak), fp32 or tf32
     dtype: str = "bf16"
     num_clusters: int = 16
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -55,6 +58,7 @@ class PerfBuildConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ArenaError(f"unknown perf build mode {self.mode!r} (known: {', '.join(MODES)})")
+        normalize_dtype(self.dtype)  # one line naming the dtype when it is unknown
         if self.granularity not in GRANULARITIES:
             raise ArenaError(f"unknown granularity {self.granularity!r} (known: {', '.join(GRANULARITIES)})")
         check_range(self.num_clusters, "num_clusters", 1, 4096, integer=True)

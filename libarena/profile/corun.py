@@ -223,11 +223,11 @@ class _SpmdRunner:
         self.params = jax.jit(lambda: init_params(model, seed, tuple(rt.units)), out_shardings=rt.param_shardings)()
         self.opt_state = rt.init_opt(self.params)
         self.grads = rt.zero_grads()
+        abstract_batch = _batch_abstract(model, item.microbatch, item.seq_len)
         host = model.synthetic_samples(np.arange(item.microbatch), seed, item.seq_len)
-        self.host_batch = {name: np.asarray(host[name]) for name in _batch_abstract(model, item.microbatch, item.seq_len)}
+        self.host_batch = {name: np.asarray(host[name]) for name in abstract_batch}
         self.batch_shardings = {name: rt.batch_sharding for name in self.host_batch}
         self.batch = jax.device_put(self.host_batch, self.batch_shardings) if rt.uses_batch else {}
-        abstract_batch = _batch_abstract(model, item.microbatch, item.seq_len)
         self.carry = None if first else _concrete(_carry_in_abstract(model, item.start, abstract_batch, compute_dtype(item.dtype)),
                                                   seed + 1, rt.carry_sharding)
         out, _ = self._forward()

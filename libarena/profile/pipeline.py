@@ -21,7 +21,9 @@ down. Three models of it:
   device is. A single-worker stage passes the first micro-batch at its alone time (a multi-worker one keeps
   all its devices busy: together); in the steady state the bottleneck b works the whole period, beside the
   others for o = max_{j != b} together_j and alone for the rest: P = o + alone_b (1 - o / together_b).
-  The optimizer step and setup follow the CPU-time model below.
+  The optimizer step and setup follow the CPU-time model below. A stage whose workers hold every device is
+  timed as the runtime's SPMD executable instead (libarena.profile.corun.SpmdStage): alone = together = that
+  time, its collectives, gradient reduction (in the optimizer step) and setup measured with it.
 
 * CPU time (``host_cores`` = C, the cores the plan's devices share): each stage's profile says how many
   cores' worth of CPU its computation keeps busy while it runs alone (``cores`` = p_j, its process CPU time

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -52,16 +53,22 @@ def run_module_with_devices(
         return json.loads(result_path.read_text())
 
 
+#: seconds a child may take to answer one request (a compilation and its timings) before it is stopped
+REQUEST_TIMEOUT_S = 1800.0
+
+
 class DeviceChild:
     """A child interpreter with ``num_devices`` devices, kept alive between requests: ``python -m module
     --serve *args`` answering one JSON line per JSON request line (``serve_requests`` is its side). A failing
-    child raises ``ArenaError("<what> failed: ...")`` in one line."""
+    child raises ``ArenaError("<what> failed: ...")`` in one line; one that has not answered a request after
+    ``timeout_s`` is stopped and raises the same way."""
 
     def __init__(self, module: str, args: list[str], num_devices: int, *, what: str, platform: str = "cpu",
-                 threading: XlaThreading | None = None) -> None:
+                 threading: XlaThreading | None = None, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         layout = device_env(platform, num_devices, threading)
         self.num_devices = num_devices
         self.what = what
+        self.timeout_s = timeout_s
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
             layout.command([sys.executable, "-m", module, "--serve", *args]),
@@ -74,6 +81,12 @@ class DeviceChild:
         try:
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
+            # one reply line per request, so nothing is left in the pipe's buffer: waiting on the descriptor is exact
+            ready, _, _ = select.select([proc.stdout], [], [], self.timeout_s)
+            if not ready:
+                proc.kill()
+                proc.wait()
+                raise ArenaError(f"{self.what} failed: no answer to {request.get('op')!r} within {self.timeout_s:g} s (child stopped)")
             line = proc.stdout.readline()
         except (BrokenPipeError, OSError):
             line = ""

@@ -174,3 +174,18 @@ def test_profiled_stage_compiles_to_the_runtimes_own_forward_and_backward(tmp_pa
     assert execs.cost["forward"]["bytes"] == pytest.approx(moved(runtime_forward), rel=0.01)
     assert execs.cost["backward"]["bytes"] == pytest.approx(moved(runtime_backward), rel=0.02)
     assert len(jax.tree.leaves(execs.forward.out_info)) == len(jax.tree.leaves(runtime_forward.out_info))
+
+
+def test_a_child_that_does_not_answer_is_stopped_after_the_timeout():
+    import time
+
+    from libarena.errors import ArenaError
+    from libarena.profile.subprocess_devices import DeviceChild
+
+    child = DeviceChild("tests.profile.silent_child", [], 1, what="co-run profiling", timeout_s=2.0)
+    started = time.perf_counter()
+    with pytest.raises(ArenaError, match=r"co-run profiling failed: no answer to 'time' within 2 s \(child stopped\)"):
+        child.ask({"op": "time"})
+    assert time.perf_counter() - started < 30
+    assert child._proc.poll() is not None  # the child is gone
+    child.close()

@@ -121,12 +121,37 @@ def test_perf_build_then_simulate_end_to_end(tmp_path: Path):
     assert metrics["finished_jobs"] == 3
 
 
-def test_perf_build_rejects_unknown_mode():
+def test_perf_build_rejects_unknown_mode_and_dtype():
     from libarena.errors import ArenaError
     from libarena.pipeline.perf_build import PerfBuildConfig
 
     with pytest.raises(ArenaError, match="unknown perf build mode"):
         PerfBuildConfig(mode="guess")
+    with pytest.raises(ArenaError, match="unknown dtype 'fp8'"):
+        PerfBuildConfig(dtype="fp8")
+
+
+def test_fp16_tables_let_volta_use_its_tensor_cores(tmp_path: Path):
+    """A V100 has fp16 tensor cores and no bf16: its bf16 rows run at the fp32 peak, its fp16 rows several times
+    faster; an A100's rows are the same in both (equal bf16 and fp16 peaks)."""
+    from libarena.pipeline import CacheSettings
+    from libarena.pipeline.perf_build import PerfBuildConfig, pair_rows
+
+    cluster = cluster_from_dict({"name": "volta-ampere", "node_groups": [
+        {"gpu_type": "a100", "nodes": 1, "gpus_per_node": 4}, {"gpu_type": "v100", "nodes": 1, "gpus_per_node": 4}]})
+    cache = CacheSettings(tmp_path / "cache")
+
+    def best(dtype: str) -> dict[str, float]:
+        rows = pair_rows("gpt__small", 16, cluster, PerfBuildConfig(mode="roofline", dtype=dtype), cache)
+        out: dict[str, float] = {}
+        for r in rows:
+            if r["iter_time_s"] > 0 and r["fits_in_memory"]:
+                out[r["gpu_type"]] = min(out.get(r["gpu_type"], float("inf")), r["iter_time_s"])
+        return out
+
+    bf16, fp16 = best("bf16"), best("fp16")
+    assert fp16["a100"] == pytest.approx(bf16["a100"], rel=0.05)
+    assert fp16["v100"] < 0.5 * bf16["v100"]
 
 
 def test_dp_view_shards_adam_state_only_when_the_replicated_state_does_not_fit():

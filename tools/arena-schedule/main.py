@@ -301,6 +301,7 @@ def perf_build(
     pair: list[str] = typer.Option([], "--pair", help="and/or these pairs, MODEL,GLOBAL_BATCH (repeatable)"),
     mode: str = typer.Option("auto", "--mode", help="local (profile on this device), roofline (execution-free), auto (local for tiny/small models)"),
     granularity: str = typer.Option("unit", "--granularity", help="local profiles: unit (identical layers profiled once) or stage (one executable per stage)"),
+    dtype: str = typer.Option("bf16", "--dtype", help="training compute dtype of every job: bf16, fp16 (V100s have fp16 tensor cores, no bf16), fp32, tf32"),
     cache_dir: Path = typer.Option(Path(".arena-cache"), "--cache-dir", help="content-addressed caches: stage outputs (DIR/stages/, operator tables included) and stage profiles (DIR/profiles/)"),
     seed: int = typer.Option(0, "--seed", help="seed of the trace adaptation (ElasticFlow/ITP traces)"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows"),
@@ -314,7 +315,7 @@ def perf_build(
     from libarena.pipeline.perf_build import PerfBuildConfig, parse_pair, perf_build as run_perf_build
 
     refuse_json_with_stdout_data(as_json, output)
-    config = PerfBuildConfig(mode=mode, granularity=granularity)
+    config = PerfBuildConfig(mode=mode, dtype=dtype, granularity=granularity)
     pairs = [parse_pair(text) for text in pair]
     where = "stdout" if str(output) == "-" else str(output)
     with Reporter(quiet=quiet) as reporter:
