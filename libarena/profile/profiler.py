@@ -610,7 +610,8 @@ def estimate_plan(
         if corun is not None and int(corun["num_devices"]) != plan.grid.num_gpus:
             corun = None  # timed for another device count's process
         cores, optimizer_cores = rec["microbatch"].get("cpu_per_wall") or 1.0, rec["optimizer"].get("cpu_per_wall") or 1.0
-        if corun is not None and corun.get("update_s") is not None:
+        spmd = corun is not None and corun.get("update_s") is not None
+        if spmd:
             # timed as the runtime's SPMD executable on the stage's devices: its collectives, the replicas'
             # gradient reduction (in the update) and the host work on its mesh are all in the timings
             compute, comm_mb, grad, optimizer = float(corun["alone_s"]), 0.0, 0.0, float(corun["update_s"])
@@ -631,7 +632,7 @@ def estimate_plan(
                 "key": rec["key"],
                 **asdict(st),
                 "compute_spread_s": rec["microbatch"]["spread_s"],
-                "timed_as_spmd": bool(corun is not None and corun.get("update_s") is not None),
+                "timed_as_spmd": spmd,
                 "memory_bytes": float(mem),
             }
         )
