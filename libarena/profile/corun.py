@@ -152,9 +152,9 @@ class CoRunSession(DeviceChild):
         def stat(region: str) -> float:
             return Timing(tuple(samples[region])).statistic(statistic)
 
-        if isinstance(item, SpmdStage):
-            step = tuple(samples["microbatch"])
-            return CoRunTiming(self.num_devices, stat("microbatch"), stat("microbatch"), step, step, self._device_s[item],
+        if isinstance(item, SpmdStage):  # its own devices are all busy: one time is both alone and together
+            step, step_s = tuple(samples["microbatch"]), stat("microbatch")
+            return CoRunTiming(self.num_devices, step_s, step_s, step, step, self._device_s[item],
                                update_s=stat("update"), grad_reset_s=stat("grad_reset"), input_put_s=stat("input_put"))
         return CoRunTiming(self.num_devices, stat("alone"), stat("together"), tuple(samples["alone"]), tuple(samples["together"]),
                            self._device_s[item])
@@ -205,7 +205,7 @@ class _SpmdRunner:
         import jax.numpy as jnp
 
         from libarena.models import get_model
-        from libarena.models.training import OptimizerConfig, compute_dtype, init_params
+        from libarena.models.training import OptimizerConfig, compute_dtype
         from libarena.plan import StagePlan
         from libarena.profile.stage import _batch_abstract, _carry_in_abstract, _concrete
         from libarena.run.executor import StageRuntime
@@ -220,7 +220,7 @@ class _SpmdRunner:
         rt = StageRuntime(model, stage, range(item.start, item.stop), devices[: item.workers], item.microbatch, item.dtype,
                            OptimizerConfig(), first, last)
         self.rt, self.first = rt, first
-        self.params = jax.jit(lambda: init_params(model, seed, tuple(rt.units)), out_shardings=rt.param_shardings)()
+        self.params = rt.fresh_params(model, seed)
         self.opt_state = rt.init_opt(self.params)
         self.grads = rt.zero_grads()
         abstract_batch = _batch_abstract(model, item.microbatch, item.seq_len)
@@ -257,9 +257,10 @@ class _SpmdRunner:
         return self.rt.zero_grads()
 
     def input_put(self) -> Any:
-        import jax
+        from libarena.run import distributed
 
-        return jax.device_put(self.host_batch, self.batch_shardings) if self.rt.uses_batch else []
+        # as the runtime's step places each micro-batch on a stage that reads the batch
+        return distributed.place_tree(self.host_batch, self.batch_shardings) if self.rt.uses_batch else []
 
 
 def _serve(seed: int, burst: int) -> None:

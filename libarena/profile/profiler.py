@@ -593,30 +593,33 @@ def estimate_plan(
     stage_times, stage_rows, memory = [], [], []
     s, B = plan.pipeline_degree, plan.num_microbatches
     for j, rec in enumerate(records):
-        stat = _STATISTIC_KEYS[statistic]
-        compute = rec["microbatch"].get(stat, rec["microbatch"]["median_s"])
-        optimizer = rec["optimizer"].get(stat, rec["optimizer"]["median_s"])
-        if target_spec is not None:
-            compute *= _roofline_ratio(rec, ("forward", "backward"), local_spec, target_spec, job.dtype)
-            optimizer *= _roofline_ratio(rec, ("optimizer",), local_spec, target_spec, job.dtype)
-        comm_mb, p2p, grad = stage_communication(job, plan, j, records, comm, used)
         workers = plan.stages[j].num_gpus
         # The runtime resets every replica's gradient buffers and places each micro-batch's inputs on the
         # stages that read the batch (first: samples, last: targets), from the host, every step.
         reads_batch = j == 0 or j == s - 1
-        suffix = "_q1_s" if statistic == "q1" and "grad_reset_q1_s" in rec else "_s"
-        setup = plan.stages[j].dp * (rec["grad_reset" + suffix] + (B * rec["input_put" + suffix] if reads_batch else 0.0))
         corun = rec.get("corun") if not estimated and isinstance(concurrency, HostCapacity) else None
         if corun is not None and int(corun["num_devices"]) != plan.grid.num_gpus:
             corun = None  # timed for another device count's process
-        cores, optimizer_cores = rec["microbatch"].get("cpu_per_wall") or 1.0, rec["optimizer"].get("cpu_per_wall") or 1.0
         spmd = corun is not None and corun.get("update_s") is not None
         if spmd:
-            # timed as the runtime's SPMD executable on the stage's devices: its collectives, the replicas'
-            # gradient reduction (in the update) and the host work on its mesh are all in the timings
-            compute, comm_mb, grad, optimizer = float(corun["alone_s"]), 0.0, 0.0, float(corun["update_s"])
+            # timed as the runtime's SPMD executable on the stage's devices (all of the plan's: no pipeline
+            # neighbour): its collectives, the replicas' gradient reduction (in the update) and the host work on
+            # its mesh are all in the timings, so the comm model prices nothing on top
+            compute, optimizer = float(corun["alone_s"]), float(corun["update_s"])
+            comm_mb = p2p = grad = 0.0
             setup = float(corun["grad_reset_s"]) + (B * float(corun["input_put_s"]) if reads_batch else 0.0)
             cores = optimizer_cores = 1.0
+        else:
+            stat = _STATISTIC_KEYS[statistic]
+            compute = rec["microbatch"].get(stat, rec["microbatch"]["median_s"])
+            optimizer = rec["optimizer"].get(stat, rec["optimizer"]["median_s"])
+            if target_spec is not None:
+                compute *= _roofline_ratio(rec, ("forward", "backward"), local_spec, target_spec, job.dtype)
+                optimizer *= _roofline_ratio(rec, ("optimizer",), local_spec, target_spec, job.dtype)
+            comm_mb, p2p, grad = stage_communication(job, plan, j, records, comm, used)
+            suffix = "_q1_s" if statistic == "q1" and "grad_reset_q1_s" in rec else "_s"
+            setup = plan.stages[j].dp * (rec["grad_reset" + suffix] + (B * rec["input_put" + suffix] if reads_batch else 0.0))
+            cores, optimizer_cores = rec["microbatch"].get("cpu_per_wall") or 1.0, rec["optimizer"].get("cpu_per_wall") or 1.0
         st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup, cores=cores, optimizer_cores=optimizer_cores,
                         alone_s=None if corun is None else float(corun["alone_s"]),
                         together_s=None if corun is None else float(corun["together_s"]))

@@ -201,6 +201,13 @@ class StageRuntime:
         self.update = jax.jit(update, out_shardings=(self.param_shardings, self.opt_shardings), donate_argnums=(0, 1))
         self.loss_cotangent: Any = None
 
+    def fresh_params(self, model: ModelDef, seed: int) -> list[Any]:
+        """Fresh parameters of the stage's units (unit i's depend on (seed, i) only: identical under every plan),
+        compiled and written straight into the stage's shardings."""
+        import jax
+
+        return jax.jit(lambda units=tuple(self.units): init_params(model, seed, units), out_shardings=self.param_shardings)()
+
     def zero_grads(self) -> list[Any]:
         return distributed.place_tree(_host_zeros(self._grad_shapes), self.grad_shardings)
 
@@ -308,13 +315,7 @@ class PipelineExecutor:
 
     def init_state(self, seed: int) -> None:
         """Fresh parameters (unit i's depend on (seed, i) only: identical under every plan) and Adam state."""
-        import jax
-
-        # Compiled per stage and written straight into the stage's shardings.
-        self.params = [
-            jax.jit(lambda units=tuple(rt.units): init_params(self.model, seed, units), out_shardings=rt.param_shardings)()
-            for rt in self.stages
-        ]
+        self.params = [rt.fresh_params(self.model, seed) for rt in self.stages]
         self.opt_state = [rt.init_opt(p) for rt, p in zip(self.stages, self.params)]
         self.step_count = 0
 
