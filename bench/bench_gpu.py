@@ -12,8 +12,12 @@ On a machine with an NVIDIA GPU and nothing else set up, it
    timers; then for the tiny and small size of every family, every plan of the 1-GPU grid (and its pure
    data-parallel plan) profiled with the ``cupti`` timer and with the ``host`` timer, and measured
    directly with the runtime's executor;
-4. writes ``bench/results/gpu.json``: per plan the two estimates, the measurement, the errors and the
-   CUPTI kernel time per stage, and the machine it ran on.
+4. writes ``bench/results/gpu.json``: per plan the two estimates, the measurement, the errors, the CUPTI
+   kernel time per stage, the runtime's stage busy time (one step run task by task) beside the estimate's,
+   and the machine it ran on.
+
+On a GPU machine without network access but with JAX's CUDA plugin and ``cupti-python`` already importable,
+``python3 -m bench gpu`` from the repository root installs nothing (see the README).
 
 Everything within ``TIME_BUDGET_S`` (models are skipped, and listed as such, once it is spent).
 """
@@ -112,12 +116,21 @@ def preflight() -> list[str]:
     return gpus
 
 
+def check_env(base: Any, tmp: Path) -> dict[str, str]:
+    """The check's children's environment. The direct measurement's child shares the GPU (no preallocation).
+    Compiling is most of the check's time, and the profiler's second timer pass compiles exactly what its first
+    did: JAX's persistent compilation cache in ``tmp`` serves it (and with it JAX turns on XLA's per-fusion
+    autotuning cache, which the measurement's child reads). Neither changes what runs."""
+    return dict(base, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_COMPILATION_CACHE_DIR=str(tmp / "jax-cache"),
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
 def run(results_dir: Path) -> bool:
     gpus = preflight()
     extra = cuda_extra(driver_cuda_major())
     ensure_installed(extra, _log)
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # the direct measurement's child shares the GPU
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        env = check_env(os.environ, Path(tmp))
         out = Path(tmp) / "gpu.json"
         proc = subprocess.run([sys.executable, "-m", "bench.bench_gpu", "--child", str(out)], env=env, timeout=TIME_BUDGET_S + 150)
         if proc.returncode != 0 or not out.is_file():
@@ -178,7 +191,8 @@ def _model_rows(tmp: Path, model: str, gpu_type: str) -> list[dict[str, Any]]:
         results[timer] = (profile_plans(planset, config, comm=AlphaBetaCommModel()), time.perf_counter() - t0)
     wanted = [(p.resources.to_dict(), p.plan_id) for p in planset.plans()] + [(planset.grids[0].grid.resources.to_dict(), "dp")]
     t0 = time.perf_counter()
-    measured = {m["plan_id"]: m for m in measure_in_subprocess(path, wanted, 1, platform="gpu", warmup=WARMUP, repeats=REPEATS)}
+    measured = {m["plan_id"]: m for m in measure_in_subprocess(path, wanted, 1, platform="gpu", warmup=WARMUP, repeats=REPEATS,
+                                                               stage_times=True)}
     measure_wall = time.perf_counter() - t0
     host_by_id = {e.plan.plan_id: e for e in results["host"][0].estimates}
     rows = []
@@ -189,6 +203,11 @@ def _model_rows(tmp: Path, model: str, gpu_type: str) -> list[dict[str, Any]]:
             "model": model, "plan_id": e.plan.plan_id, "num_microbatches": e.plan.num_microbatches,
             "estimate_cupti_s": e.iter_time_s, "estimate_host_s": h.iter_time_s, "measured_s": m["iter_time_s"],
             "measured_samples_s": m["samples_s"],
+            # where the step goes: the runtime's one stage run task by task (forward + backward of every
+            # micro-batch and the update, each synchronised) against the estimate's B x micro-batch + optimizer
+            "runtime_stage_busy_s": m["stage_busy_s"][0],
+            "estimate_stage_busy_host_s": e.plan.num_microbatches * h.stages[0]["compute_s"] + h.stages[0]["optimizer_s"],
+            "estimate_setup_host_s": h.iteration.setup_s,
             "error_cupti": e.iter_time_s / m["iter_time_s"] - 1.0, "error_host": h.iter_time_s / m["iter_time_s"] - 1.0,
             # what CUPTI saw of each stage: kernel seconds per micro-batch (forward + backward) and optimizer step
             "stages": [{"units": st["units"], "micro_batch": st["micro_batch"], "cupti_kernel_s": st["compute_s"],

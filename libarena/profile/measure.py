@@ -39,14 +39,16 @@ def _run_plan(job: Any, plan: ParallelPlan, devices: list[Any]) -> Any:
     return RunPlan.from_plan(plan, job.layout, job.model)
 
 
-def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 2, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
+def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 2, repeats: int = 5, seed: int = 0,
+                stage_times: bool = False) -> dict[str, Any]:
     """Run ``plan`` of ``job`` (a profiler ProfiledJob) with the runtime's executor on ``devices``: steady-state
-    step time and device-seconds."""
+    step time and device-seconds; with ``stage_times`` also each stage's busy seconds in one more step run task
+    by task (synchronised after each: where a step's time goes, not part of the step time)."""
     from libarena.run import measure_plan
 
     m = measure_plan(
         job.model, _run_plan(job, plan, devices), warmup=max(1, warmup), steps=repeats,
-        devices=devices[: plan.grid.num_gpus], dtype=job.dtype, seed=seed, profile_stages=False,
+        devices=devices[: plan.grid.num_gpus], dtype=job.dtype, seed=seed, profile_stages=stage_times,
     )
     times = list(m.step_times_s)
     steady = statistics.median(times)
@@ -62,6 +64,7 @@ def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 
         "wall_s": m.wall_s,
         "device_s": m.device_seconds,
         "runner": "libarena.run.measure_plan",
+        **({"stage_busy_s": list(m.stage_time_s)} if stage_times else {}),
     }
 
 
@@ -73,10 +76,13 @@ def measure_in_subprocess(
     warmup: int = 2,
     repeats: int = 5,
     timeout_s: float = 3600.0,
+    stage_times: bool = False,
 ) -> list[dict[str, Any]]:
     """Measure plans (given as (grid dict, plan_id); plan_id ``dp`` = the grid's pure DP plan) in a fresh
-    interpreter with ``num_devices`` host devices (CPU) or the machine's accelerators."""
-    request = {"plans": str(plans_path), "plans_to_measure": plan_ids, "warmup": warmup, "repeats": repeats}
+    interpreter with ``num_devices`` host devices (CPU) or the machine's accelerators (``stage_times``: see
+    :func:`measure_one`)."""
+    request = {"plans": str(plans_path), "plans_to_measure": plan_ids, "warmup": warmup, "repeats": repeats,
+               "stage_times": stage_times}
     return run_module_with_devices("libarena.profile.measure", request, platform=platform, num_devices=num_devices,
                                    timeout_s=timeout_s, what="direct measurement")
 
@@ -118,7 +124,7 @@ def _main(request_path: str, result_path: str) -> None:
     out = []
     for resources_dict, plan_id in request["plans_to_measure"]:
         plan = finder.find(resources_dict, plan_id)
-        result = measure_one(job, plan, devices, request["warmup"], request["repeats"])
+        result = measure_one(job, plan, devices, request["warmup"], request["repeats"], stage_times=request.get("stage_times", False))
         result["grid"] = resources_dict
         out.append(result)
         print(f"measured {plan_id}: {result['iter_time_s'] * 1e3:.2f} ms/iteration", file=sys.stderr, flush=True)

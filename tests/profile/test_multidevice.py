@@ -36,9 +36,11 @@ def test_direct_measurement_of_a_two_stage_pipeline(tmp_path):
     path = tmp_path / "plans.parquet"
     write_plans_table(str(path), "gpt__tiny", 8, plans, model_clusters("gpt__tiny", 8, num_clusters=2))
     grid = {"model": "gpt__tiny", "global_batch": 8, "gpu_type": "cpu", "num_gpus": 2, "num_nodes": 1}
-    (result,) = measure_in_subprocess(path, [(grid, plans[0].plan_id)], 2, warmup=1, repeats=2)
+    (result,) = measure_in_subprocess(path, [(grid, plans[0].plan_id)], 2, warmup=1, repeats=2, stage_times=True)
     # The runtime's own executor ran it (no second pipeline runner in the profiler).
     assert result["runner"] == "libarena.run.measure_plan"
     assert result["plan_id"] == plans[0].plan_id and len(result["samples_s"]) == 2
     assert 0 < result["iter_time_s"] < result["first_step_s"] < result["wall_s"]
     assert result["device_s"] == pytest.approx(2 * result["wall_s"])
+    # asked for: each stage's busy time in one more step run task by task (both stages worked)
+    assert len(result["stage_busy_s"]) == 2 and all(0 < t < result["first_step_s"] for t in result["stage_busy_s"])

@@ -280,6 +280,25 @@ def test_timer_selection_on_a_host():
         select_timer("stopwatch", cpu)
 
 
+def test_the_repositorys_cupti_folder_does_not_hide_nvidias_cupti_module(tmp_path):
+    """Run from the repository root (``python -m bench gpu``), the folder cupti/ (our arena_cupti) is on sys.path
+    before site-packages; it must not be the ``cupti`` that ``from cupti import cupti`` finds (seen on an H100)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    site = tmp_path / "site" / "cupti"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("")
+    (site / "cupti.py").write_text("STAND_IN = 'cupti-python'\n")
+    repo = Path(__file__).resolve().parents[2]
+    code = "from cupti import cupti; import arena_cupti.activity as a; print(cupti.STAND_IN, a.available())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site.parent), os.environ.get("PYTHONPATH")]))})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["cupti-python", "True"]
+
+
 def test_cupti_recorder_sums_kernel_activity_records(monkeypatch):
     """The recorder against a stand-in of cupti-python's activity API (the real one needs a GPU)."""
     import arena_cupti.activity as arena_cupti
