@@ -44,6 +44,8 @@ NUM_CLUSTERS = 3
 WARMUP, REPEATS = 3, 15
 #: The whole check (install excluded) within this; the rest of the models are skipped once it is spent.
 TIME_BUDGET_S = 420.0
+#: The child is stopped after this (a model started just inside the budget can take minutes to compile).
+CHILD_TIMEOUT_S = TIME_BUDGET_S + 150.0
 NO_GPU = "no NVIDIA GPU visible"
 
 
@@ -125,6 +127,24 @@ def check_env(base: Any, tmp: Path) -> dict[str, str]:
                 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
+def run_check_child(command: list[str], env: dict[str, str], out: Path, timeout_s: float) -> dict[str, Any]:
+    """Run the check's child; one that overruns ``timeout_s`` is stopped, and the models it finished (its file
+    is rewritten after each) are kept, the one it was on listed as not done. GpuCheckError when nothing is left."""
+    try:
+        proc = subprocess.run(command, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        if not out.is_file():
+            raise GpuCheckError(f"the GPU check overran {timeout_s:.0f} s before finishing a model (its log is above)") from None
+        payload = json.loads(out.read_text())
+        payload["summary"]["stopped_after_s"] = timeout_s
+        _log(f"stopped after {timeout_s:.0f} s; kept the {payload['summary']['plans']} plans done, not done: "
+             f"{', '.join(payload['summary']['models_not_reached']) or 'none'}")
+        return payload
+    if proc.returncode != 0 or not out.is_file():
+        raise GpuCheckError(f"the GPU check failed (exit {proc.returncode}; its log is above)")
+    return json.loads(out.read_text())
+
+
 def run(results_dir: Path) -> bool:
     gpus = preflight()
     extra = cuda_extra(driver_cuda_major())
@@ -132,10 +152,7 @@ def run(results_dir: Path) -> bool:
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         env = check_env(os.environ, Path(tmp))
         out = Path(tmp) / "gpu.json"
-        proc = subprocess.run([sys.executable, "-m", "bench.bench_gpu", "--child", str(out)], env=env, timeout=TIME_BUDGET_S + 150)
-        if proc.returncode != 0 or not out.is_file():
-            raise GpuCheckError(f"the GPU check failed (exit {proc.returncode}; its log is above)")
-        payload = json.loads(out.read_text())
+        payload = run_check_child([sys.executable, "-m", "bench.bench_gpu", "--child", str(out)], env, out, CHILD_TIMEOUT_S)
     payload["machine"].update(gpus=gpus, cuda_extra=extra)
     from libarena.artifacts import write_json
 
@@ -234,8 +251,9 @@ def _child(out_path: str) -> None:
     _log(f"fixed computation: cupti {fixed['cupti']['median_s'] * 1e3:.2f} ms, host {fixed['host']['median_s'] * 1e3:.2f} ms")
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
+    machine = {"device": local.describe(), "jax": jax.__version__, "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-child-") as tmp:
-        for model in MODELS:
+        for k, model in enumerate(MODELS):
             if time.perf_counter() - started > TIME_BUDGET_S:
                 skipped.append(model)
                 continue
@@ -244,20 +262,29 @@ def _child(out_path: str) -> None:
                 _log(f"{model} {r['plan_id']}: estimate {r['estimate_cupti_s'] * 1e3:.2f} ms (cupti) / {r['estimate_host_s'] * 1e3:.2f} ms "
                      f"(host), measured {r['measured_s'] * 1e3:.2f} ms")
             rows += model_rows
+            # after every model: a check stopped for overrunning still leaves the models it finished
+            write_json(out_path, check_payload(rows, skipped, list(MODELS[k + 1:]), fixed, machine, time.perf_counter() - started))
+    write_json(out_path, check_payload(rows, skipped, [], fixed, machine, time.perf_counter() - started))
+
+
+def check_payload(rows: list[dict[str, Any]], skipped: list[str], pending: list[str], fixed: dict[str, Any],
+                  machine: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """gpu.json's content once the models in ``rows`` are done (``pending``: not reached yet; a file written
+    with some pending is what a stopped check leaves: the parent lists them as not done)."""
     summary = {
         "plans": len(rows),
         "mae_cupti": statistics.fmean(abs(r["error_cupti"]) for r in rows) if rows else None,
         "mae_host": statistics.fmean(abs(r["error_host"]) for r in rows) if rows else None,
         "models_skipped_for_time": skipped,
-        "wall_s": time.perf_counter() - started,
+        "models_not_reached": pending,
+        "wall_s": wall_s,
     }
-    write_json(out_path, {
+    return {
         "benchmark": "CUPTI and host timers; disaggregated estimate vs direct measurement of every 1-GPU plan of the tiny and small models",
         "summary": summary, "fixed_computation": fixed, "plans": rows,
         "setup": {"models": list(MODELS), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "warmup": WARMUP, "repeats": REPEATS},
-        "machine": {"device": local.describe(), "jax": jax.__version__, "python": sys.version.split()[0]},
-    })
-
+        "machine": machine,
+    }
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":

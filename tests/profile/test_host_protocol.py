@@ -172,3 +172,23 @@ def test_gpu_check_picks_the_cuda_extra_from_the_driver():
     lines = lambda *a, **k: types.SimpleNamespace(stdout="GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n", returncode=0)  # noqa: E731
     if bench_gpu.shutil.which("nvidia-smi"):
         assert bench_gpu.nvidia_gpus(lines) == ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)"]
+
+
+def test_gpu_check_keeps_the_models_a_stopped_child_finished(tmp_path):
+    """The check's child rewrites gpu.json after every model; one stopped for overrunning leaves those rows, and
+    the models not reached are listed. A child that stops before any model, or fails, is a one-line error."""
+    import json
+
+    from bench import bench_gpu
+
+    out = tmp_path / "gpu.json"
+    payload = bench_gpu.check_payload([{"error_cupti": -0.5, "error_host": 0.1}], [], ["gpt__small", "bert__small"], {}, {}, 3.0)
+    writes_then_hangs = f"import json, time; open({str(out)!r}, 'w').write({json.dumps(json.dumps(payload))}); time.sleep(60)"
+    kept = bench_gpu.run_check_child([sys.executable, "-c", writes_then_hangs], dict(os.environ), out, 3.0)
+    assert kept["summary"]["plans"] == 1 and kept["summary"]["mae_host"] == pytest.approx(0.1)
+    assert kept["summary"]["models_not_reached"] == ["gpt__small", "bert__small"] and kept["summary"]["stopped_after_s"] == 3.0
+    out.unlink()
+    with pytest.raises(bench_gpu.GpuCheckError, match="overran 1 s before finishing a model"):
+        bench_gpu.run_check_child([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), out, 1.0)
+    with pytest.raises(bench_gpu.GpuCheckError, match="failed \\(exit 3"):
+        bench_gpu.run_check_child([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), out, 30.0)
