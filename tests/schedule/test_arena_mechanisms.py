@@ -63,3 +63,30 @@ def test_blocked_queue_stops_lower_queues_from_scaling_others_down():
     assert launches["same"] == 900.0
     assert (900.0, "other", 2) in _actions(res, "rescale")
     assert launches["blocked"] > 900.0
+
+
+def test_exchange_moves_a_job_stranded_on_a_slow_type_by_halving_a_job_that_barely_gains():
+    """The in-flight exchange: "slow" launched on V100s (10x slower) because a job that gains little from its
+    last doubling holds every A100. Halving that job costs it 1 sample/s and gives "slow" 15.4 more: the
+    exchange does it, without it "slow" waits on the V100s until the A100s free up."""
+    table = hand_table({
+        ("gpt__1.3B", "a100"): {"arena": {1: 10.0, 2: 19.0, 4: 36.0}},
+        ("gpt__1.3B", "v100"): {"arena": {1: 1.0, 2: 1.9, 4: 3.6}},
+        ("moe__2.4B", "a100"): {"arena": {2: 20.0, 4: 21.0}},  # exactly 2 or 4 A100s, nearly no gain from 4
+    }, batch=10)
+    spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
+    jobs = [job("hog", "moe__2.4B", 100000, 2, "a100", batch=10, row=1),
+            job("slow", "gpt__1.3B", 20000, 1, "a100", batch=10, row=2)]
+    off = simulate(jobs, table, spec, "arena", exchange_margin=0.0)
+    # without: "slow" moves to the A100s only once the hog finishes (100,000 iterations at 21/s: 47,619 s)
+    assert [(j, n) for _, j, n in _actions(off, "rescale")] == [("slow", 4)] and _actions(off, "rescale")[0][0] > 47619
+    res = simulate(jobs, table, spec, "arena")
+    rescales = _actions(res, "rescale")
+    # one round halves the hog and moves "slow" to 2 A100s; the hog grows back once "slow" is done
+    assert [(j, n) for _, j, n in rescales] == [("hog", 2), ("slow", 2), ("hog", 4)] and rescales[0][0] == rescales[1][0]
+    finish = {j.spec.job_id: j.finish_time for j in res.jobs}
+    finish_off = {j.spec.job_id: j.finish_time for j in off.jobs}
+    # 20,000 iterations of batch 10: 10,526 s on 2 A100s after the exchange
+    assert finish_off["slow"] > 47619 and finish["slow"] < 12000
+    finish_slow = finish["slow"]
+    assert rescales[2][0] >= finish_slow and finish["hog"] > finish_off["hog"]  # the hog paid a little for it

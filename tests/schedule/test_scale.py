@@ -114,6 +114,7 @@ class ScanningArena(ArenaPolicy):
         super().attach(sim)
         self._upgrades = None
         self._victim_index = None
+        self._switches = None
 
 
 def _run(policy, specs, spec, tick_s=300.0, overheads=None):

@@ -13,6 +13,10 @@
 - In-flight handler: while GPUs are idle, apply the scale-up (more GPUs of the same type, or a switch of GPU
   type at a neighbouring count) with the largest gain per newly used GPU that also finishes the job earlier
   despite the rescale overhead, up to D times.
+- In-flight exchange (ours; ``exchange_margin``, 0 disables): a running job may switch to a faster GPU type
+  at a neighbouring count whose GPUs are taken, by halving up to D running jobs of that type (smallest
+  objective loss first), when its gain exceeds their losses by the margin; up to D exchanges per round. On
+  philly it moves jobs stranded on slow types (bert on V100s) to A100s as Sia's re-optimisation does.
 - Periodic defragmenting migration: when a queued job is blocked only by fragmentation on a type, the jobs of
   the least-used partially occupied node of that type are migrated elsewhere (at most D of them).
 """
@@ -59,6 +63,9 @@ class ArenaPolicy(Policy):
                           else None)
         self._victim_index = (RunningJobIndex(sim, self._victim_entries) if self.objective.static_victim_score
                               else None)
+        # the in-flight exchange's candidates (its objectives have static gains and victim scores)
+        self._exchanges = self.config.exchange_margin > 0 and self.config.objective in (Objective.JCT, Objective.THROUGHPUT)
+        self._switches = RunningJobIndex(sim, self._switch_entries) if self._exchanges else None
         self.next_promotion = float("inf")
         self._depth_exhausted = False  # the last in-flight handler stopped at depth D: try again next tick
         self.next_defrag = sim.now + self.config.defrag_interval_s if self.config.defrag_interval_s > 0 else float("inf")
@@ -123,6 +130,8 @@ class ArenaPolicy(Policy):
         if launched:
             self.queue = [j for j in self.queue if j.index not in launched]
         self._scale_up()
+        if self._exchanges:
+            self._exchange()
         self._refresh_promotion()
 
     def _promote(self) -> None:
@@ -239,7 +248,7 @@ class ArenaPolicy(Policy):
         return out
 
     def on_start(self, job: Job) -> None:
-        for index in (self._upgrades, self._victim_index):
+        for index in (self._upgrades, self._victim_index, self._switches):
             if index is not None:
                 index.add(job)
 
@@ -307,6 +316,100 @@ class ArenaPolicy(Policy):
             else:
                 failed.add((job.index, t2, c2))
         self._depth_exhausted = True
+
+    def _switch_entries(self, job: Job) -> list[tuple[int, tuple]]:
+        """A running job's switches to another GPU type (at a neighbouring count) that gain, listed by that
+        type and ranked by (-gain, job index, count): the gain per newly used GPU times its GPUs, i.e. the
+        objective's weighted throughput gained."""
+        out = []
+        for t2, c2 in self._upgrade_options(job):
+            if t2 != job.alloc.type_index:
+                gain = self.objective.upgrade_gain(job, t2, c2)
+                if gain is not None:
+                    out.append((t2, (-gain * (1 << c2), job.index, c2)))
+        return out
+
+    def _switch_lists(self) -> dict[int, Iterable[tuple]]:
+        """Per GPU type, the running jobs' switches to it in rank order (from the index, or by a scan)."""
+        if self._switches is not None:
+            return {t2: self._switches.walk(t2) for t2 in self._switches.keys()}
+        lists: dict[int, list[tuple]] = {}
+        for job in self.sim.active.values():
+            if job.state == JobState.RUNNING:
+                for t2, key in self._switch_entries(job):
+                    lists.setdefault(t2, []).append(key + (job.version, job))
+        return {t2: sorted(entries, key=lambda e: e[:3]) for t2, entries in lists.items()}
+
+    def _cheapest_halving(self, t: int) -> float | None:
+        """The smallest objective loss per freed GPU of halving a running job of type ``t``."""
+        for victim in self._victims_in_order(frozenset((t,))):
+            if victim.alloc.type_index == t and victim.state == JobState.RUNNING:
+                return self.objective.victim_score(victim)
+        return None
+
+    def _exchange_candidates(self) -> list[tuple[float, int, Job, int, int]]:
+        """The most promising switches of this round, best first, as (-gain, job index, job, type, count): per
+        type, those whose gain beats the margin times the cheapest halving there (a lower bound on any
+        exchange's loss) and that pay off now; at most 4 D of them (each may try D halvings)."""
+        limit = 4 * self.config.search_depth
+        out = []
+        for t2, entries in self._switch_lists().items():
+            cheapest = self._cheapest_halving(t2)
+            if cheapest is None:
+                continue
+            floor = self.config.exchange_margin * cheapest
+            taken = 0
+            for neg_gain, index, c2, _, job in entries:
+                if -neg_gain <= floor or taken >= limit:
+                    break
+                if self.objective.upgrade_pays_off(job, t2, c2):
+                    out.append((neg_gain, index, job, t2, c2))
+                    taken += 1
+        out.sort(key=lambda x: (x[0], x[1]))
+        return out[:limit]
+
+    def _exchange(self) -> None:
+        sim = self.sim
+        depth, margin = self.config.search_depth, self.config.exchange_margin
+        touched: set[int] = set()  # jobs exchanged or halved this round are left alone until the next
+        done = 0
+        for neg_gain, _, job, t2, c2 in self._exchange_candidates():
+            if done >= depth:
+                break
+            if job.index in touched:
+                continue
+            pool, need, gain = sim.pools[t2], 1 << c2, -neg_gain
+            # tentative in-place halvings (as the launch handler's), undone unless the job then fits
+            tentative: list[tuple[Job, tuple]] = []
+            loss = 0.0
+            for victim in self._victims_in_order(frozenset((t2,))):
+                if pool.can_place(need) or len(tentative) >= depth:
+                    break
+                a = victim.alloc
+                if victim is job or victim.index in touched or a.type_index != t2 or victim.state != JobState.RUNNING:
+                    continue
+                score = self.objective.victim_score(victim)
+                if score is None:
+                    continue
+                loss += score * (a.num_gpus // 2)
+                if loss * margin >= gain:
+                    break
+                _, freed = TypePool.shrink_blocks(a.blocks)
+                pool.release(freed)
+                tentative.append((victim, freed))
+            fits = bool(tentative) and pool.can_place(need) and loss * margin < gain
+            for _, freed in reversed(tentative):
+                pool.occupy(freed)
+            if not fits:
+                continue
+            for victim, _ in tentative:
+                a = victim.alloc
+                sim.rescale(victim, a.type_index, a.count_index - 1)
+                touched.add(victim.index)
+            self._victims = None
+            if sim.rescale(job, t2, c2):
+                touched.add(job.index)
+                done += 1
 
     # -- defragmentation -----------------------------------------------------------------------------
     def _defragment(self) -> None:
