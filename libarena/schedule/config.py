@@ -177,7 +177,7 @@ class ArenaPolicyConfig(PolicyConfig):
     #: In-flight exchange (ours, beyond Algorithm 1): a running job switches to a faster GPU type at a
     #: neighbouring count by halving up to D running jobs of that type, when its objective gain is more than
     #: this many times their losses (a margin for the rescale pauses that the rates leave out); 0 disables.
-    #: 3 measured best of 1-4 on jittered philly (jct and throughput objectives only).
+    #: 3 measured best of 2-4 on jittered copies of philly (jct and throughput objectives only).
     exchange_margin: float = 3.0
 
     def __post_init__(self) -> None:

@@ -15,8 +15,8 @@
   despite the rescale overhead, up to D times.
 - In-flight exchange (ours; ``exchange_margin``, 0 disables): a running job may switch to a faster GPU type
   at a neighbouring count whose GPUs are taken, by halving up to D running jobs of that type (smallest
-  objective loss first), when its gain exceeds their losses by the margin; up to D exchanges per round. On
-  philly it moves jobs stranded on slow types (bert on V100s) to A100s as Sia's re-optimisation does.
+  objective loss first), when its gain exceeds their losses by the margin; up to D exchanges per round. It
+  moves jobs launched on a slow type while the fast one was taken, as Sia's every-round re-optimisation does.
 - Periodic defragmenting migration: when a queued job is blocked only by fragmentation on a type, the jobs of
   the least-used partially occupied node of that type are migrated elsewhere (at most D of them).
 """
