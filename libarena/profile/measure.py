@@ -164,6 +164,7 @@ def _serve(plans_path: str) -> None:
     import jax
 
     from libarena.run.executor import PipelineExecutor
+    from libarena.run.heap import frozen_heap
     from libarena.run.train import batch_for_step
 
     finder = _PlanFinder(plans_path)
@@ -196,7 +197,8 @@ def _serve(plans_path: str) -> None:
     def steps(request: dict[str, Any]) -> dict[str, Any]:
         if key(request) not in running:
             raise ArenaError(f"plan {request['plan_id']} is not prepared")
-        timed = [step(running[key(request)]) for _ in range(int(request["steps"]))]
+        with frozen_heap():  # the other prepared plans' executors are not this step's garbage to scan
+            timed = [step(running[key(request)]) for _ in range(int(request["steps"]))]
         return {"samples_s": [w for w, _ in timed], "cpu_s": [c for _, c in timed]}
 
     def release(request: dict[str, Any]) -> dict[str, Any]:

@@ -372,6 +372,8 @@ def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
     of ``repeats``."""
     import statistics
 
+    from libarena.run.heap import frozen_heap
+
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -395,8 +397,9 @@ def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
             samples.append(time.perf_counter() - t0)
         return samples
 
-    reset = samples_of(lambda: jax.device_put(fresh_zeros(), zero_shardings))
-    put = samples_of(lambda: jax.device_put(batch, batch_shardings))
+    with frozen_heap():
+        reset = samples_of(lambda: jax.device_put(fresh_zeros(), zero_shardings))
+        put = samples_of(lambda: jax.device_put(batch, batch_shardings))
     return {
         "grad_reset_s": float(statistics.median(reset)),
         "input_put_s": float(statistics.median(put)),

@@ -90,18 +90,22 @@ class Timer(ABC):
         """Run ``region`` warmup + repeats times; time each of the last ``repeats`` runs. ``budget_s``:
         stop early once the timed runs have taken that much wall time and ``MIN_SAMPLES`` (or ``repeats``)
         are in (a stage that runs for seconds needs fewer repetitions than one that runs for microseconds).
-        The budget is wall time, whatever the timer itself reports."""
-        for _ in range(warmup):
-            _block(region())
+        The budget is wall time, whatever the timer itself reports. Runs with the process's long-lived objects
+        frozen (libarena.run.heap), as the runtime's training loop does."""
+        from libarena.run.heap import frozen_heap
+
         samples: list[float] = []
         cpu: list[float] = []
-        started = time.perf_counter()
-        while len(samples) < repeats:
-            if budget_s is not None and len(samples) >= min(MIN_SAMPLES, repeats) and time.perf_counter() - started >= budget_s:
-                break
-            c0 = time.process_time()
-            samples.append(self.sample(region))
-            cpu.append(time.process_time() - c0)
+        with frozen_heap():
+            for _ in range(warmup):
+                _block(region())
+            started = time.perf_counter()
+            while len(samples) < repeats:
+                if budget_s is not None and len(samples) >= min(MIN_SAMPLES, repeats) and time.perf_counter() - started >= budget_s:
+                    break
+                c0 = time.process_time()
+                samples.append(self.sample(region))
+                cpu.append(time.process_time() - c0)
         return Timing(tuple(samples), tuple(cpu))
 
     @abstractmethod

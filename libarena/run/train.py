@@ -17,6 +17,7 @@ from libarena.models.training import OptimizerConfig
 from libarena.run import distributed
 from libarena.run.checkpoint import CheckpointMeta, CheckpointStore, param_signature
 from libarena.run.executor import PipelineExecutor, StepStats
+from libarena.run.heap import frozen_heap
 from libarena.run.plan import RunPlan
 
 
@@ -137,22 +138,24 @@ def train(model: ModelDef, plan: RunPlan, config: TrainConfig, devices: Sequence
         store.save(params, opt, meta)
         report.checkpoints.append(step)
 
-    for step in range(start, config.steps):
-        batch = batch_for_step(model, step * config.global_batch, config.global_batch, config.data_seed)
-        profile = config.profile_step > 0 and step - start + 1 == config.profile_step
-        stats = executor.step(batch, profile_stages=profile)
-        if not np.isfinite(stats.loss):
-            raise ArenaError(f"loss became {stats.loss} at step {step + 1} under plan {plan.plan_id}")
-        report.losses.append((step + 1, stats.loss))
-        report.step_times_s.append(stats.step_time_s)
-        if profile:
-            report.stage_time_s = stats.stage_time_s
-            report.stage_peak_memory_bytes = stats.stage_peak_memory_bytes
-        report.end_step = step + 1
-        if on_step is not None:
-            on_step(stats)
-        if store is not None and config.checkpoint_every > 0 and (step + 1) % config.checkpoint_every == 0:
-            save(step + 1)
+    # the executor, its executables and state live for the whole loop: out of the collector's way (run.heap)
+    with frozen_heap():
+        for step in range(start, config.steps):
+            batch = batch_for_step(model, step * config.global_batch, config.global_batch, config.data_seed)
+            profile = config.profile_step > 0 and step - start + 1 == config.profile_step
+            stats = executor.step(batch, profile_stages=profile)
+            if not np.isfinite(stats.loss):
+                raise ArenaError(f"loss became {stats.loss} at step {step + 1} under plan {plan.plan_id}")
+            report.losses.append((step + 1, stats.loss))
+            report.step_times_s.append(stats.step_time_s)
+            if profile:
+                report.stage_time_s = stats.stage_time_s
+                report.stage_peak_memory_bytes = stats.stage_peak_memory_bytes
+            report.end_step = step + 1
+            if on_step is not None:
+                on_step(stats)
+            if store is not None and config.checkpoint_every > 0 and (step + 1) % config.checkpoint_every == 0:
+                save(step + 1)
     if store is not None and report.end_step > start and report.end_step not in report.checkpoints:
         save(report.end_step)
     if not report.stage_peak_memory_bytes:
@@ -199,13 +202,14 @@ def measure_plan(model: ModelDef, plan: RunPlan, warmup: int = 1, steps: int = 3
     executor.init_state(seed)
     times = []
     first = None
-    for k in range(max(1, warmup) + steps):
-        batch = batch_for_step(model, k * plan.global_batch, plan.global_batch, data_seed)
-        stats = executor.step(batch)
-        if first is None:
-            first = stats.step_time_s
-        if k >= max(1, warmup):
-            times.append(stats.step_time_s)
+    with frozen_heap():  # as the training loop runs
+        for k in range(max(1, warmup) + steps):
+            batch = batch_for_step(model, k * plan.global_batch, plan.global_batch, data_seed)
+            stats = executor.step(batch)
+            if first is None:
+                first = stats.step_time_s
+            if k >= max(1, warmup):
+                times.append(stats.step_time_s)
     stage_time: tuple[float, ...] = ()
     stage_memory: tuple[int, ...] = tuple(executor.stage_memory_bytes())
     if profile_stages:
