@@ -372,10 +372,10 @@ def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
     of ``repeats``."""
     import statistics
 
-    from libarena.run.heap import frozen_heap
-
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from libarena.run.heap import frozen_heap
 
     view = execs.view
     by_replica = NamedSharding(Mesh(np.array([device], dtype=object).reshape(1, 1), ("dp", "tp")), PartitionSpec("dp"))

@@ -2,8 +2,9 @@
 
 A process that holds compiled executables, parameters and optimizer state (the runtime's executor, a profiler
 with its stage executables, a measurement child with several plans' executors for interleaved timing) makes
-every collection the loop triggers walk all of it: on this host a tiny model's 2-device step ran 8-13% slower
-with four other plans' executors alive than alone, and as fast again once they were frozen (gc.freeze). Inside
+every collection the loop triggers walk all of it: in probes on the 2-core development host (not a benchmark
+file) a tiny model's 2-device step ran slower with four other plans' executors alive than alone, and as fast
+again once they were frozen (gc.freeze). Inside
 ``frozen_heap()`` everything alive at entry is frozen; what the loop itself allocates is collected as usual."""
 
 from __future__ import annotations
