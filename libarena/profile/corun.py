@@ -20,8 +20,8 @@ all do. Accelerators are separate chips and need none of this.
 A stage whose workers hold every device of the plan (data or tensor parallelism over the whole grid) is timed
 as the runtime runs it instead (:class:`SpmdStage`): one SPMD executable over its dp x tp devices
 (libarena.run.executor.StageRuntime, collectives inside), its forward + backward per micro-batch, the
-optimizer update (which reduces the replicas' gradients), the gradient-buffer reset and one micro-batch's
-input placement. Two one-device executables side by side miss what the SPMD one adds on a host -- GSPMD's
+optimizer update (which reduces the replicas' gradients and zeroes their accumulators for the next step)
+and one micro-batch's input placement. Two one-device executables side by side miss what the SPMD one adds on a host -- GSPMD's
 partitioning, the dp stacking of residuals and accumulators, the update's cross-replica sum: gpt__small's
 data-parallel micro-batch took 9% longer as the runtime's executable than co-run as two
 (bench/results/profile-corun.json), and gpt__tiny's update 1.1 ms against the 0.5 ms of a one-device update
@@ -45,7 +45,7 @@ from libarena.profile.timers import Timing
 from libarena.run.heap import frozen_heap
 
 #: bump when what a co-run record holds, or how it is timed, changes (cached records are then re-measured)
-CORUN_VERSION = 1
+CORUN_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,8 @@ class CoRunTiming:
     #: wall seconds of the child spent on this stage (build, compile, warm-up and timing)
     device_s: float = 0.0
     #: an SpmdStage's (None for a worker's stage): alone_s = together_s = its SPMD forward + backward; the
-    #: optimizer update with the replicas' gradient reduction; the gradient-buffer reset; one micro-batch's inputs
+    #: optimizer update with the replicas' gradient reduction and the accumulators' reset; one micro-batch's inputs
     update_s: float | None = None
-    grad_reset_s: float | None = None
     input_put_s: float | None = None
 
     @property
@@ -156,7 +155,7 @@ class CoRunSession(DeviceChild):
         if isinstance(item, SpmdStage):  # its own devices are all busy: one time is both alone and together
             step, step_s = tuple(samples["microbatch"]), stat("microbatch")
             return CoRunTiming(self.num_devices, step_s, step_s, step, step, self._device_s[item],
-                               update_s=stat("update"), grad_reset_s=stat("grad_reset"), input_put_s=stat("input_put"))
+                               update_s=stat("update"), input_put_s=stat("input_put"))
         return CoRunTiming(self.num_devices, stat("alone"), stat("together"), tuple(samples["alone"]), tuple(samples["together"]),
                            self._device_s[item])
 
@@ -251,11 +250,9 @@ class _SpmdRunner:
 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            self.params, self.opt_state = self.rt.update(self.params, self.opt_state, self.grads)
+            # as in the runtime's step: the update also zeroes the accumulators for the next step
+            self.params, self.opt_state, self.grads = self.rt.update(self.params, self.opt_state, self.grads)
         return self.params
-
-    def grad_reset(self) -> Any:
-        return self.rt.zero_grads()
 
     def input_put(self) -> Any:
         from libarena.run import distributed
@@ -301,9 +298,9 @@ def _serve(seed: int, burst: int) -> None:
         """(name, region, burst) of what is timed for ``item``."""
         target = built[item]
         if isinstance(item, SpmdStage):
-            # host work (buffer reset, input placement) is timed one call per sample, as the runtime does it per step
+            # host work (input placement) is timed one call per sample, as the runtime does it per micro-batch
             return [("microbatch", target.microbatch, burst), ("update", target.update, burst),
-                    ("grad_reset", target.grad_reset, 1), ("input_put", target.input_put, 1)]
+                    ("input_put", target.input_put, 1)]
 
         def together() -> Any:  # every device dispatched before any is waited for: they run at once
             return [e.run_microbatch() for e in target]

@@ -5,12 +5,13 @@ worker, ``comm_j`` its sequential intra-stage collectives per micro-batch (TP al
 all-to-all), ``p2p_j`` its activation send forward plus gradient send backward. Then
 
     T_j  = compute_j + comm_j + p2p_j
-    T    = setup                                  (the runtime's per-step host work: gradient-buffer
-                                                   reset, input placement; sum over stages, one host thread)
+    T    = setup                                  (the runtime's per-step host work: input placement;
+                                                   sum over stages, one host thread)
          + sum_j T_j                              (the first micro-batch through every stage)
          + (B - 1) * max_j (T_j - p2p_j)          (steady state of the slowest stage; P2P overlapped)
          + max_j grad_sync_j                      (DP gradient all-reduce / ZeRO reduce-scatter + all-gather)
-         + max_j optimizer_j                      (the optimizer step, stages in parallel)
+         + max_j optimizer_j                      (the optimizer step with the accumulators' reset,
+                                                   stages in parallel)
 
 Devices that share compute. The model above assumes every device is its own hardware (GPUs). When they
 are not -- several XLA host devices on one CPU share its cores -- devices busy at once slow each other
@@ -56,7 +57,7 @@ class StageTimes:
     optimizer_s: float = 0.0
     #: devices of the stage (dp x tp): how many run its computation at once
     workers: int = 1
-    #: per-step host work of the runtime for this stage (gradient-buffer reset, input placement)
+    #: per-step host work of the runtime for this stage (input placement)
     setup_s: float = 0.0
     #: cores' worth of CPU the stage's computation (and its optimizer step) keeps busy on a host device
     cores: float = 1.0

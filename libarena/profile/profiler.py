@@ -52,8 +52,9 @@ GRANULARITIES = ("stage", "unit")
 #: busy; measured: one slowdown factor from a micro-benchmark; independent: every device its own chip.
 CONCURRENCY_MODELS = ("co-run", "cpu-time", "measured", "independent")
 #: 4: records carry each timing's process CPU time (cpu_per_wall) and lower quartile (q1_s); the per-step
-#: host work is done as the runtime does it; the forward returns its residuals stacked as the runtime's does
-STAGE_RECORD_VERSION = 4
+#: host work is done as the runtime does it; the forward returns its residuals stacked as the runtime's does;
+#: 5: the gradient reset is the update's zero-fill on the device (it was zeros placed from the host)
+STAGE_RECORD_VERSION = 5
 #: Record key of each statistic.
 _STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
 
@@ -363,48 +364,51 @@ def compile_ahead(
 
 
 def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
-    """Host work the runtime does for this worker once per step, besides running executables: resetting
-    the gradient buffers (zeros placed from the host, one array per parameter) and placing one micro-batch
-    of inputs. Done the way the runtime does it (libarena.run.executor): zeros freshly allocated on the host
-    every step (placing them touches new pages: 25-40% of the reset's time on this host) with the leading
-    per-replica dimension, placed with named shardings over the stage's (dp, tp) mesh -- here the worker's
-    own one-device mesh. Host wall clock (it is host work whatever the device), median (and lower quartile)
-    of ``repeats``."""
+    """What the runtime (libarena.run.executor) does for this worker once per step besides the stage's
+    forward, backward and optimizer executables: its update also zeroes the worker's gradient accumulators
+    for the next step (device work: timed as zero-fills of that many bytes on the device, several in a row so
+    that each one's dispatch hides behind the last, as inside the update), and the host places one
+    micro-batch of inputs with named shardings over the stage's (dp, tp) mesh -- here the worker's own
+    one-device mesh (host wall clock). Median (and lower quartile) of ``repeats``."""
     import statistics
 
     import jax
+    import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from libarena.run.heap import frozen_heap
 
-    view = execs.view
     by_replica = NamedSharding(Mesh(np.array([device], dtype=object).reshape(1, 1), ("dp", "tp")), PartitionSpec("dp"))
-    leaves, treedef = jax.tree.flatten(view.params)
-    zero_shardings = treedef.unflatten([by_replica] * len(leaves))
+    accumulator_bytes = sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(execs.view.params))
+    zero_fill = jax.jit(jnp.zeros_like, donate_argnums=0)
+    accumulator = [jax.device_put(np.ones(max(1, -(-accumulator_bytes // 4)), np.float32), device)]
+    fills = 8
 
-    def fresh_zeros() -> Any:
-        return treedef.unflatten([np.zeros((1, *leaf.shape), leaf.dtype) for leaf in leaves])
+    def reset() -> Any:
+        for _ in range(fills):
+            accumulator[0] = zero_fill(accumulator[0])
+        return accumulator[0]
 
     batch = {name: np.asarray(jax.device_get(value)) for name, value in execs.inputs["batch"].items()}
     batch_shardings = {name: by_replica for name in batch}
 
-    def samples_of(region: Callable[[], Any]) -> list[float]:
+    def samples_of(region: Callable[[], Any], per_call: int = 1) -> list[float]:
         jax.block_until_ready(region())
         samples = []
         for _ in range(max(3, repeats)):
             t0 = time.perf_counter()
             jax.block_until_ready(region())
-            samples.append(time.perf_counter() - t0)
+            samples.append((time.perf_counter() - t0) / per_call)
         return samples
 
     with frozen_heap():
-        reset = samples_of(lambda: jax.device_put(fresh_zeros(), zero_shardings))
+        zeroing = samples_of(reset, fills)
         put = samples_of(lambda: jax.device_put(batch, batch_shardings))
     return {
-        "grad_reset_s": float(statistics.median(reset)),
+        "grad_reset_s": float(statistics.median(zeroing)),
         "input_put_s": float(statistics.median(put)),
         # the lower quartiles, for the q1 statistic (a shared host)
-        "grad_reset_q1_s": lower_quartile(reset),
+        "grad_reset_q1_s": lower_quartile(zeroing),
         "input_put_q1_s": lower_quartile(put),
     }
 
@@ -597,8 +601,8 @@ def estimate_plan(
     s, B = plan.pipeline_degree, plan.num_microbatches
     for j, rec in enumerate(records):
         workers = plan.stages[j].num_gpus
-        # The runtime resets every replica's gradient buffers and places each micro-batch's inputs on the
-        # stages that read the batch (first: samples, last: targets), from the host, every step.
+        # The runtime places each micro-batch's inputs on the stages that read the batch (first: samples, last:
+        # targets) from the host, every step; each stage's update zeroes its gradient accumulators.
         reads_batch = j == 0 or j == s - 1
         corun = rec.get("corun") if not estimated and isinstance(concurrency, HostCapacity) else None
         if corun is not None and int(corun["num_devices"]) != plan.grid.num_gpus:
@@ -610,18 +614,20 @@ def estimate_plan(
             # its mesh are all in the timings, so the comm model prices nothing on top
             compute, optimizer = float(corun["alone_s"]), float(corun["update_s"])
             comm_mb = p2p = grad = 0.0
-            setup = float(corun["grad_reset_s"]) + (B * float(corun["input_put_s"]) if reads_batch else 0.0)
+            setup = B * float(corun["input_put_s"]) if reads_batch else 0.0
             cores = optimizer_cores = 1.0
         else:
             stat = _STATISTIC_KEYS[statistic]
             compute = rec["microbatch"].get(stat, rec["microbatch"]["median_s"])
             optimizer = rec["optimizer"].get(stat, rec["optimizer"]["median_s"])
+            # the runtime's update also zeroes the worker's gradient accumulators on its device
+            suffix = "_q1_s" if statistic == "q1" and "grad_reset_q1_s" in rec else "_s"
+            optimizer += rec["grad_reset" + suffix]
             if target_spec is not None:
                 compute *= _roofline_ratio(rec, ("forward", "backward"), local_spec, target_spec, job.dtype)
                 optimizer *= _roofline_ratio(rec, ("optimizer",), local_spec, target_spec, job.dtype)
             comm_mb, p2p, grad = stage_communication(job, plan, j, records, comm, used)
-            suffix = "_q1_s" if statistic == "q1" and "grad_reset_q1_s" in rec else "_s"
-            setup = plan.stages[j].dp * (rec["grad_reset" + suffix] + (B * rec["input_put" + suffix] if reads_batch else 0.0))
+            setup = plan.stages[j].dp * B * rec["input_put" + suffix] if reads_batch else 0.0
             cores, optimizer_cores = rec["microbatch"].get("cpu_per_wall") or 1.0, rec["optimizer"].get("cpu_per_wall") or 1.0
         st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup, cores=cores, optimizer_cores=optimizer_cores,
                         alone_s=None if corun is None else float(corun["alone_s"]),

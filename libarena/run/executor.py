@@ -187,8 +187,8 @@ class StageRuntime:
             self.forward = jax.jit(forward)
         self.backward = jax.jit(backward, donate_argnums=(4,))
 
-        # Adam's initial state and the gradient accumulators are zeros: built on the host and placed, which
-        # saves two compilations per stage.
+        # Adam's initial state and the first gradient accumulators are zeros: built on the host and placed once,
+        # which saves two compilations per stage.
         self._grad_shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((dp, *leaf.shape), leaf.dtype), shapes)
         self.grad_shardings = jax.tree.map(lambda sh: NamedSharding(self.mesh, P(DP_AXIS, *sh.spec)), self.param_shardings)
 
@@ -196,9 +196,13 @@ class StageRuntime:
             # The one data-parallel reduction of the step: the replicas' gradient sums.
             grads = jax.lax.with_sharding_constraint(jax.tree.map(lambda acc: jnp.sum(acc, axis=0), accumulated),
                                                      self.param_shardings)
-            return update_units(optimizer, params, opt_state, grads)
+            params, opt_state = update_units(optimizer, params, opt_state, grads)
+            # The next step's accumulators, zeroed on the devices in the donated buffers: resetting them from the
+            # host instead would copy dp x the stage's parameters to the devices every step.
+            return params, opt_state, jax.tree.map(jnp.zeros_like, accumulated)
 
-        self.update = jax.jit(update, out_shardings=(self.param_shardings, self.opt_shardings), donate_argnums=(0, 1))
+        self.update = jax.jit(update, out_shardings=(self.param_shardings, self.opt_shardings, self.grad_shardings),
+                              donate_argnums=(0, 1, 2))
         self.loss_cotangent: Any = None
 
     def fresh_params(self, model: ModelDef, seed: int) -> list[Any]:
@@ -309,6 +313,8 @@ class PipelineExecutor:
         self.order = one_f_one_b(S, plan.num_microbatches)
         self.params: list[list[Any]] = []
         self.opt_state: list[list[Any]] = []
+        #: per stage, the gradient accumulators the last update zeroed for the next step (None: none yet)
+        self.grads: list[Any] = []
         self.step_count = 0
 
     # -- state ------------------------------------------------------------------------------------------
@@ -317,6 +323,7 @@ class PipelineExecutor:
         """Fresh parameters (unit i's depend on (seed, i) only: identical under every plan) and Adam state."""
         self.params = [rt.fresh_params(self.model, seed) for rt in self.stages]
         self.opt_state = [rt.init_opt(p) for rt, p in zip(self.stages, self.params)]
+        self.grads = [None] * len(self.stages)
         self.step_count = 0
 
     def load_state(self, unit_params: Sequence[Any], unit_opt_state: Sequence[Any], step: int) -> None:
@@ -329,6 +336,7 @@ class PipelineExecutor:
         unit_params, unit_opt_state = jax.device_get((list(unit_params), list(unit_opt_state)))
         self.params = [rt.place_params([unit_params[i] for i in rt.units]) for rt in self.stages]
         self.opt_state = [rt.place_opt_state([unit_opt_state[i] for i in rt.units]) for rt in self.stages]
+        self.grads = [None] * len(self.stages)
         self.step_count = int(step)
 
     def host_state(self) -> tuple[list[Any], list[Any]]:
@@ -373,7 +381,10 @@ class PipelineExecutor:
         last = self.stages[-1]
         if last.loss_cotangent is None:
             last.loss_cotangent = distributed.place(np.float32(1.0 / B), last.replicated)
-        grads = [rt.zero_grads() for rt in self.stages]
+        # the zeroed accumulators the last update returned (placed from the host on the first step, or after a
+        # step that did not finish: its buffers may have been donated)
+        grads = [rt.zero_grads() if g is None else g for rt, g in zip(self.stages, self.grads)]
+        self.grads = [None] * len(self.stages)
         activations: dict[tuple[int, int], Any] = {}
         cotangents: dict[tuple[int, int], Any] = {}
         vjps: dict[tuple[int, int], Any] = {}
@@ -410,7 +421,7 @@ class PipelineExecutor:
             with warnings.catch_warnings():
                 # XLA may keep some donated buffers (it aliases what it can); that is not an error.
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                self.params[j], self.opt_state[j] = rt.update(self.params[j], self.opt_state[j], grads[j])
+                self.params[j], self.opt_state[j], self.grads[j] = rt.update(self.params[j], self.opt_state[j], grads[j])
             if profile_stages:
                 jax.block_until_ready(self.params[j])
                 stage_time[j] += time.perf_counter() - t_task
