@@ -36,7 +36,7 @@ from libarena.profile.estimate import PlanEstimate, perf_rows
 from libarena.profile.stage import (
     CompiledStage, StageSpec, build_stage_executables, compile_stage, lower_stage, plan_stage_specs, worker_view,
 )
-from libarena.profile.timers import Timer, Timing, lower_quartile, select_timer
+from libarena.profile.timers import HostTimer, Timer, Timing, select_timer
 from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
 
 #: Which plans of each grid are profiled.
@@ -370,46 +370,30 @@ def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
     that each one's dispatch hides behind the last, as inside the update), and the host places one
     micro-batch of inputs with named shardings over the stage's (dp, tp) mesh -- here the worker's own
     one-device mesh (host wall clock). Median (and lower quartile) of ``repeats``."""
-    import statistics
-
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    from libarena.run.heap import frozen_heap
 
     by_replica = NamedSharding(Mesh(np.array([device], dtype=object).reshape(1, 1), ("dp", "tp")), PartitionSpec("dp"))
     accumulator_bytes = sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(execs.view.params))
     zero_fill = jax.jit(jnp.zeros_like, donate_argnums=0)
     accumulator = [jax.device_put(np.ones(max(1, -(-accumulator_bytes // 4)), np.float32), device)]
-    fills = 8
 
-    def reset() -> Any:
-        for _ in range(fills):
-            accumulator[0] = zero_fill(accumulator[0])
+    def fill() -> Any:  # into the buffer the last fill returned (donated), as the update writes the accumulators
+        accumulator[0] = zero_fill(accumulator[0])
         return accumulator[0]
 
     batch = {name: np.asarray(jax.device_get(value)) for name, value in execs.inputs["batch"].items()}
     batch_shardings = {name: by_replica for name in batch}
-
-    def samples_of(region: Callable[[], Any], per_call: int = 1) -> list[float]:
-        jax.block_until_ready(region())
-        samples = []
-        for _ in range(max(3, repeats)):
-            t0 = time.perf_counter()
-            jax.block_until_ready(region())
-            samples.append((time.perf_counter() - t0) / per_call)
-        return samples
-
-    with frozen_heap():
-        zeroing = samples_of(reset, fills)
-        put = samples_of(lambda: jax.device_put(batch, batch_shardings))
+    timer, samples = HostTimer(), max(3, repeats)
+    zeroing = _time_burst(timer, fill, 1, samples, 8)
+    put = timer.time(lambda: jax.device_put(batch, batch_shardings), 1, samples)
     return {
-        "grad_reset_s": float(statistics.median(zeroing)),
-        "input_put_s": float(statistics.median(put)),
+        "grad_reset_s": zeroing.median,
+        "input_put_s": put.median,
         # the lower quartiles, for the q1 statistic (a shared host)
-        "grad_reset_q1_s": lower_quartile(zeroing),
-        "input_put_q1_s": lower_quartile(put),
+        "grad_reset_q1_s": zeroing.lower_quartile,
+        "input_put_q1_s": put.lower_quartile,
     }
 
 
