@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -115,6 +116,15 @@ def fail(tool: str, message: str, code: int = 2) -> None:
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
+    # A handler that runs inside a garbage-collector callback (JAX registers one; a collection of a large heap
+    # runs its Python code first when it ends) raises into the collector, which only prints and ignores it:
+    # send the signal again shortly, to land outside the collection.
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks:
+            threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+            return
+        frame = frame.f_back
     raise KeyboardInterrupt
 
 

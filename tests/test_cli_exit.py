@@ -62,3 +62,27 @@ def test_finished_command_leaves_without_native_teardown(outcome, code):
     assert r.stderr.index("thread finished") < r.stderr.index("exit handler ran")
     if outcome == "fail":
         assert "tool: error: no such thing" in r.stderr
+
+
+def test_sigterm_during_a_garbage_collection_still_interrupts() -> None:
+    """A SIGTERM whose handler runs inside a collector callback (where a raised exception is only printed and
+    ignored) still ends the run with KeyboardInterrupt: the signal is sent again outside the collection."""
+    child = """
+import gc, os, signal, time
+from libarena import cli
+cli._interrupt_on_sigterm()
+def callback(phase, info):
+    if phase == "stop" and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(10_000))  # bytecode: the handler runs here, inside the callback
+fired = []
+gc.callbacks.append(callback)
+try:
+    gc.collect()
+    time.sleep(5)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "interrupted", proc.stderr
