@@ -174,30 +174,49 @@ class ArenaPolicy(Policy):
         need, types = self._smallest(job)
         if sum(sim.pools[t].capacity for t in types) < need:
             return False
-        # tentative in-place halvings, undone unless the job then fits
+        def fits() -> bool:  # where the job goes once the halvings are real
+            nonlocal cfg
+            cfg = self._best_placeable(job, configs)
+            return cfg is not None
+
+        victims = self._tentative_halvings(types, lambda victim: True, fits)
+        if victims is None:
+            return False
+        for victim in victims:
+            a = victim.alloc
+            sim.rescale(victim, a.type_index, a.count_index - 1)
+        self._victims = None
+        return sim.launch(job, *cfg)
+
+    def _tentative_halvings(self, types: frozenset[int], admit: Callable[[Job], bool | None],
+                            fits: Callable[[], bool]) -> list[Job] | None:
+        """Halve running jobs on ``types`` in place, in victim order and at most D of them, until ``fits()``;
+        ``admit(victim)`` may pass a victim over (False) or end the search (None). Every halving is undone:
+        returns the victims to halve for real if the job then fits, else None."""
+        pools = self.sim.pools
         tentative: list[tuple[Job, TypePool, tuple]] = []
+        placed = False
         for victim in self._victims_in_order(types):
             if len(tentative) >= self.config.search_depth:
                 break
             a = victim.alloc
             if a.type_index not in types or victim.state != JobState.RUNNING:
                 continue
-            pool = sim.pools[a.type_index]
+            verdict = admit(victim)
+            if verdict is None:
+                break
+            if not verdict:
+                continue
+            pool = pools[a.type_index]
             _, freed = TypePool.shrink_blocks(a.blocks)
             pool.release(freed)
             tentative.append((victim, pool, freed))
-            cfg = self._best_placeable(job, configs)
-            if cfg is not None:
+            if fits():
+                placed = True
                 break
         for _, pool, freed in reversed(tentative):
             pool.occupy(freed)
-        if cfg is None:
-            return False
-        for victim, _, _ in tentative:
-            a = victim.alloc
-            sim.rescale(victim, a.type_index, a.count_index - 1)
-        self._victims = None
-        return sim.launch(job, *cfg)
+        return [victim for victim, _, _ in tentative] if placed else None
 
     def _grow_at_launch(self, job: Job, t: int, c: int) -> tuple[int, int]:
         """Scale a launching job up for free (it pays no rescale yet) into idle GPUs that the jobs queued
@@ -379,30 +398,24 @@ class ArenaPolicy(Policy):
             if job.index in touched:
                 continue
             pool, need, gain = sim.pools[t2], 1 << c2, -neg_gain
-            # tentative in-place halvings (as the launch handler's), undone unless the job then fits
-            tentative: list[tuple[Job, tuple]] = []
+            if pool.can_place(need):
+                continue  # nothing to exchange for (the in-flight handler's to take)
             loss = 0.0
-            for victim in self._victims_in_order(frozenset((t2,))):
-                if pool.can_place(need) or len(tentative) >= depth:
-                    break
-                a = victim.alloc
-                if victim is job or victim.index in touched or a.type_index != t2 or victim.state != JobState.RUNNING:
-                    continue
+
+            def admit(victim: Job) -> bool | None:  # until the losses outweigh the gain
+                nonlocal loss
+                if victim is job or victim.index in touched:
+                    return False
                 score = self.objective.victim_score(victim)
                 if score is None:
-                    continue
-                loss += score * (a.num_gpus // 2)
-                if loss * margin >= gain:
-                    break
-                _, freed = TypePool.shrink_blocks(a.blocks)
-                pool.release(freed)
-                tentative.append((victim, freed))
-            fits = bool(tentative) and pool.can_place(need) and loss * margin < gain
-            for _, freed in reversed(tentative):
-                pool.occupy(freed)
-            if not fits:
+                    return False
+                loss += score * (victim.alloc.num_gpus // 2)
+                return None if loss * margin >= gain else True
+
+            victims = self._tentative_halvings(frozenset((t2,)), admit, lambda: pool.can_place(need))
+            if victims is None:
                 continue
-            for victim, _ in tentative:
+            for victim in victims:
                 a = victim.alloc
                 sim.rescale(victim, a.type_index, a.count_index - 1)
                 touched.add(victim.index)
