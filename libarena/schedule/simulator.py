@@ -320,11 +320,28 @@ class Simulator:
                 if blocks is None:
                     self.cluster.occupy(old)
                     return False
-        plan_at = self._plan_ready_at(job, t, c, self.now)
-        overhead = self.overheads.checkpoint_resume_s + plan_at - self.now  # as rescale_overhead(job, t, c)
-        self._note_ready(job, t, c, self.now, plan_at)
-        self._reallocate(job, Allocation(t, c, blocks), "rescale", overhead)
+        self._restart_on(job, Allocation(t, c, blocks))
         return True
+
+    def trade(self, a: Job, b: Job) -> None:
+        """Two running jobs trade their GPUs: each restarts on the other's allocation (GPU type, count and the
+        same GPUs), paying what a rescale to it costs. The cluster's occupancy does not change."""
+        if a.state != JobState.RUNNING or b.state != JobState.RUNNING or a is b:
+            raise AssertionError("only two different running jobs can trade GPUs")
+        alloc_a, alloc_b = a.alloc, b.alloc
+        for job, alloc in ((a, alloc_b), (b, alloc_a)):
+            if not job.true_thr[alloc.type_index, alloc.count_index] > 0:
+                raise AssertionError(f"job {job.spec.job_id} cannot run on {alloc.num_gpus} x {self.perf.gpu_types[alloc.type_index]}")
+        self._restart_on(a, alloc_b)
+        self._restart_on(b, alloc_a)
+
+    def _restart_on(self, job: Job, alloc: Allocation) -> None:
+        """Restart an active job on ``alloc`` (its GPUs already held): checkpoint-resume and the AP search, or the
+        wait for a reused plan, as rescale_overhead says."""
+        t, c = alloc.type_index, alloc.count_index
+        plan_at = self._plan_ready_at(job, t, c, self.now)
+        self._note_ready(job, t, c, self.now, plan_at)
+        self._reallocate(job, alloc, "rescale", self.overheads.checkpoint_resume_s + plan_at - self.now)
 
     def migrate(self, job: Job, blocks: tuple[tuple[int, int], ...]) -> None:
         """Move an active job to other nodes of the same type and count (defragmentation): the plan is

@@ -1,8 +1,9 @@
-"""Arena's mechanisms on hand-built cases: deadline objective, defragmenting migration, priority queues."""
+"""Arena's mechanisms on hand-built cases: deadline objective, defragmenting migration, priority queues, the
+in-flight exchange and trade."""
 
 from __future__ import annotations
 
-from libarena.schedule.config import Objective
+from libarena.schedule.config import Objective, OverheadConfig
 from tests.schedule.helpers import cluster, hand_table, job, simulate
 
 TABLE = hand_table({
@@ -66,9 +67,10 @@ def test_blocked_queue_stops_lower_queues_from_scaling_others_down():
 
 
 def test_exchange_moves_a_job_stranded_on_a_slow_type_by_halving_a_job_that_barely_gains():
-    """The in-flight exchange: "slow" launched on V100s (10x slower) because a job that gains little from its
-    last doubling holds every A100. Halving that job costs it 1 sample/s and gives "slow" 15.4 more: the
-    exchange does it, without it "slow" waits on the V100s until the A100s free up."""
+    """The in-flight exchange (off by default): "slow" launched on V100s (10x slower) because a job that gains
+    little from its last doubling holds every A100. Halving that job costs it 1 sample/s and gives "slow" 15.4
+    more: the exchange does it, without it "slow" waits on the V100s until the A100s free up. (The hog cannot
+    run on V100s, so no trade applies.)"""
     table = hand_table({
         ("gpt__1.3B", "a100"): {"arena": {1: 10.0, 2: 19.0, 4: 36.0}},
         ("gpt__1.3B", "v100"): {"arena": {1: 1.0, 2: 1.9, 4: 3.6}},
@@ -80,7 +82,7 @@ def test_exchange_moves_a_job_stranded_on_a_slow_type_by_halving_a_job_that_bare
     off = simulate(jobs, table, spec, "arena", exchange_margin=0.0)
     # without: "slow" moves to the A100s only once the hog finishes (100,000 iterations at 21/s: 47,619 s)
     assert [(j, n) for _, j, n in _actions(off, "rescale")] == [("slow", 4)] and _actions(off, "rescale")[0][0] > 47619
-    res = simulate(jobs, table, spec, "arena")
+    res = simulate(jobs, table, spec, "arena", exchange_margin=3.0)
     rescales = _actions(res, "rescale")
     # one round halves the hog and moves "slow" to 2 A100s; the hog grows back once "slow" is done
     assert [(j, n) for _, j, n in rescales] == [("hog", 2), ("slow", 2), ("hog", 4)] and rescales[0][0] == rescales[1][0]
@@ -90,3 +92,68 @@ def test_exchange_moves_a_job_stranded_on_a_slow_type_by_halving_a_job_that_bare
     assert finish_off["slow"] > 47619 and finish["slow"] < 12000
     finish_slow = finish["slow"]
     assert rescales[2][0] >= finish_slow and finish["hog"] > finish_off["hog"]  # the hog paid a little for it
+
+
+TRADE_TABLE = hand_table({
+    ("gpt__1.3B", "a100"): {"arena": {4: 40.0}},
+    ("gpt__1.3B", "v100"): {"arena": {4: 10.0}},
+}, batch=10)
+
+
+def test_trade_gives_the_fast_gpus_to_the_short_job_without_taking_gpus_from_anyone():
+    """The in-flight trade: "long" takes the A100s at t=0; "short" (10x shorter) arrives when only the V100s are
+    free and launches there at 300 s. Swapping their GPUs gains "short" 30 samples/s at 10x the weight that
+    "long" loses them at (the JCT objective's 1 / isolated duration), so both restart on the other's GPUs in the
+    next round; without trades "short" runs on the V100s to the end."""
+    spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
+    jobs = [job("long", "gpt__1.3B", 400000, 4, "a100", batch=10, row=1),
+            job("short", "gpt__1.3B", 40000, 4, "a100", batch=10, submit=10.0, row=2)]
+    off = simulate(jobs, TRADE_TABLE, spec, "arena", trade_margin=0.0)
+    assert _actions(off, "rescale") == []
+    res = simulate(jobs, TRADE_TABLE, spec, "arena")
+    assert [(j, n) for _, j, n in _actions(res, "launch")] == [("long", 4), ("short", 4)]
+    rescales = _actions(res, "rescale")
+    # one round, both at once, each onto the other's type; then "long" goes back to the A100s once "short" is done
+    assert [(t, j) for t, j, _ in rescales[:2]] == [(600.0, "short"), (600.0, "long")]
+    d = res.decisions
+    types = {(res.jobs[j].spec.job_id, a): g for t, j, a, g in zip(d["time"], d["job_index"], d["action"], d["gpu_type"])
+             if t == 600.0}
+    assert types == {("short", "rescale"): "a100", ("long", "rescale"): "v100"}
+    finish = {j.spec.job_id: j.finish_time for j in res.jobs}
+    finish_off = {j.spec.job_id: j.finish_time for j in off.jobs}
+    # 40,000 iterations of batch 10: 40,000 s on the V100s; 300 s there, then 9,925 s on the A100s
+    assert finish_off["short"] == 40300.0 and finish["short"] == 10525.0
+    assert rescales[2][1:] == ("long", 4) and rescales[2][0] >= finish["short"]
+    # the sum of JCTs drops although "long" paid for it
+    jct = lambda f: sum(f[j.spec.job_id] - j.spec.submit_time for j in res.jobs)  # noqa: E731
+    assert finish["long"] > finish_off["long"] and jct(finish) < jct(finish_off)
+
+
+def test_trade_needs_the_margin_and_a_shorter_job_to_gain():
+    """Two jobs of the same length gain and lose the same: no trade (the second moves up once the first is done);
+    a margin above the ratio of the weighted gain to the loss: none either."""
+    spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
+    same = [job("first", "gpt__1.3B", 400000, 4, "a100", batch=10, row=1),
+            job("second", "gpt__1.3B", 400000, 4, "a100", batch=10, submit=10.0, row=2)]
+    assert _actions(simulate(same, TRADE_TABLE, spec, "arena"), "rescale") == [(100200.0, "second", 4)]
+    jobs = [job("long", "gpt__1.3B", 400000, 4, "a100", batch=10, row=1),
+            job("short", "gpt__1.3B", 40000, 4, "a100", batch=10, submit=10.0, row=2)]
+    # the weighted gain is 10x the loss: a margin of 12 refuses it, 8 accepts it
+    assert _actions(simulate(jobs, TRADE_TABLE, spec, "arena", trade_margin=12.0), "rescale") == []
+    assert _actions(simulate(jobs, TRADE_TABLE, spec, "arena", trade_margin=8.0), "rescale")[0][:2] == (600.0, "short")
+
+
+def test_a_trade_pays_both_restarts_and_neither_job_progresses_meanwhile():
+    """Both traders pay checkpoint-resume and the AP search for their new configuration (300 s + 90 s here) and
+    do not train meanwhile; the cluster's occupancy is unchanged (each holds the other's GPUs at once)."""
+    overheads = OverheadConfig(0, 0, 0, 90, 0, 300)
+    spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
+    jobs = [job("long", "gpt__1.3B", 400000, 4, "a100", batch=10, row=1),
+            job("short", "gpt__1.3B", 40000, 4, "a100", batch=10, submit=10.0, row=2)]
+    res = simulate(jobs, TRADE_TABLE, spec, "arena", overheads=overheads)
+    assert [(t, j) for t, j, _ in _actions(res, "rescale")[:2]] == [(600.0, "short"), (600.0, "long")]
+    short = next(j for j in res.jobs if j.spec.job_id == "short")
+    # launched at 300 s, training from 390 s at 1 it/s on the V100s: 210 iterations by the trade; from 990 s on
+    # the A100s at 4 it/s for the other 39,790
+    assert short.finish_time == 990.0 + 39790 / 4
+    assert short.overhead_s == 90.0 + 390.0

@@ -101,3 +101,30 @@ def test_jct_objective_gives_contended_gpus_to_the_shorter_job():
 
     assert grown("jct") == "short"
     assert grown("throughput") == "long"
+
+
+def test_a_solver_policys_moves_happen_whatever_their_order_in_the_list():
+    """Sia's and Gavel's ILP chooses a round's moves together; a move into GPUs that another move of the same
+    list vacates is retried after it, so "b" (listed first) reaches the A40s that "a" leaves for the A100s. A
+    cycle (each into the other's full type) cannot be done by moves: both stay, without an error."""
+    from libarena.schedule.api import make_policy
+    from libarena.schedule.config import SimulatorConfig
+    from libarena.schedule.perf import PerfLookup
+    from libarena.schedule.simulator import Simulator
+
+    table = hand_table({(m, t): {"dp": {4: thr}} for m in ("gpt__1.3B",) for t, thr in
+                        (("a100", 40.0), ("a40", 20.0), ("v100", 10.0))})
+    spec = cluster([("a100", 1, 4), ("a40", 1, 4), ("v100", 1, 4)])
+    jobs = [job("a", "gpt__1.3B", 100000, 4, "a40", row=1), job("b", "gpt__1.3B", 100000, 4, "v100", row=2)]
+    for name in ("sia", "gavel"):
+        sim = Simulator(jobs, PerfLookup(table, spec), spec, make_policy(name), SimulatorConfig(overheads=NO_OVERHEADS))
+        types = {t: i for i, t in enumerate(sim.perf.gpu_types)}
+        a, b = sim.jobs
+        for j, t in ((a, "a40"), (b, "v100")):
+            sim.arrive(j)
+            assert sim.launch(j, types[t], 2)
+            sim.start_training(j)
+        sim.policy.apply_moves([(a, types["v100"], 2), (b, types["a40"], 2)])  # a cycle: neither fits
+        assert (a.alloc.type_index, b.alloc.type_index, a.version, b.version) == (types["a40"], types["v100"], 1, 1)
+        sim.policy.apply_moves([(b, types["a40"], 2), (a, types["a100"], 2)])
+        assert (a.alloc.type_index, b.alloc.type_index) == (types["a100"], types["a40"]), name

@@ -78,6 +78,7 @@ def simulate(
     queues: Optional[int] = typer.Option(None, "--queues", help="arena: number of priority queues P (3)"),
     search_depth: Optional[int] = typer.Option(None, "--search-depth", help="arena: search depth D (3)"),
     promotion_time: Optional[float] = typer.Option(None, "--promotion-time", help="arena: seconds before promotion"),
+    trade_margin: Optional[float] = typer.Option(None, "--trade-margin", help="arena: in-flight trades when the gain is this many times the loss (5; 0: none)"),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus-per-job", help="largest GPU count per job (16)"),
     global_queue: bool = typer.Option(False, "--global-queue", help="fcfs: one FIFO queue for every GPU type (default: one per type)"),
     tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds (1 to 86400)"),
@@ -101,7 +102,7 @@ def simulate(
     pol = make_policy(policy, view=view, objective=objective, hetero=False if no_hetero else None,
                       elastic=False if no_elastic else None, pruning=False if no_pruning else None,
                       profiler=False if no_profiler else None, num_queues=queues, search_depth=search_depth,
-                      promotion_time_s=promotion_time, max_gpus_per_job=max_gpus,
+                      promotion_time_s=promotion_time, trade_margin=trade_margin, max_gpus_per_job=max_gpus,
                       per_type_queues=False if global_queue else None)
     with Reporter(quiet=quiet) as reporter:
         outcome, metrics = run_simulate(trace, perf, cluster, pol, cfg, output, skip_bad_rows=skip_bad_rows, plot=plot,

@@ -13,10 +13,14 @@
 - In-flight handler: while GPUs are idle, apply the scale-up (more GPUs of the same type, or a switch of GPU
   type at a neighbouring count) with the largest gain per newly used GPU that also finishes the job earlier
   despite the rescale overhead, up to D times.
-- In-flight exchange (ours; ``exchange_margin``, 0 disables): a running job may switch to a faster GPU type
-  at a neighbouring count whose GPUs are taken, by halving up to D running jobs of that type (smallest
-  objective loss first), when its gain exceeds their losses by the margin; up to D exchanges per round. It
-  moves jobs launched on a slow type while the fast one was taken, as Sia's every-round re-optimisation does.
+- In-flight trade (ours; ``trade_margin``, 0 disables): two running jobs on different GPU types trade their
+  GPUs (each restarts on the other's allocation) when one's objective gain exceeds the other's loss by the
+  margin, best trade first, up to D per round. Under the JCT objective it puts the short jobs on the fast
+  GPUs (Smith's rule across GPU types) without taking GPUs from anyone: a job launched on a slow type while
+  the fast one was taken moves up as soon as a longer job holds GPUs it values less.
+- In-flight exchange (ours; ``exchange_margin``, off by default): a running job may switch to a faster GPU
+  type at a neighbouring count whose GPUs are taken, by halving up to D running jobs of that type (smallest
+  objective loss first), when its gain exceeds their losses by the margin; up to D exchanges per round.
 - Periodic defragmenting migration: when a queued job is blocked only by fragmentation on a type, the jobs of
   the least-used partially occupied node of that type are migrated elsewhere (at most D of them).
 """
@@ -63,9 +67,12 @@ class ArenaPolicy(Policy):
                           else None)
         self._victim_index = (RunningJobIndex(sim, self._victim_entries) if self.objective.static_victim_score
                               else None)
-        # the in-flight exchange's candidates (its objectives have static gains and victim scores)
-        self._exchanges = self.config.exchange_margin > 0 and self.config.objective in (Objective.JCT, Objective.THROUGHPUT)
+        # the in-flight exchange's and trade's candidates (their objectives' gains and losses are functions of
+        # the job's allocation)
+        static = self.config.objective in (Objective.JCT, Objective.THROUGHPUT)
+        self._exchanges = self.config.exchange_margin > 0 and static
         self._switches = RunningJobIndex(sim, self._switch_entries) if self._exchanges else None
+        self._trades = RunningJobIndex(sim, self._trade_entries) if self.config.trade_margin > 0 and static else None
         self.next_promotion = float("inf")
         self._depth_exhausted = False  # the last in-flight handler stopped at depth D: try again next tick
         self.next_defrag = sim.now + self.config.defrag_interval_s if self.config.defrag_interval_s > 0 else float("inf")
@@ -132,6 +139,8 @@ class ArenaPolicy(Policy):
         self._scale_up()
         if self._exchanges:
             self._exchange()
+        if self._trades is not None:
+            self._trade()
         self._refresh_promotion()
 
     def _promote(self) -> None:
@@ -267,7 +276,7 @@ class ArenaPolicy(Policy):
         return out
 
     def on_start(self, job: Job) -> None:
-        for index in (self._upgrades, self._victim_index, self._switches):
+        for index in (self._upgrades, self._victim_index, self._switches, self._trades):
             if index is not None:
                 index.add(job)
 
@@ -423,6 +432,50 @@ class ArenaPolicy(Policy):
             if sim.rescale(job, t2, c2):
                 touched.add(job.index)
                 done += 1
+
+    def _trade_entries(self, job: Job) -> list[tuple[tuple, tuple]]:
+        """A running job's trades with a job on another GPU type: listed as the taker of each allocation it
+        could run on (by its own allocation and that one; ranked by its gain, best first) and as the giver of
+        its own to a job on that one (by that allocation and its own; ranked by its loss, least first)."""
+        own = (job.alloc.type_index, job.alloc.count_index)
+        out = []
+        for other in self.configs(job):
+            if other[0] != own[0]:
+                change = self.objective.trade_change(job, *other)
+                out.append((("take", own, other), (-change, job.index)))
+                out.append((("give", other, own), (-change, job.index)))
+        return out
+
+    def _best_trade(self) -> tuple[Job, Job] | None:
+        """The trade of the largest net objective gain (ties: the lower job indexes) whose taker gains more than
+        the margin times the giver's loss and finishes earlier despite the rescale."""
+        margin = self.config.trade_margin
+        best = None
+        for key in self._trades.keys():
+            if key[0] != "take":
+                continue
+            giver = next(self._trades.walk(("give", key[1], key[2])), None)  # the least loss first
+            if giver is None:
+                continue
+            loss = giver[0]
+            for entry in self._trades.walk(key):  # the best gain first
+                gain = -entry[0]
+                rank = (loss - gain, entry[1], giver[1])
+                if not gain > margin * max(loss, 0.0) or (best is not None and rank >= best[0]):
+                    break  # the rest of the list gains less
+                taker = entry[-1]
+                if self.objective.upgrade_pays_off(taker, *key[2]):
+                    best = (rank, taker, giver[-1])
+                    break
+        return None if best is None else (best[1], best[2])
+
+    def _trade(self) -> None:
+        for _ in range(self.config.search_depth):
+            pair = self._best_trade()
+            if pair is None:
+                return
+            self.sim.trade(*pair)  # both restart: their index entries go stale
+            self._victims = None
 
     # -- defragmentation -----------------------------------------------------------------------------
     def _defragment(self) -> None:

@@ -84,6 +84,17 @@ class Policy:
         above = ok[ok >= c_req]
         return int(above[0]) if above.size else int(ok[-1])
 
+    def apply_moves(self, moves: list[tuple[Job, int, int]]) -> None:
+        """Move running jobs to their (type, count index) as a solver chose them together: a move whose GPUs
+        another move of the list frees is retried after it (passes until one changes nothing), so the order
+        of the list does not decide which moves happen; what still does not fit (fragmentation) stays."""
+        pending = moves
+        while pending:
+            left = [(job, t, c) for job, t, c in pending if not self.sim.rescale(job, t, c)]
+            if len(left) == len(pending):
+                return
+            pending = left
+
 
 def _load() -> None:
     import libarena.schedule.policies as pkg

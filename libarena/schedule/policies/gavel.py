@@ -86,11 +86,8 @@ class GavelPolicy(Policy):
             return
         choice = solve_assignment(groups, must, np.maximum(capacity, 0), self.config.ilp_time_limit_s)
         launched = set()
-        for job, opts, k in zip(jobs, groups, choice):
-            if k is None or job.state == JobState.QUEUED or k == 0:
-                continue
-            t, gpus, _ = opts[k]
-            sim.rescale(job, t, count_index(gpus))
+        self.apply_moves([(job, opts[k][0], count_index(opts[k][1])) for job, opts, k in zip(jobs, groups, choice)
+                          if k is not None and k != 0 and job.state != JobState.QUEUED])
         for job, opts, k in zip(jobs, groups, choice):
             if k is None or job.state != JobState.QUEUED:
                 continue

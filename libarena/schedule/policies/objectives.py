@@ -44,13 +44,17 @@ class ThroughputObjective:
         self._launch_orders[job.index] = (configs, order)
         return order
 
+    def rate_scale(self, job: Job) -> float:
+        """What the objective divides the job's samples/s by (1: every sample counts the same)."""
+        return 1.0
+
     def victim_score(self, job: Job) -> float | None:
         """Throughput lost per freed GPU when halving the job; None if it may not shrink."""
         a = job.alloc
         t, c = a.type_index, a.count_index
         if c == 0 or not job.view_thr[t, c - 1] > 0:
             return None
-        return (job.view_thr[t, c] - job.view_thr[t, c - 1]) / (1 << (c - 1))
+        return (job.view_thr[t, c] - job.view_thr[t, c - 1]) / (1 << (c - 1)) / self.rate_scale(job)
 
     #: upgrade_score(job, t2, c2) is upgrade_gain(job, t2, c2) where upgrade_pays_off(job, t2, c2), else
     #: None, and the gain depends only on the job's view and allocation: Arena's in-flight handler then keeps
@@ -67,7 +71,12 @@ class ThroughputObjective:
         if not v_new > v_old:
             return None
         extra = (1 << c2) - (1 << c) if t2 == t else (1 << c2)
-        return (v_new - v_old) / max(1, extra)
+        return (v_new - v_old) / max(1, extra) / self.rate_scale(job)
+
+    def trade_change(self, job: Job, t2: int, c2: int) -> float:
+        """The objective's change if the running job moved to (t2, c2): its throughput gained (negative: lost)."""
+        a = job.alloc
+        return (job.view_thr[t2, c2] - job.view_thr[a.type_index, a.count_index]) / self.rate_scale(job)
 
     def upgrade_pays_off(self, job: Job, t2: int, c2: int) -> bool:
         """Whether the job, moved to (t2, c2) now, finishes earlier despite the rescale overhead."""
@@ -152,13 +161,8 @@ class JCTObjective(ThroughputObjective):
     contended, scale-ups go to, and scale-downs spare, the jobs that finish soonest with them; a long job
     gives way. The weight is fixed per job, so the scores stay functions of the job's allocation (indexed)."""
 
-    def victim_score(self, job: Job) -> float | None:
-        score = super().victim_score(job)
-        return None if score is None else score / self.isolated_s(job)
-
-    def upgrade_gain(self, job: Job, t2: int, c2: int) -> float | None:
-        gain = super().upgrade_gain(job, t2, c2)
-        return None if gain is None else gain / self.isolated_s(job)
+    def rate_scale(self, job: Job) -> float:
+        return self.isolated_s(job)
 
 
 OBJECTIVES = {Objective.JCT: JCTObjective, Objective.THROUGHPUT: ThroughputObjective,

@@ -94,13 +94,12 @@ class SiaPolicy(Policy):
             return
         choice = solve_assignment(groups, must, np.maximum(capacity, 0), self.config.ilp_time_limit_s)
         chosen = [(job, cand[k]) for job, cand, k in zip(jobs, configs, choice) if k is not None]
-        # shrinks first, then moves and growths, then launches
+        # shrinks first, then moves and growths (retried after the others free GPUs), then launches
         for job, (t, c) in chosen:
             if job.state == JobState.RUNNING and t == job.alloc.type_index and c < job.alloc.count_index:
                 sim.rescale(job, t, c)
-        for job, (t, c) in chosen:
-            if job.state == JobState.RUNNING and (t, c) != (job.alloc.type_index, job.alloc.count_index):
-                sim.rescale(job, t, c)
+        self.apply_moves([(job, t, c) for job, (t, c) in chosen
+                          if job.state == JobState.RUNNING and (t, c) != (job.alloc.type_index, job.alloc.count_index)])
         launched = set()
         for job, (t, c) in chosen:
             if job.state == JobState.QUEUED and sim.launch(job, t, c):
