@@ -77,3 +77,33 @@ def test_reuse_state_survives_a_restart(tmp_path):
     assert forgetful.launch_overhead(c, 0, 0) == fresh_cost
     assert other.launch_overhead(b, 0, 0) < fresh_cost
     assert other.plans_ready == live.plans_ready and other.profiles_ready == live.profiles_ready
+
+
+def test_a_trade_stops_both_jobs_before_either_starts(tmp_path):
+    """A trade gives two running jobs each other's GPUs: the server stops every job leaving its GPUs in a round
+    before it starts any version of that round (in request order, either start would find the other job still
+    on its GPUs). Superseded intents are neither stopped nor started."""
+    from types import SimpleNamespace
+
+    from libarena.schedule.live.server import Server
+
+    live = _cluster(tmp_path, "arena")
+    a = live.submit(JobSpec("short", 1, 0.0, "gpt__760M", 128, 5000, 4, "a100", None, 1), 0.0)
+    b = live.submit(JobSpec("long", 2, 0.0, "gpt__760M", 128, 50000, 4, "v100", None, 1), 0.0)
+    live.advance(0.0)
+    assert live.launch(a, 1, 2) and live.launch(b, 0, 2)  # short on 4 V100s, long on 4 A100s
+    live.drain()
+    for job in (a, b):
+        job.state = JobState.RUNNING
+        job.rate = 1.0
+    live.trade(a, b)
+    intents = live.drain()[0]
+    assert [(r.job_id, r.gpu_type, r.previous_version) for r in intents] == [("short", "a100", 1), ("long", "v100", 1)]
+    calls: list[tuple] = []
+    launcher = SimpleNamespace(vacate=lambda r: calls.append(("stop", r.job_id, r.previous_version)),
+                               launch=lambda r: calls.append(("start", r.job_id, r.version)))
+    store = SimpleNamespace(mark_launch=lambda job_id, version, what: calls.append((what, job_id, version)))
+    superseded = intents[0].__class__(**{**intents[0].to_dict(), "version": 1, "nodes": (0,)})
+    Server._execute(SimpleNamespace(launcher=launcher, store=store), [superseded, *intents])
+    assert calls == [("superseded", "short", 1), ("stop", "short", 1), ("stop", "long", 1),
+                     ("start", "short", 2), ("launched", "short", 2), ("start", "long", 2), ("launched", "long", 2)]

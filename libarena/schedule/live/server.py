@@ -342,10 +342,17 @@ class Server:
         latest: dict[str, int] = {}
         for req in intents:
             latest[req.job_id] = req.version
+        current = []
         for req in intents:
             if latest[req.job_id] != req.version:
                 self.store.mark_launch(req.job_id, req.version, "superseded")
-                continue
+            else:
+                current.append(req)
+        # every job that leaves its GPUs this round stops before any starts (a trade is a cycle of two)
+        for req in current:
+            if req.previous_version is not None:
+                self.launcher.vacate(req)
+        for req in current:
             self.launcher.launch(req)
             self.store.mark_launch(req.job_id, req.version, "launched")
 

@@ -107,6 +107,10 @@ class ArenaRunLauncher(JobLauncher):
             self._stop_version(request.job_id, request.previous_version)
         self._start(request, run_dir)
 
+    def vacate(self, request: LaunchRequest) -> None:
+        if request.previous_version is not None:
+            self._stop_version(request.job_id, request.previous_version)
+
     def relaunch(self, request: LaunchRequest) -> None:
         run_dir = self.run_dir(request.job_id, request.version)
         for name in ("pid", "exit_code", "started_wall"):

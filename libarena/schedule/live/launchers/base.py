@@ -80,6 +80,12 @@ class JobLauncher(ABC):
         """Start the version (stopping ``previous_version``); a version already started is left alone."""
 
     @abstractmethod
+    def vacate(self, request: LaunchRequest) -> None:
+        """Stop ``request.previous_version`` (as of ``request.decided_at``) before any request of the round starts:
+        a round may give one job's GPUs to another (a trade gives two jobs each other's), so every job leaving its
+        GPUs stops first. ``launch`` then finds it stopped."""
+
+    @abstractmethod
     def poll(self, now: float, versions: dict[str, int]) -> dict[str, RunStatus]:
         """Status, at scheduler time ``now``, of each job's current version (``versions``: job id -> version)."""
 

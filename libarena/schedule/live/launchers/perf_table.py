@@ -78,6 +78,11 @@ class PerfTableLauncher(JobLauncher):
                 self.conn.execute("UPDATE runs SET stopped_at = ? WHERE job_id = ? AND version = ?", (when, *key))
             self._cache[key] = (req, sp, ts, rate, when)
 
+    def vacate(self, request: LaunchRequest) -> None:
+        prev = (request.job_id, request.previous_version)
+        if request.previous_version is not None and prev in self._cache:
+            self._stop(prev, request.decided_at)
+
     def stop(self, job_id: str, version: int) -> None:
         if (job_id, version) in self._cache:
             req = self._cache[(job_id, version)][0]
