@@ -177,8 +177,10 @@ class ArenaPolicyConfig(PolicyConfig):
     #: In-flight trade (ours, beyond Algorithm 1): two running jobs on different GPU types trade their GPUs
     #: (each restarts on the other's type, count and GPUs) when one's objective gain is more than this many
     #: times the other's loss (a margin for the rescale pauses that the rates leave out); up to D trades per
-    #: round; 0 disables. It moves the short jobs to the fast GPUs without taking GPUs from anyone (jct and
-    #: throughput objectives only). 5 measured best of 1-12 on philly and four jittered copies.
+    #: round, and at launch (a launching job takes a running job's GPUs, which restarts on the free GPUs the
+    #: launching one would have had); 0 disables. It moves the short jobs to the fast GPUs without taking GPUs
+    #: from anyone (jct and throughput objectives only). 5 measured best of 1-12 on philly and four jittered
+    #: copies.
     trade_margin: float = 5.0
     #: In-flight exchange (ours; 0 disables): a running job switches to a faster GPU type at a neighbouring
     #: count by halving up to D running jobs of that type, when its objective gain is more than this many times

@@ -100,33 +100,56 @@ TRADE_TABLE = hand_table({
 }, batch=10)
 
 
-def test_trade_gives_the_fast_gpus_to_the_short_job_without_taking_gpus_from_anyone():
-    """The in-flight trade: "long" takes the A100s at t=0; "short" (10x shorter) arrives when only the V100s are
-    free and launches there at 300 s. Swapping their GPUs gains "short" 30 samples/s at 10x the weight that
-    "long" loses them at (the JCT objective's 1 / isolated duration), so both restart on the other's GPUs in the
-    next round; without trades "short" runs on the V100s to the end."""
+def test_a_launching_short_job_takes_a_long_jobs_fast_gpus_which_restarts_on_the_free_slow_ones():
+    """A trade at launch: "long" holds the A100s; "short" (10x shorter) arrives when only the V100s are free.
+    The A100s gain "short" 30 samples/s at 10x the weight that "long" loses them at (the JCT objective's
+    1 / isolated duration), so in the round "short" launches, "long" restarts on the V100s and "short" starts on
+    the A100s; without trades "short" runs on the V100s to the end. Nobody loses GPUs."""
     spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
     jobs = [job("long", "gpt__1.3B", 400000, 4, "a100", batch=10, row=1),
             job("short", "gpt__1.3B", 40000, 4, "a100", batch=10, submit=10.0, row=2)]
     off = simulate(jobs, TRADE_TABLE, spec, "arena", trade_margin=0.0)
-    assert _actions(off, "rescale") == []
+    assert _actions(off, "rescale") == [] and _actions(off, "launch")[1] == (300.0, "short", 4)
     res = simulate(jobs, TRADE_TABLE, spec, "arena")
-    assert [(j, n) for _, j, n in _actions(res, "launch")] == [("long", 4), ("short", 4)]
+    d = res.decisions
+    first = [(t, res.jobs[j].spec.job_id, a, g) for t, j, a, g in zip(d["time"], d["job_index"], d["action"], d["gpu_type"])][:3]
+    assert first == [(0.0, "long", "launch", "a100"), (300.0, "long", "rescale", "v100"), (300.0, "short", "launch", "a100")]
+    finish = {j.spec.job_id: j.finish_time for j in res.jobs}
+    finish_off = {j.spec.job_id: j.finish_time for j in off.jobs}
+    # 40,000 iterations of batch 10: 40,000 s on the V100s, 10,000 s on the A100s
+    assert finish_off["short"] == 40300.0 and finish["short"] == 10300.0
+    # "long" goes back to the A100s once "short" is done; the sum of JCTs drops although "long" paid for it
+    assert _actions(res, "rescale")[1][1:] == ("long", 4) and _actions(res, "rescale")[1][0] >= finish["short"]
+    jct = lambda f: sum(f[j.spec.job_id] - j.spec.submit_time for j in res.jobs)  # noqa: E731
+    assert finish["long"] > finish_off["long"] and jct(finish) < jct(finish_off)
+
+
+#: "x" (short) holds the A100s when "short" arrives, so "short" starts on the V100s (taking the A100s from a job
+#: 10x shorter than itself would not pay); "long" arrives later and takes the A100s that "x" leaves
+IN_FLIGHT = [job("x", "gpt__1.3B", 4000, 4, "a100", batch=10, row=1),
+             job("short", "gpt__1.3B", 40000, 4, "a100", batch=10, submit=10.0, row=2),
+             job("long", "gpt__1.3B", 400000, 4, "a100", batch=10, submit=900.0, row=3)]
+
+
+def test_trade_gives_the_fast_gpus_to_the_short_job_without_taking_gpus_from_anyone():
+    """The in-flight trade: once "short" (on the V100s) and "long" (on the A100s) both run, they swap GPUs in
+    one round, both restarting; without trades "short" stays on the V100s to the end."""
+    spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
+    off = simulate(IN_FLIGHT, TRADE_TABLE, spec, "arena", trade_margin=0.0)
+    assert _actions(off, "rescale") == []
+    res = simulate(IN_FLIGHT, TRADE_TABLE, spec, "arena")
+    assert [(t, j) for t, j, _ in _actions(res, "launch")] == [(0.0, "x"), (300.0, "short"), (1200.0, "long")]
     rescales = _actions(res, "rescale")
-    # one round, both at once, each onto the other's type; then "long" goes back to the A100s once "short" is done
-    assert [(t, j) for t, j, _ in rescales[:2]] == [(600.0, "short"), (600.0, "long")]
+    assert [(t, j) for t, j, _ in rescales[:2]] == [(1500.0, "short"), (1500.0, "long")]
     d = res.decisions
     types = {(res.jobs[j].spec.job_id, a): g for t, j, a, g in zip(d["time"], d["job_index"], d["action"], d["gpu_type"])
-             if t == 600.0}
+             if t == 1500.0}
     assert types == {("short", "rescale"): "a100", ("long", "rescale"): "v100"}
     finish = {j.spec.job_id: j.finish_time for j in res.jobs}
     finish_off = {j.spec.job_id: j.finish_time for j in off.jobs}
-    # 40,000 iterations of batch 10: 40,000 s on the V100s; 300 s there, then 9,925 s on the A100s
-    assert finish_off["short"] == 40300.0 and finish["short"] == 10525.0
+    # "short": 1,200 iterations on the V100s by 1,500 s, the other 38,800 at 4 it/s on the A100s
+    assert finish_off["short"] == 40300.0 and finish["short"] == 1500.0 + 38800 / 4
     assert rescales[2][1:] == ("long", 4) and rescales[2][0] >= finish["short"]
-    # the sum of JCTs drops although "long" paid for it
-    jct = lambda f: sum(f[j.spec.job_id] - j.spec.submit_time for j in res.jobs)  # noqa: E731
-    assert finish["long"] > finish_off["long"] and jct(finish) < jct(finish_off)
 
 
 def test_trade_needs_the_margin_and_a_shorter_job_to_gain():
@@ -138,9 +161,10 @@ def test_trade_needs_the_margin_and_a_shorter_job_to_gain():
     assert _actions(simulate(same, TRADE_TABLE, spec, "arena"), "rescale") == [(100200.0, "second", 4)]
     jobs = [job("long", "gpt__1.3B", 400000, 4, "a100", batch=10, row=1),
             job("short", "gpt__1.3B", 40000, 4, "a100", batch=10, submit=10.0, row=2)]
-    # the weighted gain is 10x the loss: a margin of 12 refuses it, 8 accepts it
+    # the weighted gain is 10x the loss: a margin of 12 refuses it (at launch and in flight), 8 accepts it
     assert _actions(simulate(jobs, TRADE_TABLE, spec, "arena", trade_margin=12.0), "rescale") == []
-    assert _actions(simulate(jobs, TRADE_TABLE, spec, "arena", trade_margin=8.0), "rescale")[0][:2] == (600.0, "short")
+    assert _actions(simulate(jobs, TRADE_TABLE, spec, "arena", trade_margin=8.0), "rescale")[0][:2] == (300.0, "long")
+    assert _actions(simulate(IN_FLIGHT, TRADE_TABLE, spec, "arena", trade_margin=12.0), "rescale") == []
 
 
 def test_a_trade_pays_both_restarts_and_neither_job_progresses_meanwhile():
@@ -148,12 +172,13 @@ def test_a_trade_pays_both_restarts_and_neither_job_progresses_meanwhile():
     do not train meanwhile; the cluster's occupancy is unchanged (each holds the other's GPUs at once)."""
     overheads = OverheadConfig(0, 0, 0, 90, 0, 300)
     spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
-    jobs = [job("long", "gpt__1.3B", 400000, 4, "a100", batch=10, row=1),
-            job("short", "gpt__1.3B", 40000, 4, "a100", batch=10, submit=10.0, row=2)]
-    res = simulate(jobs, TRADE_TABLE, spec, "arena", overheads=overheads)
-    assert [(t, j) for t, j, _ in _actions(res, "rescale")[:2]] == [(600.0, "short"), (600.0, "long")]
+    res = simulate(IN_FLIGHT, TRADE_TABLE, spec, "arena", overheads=overheads)
+    trade = _actions(res, "rescale")[:2]
+    assert [j for _, j, _ in trade] == ["short", "long"] and trade[0][0] == trade[1][0]
+    at = trade[0][0]
     short = next(j for j in res.jobs if j.spec.job_id == "short")
-    # launched at 300 s, training from 390 s at 1 it/s on the V100s: 210 iterations by the trade; from 990 s on
-    # the A100s at 4 it/s for the other 39,790
-    assert short.finish_time == 990.0 + 39790 / 4
+    # launched at 300 s, training from 390 s at 1 it/s on the V100s until the trade; from 390 s after it on the
+    # A100s at 4 it/s for the rest
+    done = at - 390.0
+    assert short.finish_time == at + 390.0 + (40000 - done) / 4
     assert short.overhead_s == 90.0 + 390.0

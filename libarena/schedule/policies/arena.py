@@ -17,7 +17,9 @@
   GPUs (each restarts on the other's allocation) when one's objective gain exceeds the other's loss by the
   margin, best trade first, up to D per round. Under the JCT objective it puts the short jobs on the fast
   GPUs (Smith's rule across GPU types) without taking GPUs from anyone: a job launched on a slow type while
-  the fast one was taken moves up as soon as a longer job holds GPUs it values less.
+  the fast one was taken moves up as soon as a longer job holds GPUs it values less. The same rule at launch:
+  a launching job takes a running job's GPUs on another type, and that job restarts on the free GPUs the
+  launching one would have had, when the launching job gains more than the margin times the other's loss.
 - In-flight exchange (ours; ``exchange_margin``, off by default): a running job may switch to a faster GPU
   type at a neighbouring count whose GPUs are taken, by halving up to D running jobs of that type (smallest
   objective loss first), when its gain exceeds their losses by the margin; up to D exchanges per round.
@@ -177,7 +179,15 @@ class ArenaPolicy(Policy):
         sim = self.sim
         cfg = self._best_placeable(job, configs)
         if cfg is not None:
-            return sim.launch(job, *self._grow_at_launch(job, *cfg))
+            t, c = self._grow_at_launch(job, *cfg)
+            if self._trades is not None:
+                swap = self._launch_trade(job, t, c)
+                if swap is not None:
+                    holder, (t2, c2) = swap
+                    if sim.rescale(holder, t, c):  # the holder restarts on the free GPUs the job would have taken
+                        self._victims = None
+                        return sim.launch(job, t2, c2)
+            return sim.launch(job, t, c)
         if not may_scale_down or not configs:
             return False
         need, types = self._smallest(job)
@@ -467,6 +477,29 @@ class ArenaPolicy(Policy):
                 if self.objective.upgrade_pays_off(taker, *key[2]):
                     best = (rank, taker, giver[-1])
                     break
+        return None if best is None else (best[1], best[2])
+
+    def _launch_trade(self, job: Job, t: int, c: int) -> tuple[Job, tuple[int, int]] | None:
+        """A trade at launch: the running job whose GPUs (on another type) the launching job values more than the
+        free (t, c) it would get, by more than the margin times that job's loss if it moved to (t, c) instead;
+        the largest net gain (ties: the lower job index). None if there is none."""
+        margin = self.config.trade_margin
+        scale = self.objective.rate_scale(job)
+        base = float(job.view_thr[t, c])
+        best = None
+        for other in self.configs(job):
+            if other[0] == t:
+                continue
+            gain = (float(job.view_thr[other]) - base) / scale
+            if not gain > 0:
+                continue
+            holder = next(self._trades.walk(("give", (t, c), other)), None)  # its least loss first
+            if holder is None:
+                continue
+            loss = holder[0]
+            rank = (loss - gain, holder[1])
+            if gain > margin * max(loss, 0.0) and (best is None or rank < best[0]):
+                best = (rank, holder[-1], other)
         return None if best is None else (best[1], best[2])
 
     def _trade(self) -> None:
