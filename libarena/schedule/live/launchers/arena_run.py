@@ -103,8 +103,7 @@ class ArenaRunLauncher(JobLauncher):
         run_dir = self.run_dir(request.job_id, request.version)
         if (run_dir / "pid").exists():
             return  # already started: launching is idempotent per (job, version)
-        if request.previous_version is not None:
-            self._stop_version(request.job_id, request.previous_version)
+        self.vacate(request)
         self._start(request, run_dir)
 
     def vacate(self, request: LaunchRequest) -> None:

@@ -59,11 +59,9 @@ class PerfTableLauncher(JobLauncher):
         key = (request.job_id, request.version)
         if key in self._cache:
             return
-        start_progress = 0.0
-        if request.previous_version is not None and (request.job_id, request.previous_version) in self._cache:
-            prev = (request.job_id, request.previous_version)
-            start_progress = self._progress_at(prev, request.decided_at)
-            self._stop(prev, request.decided_at)
+        self.vacate(request)
+        prev = (request.job_id, request.previous_version)
+        start_progress = self._progress_at(prev, request.decided_at) if prev in self._cache else 0.0
         train_start = request.decided_at + request.overhead_s
         rate = self._rate(request)
         with self.conn:
