@@ -451,7 +451,7 @@ class ArenaPolicy(Policy):
         out = []
         for other in self.configs(job):
             if other[0] != own[0]:
-                change = self.objective.trade_change(job, *other)
+                change = self.objective.rate_change(job, own, other)
                 out.append((("take", own, other), (-change, job.index)))
                 out.append((("give", other, own), (-change, job.index)))
         return out
@@ -484,13 +484,11 @@ class ArenaPolicy(Policy):
         free (t, c) it would get, by more than the margin times that job's loss if it moved to (t, c) instead;
         the largest net gain (ties: the lower job index). None if there is none."""
         margin = self.config.trade_margin
-        scale = self.objective.rate_scale(job)
-        base = float(job.view_thr[t, c])
         best = None
         for other in self.configs(job):
             if other[0] == t:
                 continue
-            gain = (float(job.view_thr[other]) - base) / scale
+            gain = self.objective.rate_change(job, (t, c), other)
             if not gain > 0:
                 continue
             holder = next(self._trades.walk(("give", (t, c), other)), None)  # its least loss first

@@ -73,10 +73,10 @@ class ThroughputObjective:
         extra = (1 << c2) - (1 << c) if t2 == t else (1 << c2)
         return (v_new - v_old) / max(1, extra) / self.rate_scale(job)
 
-    def trade_change(self, job: Job, t2: int, c2: int) -> float:
-        """The objective's change if the running job moved to (t2, c2): its throughput gained (negative: lost)."""
-        a = job.alloc
-        return (job.view_thr[t2, c2] - job.view_thr[a.type_index, a.count_index]) / self.rate_scale(job)
+    def rate_change(self, job: Job, before: tuple[int, int], after: tuple[int, int]) -> float:
+        """The objective's change if the job ran on (type, count index) ``after`` instead of ``before``: its
+        throughput gained (negative: lost)."""
+        return (job.view_thr[after] - job.view_thr[before]) / self.rate_scale(job)
 
     def upgrade_pays_off(self, job: Job, t2: int, c2: int) -> bool:
         """Whether the job, moved to (t2, c2) now, finishes earlier despite the rescale overhead."""
