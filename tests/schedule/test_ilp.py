@@ -40,3 +40,46 @@ def test_native_prints_during_a_solve_reach_stderr_not_stdout():
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["data-before", "data-after"]
     assert "native-line" in r.stderr and "raw-line" in r.stderr
+
+
+def _brute_force_best(groups, must, capacity):
+    """The optimum by enumeration (small instances): every option or none per group."""
+    import itertools
+
+    best = -np.inf
+    for pick in itertools.product(*[[None, *range(len(g))] for g in groups]):
+        if any(m and k is None for m, k in zip(must, pick)):
+            continue
+        used = np.zeros(len(capacity))
+        for g, k in enumerate(pick):
+            if k is not None:
+                used[groups[g][k][0]] += groups[g][k][1]
+        if np.all(used <= capacity):
+            best = max(best, sum(groups[g][k][2] for g, k in enumerate(pick) if k is not None))
+    return best
+
+
+def test_assignment_is_optimal_within_its_gap_on_random_instances():
+    """The solver's choice is feasible and within the 0.01% gap of the optimum found by enumeration."""
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        num_types = int(rng.integers(1, 4))
+        groups = [[(int(rng.integers(num_types)), int(2 ** rng.integers(0, 4)), float(rng.uniform(0.1, 5)))
+                   for _ in range(int(rng.integers(1, 4)))] for _ in range(int(rng.integers(1, 6)))]
+        capacity = rng.integers(1, 12, size=num_types)
+        # an in-flight job's first option is its current allocation: the in-flight ones fit together
+        must, held = [], np.zeros(num_types)
+        for opts in groups:
+            t, gpus, _ = opts[0]
+            m = bool(rng.random() < 0.4) and held[t] + gpus <= capacity[t]
+            held[t] += gpus if m else 0
+            must.append(m)
+        choice = solve_assignment(groups, must, capacity, time_limit_s=10)
+        used = np.zeros(num_types)
+        for g, k in enumerate(choice):
+            assert k is not None or not must[g]
+            if k is not None:
+                used[groups[g][k][0]] += groups[g][k][1]
+        assert np.all(used <= capacity)
+        value = sum(groups[g][k][2] for g, k in enumerate(choice) if k is not None)
+        assert value >= _brute_force_best(groups, must, capacity) * (1 - 1e-4) - 1e-9
