@@ -128,3 +128,24 @@ def test_a_solver_policys_moves_happen_whatever_their_order_in_the_list():
         assert (a.alloc.type_index, b.alloc.type_index, a.version, b.version) == (types["a40"], types["v100"], 1, 1)
         sim.policy.apply_moves([(b, types["a40"], 2), (a, types["a100"], 2)])
         assert (a.alloc.type_index, b.alloc.type_index) == (types["a100"], types["a40"]), name
+
+
+def test_sia_moves_a_running_job_to_a_slower_type_to_admit_one_that_needs_its_gpus():
+    """Sia's program weighs every job's configurations, slower types included: "resident" runs almost as fast on
+    the V100s, "newcomer" fits only the A100s, so the program moves "resident" down and admits "newcomer" at
+    once instead of leaving it queued until "resident" ends (about a week)."""
+    table = hand_table({
+        ("gpt__1.3B", "a100"): {"dp": {1: 10.0, 2: 20.0, 4: 40.0}, "ap": {1: 10.0, 2: 20.0, 4: 40.0}},
+        ("gpt__1.3B", "v100"): {"dp": {1: 9.0, 2: 18.0, 4: 36.0}, "ap": {1: 9.0, 2: 18.0, 4: 36.0}},
+        ("bert__760M", "a100"): {"dp": {1: 10.0, 2: 20.0, 4: 40.0}, "ap": {1: 10.0, 2: 20.0, 4: 40.0}},
+    })
+    spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
+    jobs = [job("resident", "gpt__1.3B", 100000, 4, "a100", submit=0.0, row=1),
+            job("newcomer", "bert__760M", 1000, 4, "a100", submit=1000.0, row=2)]
+    res = simulate(jobs, table, spec, "sia")
+    launched = _launch_times(res)
+    assert launched["resident"] < 1000 and launched["newcomer"] < 2000
+    d = res.decisions
+    moves = [(g, n) for j, a, g, n in zip(d["job_index"], d["action"], d["gpu_type"], d["num_gpus"])
+             if a == "rescale" and res.jobs[j].spec.job_id == "resident"]
+    assert moves and moves[0] == ("v100", 4)

@@ -8,9 +8,10 @@ timeout the best feasible solution found is used, and if none was found every in
 
 HiGHS's presolve is off: these problems (one row per group, one per GPU type) leave it little to remove. On 358
 problems recorded from Sia's full-length philly run, solves without it took 30% less time at either gap (6.1 s
-against 8.7 s), so the tighter gap (better assignments for the baselines) comes almost free. Whole runs (bench/results/schedule.json, scale.json): Sia's
-full-length philly 115 -> 101 s, at ten times the scale 45 -> 38 s (old settings: one round run the same day);
-the 2,000-round window of philly (1x) is about 1 s slower (6 -> 7 s), where presolve paid for itself.
+against 8.7 s), so the tighter gap (better assignments for the baselines) comes almost free. Whole runs, before
+Sia's running jobs were offered every GPU type (the benchmark files of that commit): Sia's full-length philly
+115 -> 101 s, at ten times the scale 45 -> 38 s; the 2,000-round window of philly (1x) about 1 s slower (6 -> 7 s),
+where presolve paid for itself.
 """
 
 from __future__ import annotations

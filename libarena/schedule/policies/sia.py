@@ -11,7 +11,7 @@ than speeding up one already running); the restart share (checkpoint-resume + AP
 estimated remaining time, capped at 1) discounts a config change of an in-flight job, like Sia's restart
 factor. In-flight jobs must keep a config (no preemption); they are offered their current config, one count up
 on the same type, one count down (only while jobs queue: shrinking can only help to admit them), and the same
-count on every type it estimates faster. Queued jobs (the oldest
+count on every other type (slower ones too, so the program can swap two jobs' types). Queued jobs (the oldest
 PolicyConfig.ilp_max_queued) are offered every config up to PolicyConfig.max_gpus_per_job. This bounds the ILP
 to about 6 x (in-flight jobs) + (GPU types x counts) x (queued jobs) binaries; each solve is limited to
 PolicyConfig.ilp_time_limit_s.
@@ -73,10 +73,11 @@ class SiaPolicy(Policy):
                 continue
             self._configs(job)
             remaining_s = job.remaining_at(sim.now) * job.spec.global_batch / job.view_thr[t0, c0]
-            v = job.view_thr
+            # the same count on every other type, slower ones too: Sia's program weighs every configuration of
+            # every job, so it may move a job to a slower type to give its GPUs to one that values them more
             cand = [(t0, c0)] + [(t, c) for t, c in self._configs(job)
                                  if (t == t0 and c == c0 + 1) or (t == t0 and c == c0 - 1 and self.queue)
-                                 or (t != t0 and c == c0 and v[t, c] > v[t0, c0])]
+                                 or (t != t0 and c == c0)]
             opts = [(t0, 1 << c0, self._utility(job, t0, c0))]
             opts += [(t, 1 << c, self._utility(job, t, c) * _restart_discount(sim.rescale_overhead(job, t, c), remaining_s))
                      for t, c in cand[1:]]
