@@ -350,8 +350,7 @@ class Server:
                 current.append(req)
         # every job that leaves its GPUs this round stops before any starts (a trade is a cycle of two)
         for req in current:
-            if req.previous_version is not None:
-                self.launcher.vacate(req)
+            self.launcher.vacate(req)
         for req in current:
             self.launcher.launch(req)
             self.store.mark_launch(req.job_id, req.version, "launched")

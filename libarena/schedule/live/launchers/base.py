@@ -81,9 +81,10 @@ class JobLauncher(ABC):
 
     @abstractmethod
     def vacate(self, request: LaunchRequest) -> None:
-        """Stop ``request.previous_version`` (as of ``request.decided_at``) before any request of the round starts:
-        a round may give one job's GPUs to another (a trade gives two jobs each other's), so every job leaving its
-        GPUs stops first. ``launch`` then finds it stopped."""
+        """Stop ``request.previous_version`` (as of ``request.decided_at``; nothing if there is none, or it is
+        already stopped) before any request of the round starts: a round may give one job's GPUs to another (a
+        trade gives two jobs each other's), so every job leaving its GPUs stops first. ``launch`` then finds it
+        stopped."""
 
     @abstractmethod
     def poll(self, now: float, versions: dict[str, int]) -> dict[str, RunStatus]:
