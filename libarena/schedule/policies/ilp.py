@@ -6,12 +6,9 @@ its capacity, maximising the total weight (to a relative MIP gap of 0.01%). Solv
 timeout the best feasible solution found is used, and if none was found every in-flight job keeps its first option
 (its current allocation) and nothing new starts.
 
-HiGHS's presolve is off: these problems (one row per group, one per GPU type) leave it little to remove. On 358
-problems recorded from Sia's full-length philly run, solves without it took 30% less time at either gap (6.1 s
-against 8.7 s), so the tighter gap (better assignments for the baselines) comes almost free. Whole runs, before
-Sia's running jobs were offered every GPU type (the benchmark files of that commit): Sia's full-length philly
-115 -> 101 s, at ten times the scale 45 -> 38 s; the 2,000-round window of philly (1x) about 1 s slower (6 -> 7 s),
-where presolve paid for itself.
+HiGHS's presolve is off: these problems (one row per group, one per GPU type) leave it little to remove, and
+without it the long runs' many solves reach the tighter gap faster (Sia's full-length philly run, before its
+running jobs were offered every type: 115.5 s -> 100.7 s in bench/results/schedule.json; the README has the rest).
 """
 
 from __future__ import annotations
