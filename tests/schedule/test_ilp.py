@@ -42,6 +42,19 @@ def test_native_prints_during_a_solve_reach_stderr_not_stdout():
     assert "native-line" in r.stderr and "raw-line" in r.stderr
 
 
+def _gpus_used(groups, pick, num_types):
+    """GPUs of each type that the picked options (one index or None per group) take."""
+    used = np.zeros(num_types)
+    for g, k in enumerate(pick):
+        if k is not None:
+            used[groups[g][k][0]] += groups[g][k][1]
+    return used
+
+
+def _value(groups, pick):
+    return sum(groups[g][k][2] for g, k in enumerate(pick) if k is not None)
+
+
 def _brute_force_best(groups, must, capacity):
     """The optimum by enumeration (small instances): every option or none per group."""
     import itertools
@@ -50,12 +63,8 @@ def _brute_force_best(groups, must, capacity):
     for pick in itertools.product(*[[None, *range(len(g))] for g in groups]):
         if any(m and k is None for m, k in zip(must, pick)):
             continue
-        used = np.zeros(len(capacity))
-        for g, k in enumerate(pick):
-            if k is not None:
-                used[groups[g][k][0]] += groups[g][k][1]
-        if np.all(used <= capacity):
-            best = max(best, sum(groups[g][k][2] for g, k in enumerate(pick) if k is not None))
+        if np.all(_gpus_used(groups, pick, len(capacity)) <= capacity):
+            best = max(best, _value(groups, pick))
     return best
 
 
@@ -75,11 +84,6 @@ def test_assignment_is_optimal_within_its_gap_on_random_instances():
             held[t] += gpus if m else 0
             must.append(m)
         choice = solve_assignment(groups, must, capacity, time_limit_s=10)
-        used = np.zeros(num_types)
-        for g, k in enumerate(choice):
-            assert k is not None or not must[g]
-            if k is not None:
-                used[groups[g][k][0]] += groups[g][k][1]
-        assert np.all(used <= capacity)
-        value = sum(groups[g][k][2] for g, k in enumerate(choice) if k is not None)
-        assert value >= _brute_force_best(groups, must, capacity) * (1 - 1e-4) - 1e-9
+        assert all(k is not None or not m for k, m in zip(choice, must))
+        assert np.all(_gpus_used(groups, choice, num_types) <= capacity)
+        assert _value(groups, choice) >= _brute_force_best(groups, must, capacity) * (1 - 1e-4) - 1e-9
