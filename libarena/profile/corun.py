@@ -44,8 +44,9 @@ from libarena.profile.subprocess_devices import DeviceChild, serve_requests
 from libarena.profile.timers import Timing
 from libarena.run.heap import frozen_heap
 
-#: bump when what a co-run record holds, or how it is timed, changes (cached records are then re-measured)
-CORUN_VERSION = 2
+#: bump when what a co-run record holds, or how it is timed, changes (cached records are then re-measured);
+#: 3: timed with the C heap's thresholds fixed (libarena.run.heap.steady_malloc)
+CORUN_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,9 @@ GRANULARITIES = ("stage", "unit")
 CONCURRENCY_MODELS = ("co-run", "cpu-time", "measured", "independent")
 #: 4: records carry each timing's process CPU time (cpu_per_wall) and lower quartile (q1_s); the per-step
 #: host work is done as the runtime does it; the forward returns its residuals stacked as the runtime's does;
-#: 5: the gradient reset is the update's zero-fill on the device (it was zeros placed from the host)
-STAGE_RECORD_VERSION = 5
+#: 5: the gradient reset is the update's zero-fill on the device (it was zeros placed from the host);
+#: 6: timed with the C heap's thresholds fixed (libarena.run.heap.steady_malloc)
+STAGE_RECORD_VERSION = 6
 #: Record key of each statistic.
 _STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
 

@@ -32,3 +32,39 @@ def test_frozen_heap_unfreezes_when_the_loop_fails():
         with frozen_heap():
             raise RuntimeError("step failed")
     assert gc.get_freeze_count() == 0
+
+
+_FAULT_PROBE = """
+import resource, sys
+import numpy as np
+from libarena.run.heap import steady_malloc
+steady = steady_malloc() if sys.argv[1] == "steady" else None
+# a freed 1 MiB mmap chunk moves glibc's dynamic thresholds to 1 MiB (mmap) and 2 MiB (trim)
+del_me = np.ones(1 << 20, dtype=np.uint8); del del_me
+def burst():  # eight 0.9 MiB temporaries from the heap's top, freed together: a 7 MiB top to trim (or keep)
+    arrays = [np.ones(900 << 10, dtype=np.uint8) for _ in range(8)]
+    del arrays
+burst()
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    burst()
+print(steady, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 20)
+"""
+
+
+def _faults_per_burst(mode: str) -> tuple[str, float]:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FAULT_PROBE, mode], capture_output=True, text=True, check=True).stdout.split()
+    return out[0], float(out[1])
+
+
+def test_steady_malloc_keeps_repeated_temporaries_from_being_faulted_in_on_every_call():
+    steady, with_fixed = _faults_per_burst("steady")
+    if steady != "True":
+        pytest.skip("the C library has no glibc mallopt")
+    _, dynamic = _faults_per_burst("dynamic")
+    # glibc's own thresholds trim the 7 MiB top after every burst: ~1,800 pages faulted in again each time
+    assert dynamic > 1000
+    assert with_fixed < 50
