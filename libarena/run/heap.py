@@ -12,8 +12,10 @@ mmap threshold with what the process freed before (and trims the heap's top abov
 call's large temporaries are page-faulted in afresh on every call depends on what ran earlier in the process.
 In probes (not a benchmark file) gpt__tiny's 16-sample stage ran at 11.4 ms, or at 15.4 ms with about 2,200
 page faults per call when a 4-sample stage had run first -- steady within the process, so no statistic of
-its samples shows it. :func:`steady_malloc` fixes both thresholds for the rest of the process, and every
-timed or training loop enters it through ``frozen_heap()``."""
+its samples shows it. :func:`steady_malloc` fixes both thresholds for the rest of the process; the loops that
+run stages or steps (the timers, the co-run and measurement children, the runtime's training and measurement
+loops) enter it through ``frozen_heap()``. The communication and host-sharing micro-benchmarks
+(libarena.profile.comm_bench, libarena.profile.concurrency) time their own loops without it."""
 
 from __future__ import annotations
 

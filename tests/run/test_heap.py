@@ -65,6 +65,7 @@ def test_steady_malloc_keeps_repeated_temporaries_from_being_faulted_in_on_every
     if steady != "True":
         pytest.skip("the C library has no glibc mallopt")
     _, dynamic = _faults_per_burst("dynamic")
-    # glibc's own thresholds trim the 7 MiB top after every burst: ~1,800 pages faulted in again each time
+    # glibc's own thresholds trim most of the 7 MiB top after every burst: about 1,300 pages faulted in again each
+    # time on the development host
     assert dynamic > 1000
     assert with_fixed < 50
