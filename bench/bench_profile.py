@@ -7,8 +7,8 @@ count and dtype.
 
 The timing protocol (libarena.profile.host), for a host that other work may share:
 
-* it starts only when the host is quiet (load average and other processes' CPU, waited for, bounded;
-  refused with one line otherwise) and records the load average before and after, the CPU time stolen by
+* it starts only when the host is quiet (load average, other processes' CPU and the timing noise of a fixed
+  computation, waited for, bounded; refused with one line otherwise) and records the load average before and after, the CPU time stolen by
   the hypervisor, the process CPU time beside the wall time and the XLA flags and cores it ran with;
 * XLA:CPU's threads follow one layout (``--threading``; by default the steadiest in bench/results/host.json,
   written by bench_host), applied before JAX starts: the work runs in a fresh interpreter;
@@ -349,7 +349,9 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
 
     quiet_record = wait_until_quiet(quiet or QuietPolicy(), _log)
     layout = XLA_THREADING.canonical(threading or steadiest_layout(results_dir))
-    _log(f"host {'quiet' if quiet_record['quiet'] else 'BUSY (going on: --allow-busy)'} (load {quiet_record['load_average']:.2f}); "
+    noise = quiet_record["timing_noise"]
+    noise_text = "" if noise is None else f", timing noise {noise['level']:.1%}"
+    _log(f"host {'quiet' if quiet_record['quiet'] else 'BUSY (going on: --allow-busy)'} (load {quiet_record['load_average']:.2f}{noise_text}); "
          f"XLA threading {layout}; models {', '.join(models)}")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-profile-run-") as tmp:
@@ -393,12 +395,15 @@ if __name__ == "__main__":
     parser.add_argument("--threading", choices=XLA_THREADING.names(), default=None,
                         help="XLA:CPU thread layout (default: the steadiest in RESULTS/host.json)")
     parser.add_argument("--max-load", type=float, default=QuietPolicy.max_load, help="load average the host must be under to start")
+    parser.add_argument("--max-noise", type=float, default=QuietPolicy.max_noise,
+                        help="timing noise (IQR/median of a fixed computation's bursts) the host must be under to start")
     parser.add_argument("--max-wait", type=float, default=QuietPolicy.max_wait_s, help="seconds to wait for a quiet host")
     parser.add_argument("--allow-busy", action="store_true", help="go on (recording it) when the host stays busy")
     args = parser.parse_args()
     try:
         ok = run(Path(args.results), tuple(args.models), args.name, args.threading,
-                 QuietPolicy(max_load=args.max_load, max_wait_s=args.max_wait, refuse=not args.allow_busy))
+                 QuietPolicy(max_load=args.max_load, max_noise=args.max_noise, max_wait_s=args.max_wait,
+                             refuse=not args.allow_busy))
     except ArenaError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None

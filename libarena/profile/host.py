@@ -3,7 +3,9 @@ it to be quiet, and how XLA:CPU's threads are laid out on its cores.
 
 Timings taken on a machine that other processes share are only as good as the quiet they were taken in, so
 an accuracy run (bench/) first waits, bounded, for the load to fall (:func:`wait_until_quiet`: the one-minute
-load average and the other processes' CPU use, refused with a one-line error when it does not), and records
+load average, the other processes' CPU use and, since neighbours on a shared virtual machine show in neither,
+how steadily a fixed computation times right now (:func:`timing_noise`); refused with a one-line error when
+the host does not quiet down), and records
 around its work the load average before and after, the CPU time the hypervisor stole (``/proc/stat``), the
 process's own CPU time beside its wall time, and the XLA flags and core affinity it ran with
 (:func:`host_window`).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -137,6 +140,10 @@ class QuietPolicy:
     max_load: float = 0.5
     #: no other process may use more than this share of one core (percent)
     max_process_percent: float = 25.0
+    #: the timing noise (:func:`timing_noise`'s ``level``) at most; None: recorded, not limited. A host on which
+    #: one fixed computation's timings a second apart differ by more than the 5% an accuracy target allows cannot
+    #: show whether that target is met
+    max_noise: float | None = 0.05
     #: wait at most this long for quiet, then refuse (or go on, with ``refuse=False``, recording it)
     max_wait_s: float = 600.0
     poll_s: float = 15.0
@@ -145,38 +152,107 @@ class QuietPolicy:
     def __post_init__(self) -> None:
         if self.max_load < 0 or self.max_process_percent <= 0 or self.max_wait_s < 0 or self.poll_s <= 0:
             raise ArenaError("quiet policy: max_load and max_wait_s must be >= 0, max_process_percent and poll_s > 0")
+        if self.max_noise is not None and not self.max_noise > 0:
+            raise ArenaError("quiet policy: max_noise must be > 0 (or None: no noise probe)")
+
+
+def _relative_iqr(values: list[float]) -> float:
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / statistics.median(values)
+
+
+def _fixed_computation() -> Callable[[], Any]:
+    """A few milliseconds of fixed host work (a chain of small float64 matmuls in numpy: no JAX, no compilation)."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((160, 160)) / 16.0
+
+    def work() -> Any:
+        x = a
+        for _ in range(20):
+            x = np.tanh(x @ a)
+        return x
+
+    return work
+
+
+def timing_noise(bursts: int = 10, samples: int = 15, interval_s: float = 1.0, work: Callable[[], Any] | None = None,
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> dict[str, float]:
+    """How steadily this host times a fixed computation now: ``bursts`` bursts of ``samples`` runs, ``interval_s``
+    apart (about 12 s in all, of which 2 s of work: noise on a shared machine comes and goes, and one short
+    burst often misses it). ``spread`` is the IQR / median of the bursts' lower quartiles (the protocol's
+    statistic): how far two timings of the same thing a second apart land; ``within`` the median of the
+    bursts' own IQR / median; ``level`` the larger of the two, what a quiet policy limits; ``sample_s`` the
+    median burst's lower quartile.
+
+    A neighbour on a shared virtual machine (its cores' caches and memory bandwidth, the hypervisor) shows in
+    neither the load average nor this machine's process list, but it shows here."""
+    if bursts < 4 or samples < 4:
+        raise ArenaError("timing noise: at least 4 bursts of 4 samples")
+    work = work or _fixed_computation()
+    work()  # first-touch and caches
+    quartiles, within = [], []
+    for burst in range(bursts):
+        if burst and interval_s > 0:
+            sleep(interval_s)
+        times = []
+        for _ in range(samples):
+            t0 = clock()
+            work()
+            times.append(clock() - t0)
+        quartiles.append(statistics.quantiles(times, n=4)[0])
+        within.append(_relative_iqr(times))
+    spread, inside = _relative_iqr(quartiles), statistics.median(within)
+    return {"level": max(spread, inside), "spread": spread, "within": inside, "sample_s": statistics.median(quartiles),
+            "bursts": bursts, "samples": samples, "interval_s": interval_s}
 
 
 def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = None,
                      probe: Callable[[], tuple[float, list[dict[str, Any]]]] | None = None,
-                     sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
-    """Wait (at most ``policy.max_wait_s``) until the load average and every other process are under the
-    policy's limits. Returns what was seen (``quiet``, ``waited_s``, the load and the busy processes at
-    the end); raises a one-line ArenaError when the host stays busy and the policy refuses.
+                     sleep: Callable[[float], None] = time.sleep,
+                     noise_probe: Callable[[], dict[str, float]] | None = None) -> dict[str, Any]:
+    """Wait (at most ``policy.max_wait_s``) until the load average, every other process and the timing noise
+    are under the policy's limits. Returns what was seen (``quiet``, ``waited_s``, the load, the busy
+    processes and the timing noise at the end); raises a one-line ArenaError when the host stays busy or
+    noisy and the policy refuses.
 
-    ``probe`` (tests): returns (one-minute load average, busy processes) instead of looking at the host."""
+    ``probe`` (tests): returns (one-minute load average, busy processes) instead of looking at the host;
+    ``noise_probe`` (tests): returns :func:`timing_noise`'s record instead of timing."""
     log = log or (lambda message: None)
 
     def look() -> tuple[float, list[dict[str, Any]]]:
         return os.getloadavg()[0], busy_processes(policy.max_process_percent)
 
     probe = probe or look
+    noise_probe = noise_probe or timing_noise
     waited = 0.0
     while True:
         load, busy = probe()
+        noise = None
         quiet = load <= policy.max_load and not busy
+        if quiet:  # timed only on a host that looks idle (the probe is work of its own)
+            noise = noise_probe()
+            quiet = policy.max_noise is None or noise["level"] <= policy.max_noise
         if quiet or waited >= policy.max_wait_s:
             break
-        log(f"host busy (load average {load:.2f}, {_describe(busy)}): waiting {policy.poll_s:.0f} s "
-            f"({waited:.0f} of at most {policy.max_wait_s:.0f} s)")
+        log(f"host {_condition(load, busy, noise, policy)}: waiting {policy.poll_s:.0f} s ({waited:.0f} of at most {policy.max_wait_s:.0f} s)")
         sleep(policy.poll_s)
         waited += policy.poll_s
-    record = {"quiet": quiet, "waited_s": waited, "load_average": load, "busy_processes": busy,
-              "policy": {"max_load": policy.max_load, "max_process_percent": policy.max_process_percent, "max_wait_s": policy.max_wait_s}}
+    record = {"quiet": quiet, "waited_s": waited, "load_average": load, "busy_processes": busy, "timing_noise": noise,
+              "policy": {"max_load": policy.max_load, "max_process_percent": policy.max_process_percent,
+                         "max_noise": policy.max_noise, "max_wait_s": policy.max_wait_s}}
     if not quiet and policy.refuse:
-        raise ArenaError(f"host not quiet after {waited:.0f} s: load average {load:.2f} (limit {policy.max_load}), {_describe(busy)}; "
-                         "run the benchmark alone (or lower the limits knowingly)")
+        raise ArenaError(f"host not quiet after waiting {waited:.0f} s: {_condition(load, busy, noise, policy)}; "
+                         "run the benchmark alone on a steadier machine (or lower the limits knowingly)")
     return record
+
+
+def _condition(load: float, busy: list[dict[str, Any]], noise: dict[str, float] | None, policy: QuietPolicy) -> str:
+    """What keeps the host from being quiet, in a few words."""
+    if noise is None:
+        return f"busy (load average {load:.2f}, limit {policy.max_load}; {_describe(busy)})"
+    return (f"noisy (a fixed computation's timings {noise['level']:.1%} apart, limit {policy.max_noise:.0%}, "
+            f"at load average {load:.2f} with no other busy process)")
 
 
 def _describe(busy: list[dict[str, Any]]) -> str:

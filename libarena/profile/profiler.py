@@ -75,9 +75,10 @@ class ProfileConfig:
     memory_fraction: float = 0.9
     seed: int = 0
     #: stage: one executable per distinct stage (what the executor runs); unit: one per distinct layer,
-    #: summed (identical layers profiled once: cheaper). Against direct measurement on 1 / 2 CPU devices:
-    #: stage 12.8% / 20.7% mean error, 4.2-4.4x cheaper; unit 27.3% / 12.6%, 7.8-9.1x cheaper, on a host
-    #: whose repeated measurements differ by 17-19% (bench/results/profile*.json)
+    #: summed (identical layers profiled once: cheaper). Mean error against direct measurement on 1 / 2 CPU
+    #: devices: stage 4.7% / 7.0% (bench/results/profile.json, the timing protocol); unit 27.3% / 12.6% on the
+    #: gpt and moe tiny models (profile-unit.json, before that protocol, on a host whose repeated measurements
+    #: differed by 17-19%)
     granularity: str = "stage"
     statistic: str = "median"
     #: co-run: for plans of several host devices (XLA devices on one CPU), every stage is also timed in a

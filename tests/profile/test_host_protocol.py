@@ -16,26 +16,82 @@ from libarena.profile import host
 from libarena.profile.pipeline import StageTimes, one_f_one_b
 
 
+def _steady() -> dict[str, float]:
+    return {"level": 0.02, "spread": 0.01, "within": 0.02, "sample_s": 0.005}
+
+
 def test_quiet_host_starts_at_once():
-    record = host.wait_until_quiet(host.QuietPolicy(max_load=0.5), probe=lambda: (0.1, []), sleep=pytest.fail)
-    assert record["quiet"] and record["waited_s"] == 0
+    record = host.wait_until_quiet(host.QuietPolicy(max_load=0.5), probe=lambda: (0.1, []), sleep=pytest.fail, noise_probe=_steady)
+    assert record["quiet"] and record["waited_s"] == 0 and record["timing_noise"]["spread"] == 0.01
 
 
 def test_busy_host_is_waited_for_then_used():
     looks = iter([(3.0, [{"pid": 9, "name": "pytest", "cpu_percent": 180.0}]), (1.2, []), (0.2, [])])
     slept = []
-    record = host.wait_until_quiet(host.QuietPolicy(max_load=0.5, poll_s=10, max_wait_s=60), probe=lambda: next(looks), sleep=slept.append)
+    probed = []
+    record = host.wait_until_quiet(host.QuietPolicy(max_load=0.5, poll_s=10, max_wait_s=60), probe=lambda: next(looks), sleep=slept.append,
+                                   noise_probe=lambda: probed.append(1) or _steady())
     assert record["quiet"] and record["waited_s"] == 20 and slept == [10, 10]
+    assert probed == [1]  # the noise is timed only once the host looks idle
 
 
 def test_host_that_stays_busy_is_refused_in_one_line_naming_the_load_and_the_process():
     busy = (2.5, [{"pid": 42, "name": "stress", "cpu_percent": 99.0}])
     with pytest.raises(ArenaError) as err:
-        host.wait_until_quiet(host.QuietPolicy(max_wait_s=30, poll_s=10), probe=lambda: busy, sleep=lambda s: None)
+        host.wait_until_quiet(host.QuietPolicy(max_wait_s=30, poll_s=10), probe=lambda: busy, sleep=lambda s: None, noise_probe=pytest.fail)
     message = str(err.value)
     assert "\n" not in message and "2.50" in message and "stress[42]" in message
-    record = host.wait_until_quiet(host.QuietPolicy(max_wait_s=0, refuse=False), probe=lambda: busy)
-    assert not record["quiet"] and record["busy_processes"][0]["pid"] == 42
+    record = host.wait_until_quiet(host.QuietPolicy(max_wait_s=0, refuse=False), probe=lambda: busy, noise_probe=pytest.fail)
+    assert not record["quiet"] and record["busy_processes"][0]["pid"] == 42 and record["timing_noise"] is None
+
+
+def test_noisy_host_is_waited_for_then_refused_in_one_line_naming_the_noise():
+    # A neighbour on a shared virtual machine: load average and process list look idle, the timings do not.
+    noisy = {"level": 0.124, "spread": 0.124, "within": 0.05, "sample_s": 0.012}
+    slept = []
+    with pytest.raises(ArenaError) as err:
+        host.wait_until_quiet(host.QuietPolicy(max_noise=0.05, max_wait_s=30, poll_s=10), probe=lambda: (0.1, []),
+                              sleep=slept.append, noise_probe=lambda: noisy)
+    message = str(err.value)
+    assert "\n" not in message and "noisy" in message and "12.4%" in message and "5%" in message and slept == [10, 10, 10]
+    calms = iter([noisy, _steady()])
+    record = host.wait_until_quiet(host.QuietPolicy(max_noise=0.05, max_wait_s=30, poll_s=10), probe=lambda: (0.1, []),
+                                   sleep=lambda s: None, noise_probe=lambda: next(calms))
+    assert record["quiet"] and record["waited_s"] == 10 and record["policy"]["max_noise"] == 0.05
+    # without a limit the probe is only recorded (bench_host measures that noise itself)
+    record = host.wait_until_quiet(host.QuietPolicy(max_noise=None), probe=lambda: (0.1, []), sleep=pytest.fail, noise_probe=lambda: noisy)
+    assert record["quiet"] and record["timing_noise"]["level"] == 0.124
+    with pytest.raises(ArenaError, match="max_noise"):
+        host.QuietPolicy(max_noise=0)
+
+
+def test_timing_noise_is_the_spread_of_the_bursts_lower_quartiles():
+    # A fake clock, read at each run's start and end: the end reading adds the run's duration. Four bursts of four.
+    durations = iter([0.010, 0.010, 0.010, 0.010,   # burst 1: lower quartile 10 ms
+                      0.012, 0.012, 0.012, 0.012,   # burst 2: 12 ms
+                      0.010, 0.010, 0.020, 0.020,   # burst 3: 10 ms (IQR / median 0.010 / 0.015 within it)
+                      0.010, 0.010, 0.010, 0.010])  # burst 4: 10 ms
+    now, reads = [0.0], [0]
+
+    def clock():
+        reads[0] += 1
+        if reads[0] % 2 == 0:
+            now[0] += next(durations)
+        return now[0]
+
+    slept = []
+    noise = host.timing_noise(bursts=4, samples=4, interval_s=1.0, work=lambda: None, clock=clock, sleep=slept.append)
+    # quartiles of the bursts' lower quartiles (10, 12, 10, 10 ms): 10 and 11.5 ms around a 10 ms median
+    assert noise["spread"] == pytest.approx(0.15) and noise["level"] == pytest.approx(0.15)
+    assert noise["within"] == pytest.approx(0.0) and noise["sample_s"] == pytest.approx(0.010)
+    assert (noise["bursts"], noise["samples"]) == (4, 4) and slept == [1.0, 1.0, 1.0]  # between the bursts
+
+
+def test_timing_noise_of_this_host_is_a_finite_spread_of_a_real_fixed_computation():
+    noise = host.timing_noise(bursts=4, samples=4, interval_s=0.0)
+    assert 0 < noise["sample_s"] < 1.0 and noise["level"] == max(noise["spread"], noise["within"]) < 10
+    with pytest.raises(ArenaError, match="at least 4"):
+        host.timing_noise(bursts=3)
 
 
 def test_busy_processes_sees_another_process_burning_a_core():
