@@ -17,7 +17,9 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   devices) take ``CHUNKS`` turns of ``CHUNK`` samples each, alternating which goes first, so that both
   sides see the same host;
 * each side's statistic is the lower quartile of its samples (a shared host only adds time), stage by stage
-  on the estimate side, step by step on the measurement side.
+  on the estimate side, step by step on the measurement side;
+* the timing noise is probed again at the end: a host that turned noisy during the run makes its figures
+  inconclusive (``summary.conclusive`` false, targets not met).
 
 Cost is device-seconds as the paper counts them (devices held x wall time, compilation included on both
 sides): profiling is one ordinary ``profile_plans`` run with an empty cache (one device); a direct
@@ -345,9 +347,12 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
 
 def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profile", threading: str | None = None,
         quiet: Any = None) -> bool:
-    from libarena.profile.host import XLA_THREADING, QuietPolicy, wait_until_quiet
+    from libarena.profile.host import XLA_THREADING, QuietPolicy, timing_noise, wait_until_quiet
 
-    quiet_record = wait_until_quiet(quiet or QuietPolicy(), _log)
+    if not Path(results_dir).is_dir():  # found out now, not after an hour of timing
+        raise ArenaError(f"bench_profile: results directory {results_dir} does not exist")
+    policy = quiet or QuietPolicy()
+    quiet_record = wait_until_quiet(policy, _log)
     layout = XLA_THREADING.canonical(threading or steadiest_layout(results_dir))
     noise = quiet_record["timing_noise"]
     noise_text = "" if noise is None else f", timing noise {noise['level']:.1%}"
@@ -362,12 +367,14 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
             raise ArenaError(f"bench_profile: the measuring interpreter failed (exit {proc.returncode}; its log is above)")
         out = json.loads(result.read_text())
     summary = aggregate(out["rows"], out["costs"])
+    noise_after = timing_noise()
+    judge_noise(summary, noise_after, policy.max_noise)
     payload = {
         "summary": summary,
         "plans": out["rows"],
         "costs": out["costs"],
         "protocol": {
-            "quiet_check": quiet_record, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
+            "quiet_check": quiet_record, "timing_noise_after": noise_after, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
             "calibration_s": out["calibration_s"], "host_sharing": out["host_sharing"],
             "interleaving": f"per plan, {CHUNKS} turns of {CHUNK} samples per side, alternating which side goes first (ABAB)",
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
@@ -378,6 +385,16 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     write_json(results_dir / f"{name}.json", payload)
     _log(f"summary: {({k: v for k, v in summary.items() if k not in ('cost_per_model', 'mae_per_model_and_devices')})}")
     return bool(summary["met"])
+
+
+def judge_noise(summary: dict[str, Any], noise_after: dict[str, float], max_noise: float | None) -> None:
+    """The host may have turned noisy while it was timed: then its figures show the targets neither met nor missed
+    (``conclusive`` False, and ``met`` False: a target is not shown met at noise level)."""
+    summary["conclusive"] = max_noise is None or noise_after["level"] <= max_noise
+    if not summary["conclusive"]:
+        summary["met"] = False
+        _log(f"the host turned noisy during the run (timing noise {noise_after['level']:.1%} at the end, limit "
+             f"{max_noise:.0%}): its figures are inconclusive")
 
 
 if __name__ == "__main__":

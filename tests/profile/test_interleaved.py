@@ -110,6 +110,27 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
     assert not summary["met"]
 
 
+def test_benchmark_refuses_a_missing_results_directory_before_timing_and_judges_a_host_that_turned_noisy(tmp_path):
+    import time
+
+    from bench import bench_profile
+    from libarena.errors import ArenaError
+
+    t0 = time.perf_counter()
+    with pytest.raises(ArenaError, match="results directory .* does not exist"):
+        bench_profile.run(tmp_path / "missing", models=("gpt__tiny",))
+    assert time.perf_counter() - t0 < 5  # before the quiet check, the calibration and the timings
+    steady, noisy = {"level": 0.02}, {"level": 0.09}
+    summary = {"met": True}
+    bench_profile.judge_noise(summary, steady, 0.05)
+    assert summary == {"met": True, "conclusive": True}
+    bench_profile.judge_noise(summary, noisy, 0.05)
+    assert summary == {"met": False, "conclusive": False}
+    summary = {"met": True}
+    bench_profile.judge_noise(summary, noisy, None)  # no limit: recorded, not judged
+    assert summary == {"met": True, "conclusive": True}
+
+
 def test_benchmark_counts_the_distinct_stages_of_larger_grids():
     from bench import bench_profile
     from libarena.plan import read_plans
