@@ -138,6 +138,8 @@ def _layout_round(name: str, plans_path: Path) -> dict[str, Any]:
 def run(results_dir: Path, quiet: Any = None, layouts: tuple[str, ...] | None = None, name: str = "host") -> bool:
     from libarena.profile.host import XLA_THREADING, QuietPolicy, wait_until_quiet
 
+    if not Path(results_dir).is_dir():  # found out now, not after the runs
+        raise ArenaError(f"bench_host: results directory {results_dir} does not exist")
     # this benchmark measures the timing noise itself: its probe is recorded beside the runs, not a reason to refuse
     quiet_record = wait_until_quiet(quiet or QuietPolicy(max_noise=None), _log)
     started = time.perf_counter()
