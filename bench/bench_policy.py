@@ -6,8 +6,9 @@ the pipeline makes (``arena-schedule perf build``, bench/paper_inputs.py). Every
 ``arena-schedule simulate`` process (so its wall time is what a user waits, interpreter start and writing
 included), one after another, alone on the machine. Per trace and policy: finished, never placed and dropped
 jobs, average JCT over all jobs and over finished jobs, and, against Arena, the average, p50 and p90 JCT over
-the jobs both finished; average and peak throughput, GPU utilisation, reschedules; Arena's decision time per
-scheduling tick.
+the jobs both finished, also per class of the jobs' isolated duration (alone on their fastest configuration:
+under 1 h, 1-3 h, 3-10 h, 10-30 h, longer); average and peak throughput, GPU utilisation, reschedules; Arena's
+decision time per scheduling tick.
 
 Beside the defaults, sensitivity runs on every trace: Arena with the paper's eq. 5 objective
 (``--objective throughput``) instead of its default JCT objective, Arena without in-flight trades
@@ -83,10 +84,22 @@ def _comparison(trace: Path, perf: Path, policies: tuple[str, ...], flags: tuple
     reference = reference_jobs or jobs.get("arena")
     if reference is not None:
         ref_table = read_table(reference, "job_records").table
+        isolated = _isolated(ref_table, perf)
         for policy, path in jobs.items():
             if path != reference:
-                out[policy]["vs_arena"] = jobs_both_finished(ref_table, read_table(path, "job_records").table)
+                out[policy]["vs_arena"] = jobs_both_finished(ref_table, read_table(path, "job_records").table, isolated)
     return out, jobs
+
+
+def _isolated(records: Any, perf: Path) -> dict[str, float]:
+    """Each job's seconds alone on its fastest configuration (the simulator's execution truth, at most the
+    simulator's GPUs per job): the classes of the jobs-both-finished breakdown by length."""
+    from libarena.hardware.cluster import load_cluster
+    from libarena.schedule.compare import isolated_durations
+    from libarena.schedule.config import PolicyConfig
+    from libarena.schedule.perf import load_perf
+
+    return isolated_durations(records, load_perf(perf, load_cluster(CLUSTER)), PolicyConfig().max_gpus_per_job)
 
 
 def _reduction(entry: dict[str, Any]) -> float | None:
@@ -148,8 +161,9 @@ def run(results_dir: Path, *, traces: tuple[str, ...] = PAPER_TRACES, perf: Path
                     from libarena.schedule.compare import jobs_both_finished
 
                     mine = read_table(jobs_s["arena"], "job_records").table
+                    isolated = _isolated(mine, perf)
                     runs_s["arena"]["vs_baselines"] = {
-                        p: jobs_both_finished(mine, read_table(jobs[p], "job_records").table)
+                        p: jobs_both_finished(mine, read_table(jobs[p], "job_records").table, isolated)
                         for p in POLICIES if p != "arena"}
                     runs_s["arena"].pop("vs_arena", None)
                 doc["sensitivity"].setdefault(setting, {"flags": list(flags)})[name] = runs_s

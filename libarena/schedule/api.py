@@ -164,10 +164,24 @@ COMPARE_FILES = ("compare.json", "table.txt")
 
 
 def is_output_file(relative: str) -> bool:
-    """Whether a file under a simulate/compare output directory is one they write (figures, and the temp files of
-    a killed run, included)."""
-    name = Path(relative).name
-    return name in RUN_FILES or name in COMPARE_FILES or name.endswith((".png", ".tmp"))
+    """Whether a file under a simulate/compare output directory is one they write, by its place: a run's files
+    and figures at the top, compare's files beside them and each policy's run in a directory named after it,
+    and the temp files (``.<one of those>.<pid>.<random>.tmp``) a killed run left. Anything else is the user's
+    and keeps the directory from being replaced (a name alone is not enough: ``photos/2024/holiday.png``)."""
+    from libarena.schedule.plots import FIGURES
+    from libarena.schedule.policies import policy_names
+
+    parts = Path(relative).parts
+    if len(parts) == 2 and parts[0] not in policy_names():
+        return False
+    if not 1 <= len(parts) <= 2:
+        return False
+    name = parts[-1]
+    known = {*RUN_FILES, *FIGURES, *(COMPARE_FILES if len(parts) == 1 else ())}
+    if name.startswith(".") and name.endswith(".tmp"):
+        target = name[1:-len(".tmp")].rsplit(".", 2)[0]
+        return target in known
+    return name in known
 
 
 def write_run(out_dir: str | os.PathLike[str], res: SimulationResult, workload: Workload, config: SimulatorConfig,

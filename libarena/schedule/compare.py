@@ -33,9 +33,16 @@ def reference_policy(names: list[str]) -> str:
     return "arena" if "arena" in names else names[0]
 
 
-def jobs_both_finished(reference: Any, other: Any) -> dict[str, Any]:
+#: edges (hours) of the isolated-duration classes in a jobs-both-finished breakdown; the last class is open
+LENGTH_CLASSES_H = (0.0, 1.0, 3.0, 10.0, 30.0)
+
+
+def jobs_both_finished(reference: Any, other: Any, isolated_s: dict[str, float] | None = None) -> dict[str, Any]:
     """JCT statistics over the jobs that both runs finished (job_records tables): the fair comparison, since
-    an average over each policy's own finished jobs rewards leaving the hard jobs unfinished."""
+    an average over each policy's own finished jobs rewards leaving the hard jobs unfinished. With
+    ``isolated_s`` (job id -> seconds alone on its fastest configuration) also ``by_isolated_length``: the same
+    per class of that duration (``LENGTH_CLASSES_H``), which shows where a lead comes from -- a policy that
+    favours short jobs wins on them and loses on the long ones."""
     import numpy as np
 
     def finished(table: Any) -> dict[str, float]:
@@ -52,7 +59,30 @@ def jobs_both_finished(reference: Any, other: Any) -> dict[str, Any]:
         return {"avg_jct_s": float(arr.mean()), "p50_jct_s": float(np.percentile(arr, 50)),
                 "p90_jct_s": float(np.percentile(arr, 90))}
 
-    return {"jobs": len(common), "reference": stats([ref[j] for j in common]), "policy": stats([mine[j] for j in common])}
+    out: dict[str, Any] = {"jobs": len(common), "reference": stats([ref[j] for j in common]),
+                           "policy": stats([mine[j] for j in common])}
+    if isolated_s is not None:
+        edges = [h * 3600.0 for h in LENGTH_CLASSES_H] + [float("inf")]
+        classes = []
+        for low, high in zip(edges, edges[1:]):
+            jobs = [j for j in common if low <= isolated_s[j] and (isolated_s[j] < high or high == float("inf"))]
+            classes.append({"from_h": low / 3600.0, "to_h": None if high == float("inf") else high / 3600.0,
+                            "jobs": len(jobs), "reference_jct_sum_s": float(sum(ref[j] for j in jobs)),
+                            "policy_jct_sum_s": float(sum(mine[j] for j in jobs))})
+        out["by_isolated_length"] = classes
+    return out
+
+
+def isolated_durations(records: Any, perf: Any, max_gpus: int) -> dict[str, float]:
+    """Seconds each job of a job_records table takes alone on its fastest configuration of at most ``max_gpus``
+    GPUs (the performance table's execution truth; inf where none runs it)."""
+    ids, models, batches, iterations = (records.column(c).to_pylist() for c in ("job_id", "model", "global_batch", "num_iterations"))
+    out = {}
+    for job_id, model, batch, iters in zip(ids, models, batches, iterations):
+        truth = perf.get(model, batch).truth[:, : max_gpus.bit_length()] if perf.has(model, batch) else None
+        best = float(truth.max()) if truth is not None and truth.size else 0.0
+        out[job_id] = iters * batch / best if best > 0 else float("inf")
+    return out
 
 
 def paired_comparison(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:

@@ -238,7 +238,9 @@ def output_case(draw):
     if kind == "dir-holds-input":
         return kind, draw(st.sampled_from(["trace", "perf", "cluster"]))
     if kind == "foreign-dir":
-        return kind, draw(st.sampled_from(["notes.txt", "data/raw.csv", "model.ckpt"]))
+        # also names a run writes, in places it does not (a rule by name alone deleted them)
+        return kind, draw(st.sampled_from(["notes.txt", "data/raw.csv", "model.ckpt", "photos/2024/holiday.png", "draft.tmp",
+                                           "mine/metrics.json", "notes/.metrics.json.1.a.tmp"]))
     if kind == "device":
         return kind, draw(st.sampled_from(["/dev/null", "/dev/full"]))
     tables = draw(st.lists(st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).filter(

@@ -155,3 +155,42 @@ def test_jobs_both_finished_compares_the_same_jobs():
     assert pair["reference"]["avg_jct_s"] == 20.0 and pair["policy"]["avg_jct_s"] == 27.0
     assert pair["policy"]["p50_jct_s"] == 27.0 and pair["reference"]["p90_jct_s"] == pytest.approx(28.0)
     assert jobs_both_finished(arena, other.filter(pa.compute.equal(other["job_id"], "d")))["policy"]["avg_jct_s"] is None
+
+
+def test_jobs_both_finished_by_isolated_length_splits_the_same_jobs_by_how_long_they_take_alone():
+    import pyarrow as pa
+
+    from libarena.schedule.compare import isolated_durations, jobs_both_finished
+    from tests.schedule.helpers import hand_table
+
+    spec = cluster([("a100", 4, 8), ("v100", 4, 8)])
+    # gpt__1.3B: 256 samples/s at best (16 A100s; 32 would be faster but is over the 16-GPU limit), 10 on V100s
+    table = hand_table({("gpt__1.3B", "a100"): {"ap": {1: 20.0, 8: 160.0, 16: 256.0, 32: 500.0}},
+                        ("gpt__1.3B", "v100"): {"ap": {4: 10.0}}})
+    lookup = PerfLookup(table, spec)
+    records = pa.table({"job_id": ["short", "long", "never"], "model": ["gpt__1.3B"] * 2 + ["gpt__2.6B"],
+                        "global_batch": [256, 256, 256], "num_iterations": [1800, 36000, 10],
+                        "status": ["finished"] * 3, "jct_s": [3600.0, 40000.0, 1.0]})
+    isolated = isolated_durations(records, lookup, max_gpus=16)
+    assert isolated["short"] == pytest.approx(1800.0) and isolated["long"] == pytest.approx(36000.0)
+    assert isolated["never"] == float("inf")  # no row of that model: it runs nowhere
+    other = pa.table({"job_id": ["short", "long", "never"], "status": ["finished"] * 3, "jct_s": [7200.0, 38000.0, 2.0]})
+    classes = jobs_both_finished(records, other, isolated)["by_isolated_length"]
+    assert [c["from_h"] for c in classes] == [0.0, 1.0, 3.0, 10.0, 30.0] and classes[-1]["to_h"] is None
+    by_start = {c["from_h"]: c for c in classes}
+    assert by_start[0.0]["jobs"] == 1 and by_start[0.0]["reference_jct_sum_s"] == 3600.0 and by_start[0.0]["policy_jct_sum_s"] == 7200.0
+    assert by_start[10.0]["jobs"] == 1 and by_start[10.0]["policy_jct_sum_s"] == 38000.0
+    assert by_start[30.0]["jobs"] == 1  # the one that runs nowhere counts as the longest
+    assert sum(c["jobs"] for c in classes) == 3
+    assert "by_isolated_length" not in jobs_both_finished(records, other)
+
+
+def test_output_files_are_recognised_by_place_not_by_name_alone():
+    from libarena.schedule.api import is_output_file
+
+    ours = ["metrics.json", "throughput.png", "compare.json", "arena/jobs.parquet", "sia/jct_cdf.png",
+            ".jobs.parquet.123.abcd.tmp", "arena/.metrics.json.1.a.tmp"]
+    theirs = ["photos.png", "2024/holiday.png", "draft.tmp", "mine/metrics.json", "arena/compare.json", "a/b/metrics.json",
+              "arena/notes.txt", ".notes.txt.1.a.tmp"]
+    assert all(is_output_file(r) for r in ours)
+    assert not any(is_output_file(r) for r in theirs)
