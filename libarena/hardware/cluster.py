@@ -77,7 +77,10 @@ class ClusterSpec:
         if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
             raise ArenaError(f"a cluster scale factor must be a positive integer, got {factor!r}")
         groups = tuple(NodeGroup(g.gpu_type, g.nodes * factor, g.gpus_per_node) for g in self.node_groups)
-        return ClusterSpec(self.name if factor == 1 else f"{self.name}-x{factor}", groups, self.source)
+        scaled = ClusterSpec(self.name if factor == 1 else f"{self.name}-x{factor}", groups, self.source)
+        # checked as a cluster file is: a spec no tool would read back is refused here, not written
+        cluster_from_dict(scaled.to_dict(), f"{self.name} scaled {factor} times")
+        return scaled
 
     def to_yaml(self) -> str:
         """The spec as a cluster file (what load_cluster reads)."""

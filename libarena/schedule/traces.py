@@ -55,6 +55,8 @@ ZOO: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
 }
 PAPER_GPU_TYPES = ("a100", "v100", "a40", "a10")
 MAX_ADAPTED_GPUS = 16
+#: the most jobs ``trace scale`` makes (the paper's largest trace has 13k rows; ten times philly, 19k)
+MAX_SCALED_JOBS = 2_000_000
 
 FORMATS = {
     "arena-ae": ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu", "gpu_type"),
@@ -301,13 +303,16 @@ class TraceScale:
     def __post_init__(self) -> None:
         if isinstance(self.copies, bool) or not isinstance(self.copies, int) or self.copies < 1:
             raise ArenaError(f"copies must be a positive integer, got {self.copies!r}")
-        if not (math.isfinite(self.jitter_s) and self.jitter_s >= 0):
-            raise ArenaError(f"jitter must be a finite number of seconds >= 0, got {self.jitter_s!r}")
+        if not (math.isfinite(self.jitter_s) and 0 <= self.jitter_s <= MAX_SECONDS):
+            raise ArenaError(f"jitter must be a number of seconds in [0, {MAX_SECONDS}], got {self.jitter_s!r}")
 
 
 def scale_trace(jobs: list[JobSpec], scale: TraceScale) -> list[JobSpec]:
     """The jobs of ``scale.copies`` copies of a trace, ordered by submission time (ties: copy, then the
     original order); ``row`` is the 1-based position in that order."""
+    if len(jobs) * scale.copies > MAX_SCALED_JOBS:  # bounded memory: refused before any copy is made
+        raise ArenaError(f"{scale.copies} copies of {len(jobs)} jobs would be {len(jobs) * scale.copies} jobs, more than "
+                         f"{MAX_SCALED_JOBS}")
     ids = {j.job_id for j in jobs}
     out: list[tuple[float, int, int, JobSpec]] = []
     for k in range(scale.copies):
@@ -321,6 +326,9 @@ def scale_trace(jobs: list[JobSpec], scale: TraceScale) -> list[JobSpec]:
             shift = random.Random(f"{scale.seed}/{job.job_id}/{k}").uniform(-scale.jitter_s, scale.jitter_s)
             submit = round(max(0.0, job.submit_time + shift), 3)
             deadline = None if job.deadline is None else round(max(0.0, job.deadline + submit - job.submit_time), 3)
+            if max(submit, deadline or 0.0) > MAX_SECONDS:  # a trace the reader would refuse is not written
+                raise ArenaError(f"copy {k} of {job.job_id!r} would be submitted (or due) after {MAX_SECONDS} s; "
+                                 "use a smaller --jitter")
             out.append((submit, k, i, dataclasses.replace(job, job_id=job_id, submit_time=submit, deadline=deadline)))
     out.sort(key=lambda entry: entry[:3])
     return [dataclasses.replace(job, row=row) for row, (_, _, _, job) in enumerate(out, start=1)]

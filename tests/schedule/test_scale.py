@@ -92,6 +92,10 @@ def test_scale_refuses_bad_input(tmp_path):
     clash[1] = job("j0-x1", "gpt__760M", 10, 1, "a100", submit=5.0, row=2)
     with pytest.raises(ArenaError, match="already in the trace"):
         scale_trace(clash, TraceScale(2))
+    late = _generated_trace(1)
+    late[0] = job("j0", "gpt__760M", 10, 1, "a100", submit=3_153_000_000.0, row=1)
+    with pytest.raises(ArenaError, match="smaller --jitter"):  # some copy lands past the reader's 100 years
+        scale_trace(late, TraceScale(40, 3_000_000.0))
 
 
 def test_scaled_cluster(repo_root):
@@ -189,7 +193,11 @@ def test_scale_commands(tmp_path, repo_root):
                          (["trace", "scale", "missing.csv", "-x", "2", "-o", "x.csv"], "no such trace file"),
                          (["trace", "scale", "t.csv", "-x", "2", "-o", "t.csv"], "refusing to overwrite an input"),
                          (["cluster", "scale", "c.yaml", "-x", "2", "-o", "c.yaml"], "refusing to overwrite an input"),
-                         (["cluster", "scale", "c.yaml", "-x", "0", "-o", "d.yaml"], "positive integer")):
+                         (["cluster", "scale", "c.yaml", "-x", "0", "-o", "d.yaml"], "positive integer"),
+                         # results no tool would read back, or beyond bounded memory, are refused before writing
+                         (["cluster", "scale", "c.yaml", "-x", "100000000", "-o", "d.yaml"], "out of range"),
+                         (["trace", "scale", "t.csv", "-x", "3000000", "-o", "x.csv"], "more than 2000000"),
+                         (["trace", "scale", "t.csv", "-x", "2", "--jitter", "1e12", "-o", "x.csv"], "jitter must be")):
         done = subprocess.run([exe, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "x.csv").exists() and not (tmp_path / "d.yaml").exists()
