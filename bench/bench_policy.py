@@ -26,6 +26,7 @@ and Arena's median decision <= 5 ms per tick. Writes bench/results/policy.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -91,15 +92,22 @@ def _comparison(trace: Path, perf: Path, policies: tuple[str, ...], flags: tuple
     return out, jobs
 
 
+@functools.lru_cache(maxsize=None)
+def _perf_lookup(perf: Path) -> Any:
+    """The performance table as the simulator reads it, loaded once per benchmark (every comparison asks)."""
+    from libarena.hardware.cluster import load_cluster
+    from libarena.schedule.perf import load_perf
+
+    return load_perf(perf, load_cluster(CLUSTER))
+
+
 def _isolated(records: Any, perf: Path) -> dict[str, float]:
     """Each job's seconds alone on its fastest configuration (the simulator's execution truth, at most the
     simulator's GPUs per job): the classes of the jobs-both-finished breakdown by length."""
-    from libarena.hardware.cluster import load_cluster
     from libarena.schedule.compare import isolated_durations
     from libarena.schedule.config import PolicyConfig
-    from libarena.schedule.perf import load_perf
 
-    return isolated_durations(records, load_perf(perf, load_cluster(CLUSTER)), PolicyConfig().max_gpus_per_job)
+    return isolated_durations(records, _perf_lookup(perf), PolicyConfig().max_gpus_per_job)
 
 
 def _reduction(entry: dict[str, Any]) -> float | None:

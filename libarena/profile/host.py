@@ -156,9 +156,18 @@ class QuietPolicy:
             raise ArenaError("quiet policy: max_noise must be > 0 (or None: no noise probe)")
 
 
-def _relative_iqr(values: list[float]) -> float:
-    q = statistics.quantiles(values, n=4)
-    return (q[2] - q[0]) / statistics.median(values)
+def relative_spread(values: list[float]) -> float:
+    """(max - min) / median; 0 for fewer than two values."""
+    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
+
+
+def relative_iqr(samples: list[float]) -> float:
+    """Interquartile range / median (the relative spread for fewer than four samples): how far repeated
+    timings of one thing land apart, the figure of every repeatability check (the benchmarks' too)."""
+    if len(samples) < 4:
+        return relative_spread(samples)
+    q = statistics.quantiles(samples, n=4)
+    return (q[2] - q[0]) / statistics.median(samples)
 
 
 def _fixed_computation() -> Callable[[], Any]:
@@ -201,8 +210,8 @@ def timing_noise(bursts: int = 10, samples: int = 15, interval_s: float = 1.0, w
             work()
             times.append(clock() - t0)
         quartiles.append(statistics.quantiles(times, n=4)[0])
-        within.append(_relative_iqr(times))
-    spread, inside = _relative_iqr(quartiles), statistics.median(within)
+        within.append(relative_iqr(times))
+    spread, inside = relative_iqr(quartiles), statistics.median(within)
     return {"level": max(spread, inside), "spread": spread, "within": inside, "sample_s": statistics.median(quartiles),
             "bursts": bursts, "samples": samples, "interval_s": interval_s}
 
