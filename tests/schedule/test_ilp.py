@@ -87,3 +87,21 @@ def test_assignment_is_optimal_within_its_gap_on_random_instances():
         assert all(k is not None or not m for k, m in zip(choice, must))
         assert np.all(_gpus_used(groups, choice, num_types) <= capacity)
         assert _value(groups, choice) >= _brute_force_best(groups, must, capacity) * (1 - 1e-4) - 1e-9
+
+
+def test_without_a_feasible_assignment_in_flight_jobs_keep_their_allocation_and_nothing_starts():
+    """Two in-flight jobs whose current allocations (first options) exceed the capacity together: HiGHS finds
+    no feasible point, and the fallback keeps every in-flight job on its first option and starts no queued job."""
+    groups = [[(0, 4, 1.0), (0, 2, 0.5)], [(0, 4, 1.0), (0, 2, 0.5)], [(0, 1, 5.0)]]
+    choice = solve_assignment(groups, [True, True, False], np.array([3]), time_limit_s=10)
+    assert choice == [0, 0, None]
+
+
+def test_a_solve_writes_nothing_to_stdout():
+    """The first HiGHS instance of a process prints a banner with printf: it goes to stderr, not to a tool's data."""
+    code = ("import numpy as np\n"
+            "from libarena.schedule.policies.ilp import solve_assignment\n"
+            "print(solve_assignment([[(0, 2, 1.0)], [(0, 2, 2.0)]], [False, False], np.array([2]), 10))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[None, 0]"

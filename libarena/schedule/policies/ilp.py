@@ -1,4 +1,4 @@
-"""The assignment ILP shared by the solver-based baselines (gavel, sia), solved with HiGHS via scipy.optimize.milp.
+"""The assignment ILP shared by the solver-based baselines (gavel, sia), solved with HiGHS (highspy).
 
 Each group (a job) offers options (GPU type, GPU count, weight); choose at most one option per group, exactly
 one for groups marked ``must`` (in-flight jobs cannot be preempted), with the GPUs taken from each type within
@@ -9,6 +9,10 @@ timeout the best feasible solution found is used, and if none was found every in
 HiGHS's presolve is off: these problems (one row per group, one per GPU type) leave it little to remove, and
 without it the long runs' many solves reach the tighter gap faster (Sia's full-length philly run, before its
 running jobs were offered every type: 115.5 s -> 100.7 s in bench/results/schedule.json; the README has the rest).
+So is its feasibility-jump heuristic (HiGHS >= 1.11, on by default): it costs a fixed ~4.5 ms a solve on this
+host, which was nearly all of a typical solve's time (a few hundred binaries, solved at the root in well under
+a millisecond), and on 1,230 problems recorded from Sia's philly window every solve chose the same options
+without it. highspy directly rather than scipy's ``milp``, which has no way to pass that option.
 """
 
 from __future__ import annotations
@@ -25,35 +29,43 @@ Option = tuple[int, int, float]  # (type index, gpus, weight)
 
 def solve_assignment(groups: list[list[Option]], must: list[bool], capacity: np.ndarray,
                      time_limit_s: float) -> list[int | None]:
-    from scipy.optimize import Bounds, LinearConstraint, milp  # imported on first solve: keeps start-up fast
-    from scipy.sparse import coo_matrix
+    import highspy  # imported on first solve: keeps start-up fast
 
     flat = [(g, k, opt) for g, opts in enumerate(groups) for k, opt in enumerate(opts)]
     if not flat:
         return [None] * len(groups)
-    n = len(flat)
-    weights = np.array([opt[2] for _, _, opt in flat])
-    rows, cols, vals = [], [], []
-    for i, (g, _, _) in enumerate(flat):
-        rows.append(g)
-        cols.append(i)
-        vals.append(1.0)
-    num_types = len(capacity)
-    for i, (_, _, (t, gpus, _)) in enumerate(flat):
-        rows.append(len(groups) + t)
-        cols.append(i)
-        vals.append(float(gpus))
-    a = coo_matrix((vals, (rows, cols)), shape=(len(groups) + num_types, n)).tocsr()
-    lb = np.concatenate([np.array([1.0 if m else 0.0 for m in must]), np.full(num_types, -np.inf)])
-    ub = np.concatenate([np.ones(len(groups)), capacity.astype(float)])
-    with native_stdout_to_stderr():
-        res = milp(-weights, integrality=np.ones(n), bounds=Bounds(0, 1), constraints=LinearConstraint(a, lb, ub),
-                   options={"time_limit": time_limit_s, "disp": False, "mip_rel_gap": 1e-4, "presolve": False})
-    if res.x is None:
+    n, num_groups, num_types = len(flat), len(groups), len(capacity)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n, num_groups + num_types
+    lp.col_cost_ = np.array([-opt[2] for _, _, opt in flat])  # HiGHS minimises
+    lp.col_lower_, lp.col_upper_ = np.zeros(n), np.ones(n)
+    lp.row_lower_ = np.concatenate([np.array([1.0 if m else 0.0 for m in must]), np.full(num_types, -highspy.kHighsInf)])
+    lp.row_upper_ = np.concatenate([np.ones(num_groups), capacity.astype(float)])
+    # column i (option k of group g, on type t with some GPUs) has two entries: its group's row and its type's
+    index = np.empty(2 * n, dtype=np.int32)
+    value = np.empty(2 * n)
+    index[0::2] = [g for g, _, _ in flat]
+    index[1::2] = [num_groups + opt[0] for _, _, opt in flat]
+    value[0::2] = 1.0
+    value[1::2] = [float(opt[1]) for _, _, opt in flat]
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.arange(0, 2 * n + 1, 2, dtype=np.int32)
+    lp.a_matrix_.index_, lp.a_matrix_.value_ = index, value
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+    with native_stdout_to_stderr():  # the first Highs() of a process prints a banner with printf
+        highs = highspy.Highs()
+        for name, setting in (("output_flag", False), ("presolve", "off"), ("mip_rel_gap", 1e-4),
+                              ("time_limit", float(time_limit_s)), ("mip_heuristic_run_feasibility_jump", False)):
+            if highs.setOptionValue(name, setting) != highspy.HighsStatus.kOk:
+                raise RuntimeError(f"HiGHS {highs.version()} refuses option {name}={setting!r} (Arena needs highspy >= 1.11)")
+        highs.passModel(lp)
+        highs.run()
+    if highs.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
         return [0 if m else None for m in must]
+    x = highs.getSolution().col_value
     choice: list[int | None] = [None] * len(groups)
     for i, (g, k, _) in enumerate(flat):
-        if res.x[i] > 0.5:
+        if x[i] > 0.5:
             choice[g] = k
     return choice
 
