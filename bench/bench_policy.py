@@ -114,10 +114,24 @@ def _isolated(records: Any, perf: Path) -> dict[str, float]:
 
 
 def _reduction(entry: dict[str, Any]) -> float | None:
-    pair = entry.get("vs_arena")
+    return _pair_reduction(entry.get("vs_arena"))
+
+
+def _pair_reduction(pair: dict[str, Any] | None) -> float | None:
+    """1 - the reference's average JCT / the policy's, over the jobs both finished (None: no such job)."""
     if not pair or not pair["jobs"]:
         return None
     return 1.0 - pair["reference"]["avg_jct_s"] / pair["policy"]["avg_jct_s"]
+
+
+def _vs_baselines(arena_jobs: Path, jobs: dict[str, Path], perf: Path) -> dict[str, Any]:
+    """An Arena run (its jobs.parquet) against each baseline of the default runs, over the jobs both finished."""
+    from libarena.artifacts import read_table
+    from libarena.schedule.compare import jobs_both_finished
+
+    mine = read_table(arena_jobs, "job_records").table
+    isolated = _isolated(mine, perf)
+    return {p: jobs_both_finished(mine, read_table(jobs[p], "job_records").table, isolated) for p in POLICIES if p != "arena"}
 
 
 def _judge(name: str, runs: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +159,6 @@ def _without_unplaced(trace: Path, perf: Path, jobs: dict[str, Path], work: Path
     import csv
 
     from libarena.artifacts import read_table
-    from libarena.schedule.compare import jobs_both_finished
 
     sia = read_table(jobs["sia"], "job_records").table
     unplaced = {j for j, s in zip(sia.column("job_id").to_pylist(), sia.column("status").to_pylist()) if s == "unschedulable"}
@@ -157,12 +170,9 @@ def _without_unplaced(trace: Path, perf: Path, jobs: dict[str, Path], work: Path
         out.writeheader()
         out.writerows(r for r in rows if r["job_id"] not in unplaced)
     record, path = _simulate(reduced, perf, "arena", (), work)
-    mine = read_table(path, "job_records").table
-    isolated = _isolated(mine, perf)
     record["jobs_left_out"] = len(unplaced)
-    record["vs_baselines"] = {p: jobs_both_finished(mine, read_table(jobs[p], "job_records").table, isolated)
-                              for p in POLICIES if p != "arena"}
-    red = _reduction({"vs_arena": record["vs_baselines"]["sia"]})
+    record["vs_baselines"] = _vs_baselines(path, jobs, perf)
+    red = _pair_reduction(record["vs_baselines"]["sia"])
     _log(f"{trace.parent.name} arena without the {len(unplaced)} jobs Sia never places: {record['finished_jobs']} finished, "
          f"JCT {'-' if red is None else f'{red:.1%}'} below Sia's on the jobs both finish")
     return {"arena": record}
@@ -201,14 +211,7 @@ def run(results_dir: Path, *, traces: tuple[str, ...] = PAPER_TRACES, perf: Path
                 reference = None if "arena" in policies and len(policies) > 1 else jobs["arena"]
                 runs_s, jobs_s = _comparison(trace, perf, policies, flags, work, reference)
                 if policies == ("arena",):
-                    from libarena.artifacts import read_table
-                    from libarena.schedule.compare import jobs_both_finished
-
-                    mine = read_table(jobs_s["arena"], "job_records").table
-                    isolated = _isolated(mine, perf)
-                    runs_s["arena"]["vs_baselines"] = {
-                        p: jobs_both_finished(mine, read_table(jobs[p], "job_records").table, isolated)
-                        for p in POLICIES if p != "arena"}
+                    runs_s["arena"]["vs_baselines"] = _vs_baselines(jobs_s["arena"], jobs, perf)
                     runs_s["arena"].pop("vs_arena", None)
                 doc["sensitivity"].setdefault(setting, {"flags": list(flags)})[name] = runs_s
             doc["sensitivity"].setdefault(WITHOUT_UNPLACED, {"flags": [], "trace": "the trace less the jobs Sia never places"})[
