@@ -19,7 +19,8 @@ On a machine with an NVIDIA GPU and nothing else set up, it
 On a GPU machine without network access but with JAX's CUDA plugin and ``cupti-python`` already importable,
 ``python3 -m bench gpu`` from the repository root installs nothing (see the README).
 
-Everything within ``TIME_BUDGET_S`` (models are skipped, and listed as such, once it is spent).
+Everything within ``TIME_BUDGET_S`` (models are skipped, and listed as such, once it is spent; ``python -m
+bench.bench_gpu --time-budget S`` for a shorter lease).
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ NUM_CLUSTERS = 3
 WARMUP, REPEATS = 3, 15
 #: The whole check (install excluded) within this; the rest of the models are skipped once it is spent.
 TIME_BUDGET_S = 420.0
-#: The child is stopped after this (a model started just inside the budget can take minutes to compile).
-CHILD_TIMEOUT_S = TIME_BUDGET_S + 150.0
+#: The child is stopped this long after its budget (a model started just inside it can take minutes to compile).
+CHILD_GRACE_S = 150.0
 NO_GPU = "no NVIDIA GPU visible"
 
 
@@ -145,14 +146,15 @@ def run_check_child(command: list[str], env: dict[str, str], out: Path, timeout_
     return json.loads(out.read_text())
 
 
-def run(results_dir: Path) -> bool:
+def run(results_dir: Path, time_budget_s: float = TIME_BUDGET_S) -> bool:
     gpus = preflight()
     extra = cuda_extra(driver_cuda_major())
     ensure_installed(extra, _log)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         env = check_env(os.environ, Path(tmp))
         out = Path(tmp) / "gpu.json"
-        payload = run_check_child([sys.executable, "-m", "bench.bench_gpu", "--child", str(out)], env, out, CHILD_TIMEOUT_S)
+        payload = run_check_child([sys.executable, "-m", "bench.bench_gpu", "--child", str(out), str(time_budget_s)], env, out,
+                                  time_budget_s + CHILD_GRACE_S)
     payload["machine"].update(gpus=gpus, cuda_extra=extra)
     from libarena.artifacts import write_json
 
@@ -189,7 +191,9 @@ def _fixed_computation() -> dict[str, Any]:
             "cupti_over_host": cupti.median / host.median}
 
 
-def _model_rows(tmp: Path, model: str, gpu_type: str) -> list[dict[str, Any]]:
+def _model_rows(tmp: Path, model: str, gpu_type: str, timers: tuple[str, str] = ("cupti", "host"), platform: str = "gpu") -> list[dict[str, Any]]:
+    """One model's rows: its 1-device plans profiled with each of ``timers`` (the first is the one reported as
+    ``estimate_cupti_s``) and measured directly on ``platform`` (a test runs it on the CPU with two host timers)."""
     from libarena.hardware.comm import AlphaBetaCommModel
     from libarena.plan import read_plans
     from libarena.profile import ProfileConfig, profile_plans
@@ -201,14 +205,14 @@ def _model_rows(tmp: Path, model: str, gpu_type: str) -> list[dict[str, Any]]:
     write_plans_table(str(path), model, GLOBAL_BATCH, plans, model_clusters(model, GLOBAL_BATCH, num_clusters=NUM_CLUSTERS))
     planset = read_plans(path, require_costs=False)
     results = {}
-    for timer in ("cupti", "host"):
+    for key, timer in zip(("cupti", "host"), timers, strict=True):
         t0 = time.perf_counter()
-        config = ProfileConfig(cache_dir=tmp / f"cache-{model}-{timer}", timer=timer, selection="exhaustive", warmup=WARMUP,
+        config = ProfileConfig(cache_dir=tmp / f"cache-{model}-{key}", timer=timer, selection="exhaustive", warmup=WARMUP,
                                repeats=REPEATS)
-        results[timer] = (profile_plans(planset, config, comm=AlphaBetaCommModel()), time.perf_counter() - t0)
+        results[key] = (profile_plans(planset, config, comm=AlphaBetaCommModel()), time.perf_counter() - t0)
     wanted = [(p.resources.to_dict(), p.plan_id) for p in planset.plans()] + [(planset.grids[0].grid.resources.to_dict(), "dp")]
     t0 = time.perf_counter()
-    measured = {m["plan_id"]: m for m in measure_in_subprocess(path, wanted, 1, platform="gpu", warmup=WARMUP, repeats=REPEATS,
+    measured = {m["plan_id"]: m for m in measure_in_subprocess(path, wanted, 1, platform=platform, warmup=WARMUP, repeats=REPEATS,
                                                                stage_times=True)}
     measure_wall = time.perf_counter() - t0
     host_by_id = {e.plan.plan_id: e for e in results["host"][0].estimates}
@@ -226,9 +230,17 @@ def _model_rows(tmp: Path, model: str, gpu_type: str) -> list[dict[str, Any]]:
             "estimate_stage_busy_host_s": e.plan.num_microbatches * h.stages[0]["compute_s"] + h.stages[0]["optimizer_s"],
             "estimate_setup_host_s": h.iteration.setup_s,
             "error_cupti": e.iter_time_s / m["iter_time_s"] - 1.0, "error_host": h.iter_time_s / m["iter_time_s"] - 1.0,
+            # the dispatch bound: the runtime's dispatching thread's CPU per step, and the estimates' (setup and
+            # the issuing of every call); each estimate without the bound (the 1F1B composition alone)
+            "measured_dispatch_cpu_s": m.get("dispatch_cpu_s"),
+            "estimate_dispatch_host_s": h.iteration.dispatch_s, "estimate_dispatch_cupti_s": e.iteration.dispatch_s,
+            "estimate_composed_host_s": h.iteration.composed_s, "estimate_composed_cupti_s": e.iteration.composed_s,
+            "error_composed_host": h.iteration.composed_s / m["iter_time_s"] - 1.0,
+            "error_composed_cupti": e.iteration.composed_s / m["iter_time_s"] - 1.0,
             # what CUPTI saw of each stage: kernel seconds per micro-batch (forward + backward) and optimizer step
             "stages": [{"units": st["units"], "micro_batch": st["micro_batch"], "cupti_kernel_s": st["compute_s"],
-                        "cupti_optimizer_kernel_s": st["optimizer_s"], "host_s": hs["compute_s"], "host_optimizer_s": hs["optimizer_s"]}
+                        "cupti_optimizer_kernel_s": st["optimizer_s"], "host_s": hs["compute_s"], "host_optimizer_s": hs["optimizer_s"],
+                        "host_dispatch_s": hs["dispatch_s"], "host_optimizer_dispatch_s": hs["optimizer_dispatch_s"]}
                        for st, hs in zip(e.stages, h.stages, strict=True)],
             "profiling_wall_s": {t: r[1] for t, r in results.items()},
             "measurement_wall_s": measure_wall,
@@ -236,7 +248,7 @@ def _model_rows(tmp: Path, model: str, gpu_type: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _child(out_path: str) -> None:
+def _child(out_path: str, time_budget_s: float = TIME_BUDGET_S) -> None:
     import jax
 
     from libarena.artifacts import write_json
@@ -254,13 +266,14 @@ def _child(out_path: str) -> None:
     machine = {"device": local.describe(), "jax": jax.__version__, "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-child-") as tmp:
         for k, model in enumerate(MODELS):
-            if time.perf_counter() - started > TIME_BUDGET_S:
+            if time.perf_counter() - started > time_budget_s:
                 skipped.append(model)
                 continue
             model_rows = _model_rows(Path(tmp), model, local.gpu_type)
             for r in model_rows:
                 _log(f"{model} {r['plan_id']}: estimate {r['estimate_cupti_s'] * 1e3:.2f} ms (cupti) / {r['estimate_host_s'] * 1e3:.2f} ms "
-                     f"(host), measured {r['measured_s'] * 1e3:.2f} ms")
+                     f"(host), measured {r['measured_s'] * 1e3:.2f} ms; dispatch CPU per step: estimate "
+                     f"{r['estimate_dispatch_host_s'] * 1e3:.2f} ms, runtime {(r['measured_dispatch_cpu_s'] or 0.0) * 1e3:.2f} ms")
             rows += model_rows
             # after every model: a check stopped for overrunning still leaves the models it finished
             write_json(out_path, check_payload(rows, skipped, list(MODELS[k + 1:]), fixed, machine, time.perf_counter() - started))
@@ -275,6 +288,8 @@ def check_payload(rows: list[dict[str, Any]], skipped: list[str], pending: list[
         "plans": len(rows),
         "mae_cupti": statistics.fmean(abs(r["error_cupti"]) for r in rows) if rows else None,
         "mae_host": statistics.fmean(abs(r["error_host"]) for r in rows) if rows else None,
+        "mae_composed_cupti": statistics.fmean(abs(r["error_composed_cupti"]) for r in rows) if rows else None,
+        "mae_composed_host": statistics.fmean(abs(r["error_composed_host"]) for r in rows) if rows else None,
         "models_skipped_for_time": skipped,
         "models_not_reached": pending,
         "wall_s": wall_s,
@@ -287,12 +302,19 @@ def check_payload(rows: list[dict[str, Any]], skipped: list[str], pending: list[
     }
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        _child(sys.argv[2])
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        _child(sys.argv[2], float(sys.argv[3]))
     else:
-        out = Path(__file__).resolve().parent / "results"
+        import argparse
+
+        parser = argparse.ArgumentParser(description="GPU validation (python -m bench gpu runs it with the defaults)")
+        parser.add_argument("--time-budget", type=float, default=TIME_BUDGET_S,
+                            help="seconds for the models (the rest are skipped and listed once it is spent)")
+        parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
+        args = parser.parse_args()
+        out = Path(args.results)
         try:
-            ok = run(out)
+            ok = run(out, args.time_budget)
         except GpuCheckError as exc:
             print(exc, file=sys.stderr)
             raise SystemExit(2) from None

@@ -148,6 +148,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
                 samples: list[float] = []
                 cpu: list[float] = []
+                dispatch: list[float] = []
                 for turn in range(CHUNKS):
 
                     def estimate_side() -> None:
@@ -160,6 +161,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                         out = measure.steps(grid, plan.plan_id, CHUNK)
                         samples.extend(out["samples_s"])
                         cpu.extend(out["cpu_s"])
+                        dispatch.extend(out["dispatch_cpu_s"])
 
                     for side in ((estimate_side, measure_side) if turn % 2 == 0 else (measure_side, estimate_side)):
                         side()
@@ -181,6 +183,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "estimate_other_concurrency_models_s": others,
                     "measured_median_s": statistics.median(samples), "measured_iqr_over_median": relative_iqr(samples),
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
+                    # the CPU seconds per step of the one thread that dispatches every call of the runtime's step
+                    "measured_dispatch_cpu_s": statistics.median(dispatch),
                     "breakdown": est.iteration.to_dict(),
                     "stages": [{**{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
                                                      "optimizer_s", "setup_s", "cores", "optimizer_cores", "alone_s", "together_s",

@@ -64,6 +64,8 @@ def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 
         "wall_s": m.wall_s,
         "device_s": m.device_seconds,
         "runner": "libarena.run.measure_plan",
+        # the dispatching thread's CPU per step (median): the step's calls are all issued by it
+        "dispatch_cpu_s": float(statistics.median(m.dispatch_cpu_s)) if m.dispatch_cpu_s else None,
         **({"stage_busy_s": list(m.stage_time_s)} if stage_times else {}),
     }
 
@@ -175,13 +177,13 @@ def _serve(plans_path: str) -> None:
     def key(request: dict[str, Any]) -> tuple[str, str]:
         return json.dumps(request["grid"], sort_keys=True), request["plan_id"]
 
-    def step(state: dict[str, Any]) -> tuple[float, float]:
+    def step(state: dict[str, Any]) -> tuple[float, float, float]:
         executor, plan = state["executor"], state["run_plan"]
         batch = batch_for_step(job.model, state["position"], plan.global_batch, 0)
         state["position"] += plan.global_batch
         c0 = time.process_time()
         stats = executor.step(batch)
-        return stats.step_time_s, time.process_time() - c0
+        return stats.step_time_s, time.process_time() - c0, stats.dispatch_cpu_s
 
     def prepare(request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -199,7 +201,8 @@ def _serve(plans_path: str) -> None:
             raise ArenaError(f"plan {request['plan_id']} is not prepared")
         with frozen_heap():  # the other prepared plans' executors are not this step's garbage to scan
             timed = [step(running[key(request)]) for _ in range(int(request["steps"]))]
-        return {"samples_s": [w for w, _ in timed], "cpu_s": [c for _, c in timed]}
+        # the dispatching thread's own CPU (the runtime issues every call of a step from this one thread)
+        return {"samples_s": [w for w, _, _ in timed], "cpu_s": [c for _, c, _ in timed], "dispatch_cpu_s": [d for _, _, d in timed]}
 
     def release(request: dict[str, Any]) -> dict[str, Any]:
         running.pop(key(request), None)

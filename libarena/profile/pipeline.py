@@ -13,6 +13,12 @@ all-to-all), ``p2p_j`` its activation send forward plus gradient send backward. 
          + max_j optimizer_j                      (the optimizer step with the accumulators' reset,
                                                    stages in parallel)
 
+One thread issues every call of a step (the runtime's executor), so the step also takes at least that
+thread's CPU time: ``T >= setup + sum_j (B * dispatch_j + optimizer_dispatch_j)``, with ``dispatch_j`` the
+calling thread's CPU seconds to issue one micro-batch's forward and backward of stage j (measured beside its
+time) and ``optimizer_dispatch_j`` its update's. A model whose kernels outrun their launches (a tiny model on a
+GPU) is bound there; elsewhere the bound stays below the 1F1B time and changes nothing.
+
 Devices that share compute. The model above assumes every device is its own hardware (GPUs). When they
 are not -- several XLA host devices on one CPU share its cores -- devices busy at once slow each other
 down. Three models of it:
@@ -66,6 +72,9 @@ class StageTimes:
     #: compute while the stage's worker is the only device busy, and while every device is (None: not measured)
     alone_s: float | None = None
     together_s: float | None = None
+    #: CPU seconds of the calling thread to issue one micro-batch's forward and backward, and the update
+    dispatch_s: float = 0.0
+    optimizer_dispatch_s: float = 0.0
 
     @property
     def per_microbatch_s(self) -> float:
@@ -83,6 +92,15 @@ class IterationEstimate:
     setup_s: float = 0.0
     #: slowdown(N) applied for devices sharing compute (1.0: independent devices or the CPU-time model)
     host_slowdown: float = 1.0
+    #: the dispatching thread's CPU seconds per step (setup included): a bound the step cannot go under
+    dispatch_s: float = 0.0
+    #: whether that bound, not the 1F1B composition, gives ``iter_time_s``
+    dispatch_bound: bool = False
+
+    @property
+    def composed_s(self) -> float:
+        """The 1F1B composition alone (without the dispatch bound)."""
+        return self.setup_s + self.first_microbatch_s + self.steady_state_s + self.grad_sync_s + self.optimizer_s
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,7 +158,10 @@ def one_f_one_b(
     opt = max(max(st.optimizer_s * alone(st, st.optimizer_cores) for st in stages),
               capacity_bound([(st.optimizer_s, st.optimizer_cores) for st in stages]))
     setup = sum(st.setup_s for st in stages)
-    return IterationEstimate(setup + first + steady_total + grad + opt, first, steady_total, grad, opt, bottleneck, setup, shared)
+    composed = setup + first + steady_total + grad + opt  # IterationEstimate.composed_s
+    dispatch = setup + sum(num_microbatches * st.dispatch_s + st.optimizer_dispatch_s for st in stages)
+    return IterationEstimate(max(composed, dispatch), first, steady_total, grad, opt, bottleneck, setup, shared, dispatch,
+                             dispatch > composed)
 
 
 def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple[float, int]:

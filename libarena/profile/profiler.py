@@ -54,8 +54,9 @@ CONCURRENCY_MODELS = ("co-run", "cpu-time", "measured", "independent")
 #: 4: records carry each timing's process CPU time (cpu_per_wall) and lower quartile (q1_s); the per-step
 #: host work is done as the runtime does it; the forward returns its residuals stacked as the runtime's does;
 #: 5: the gradient reset is the update's zero-fill on the device (it was zeros placed from the host);
-#: 6: timed with the C heap's thresholds fixed (libarena.run.heap.steady_malloc)
-STAGE_RECORD_VERSION = 6
+#: 6: timed with the C heap's thresholds fixed (libarena.run.heap.steady_malloc);
+#: 7: timings carry the calling thread's CPU to issue them (dispatch_cpu_s: the 1F1B model's dispatch bound)
+STAGE_RECORD_VERSION = 7
 #: Record key of each statistic.
 _STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
 
@@ -319,7 +320,8 @@ class StageSession:
 
 
 def _pooled(timings: list[Timing]) -> Timing:
-    return Timing(tuple(t for x in timings for t in x.samples), tuple(c for x in timings for c in x.cpu_samples))
+    return Timing(tuple(t for x in timings for t in x.samples), tuple(c for x in timings for c in x.cpu_samples),
+                  tuple(d for x in timings for d in x.dispatch_samples) if all(x.dispatch_samples for x in timings) else ())
 
 
 def optimizer_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) -> str:
@@ -615,9 +617,14 @@ def estimate_plan(
             comm_mb, p2p, grad = stage_communication(job, plan, j, records, comm, used)
             setup = plan.stages[j].dp * B * rec["input_put" + suffix] if reads_batch else 0.0
             cores, optimizer_cores = rec["microbatch"].get("cpu_per_wall") or 1.0, rec["optimizer"].get("cpu_per_wall") or 1.0
+        # the calling thread's issuing of the stage's calls, from the local timing (a roofline-scaled row is
+        # another device's: its launches are not this host's)
+        dispatch, optimizer_dispatch = (0.0, 0.0) if estimated else (float(rec["microbatch"].get("dispatch_cpu_s") or 0.0),
+                                                                     float(rec["optimizer"].get("dispatch_cpu_s") or 0.0))
         st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup, cores=cores, optimizer_cores=optimizer_cores,
                         alone_s=None if corun is None else float(corun["alone_s"]),
-                        together_s=None if corun is None else float(corun["together_s"]))
+                        together_s=None if corun is None else float(corun["together_s"]),
+                        dispatch_s=dispatch, optimizer_dispatch_s=optimizer_dispatch)
         stage_times.append(st)
         inflight = min(s - j, B)
         mem = rec["state_bytes"] + inflight * rec["memory"]["forward"].get("output", 0.0) + rec["memory"]["backward"].get("temp", 0.0)

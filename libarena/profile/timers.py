@@ -25,6 +25,9 @@ class Timing:
     samples: tuple[float, ...]
     #: process CPU seconds of each sample (empty where the timer cannot see them)
     cpu_samples: tuple[float, ...] = ()
+    #: CPU seconds the calling thread spent issuing each sample's calls (before waiting for them): the host
+    #: work of dispatching the region, which one runtime thread does for every call of a step
+    dispatch_samples: tuple[float, ...] = ()
 
     @property
     def median(self) -> float:
@@ -45,12 +48,18 @@ class Timing:
         wall = lower_quartile(self.samples)
         return float(lower_quartile(self.cpu_samples) / wall) if wall > 0 else None
 
+    @property
+    def dispatch(self) -> float | None:
+        """The calling thread's CPU seconds to issue one run (lower quartile; None where not recorded)."""
+        return lower_quartile(self.dispatch_samples) if self.dispatch_samples else None
+
     def statistic(self, name: str) -> float:
         """The named statistic of the samples: median, min or q1 (the lower quartile)."""
         return float(getattr(self, {"median": "median", "min": "minimum", "q1": "lower_quartile"}[name]))
 
     def scaled(self, factor: float) -> Timing:
-        return Timing(tuple(t * factor for t in self.samples), tuple(t * factor for t in self.cpu_samples))
+        return Timing(tuple(t * factor for t in self.samples), tuple(t * factor for t in self.cpu_samples),
+                      tuple(t * factor for t in self.dispatch_samples))
 
     @property
     def spread(self) -> float:
@@ -68,6 +77,8 @@ class Timing:
                "samples_s": list(self.samples)}
         if self.cpu_samples:
             out.update(cpu_per_wall=self.cpu_per_wall, cpu_samples_s=list(self.cpu_samples))
+        if self.dispatch_samples:
+            out.update(dispatch_cpu_s=self.dispatch, dispatch_samples_s=list(self.dispatch_samples))
         return out
 
 
@@ -96,6 +107,14 @@ class Timer(ABC):
 
         samples: list[float] = []
         cpu: list[float] = []
+        dispatch: list[float] = []
+
+        def issued() -> Any:
+            d0 = time.thread_time()
+            out = region()
+            dispatch.append(time.thread_time() - d0)
+            return out
+
         with frozen_heap():
             for _ in range(warmup):
                 _block(region())
@@ -104,9 +123,9 @@ class Timer(ABC):
                 if budget_s is not None and len(samples) >= min(MIN_SAMPLES, repeats) and time.perf_counter() - started >= budget_s:
                     break
                 c0 = time.process_time()
-                samples.append(self.sample(region))
+                samples.append(self.sample(issued))
                 cpu.append(time.process_time() - c0)
-        return Timing(tuple(samples), tuple(cpu))
+        return Timing(tuple(samples), tuple(cpu), tuple(dispatch) if len(dispatch) == len(samples) else ())
 
     @abstractmethod
     def sample(self, region: Callable[[], Any]) -> float:

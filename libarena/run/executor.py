@@ -290,6 +290,8 @@ class StepStats:
     #: Peak bytes of live arrays on the most loaded device of each stage, sampled after every task of a
     #: ``profile_stages`` step (params, optimizer state, gradients, kept activations, in-flight transfers).
     stage_peak_memory_bytes: list[int] = field(default_factory=list)
+    #: CPU seconds of the calling thread during the step: it issues every call (dispatch and host work)
+    dispatch_cpu_s: float = 0.0
 
 
 class PipelineExecutor:
@@ -370,7 +372,7 @@ class PipelineExecutor:
 
         if not self.params:
             raise RuntimeError("init_state() or load_state() first")
-        t0 = time.perf_counter()
+        t0, d0 = time.perf_counter(), time.thread_time()
         S, B = self.plan.pipeline_degree, self.plan.num_microbatches
         pieces = self.microbatches(batch)
         stage_time = [0.0] * S
@@ -428,12 +430,12 @@ class PipelineExecutor:
         loss = float(np.mean(distributed.fetch_scalars(losses, last.mesh)))  # waits for the last stage
         jax.block_until_ready(self.params)
         self.step_count += 1
-        elapsed = time.perf_counter() - t0
+        elapsed, dispatch = time.perf_counter() - t0, time.thread_time() - d0
         if profile_stages and distributed.multi_process():  # each process timed the stages it holds
             stage_time = distributed.max_over_processes(stage_time)
             stage_peak = [int(v) for v in distributed.max_over_processes(stage_peak, np.int64)]
         return StepStats(self.step_count, loss, elapsed, stage_time if profile_stages else [],
-                         stage_peak if profile_stages else [])
+                         stage_peak if profile_stages else [], dispatch)
 
     def _move(self, x: Any, source: StageRuntime, target: StageRuntime) -> Any:
         """An activation (or its gradient) from ``source``'s mesh to ``target``'s carry layout."""

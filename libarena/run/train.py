@@ -177,6 +177,8 @@ class PlanMeasurement:
     #: Time of the first step (compilation included) and of the whole measurement.
     first_step_s: float
     wall_s: float
+    #: CPU seconds of the dispatching thread in each timed step (libarena.run.executor.StepStats)
+    dispatch_cpu_s: tuple[float, ...] = ()
 
     @property
     def device_seconds(self) -> float:
@@ -200,7 +202,7 @@ def measure_plan(model: ModelDef, plan: RunPlan, warmup: int = 1, steps: int = 3
     devices = list(jax.devices()) if devices is None else list(devices)
     executor = PipelineExecutor(model, plan, devices, dtype, optimizer)
     executor.init_state(seed)
-    times = []
+    times, dispatch = [], []
     first = None
     with frozen_heap():  # as the training loop runs
         for k in range(max(1, warmup) + steps):
@@ -210,6 +212,7 @@ def measure_plan(model: ModelDef, plan: RunPlan, warmup: int = 1, steps: int = 3
                 first = stats.step_time_s
             if k >= max(1, warmup):
                 times.append(stats.step_time_s)
+                dispatch.append(stats.dispatch_cpu_s)
     stage_time: tuple[float, ...] = ()
     stage_memory: tuple[int, ...] = tuple(executor.stage_memory_bytes())
     if profile_stages:
@@ -218,5 +221,5 @@ def measure_plan(model: ModelDef, plan: RunPlan, warmup: int = 1, steps: int = 3
         stage_time, stage_memory = tuple(profiled.stage_time_s), tuple(profiled.stage_peak_memory_bytes)
     return PlanMeasurement(
         plan.plan_id, plan.num_gpus, float(statistics.median(times)) if times else float(first), tuple(times),
-        stage_time, stage_memory, float(first), time.perf_counter() - t0,
+        stage_time, stage_memory, float(first), time.perf_counter() - t0, tuple(dispatch),
     )

@@ -238,7 +238,8 @@ def test_gpu_check_keeps_the_models_a_stopped_child_finished(tmp_path):
     from bench import bench_gpu
 
     out = tmp_path / "gpu.json"
-    payload = bench_gpu.check_payload([{"error_cupti": -0.5, "error_host": 0.1}], [], ["gpt__small", "bert__small"], {}, {}, 3.0)
+    row = {"error_cupti": -0.5, "error_host": 0.1, "error_composed_cupti": -0.6, "error_composed_host": 0.05}
+    payload = bench_gpu.check_payload([row], [], ["gpt__small", "bert__small"], {}, {}, 3.0)
     writes_then_hangs = f"import json, time; open({str(out)!r}, 'w').write({json.dumps(json.dumps(payload))}); time.sleep(60)"
     kept = bench_gpu.run_check_child([sys.executable, "-c", writes_then_hangs], dict(os.environ), out, 3.0)
     assert kept["summary"]["plans"] == 1 and kept["summary"]["mae_host"] == pytest.approx(0.1)

@@ -104,8 +104,10 @@ def test_stage_breakdown_follows_the_1f1b_model(first_run):
     estimate = next(e for e in first_run.estimates if e.plan.plan_id == "s1-b0-g1-1x1" and not e.estimated)
     (stage,) = estimate.stages
     times = StageTimes(stage["compute_s"], stage["comm_s"], stage["p2p_s"], stage["grad_sync_s"], stage["optimizer_s"],
-                       stage["workers"], stage["setup_s"])
+                       stage["workers"], stage["setup_s"], dispatch_s=stage["dispatch_s"], optimizer_dispatch_s=stage["optimizer_dispatch_s"])
     assert estimate.iter_time_s == pytest.approx(one_f_one_b([times], 4).iter_time_s)
+    # a stage timed unit by unit prices no dispatch bound: the runtime issues the fused stage's calls, not the units'
+    assert stage["dispatch_s"] == 0 and estimate.iteration.dispatch_s == pytest.approx(stage["setup_s"])
     assert stage["compute_s"] > 0 and stage["optimizer_s"] > 0 and stage["p2p_s"] == 0
     # The runtime's per-step host work is priced: 4 micro-batch input placements.
     assert stage["workers"] == 1 and stage["setup_s"] > 0
@@ -255,8 +257,14 @@ def test_stage_granularity_profiles_whole_stages(plans_path, cache_dir):
     result = profile_plans(read_plans(plans_path, require_costs=False), config, comm=_cpu_comm())
     s = result.summary
     assert s["stages_needed"] == 2 and s["stages_profiled"] + s["stages_skipped"] == 2 and s["stages_skipped"] >= 1
-    (stage,) = next(e for e in result.estimates if not e.estimated).stages
+    local = next(e for e in result.estimates if not e.estimated)
+    (stage,) = local.stages
     assert stage["units"] == [0, 6] and stage["compute_s"] > 0
+    # the stage's issuing is timed with it: less than running it on a CPU (the dispatch bound does not bind there)
+    assert 0 < stage["dispatch_s"] < stage["compute_s"] and 0 < stage["optimizer_dispatch_s"]
+    assert 0 < local.iteration.dispatch_s < local.iter_time_s and not local.iteration.dispatch_bound
+    # another device's rows are roofline-scaled: this host's launches are not theirs
+    assert all(st["dispatch_s"] == 0 for e in result.estimates if e.estimated for st in e.stages)
 
 
 def test_memory_check_against_the_device(plans_path, cache_dir, first_run):

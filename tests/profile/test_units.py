@@ -36,6 +36,41 @@ def test_pipeline_first_microbatch_plus_slowest_stage_minus_overlapped_p2p():
     assert est.bottleneck_stage == 2
 
 
+def test_the_step_takes_at_least_its_dispatching_threads_cpu_time():
+    """One thread issues every call of a step: where issuing a micro-batch's calls takes longer than running
+    them (kernels that outrun their launches), the dispatch bound gives the step time; elsewhere it changes nothing."""
+    stages = [StageTimes(1.0, p2p_s=0.1, optimizer_s=0.2, setup_s=0.05, dispatch_s=0.3, optimizer_dispatch_s=0.1),
+              StageTimes(2.0, p2p_s=0.1, optimizer_s=0.3, dispatch_s=0.4, optimizer_dispatch_s=0.1)]
+    composed = one_f_one_b(stages, 4)
+    assert composed.iter_time_s == pytest.approx(0.05 + 3.2 + 3 * 2.0 + 0.3) == pytest.approx(composed.composed_s)
+    assert composed.dispatch_s == pytest.approx(0.05 + 4 * 0.7 + 0.2) and not composed.dispatch_bound
+    launch_bound = [StageTimes(0.1, optimizer_s=0.02, setup_s=0.05, dispatch_s=0.5, optimizer_dispatch_s=0.1)]
+    est = one_f_one_b(launch_bound, 4)
+    assert est.dispatch_bound and est.iter_time_s == pytest.approx(0.05 + 4 * 0.5 + 0.1)
+    assert est.composed_s == pytest.approx(0.05 + 4 * 0.1 + 0.02)
+    # without a recorded dispatch (roofline rows, old records) the composition alone
+    assert one_f_one_b([StageTimes(0.1, optimizer_s=0.02)], 4).dispatch_s == 0.0
+
+
+def test_host_timer_records_the_calling_threads_cpu_to_issue_each_run():
+    """dispatch_samples: the thread's CPU inside the region (busy issuing), not the wall time it waits."""
+    import time
+
+    from libarena.profile.timers import HostTimer
+
+    def spin(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    busy = HostTimer().time(lambda: spin(0.004), 1, 6)
+    idle = HostTimer().time(lambda: time.sleep(0.004), 1, 6)
+    assert len(busy.dispatch_samples) == len(busy.samples) == 6
+    assert 0.003 < busy.dispatch <= max(busy.samples)
+    assert idle.dispatch < 0.002 <= min(idle.samples)
+    assert busy.to_dict()["dispatch_cpu_s"] == busy.dispatch and busy.scaled(0.5).dispatch == pytest.approx(busy.dispatch / 2)
+
+
 def test_devices_sharing_a_host_slow_each_other_down():
     """slowdown(k): k devices busy at once each run slowdown(k)x slower (host devices share the cores)."""
     from libarena.profile.concurrency import HostConcurrency
