@@ -96,6 +96,9 @@ MIN_SAMPLES = 5
 
 class Timer(ABC):
     name: str
+    #: whether the timer's own instrumentation slows the issuing of calls (CUPTI hooks every launch): then the
+    #: issuing CPU comes from as many plain runs after the timed ones, not from the timed runs
+    instruments_issuing: bool = False
 
     def time(self, region: Callable[[], Any], warmup: int, repeats: int, budget_s: float | None = None) -> Timing:
         """Run ``region`` warmup + repeats times; time each of the last ``repeats`` runs. ``budget_s``:
@@ -123,8 +126,11 @@ class Timer(ABC):
                 if budget_s is not None and len(samples) >= min(MIN_SAMPLES, repeats) and time.perf_counter() - started >= budget_s:
                     break
                 c0 = time.process_time()
-                samples.append(self.sample(issued))
+                samples.append(self.sample(region if self.instruments_issuing else issued))
                 cpu.append(time.process_time() - c0)
+            if self.instruments_issuing:
+                for _ in samples:
+                    _block(issued())
         return Timing(tuple(samples), tuple(cpu), tuple(dispatch) if len(dispatch) == len(samples) else ())
 
     @abstractmethod
@@ -155,6 +161,7 @@ class CuptiTimer(Timer):
     """Kernel time from CUPTI: the sum of the kernels launched by one run of the region."""
 
     name = "cupti"
+    instruments_issuing = True
 
     def __init__(self) -> None:
         import arena_cupti.activity as arena_cupti

@@ -71,6 +71,31 @@ def test_host_timer_records_the_calling_threads_cpu_to_issue_each_run():
     assert busy.to_dict()["dispatch_cpu_s"] == busy.dispatch and busy.scaled(0.5).dispatch == pytest.approx(busy.dispatch / 2)
 
 
+def test_an_instrumenting_timer_takes_the_issuing_cpu_from_plain_runs():
+    """CUPTI hooks every kernel launch, which slows the issuing it would record: a timer that instruments the
+    issuing times it in as many plain runs after its timed ones."""
+    import time
+
+    from libarena.profile.timers import Timer
+
+    class Instrumenting(Timer):
+        name = "instrumenting"
+        instruments_issuing = True
+
+        def sample(self, region):
+            end = time.thread_time() + 0.004  # the timer's own hooks: CPU the plain issuing does not pay
+            while time.thread_time() < end:
+                pass
+            t0 = time.perf_counter()
+            region()
+            return time.perf_counter() - t0
+
+    runs = []
+    timing = Instrumenting().time(lambda: runs.append(1), 2, 5)
+    assert len(runs) == 2 + 5 + 5 and len(timing.dispatch_samples) == 5
+    assert timing.dispatch < 0.001
+
+
 def test_devices_sharing_a_host_slow_each_other_down():
     """slowdown(k): k devices busy at once each run slowdown(k)x slower (host devices share the cores)."""
     from libarena.profile.concurrency import HostConcurrency
