@@ -26,6 +26,7 @@ from libarena.errors import ArenaError
 MAX_COMM_BYTES = 1 << 30
 from libarena.hardware.comm import PRIMITIVES
 from libarena.profile.subprocess_devices import run_module_with_devices
+from libarena.run.heap import frozen_heap
 
 
 @dataclass(frozen=True)
@@ -138,13 +139,14 @@ def benchmark(config: CommBenchConfig, gpu_type: str) -> list[dict[str, Any]]:
                 continue
             for size in config.sizes():
                 fn, x = _collective(primitive, mesh, size // 4)
-                for _ in range(config.warmup):
-                    jax.block_until_ready(fn(x))
                 samples = []
-                for _ in range(config.repeats):
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(fn(x))
-                    samples.append(time.perf_counter() - t0)
+                with frozen_heap():  # timed as every other loop is (libarena.run.heap): no collection, steady malloc
+                    for _ in range(config.warmup):
+                        jax.block_until_ready(fn(x))
+                    for _ in range(config.repeats):
+                        t0 = time.perf_counter()
+                        jax.block_until_ready(fn(x))
+                        samples.append(time.perf_counter() - t0)
                 rows.append(
                     {
                         "primitive": primitive,

@@ -34,6 +34,7 @@ from typing import Any
 
 from libarena.artifacts import content_digest
 from libarena.profile.subprocess_devices import run_module_with_devices
+from libarena.run.heap import frozen_heap
 
 CONCURRENCY_VERSION = 2
 #: Micro-benchmark size: an MLP on (batch, width) activations, fp32.
@@ -132,9 +133,10 @@ def measure(max_devices: int, repeats: int = 15) -> list[tuple[int, float, float
     out = []
     for k in range(2, len(devices) + 1):
         alone, together = [], []
-        for _ in range(repeats):  # interleaved: load from elsewhere affects both alike
-            alone.append(run(1))
-            together.append(run(k))
+        with frozen_heap():  # timed as every other loop is (libarena.run.heap): no collection, steady malloc
+            for _ in range(repeats):  # interleaved: load from elsewhere affects both alike
+                alone.append(run(1))
+                together.append(run(k))
         wall = statistics.median(w for w, _ in alone)
         cores = statistics.median(c for _, c in alone) / wall if wall > 0 else 1.0
         out.append((k, max(1.0, statistics.median(w for w, _ in together) / wall), cores))

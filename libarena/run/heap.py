@@ -14,8 +14,8 @@ In probes (not a benchmark file) gpt__tiny's 16-sample stage ran at 11.4 ms, or 
 page faults per call when a 4-sample stage had run first -- steady within the process, so no statistic of
 its samples shows it. :func:`steady_malloc` fixes both thresholds for the rest of the process; the loops that
 run stages or steps (the timers, the co-run and measurement children, the runtime's training and measurement
-loops) enter it through ``frozen_heap()``. The communication and host-sharing micro-benchmarks
-(libarena.profile.comm_bench, libarena.profile.concurrency) time their own loops without it."""
+loops, and the communication and host-sharing micro-benchmarks of libarena.profile.comm_bench and
+libarena.profile.concurrency) enter it through ``frozen_heap()``."""
 
 from __future__ import annotations
 
