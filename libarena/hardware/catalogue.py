@@ -6,7 +6,7 @@ GPU types are registered by name (``register_gpu``); the rest of the code looks 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from libarena.errors import ArenaError
@@ -103,20 +103,17 @@ register_gpu(
         aliases=("h100-80gb", "h100-sxm"),
     )
 )
-# The H100's chip with more and faster memory (HBM3e): the same arithmetic rates, 1.4x the bandwidth.
+# The H100's chip with more and faster memory (HBM3e): its arithmetic rates and NVLink, 1.4x the bandwidth.
 register_gpu(
-    GPUSpec(
+    replace(
+        get_gpu("h100"),
+        peak_flops=dict(get_gpu("h100").peak_flops),  # its own copy: specs share nothing mutable
         name="h200",
         full_name="NVIDIA H200 SXM 141GB",
-        architecture="Hopper",
         memory_bytes=141 * GIGA,
         hbm_bandwidth=4.8e12,
-        peak_flops={"fp32": 67 * TERA, "tf32": 494.5 * TERA, "bf16": 989.5 * TERA, "fp16": 989.5 * TERA},
-        intra_node_link="NVLink 4 (900 GB/s total)",
-        intra_node_bandwidth=450 * GIGA,
         inter_node_network="ConnectX-7 400 Gb/s",
         inter_node_bandwidth=400e9 / 8,
-        default_gpus_per_node=8,
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM; sparsity figures halved to dense)",
         aliases=("h200-141gb", "h200-sxm"),
     )
