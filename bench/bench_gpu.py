@@ -39,8 +39,9 @@ from typing import Any
 
 #: This module needs an NVIDIA GPU: ``python -m bench`` runs it only when named.
 REQUIRES_GPU = True
-#: Cheapest to compile first: XLA autotunes wide_resnet's convolutions for minutes on a first compile (207 s of
-#: wide_resnet__tiny's 254 s in gpu-h200.json), so its sizes come last and the rest fit the budget before them.
+#: Cheapest to compile first: XLA autotunes wide_resnet's convolutions for minutes on a first compile (in
+#: gpu-h200.json wide_resnet__tiny's first profiling pass took 207 s, its second, from the compilation cache, 7 s),
+#: so its sizes come last and the rest fit the budget before them.
 MODELS = (*(f"{family}__{size}" for family in ("gpt", "bert", "moe") for size in ("tiny", "small")),
           "wide_resnet__tiny", "wide_resnet__small")
 GLOBAL_BATCH = 16
