@@ -290,10 +290,9 @@ def check_payload(rows: list[dict[str, Any]], skipped: list[str], pending: list[
     with some pending is what a stopped check leaves: the parent lists them as not done)."""
     summary = {
         "plans": len(rows),
-        "mae_cupti": statistics.fmean(abs(r["error_cupti"]) for r in rows) if rows else None,
-        "mae_host": statistics.fmean(abs(r["error_host"]) for r in rows) if rows else None,
-        "mae_composed_cupti": statistics.fmean(abs(r["error_composed_cupti"]) for r in rows) if rows else None,
-        "mae_composed_host": statistics.fmean(abs(r["error_composed_host"]) for r in rows) if rows else None,
+        # each estimate's mean absolute error, with the dispatch bound and without it (the composition alone)
+        **{f"mae_{error}": statistics.fmean(abs(r[f"error_{error}"]) for r in rows) if rows else None
+           for error in ("cupti", "host", "composed_cupti", "composed_host")},
         "models_skipped_for_time": skipped,
         "models_not_reached": pending,
         "wall_s": wall_s,
