@@ -56,8 +56,11 @@ NUM_CLUSTERS = 3
 DEVICE_COUNTS = (1, 2)
 MAE_TARGET = 0.05
 COST_TARGET = 10.0
-#: ABAB: CHUNKS turns of CHUNK samples per side and plan (15 samples each), after WARMUP untimed runs.
-CHUNKS, CHUNK, WARMUP = 5, 3, 3
+#: ABAB: CHUNKS turns of CHUNK samples per side and plan (25 samples each), after WARMUP untimed runs; each
+#: turn starts with TURN_WARMUP untimed runs (the estimate side's first turn with WARMUP): after the other
+#: side's turn the first step of a chunk ran about 5% above the plan's median, the third 3% below
+#: (profile-tiny-dispatch.json's 2-device samples), and a training loop runs its steps back to back
+CHUNKS, CHUNK, WARMUP, TURN_WARMUP = 5, 5, 3, 1
 #: Profiler settings of the cost run (as users run it) and the statistic of the interleaved runs.
 PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
 STATISTIC = "q1"
@@ -153,12 +156,12 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
 
                     def estimate_side() -> None:
                         for spec, item in zip(specs, items, strict=True):
-                            stages.time(spec, 1 if turn else WARMUP, CHUNK)
+                            stages.time(spec, TURN_WARMUP if turn else WARMUP, CHUNK)
                             if corun is not None:
-                                corun.time(item, 1 if turn else WARMUP, CHUNK)
+                                corun.time(item, TURN_WARMUP if turn else WARMUP, CHUNK)
 
                     def measure_side() -> None:
-                        out = measure.steps(grid, plan.plan_id, CHUNK)
+                        out = measure.steps(grid, plan.plan_id, CHUNK, warmup=TURN_WARMUP)
                         samples.extend(out["samples_s"])
                         cpu.extend(out["cpu_s"])
                         dispatch.extend(out["dispatch_cpu_s"])
@@ -170,6 +173,13 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 records = plain if corun is None else [{**rec, "corun": corun.timing(item, STATISTIC).to_dict()}
                                                        for rec, item in zip(plain, items, strict=True)]
                 est = estimate_plan(job, plan, records, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC, sharing)
+                # The same composition from every region's median, against the steps' median: lower quartiles do
+                # not add up (the sum of the regions' lower quartiles lies below the lower quartile of their sum),
+                # medians of roughly symmetric samples nearly do
+                median_records = plain if corun is None else [{**rec, "corun": corun.timing(item, "median").to_dict()}
+                                                              for rec, item in zip(plain, items, strict=True)]
+                est_median = estimate_plan(job, plan, median_records, 0.0, local, None, comm, "host", config.memory_fraction,
+                                           "median", sharing)
                 # the other models from the one-device records alone
                 others = {name: estimate_plan(job, plan, plain, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC,
                                               model).iter_time_s for name, model in alternatives.items()}
@@ -180,6 +190,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "dp_per_stage": list(plan.dp_per_stage), "tp_per_stage": list(plan.tp_per_stage),
                     "estimate_s": est.iter_time_s, "measured_s": measured,
                     "error": est.iter_time_s / measured - 1.0,
+                    "estimate_median_s": est_median.iter_time_s,
+                    "error_median": est_median.iter_time_s / statistics.median(samples) - 1.0,
                     "estimate_other_concurrency_models_s": others,
                     "measured_median_s": statistics.median(samples), "measured_iqr_over_median": relative_iqr(samples),
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
@@ -196,7 +208,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "measurement_compile_device_s": n * prepared["wall_s"],
                 })
                 _log(f"{planset.model_name} {n} dev {plan.plan_id}: estimate {est.iter_time_s * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
-                     f"({rows[-1]['error']:+.1%}; measured IQR/median {rows[-1]['measured_iqr_over_median']:.1%})")
+                     f"({rows[-1]['error']:+.1%}; medians {rows[-1]['error_median']:+.1%}; measured IQR/median {rows[-1]['measured_iqr_over_median']:.1%})")
                 for spec, item in zip(specs, items, strict=True):
                     stages.release(spec)
                     if corun is not None:
@@ -305,6 +317,9 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
         summary[f"mean_signed_error_{n}_devices"] = statistics.fmean(r["error"] for r in subset)
         summary[f"max_abs_error_{n}_devices"] = max(abs(r["error"]) for r in subset)
         summary[f"plans_{n}_devices"] = len(subset)
+        if all("error_median" in r for r in subset):
+            summary[f"mae_{n}_devices_medians"] = statistics.fmean(abs(r["error_median"]) for r in subset)
+            summary[f"mean_signed_error_{n}_devices_medians"] = statistics.fmean(r["error_median"] for r in subset)
         summary[f"measured_iqr_over_median_{n}_devices_median"] = statistics.median(r["measured_iqr_over_median"] for r in subset)
         plain = [abs(r["estimate_plain_s"] / r["measured_s"] - 1) for r in subset if r.get("estimate_plain_s")]
         if plain:
@@ -380,7 +395,8 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         "protocol": {
             "quiet_check": quiet_record, "timing_noise_after": noise_after, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
             "calibration_s": out["calibration_s"], "host_sharing": out["host_sharing"],
-            "interleaving": f"per plan, {CHUNKS} turns of {CHUNK} samples per side, alternating which side goes first (ABAB)",
+            "interleaving": f"per plan, {CHUNKS} turns of {CHUNK} samples per side, alternating which side goes first (ABAB); "
+                            f"each turn starts with {TURN_WARMUP} untimed run(s) per side (the estimate side's first with {WARMUP})",
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
         },
         "setup": {"models": list(models), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS),

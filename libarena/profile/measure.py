@@ -148,9 +148,11 @@ class MeasureSession(DeviceChild):
         warmup_s, wall_s (all of it)."""
         return self.ask({"op": "prepare", "grid": grid, "plan_id": plan_id, "warmup": warmup, "seed": seed})
 
-    def steps(self, grid: dict[str, Any], plan_id: str, steps: int) -> dict[str, Any]:
-        """``steps`` more timed steps of a prepared plan: samples_s (wall) and cpu_s (process CPU) per step."""
-        return self.ask({"op": "steps", "grid": grid, "plan_id": plan_id, "steps": steps})
+    def steps(self, grid: dict[str, Any], plan_id: str, steps: int, warmup: int = 0) -> dict[str, Any]:
+        """``steps`` more timed steps of a prepared plan, after ``warmup`` untimed ones (a plan that sat idle
+        while other work ran steps slower at first): samples_s (wall), cpu_s (process CPU) and dispatch_cpu_s (the
+        dispatching thread's CPU) per timed step, warmup_s (wall) per untimed one."""
+        return self.ask({"op": "steps", "grid": grid, "plan_id": plan_id, "steps": steps, "warmup": warmup})
 
     def release(self, grid: dict[str, Any], plan_id: str) -> None:
         self.ask({"op": "release", "grid": grid, "plan_id": plan_id})
@@ -199,10 +201,13 @@ def _serve(plans_path: str) -> None:
     def steps(request: dict[str, Any]) -> dict[str, Any]:
         if key(request) not in running:
             raise ArenaError(f"plan {request['plan_id']} is not prepared")
+        state = running[key(request)]
         with frozen_heap():  # the other prepared plans' executors are not this step's garbage to scan
-            timed = [step(running[key(request)]) for _ in range(int(request["steps"]))]
+            warm = [step(state)[0] for _ in range(int(request.get("warmup", 0)))]
+            timed = [step(state) for _ in range(int(request["steps"]))]
         # the dispatching thread's own CPU (the runtime issues every call of a step from this one thread)
-        return {"samples_s": [w for w, _, _ in timed], "cpu_s": [c for _, c, _ in timed], "dispatch_cpu_s": [d for _, _, d in timed]}
+        return {"samples_s": [w for w, _, _ in timed], "cpu_s": [c for _, c, _ in timed], "dispatch_cpu_s": [d for _, _, d in timed],
+                "warmup_s": warm}
 
     def release(request: dict[str, Any]) -> dict[str, Any]:
         running.pop(key(request), None)

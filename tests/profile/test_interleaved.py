@@ -32,9 +32,12 @@ def test_measure_session_keeps_a_plan_ready_between_chunks_of_steps(two_device_p
     with MeasureSession(path, 2, threading=XLA_THREADING.get("eigen-single")) as session:
         prepared = session.prepare(GRID2, plan_id, warmup=1)
         assert prepared["wall_s"] >= prepared["build_s"] > 0 and prepared["first_step_s"] > 0
-        chunks = [session.steps(GRID2, plan_id, 2) for _ in range(2)]
+        chunks = [session.steps(GRID2, plan_id, 2, warmup=w) for w in (0, 2)]
         for chunk in chunks:
-            assert len(chunk["samples_s"]) == len(chunk["cpu_s"]) == 2 and all(t > 0 for t in chunk["samples_s"])
+            assert len(chunk["samples_s"]) == len(chunk["cpu_s"]) == len(chunk["dispatch_cpu_s"]) == 2
+            assert all(t > 0 for t in chunk["samples_s"])
+        # a chunk's untimed steps run right before its timed ones, in the child
+        assert chunks[0]["warmup_s"] == [] and len(chunks[1]["warmup_s"]) == 2 and all(t > 0 for t in chunks[1]["warmup_s"])
         session.release(GRID2, plan_id)
         with pytest.raises(ArenaError, match="is not prepared"):
             session.steps(GRID2, plan_id, 1)
@@ -94,19 +97,25 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
                 "measurement_compile_device_s": 10.0 * n, "measurement_device_s": 12.0 * n}
 
     rows = [row("gpt__tiny", 1, 1.02, 1.0), row("gpt__tiny", 1, 0.96, 1.0), row("gpt__tiny", 2, 0.6, 0.5)]
+    for r, error_median in zip(rows, (0.01, -0.05, 0.1)):
+        r["error_median"] = error_median
     grids = [{"num_gpus": 4, "plans": 6, "distinct_stages": 5}, {"num_gpus": 16, "plans": 3, "distinct_stages": 4}]
     costs = [{"model": "gpt__tiny", "profiling_device_s": 6.0, "stages_profiled": 3, "measurement_device_s": 48.0,
               "measurement_compile_device_s": 40.0, "paper_grids": grids}]
     summary = bench_profile.aggregate(rows, costs)
     assert summary["mae_1_devices"] == pytest.approx(0.03) and summary["mae_2_devices"] == pytest.approx(0.2)
     assert summary["mae_1_devices_independent_model"] == 0.0
+    # the composition of medians against the steps' median, beside
+    assert summary["mae_1_devices_medians"] == pytest.approx(0.03) and summary["mean_signed_error_1_devices_medians"] == pytest.approx(-0.02)
+    assert summary["mae_2_devices_medians"] == pytest.approx(0.1)
     assert summary["cost_per_model"]["gpt__tiny"]["ratio"] == pytest.approx(8.0)
     derived = summary["cost_per_model"]["gpt__tiny"]["derived_paper_grids"]
     assert "DERIVED" in derived["note"]
     g4, g16 = derived["grids"]
-    # profiling: 2 device-s per distinct stage; measuring: per plan G x 10 s of compilation + 15 steps of 1 s / G... x G
-    assert g4["profiling_device_s"] == pytest.approx(10.0) and g4["measurement_device_s"] == pytest.approx(6 * (4 * 10.0 + 15 * 1.0))
-    assert g16["ratio"] == pytest.approx(3 * (16 * 10.0 + 15) / 8.0)
+    # profiling: 2 device-s per distinct stage; measuring: per plan G x 10 s of compilation + the timed steps of 1 s / G... x G
+    steps = bench_profile.CHUNKS * bench_profile.CHUNK
+    assert g4["profiling_device_s"] == pytest.approx(10.0) and g4["measurement_device_s"] == pytest.approx(6 * (4 * 10.0 + steps * 1.0))
+    assert g16["ratio"] == pytest.approx(3 * (16 * 10.0 + steps) / 8.0)
     assert not summary["met"]
 
 
