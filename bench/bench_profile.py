@@ -15,9 +15,11 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
 * estimate side and measurement side are interleaved, ABAB: per plan, the profiler's stage executables
   (kept compiled in this process, one device) and the plan's executor (kept in a child with 1 or 2
   devices) take ``CHUNKS`` turns of ``CHUNK`` samples each, alternating which goes first, so that both
-  sides see the same host;
+  sides see the same host, each turn begun with ``TURN_WARMUP`` untimed runs on each side (a training loop
+  runs its steps back to back; a plan's first step after the other side's turn is not one of those);
 * each side's statistic is the lower quartile of its samples (a shared host only adds time), stage by stage
-  on the estimate side, step by step on the measurement side;
+  on the estimate side, step by step on the measurement side; beside it, the same composition of every
+  region's median against the steps' median (lower quartiles do not add up);
 * the timing noise is probed again at the end: a host that turned noisy during the run makes its figures
   inconclusive (``summary.conclusive`` false, targets not met).
 
