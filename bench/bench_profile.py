@@ -172,20 +172,23 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                         side()
                 measure.release(grid, plan.plan_id)
                 plain = [stages.record(spec) for spec in specs]
-                records = plain if corun is None else [{**rec, "corun": corun.timing(item, STATISTIC).to_dict()}
-                                                       for rec, item in zip(plain, items, strict=True)]
-                est = estimate_plan(job, plan, records, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC, sharing)
+
+                def with_corun(statistic: str) -> list[dict[str, Any]]:
+                    return plain if corun is None else [{**rec, "corun": corun.timing(item, statistic).to_dict()}
+                                                        for rec, item in zip(plain, items, strict=True)]
+
+                def estimate(recs: list[dict[str, Any]], statistic: str, concurrency: Any) -> Any:
+                    return estimate_plan(job, plan, recs, 0.0, local, None, comm, "host", config.memory_fraction, statistic, concurrency)
+
+                records = with_corun(STATISTIC)
+                est = estimate(records, STATISTIC, sharing)
                 # The same composition from every region's median, against the steps' median: lower quartiles do
                 # not add up (the sum of the regions' lower quartiles lies below the lower quartile of their sum),
                 # medians of roughly symmetric samples nearly do
-                median_records = plain if corun is None else [{**rec, "corun": corun.timing(item, "median").to_dict()}
-                                                              for rec, item in zip(plain, items, strict=True)]
-                est_median = estimate_plan(job, plan, median_records, 0.0, local, None, comm, "host", config.memory_fraction,
-                                           "median", sharing)
+                est_median = estimate(with_corun("median"), "median", sharing)
                 # the other models from the one-device records alone
-                others = {name: estimate_plan(job, plan, plain, 0.0, local, None, comm, "host", config.memory_fraction, STATISTIC,
-                                              model).iter_time_s for name, model in alternatives.items()}
-                measured = lower_quartile(samples)
+                others = {name: estimate(plain, STATISTIC, model).iter_time_s for name, model in alternatives.items()}
+                measured, measured_median = lower_quartile(samples), statistics.median(samples)
                 rows.append({
                     "model": planset.model_name, "num_gpus": n, "plan_id": plan.plan_id, "is_dp": plan.plan_id == DP_PLAN_ID,
                     "pipeline_degree": plan.pipeline_degree, "num_microbatches": plan.num_microbatches,
@@ -193,9 +196,9 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "estimate_s": est.iter_time_s, "measured_s": measured,
                     "error": est.iter_time_s / measured - 1.0,
                     "estimate_median_s": est_median.iter_time_s,
-                    "error_median": est_median.iter_time_s / statistics.median(samples) - 1.0,
+                    "error_median": est_median.iter_time_s / measured_median - 1.0,
                     "estimate_other_concurrency_models_s": others,
-                    "measured_median_s": statistics.median(samples), "measured_iqr_over_median": relative_iqr(samples),
+                    "measured_median_s": measured_median, "measured_iqr_over_median": relative_iqr(samples),
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
                     # the CPU seconds per step of the one thread that dispatches every call of the runtime's step
                     "measured_dispatch_cpu_s": statistics.median(dispatch),
