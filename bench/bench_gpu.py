@@ -51,6 +51,11 @@ WARMUP, REPEATS = 3, 15
 TIME_BUDGET_S = 420.0
 #: The child is stopped this long after its budget (a model started just inside it can take minutes to compile).
 CHILD_GRACE_S = 150.0
+#: XLA's kernel autotuning in the check's compilations (``--xla_gpu_autotune_level``; None: XLA's default, 4).
+#: Autotuning times candidate kernels while compiling: on an H200 it made wide_resnet__tiny's first compilation
+#: 207 s and left three small models outside the budget (gpu-h200.json). Off, XLA picks kernels by its
+#: heuristics, the same for the profiler's stage programs and the runtime's, which is what the check compares.
+AUTOTUNE_LEVEL: int | None = 0
 NO_GPU = "no NVIDIA GPU visible"
 
 
@@ -123,13 +128,19 @@ def preflight() -> list[str]:
     return gpus
 
 
-def check_env(base: Any, tmp: Path) -> dict[str, str]:
+def check_env(base: Any, tmp: Path, autotune_level: int | None = AUTOTUNE_LEVEL) -> dict[str, str]:
     """The check's children's environment. The direct measurement's child shares the GPU (no preallocation).
     Compiling is most of the check's time, and the profiler's second timer pass compiles exactly what its first
     did: JAX's persistent compilation cache in ``tmp`` serves it (and with it JAX turns on XLA's per-fusion
-    autotuning cache, which the measurement's child reads). Neither changes what runs."""
-    return dict(base, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_COMPILATION_CACHE_DIR=str(tmp / "jax-cache"),
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    autotuning cache, which the measurement's child reads). Neither changes what runs. ``autotune_level``
+    (see AUTOTUNE_LEVEL) goes into XLA_FLAGS beside the caller's own flags."""
+    from libarena.profile.host import merge_xla_flags
+
+    env = dict(base, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_COMPILATION_CACHE_DIR=str(tmp / "jax-cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    if autotune_level is not None:
+        env["XLA_FLAGS"] = merge_xla_flags(base.get("XLA_FLAGS", ""), (f"--xla_gpu_autotune_level={int(autotune_level)}",))
+    return env
 
 
 def run_check_child(command: list[str], env: dict[str, str], out: Path, timeout_s: float) -> dict[str, Any]:
@@ -150,12 +161,12 @@ def run_check_child(command: list[str], env: dict[str, str], out: Path, timeout_
     return json.loads(out.read_text())
 
 
-def run(results_dir: Path, time_budget_s: float = TIME_BUDGET_S) -> bool:
+def run(results_dir: Path, time_budget_s: float = TIME_BUDGET_S, autotune_level: int | None = AUTOTUNE_LEVEL) -> bool:
     gpus = preflight()
     extra = cuda_extra(driver_cuda_major())
     ensure_installed(extra, _log)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-        env = check_env(os.environ, Path(tmp))
+        env = check_env(os.environ, Path(tmp), autotune_level)
         out = Path(tmp) / "gpu.json"
         payload = run_check_child([sys.executable, "-m", "bench.bench_gpu", "--child", str(out), str(time_budget_s)], env, out,
                                   time_budget_s + CHILD_GRACE_S)
@@ -267,7 +278,8 @@ def _child(out_path: str, time_budget_s: float = TIME_BUDGET_S) -> None:
     _log(f"fixed computation: cupti {fixed['cupti']['median_s'] * 1e3:.2f} ms, host {fixed['host']['median_s'] * 1e3:.2f} ms")
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
-    machine = {"device": local.describe(), "jax": jax.__version__, "python": sys.version.split()[0]}
+    machine = {"device": local.describe(), "jax": jax.__version__, "python": sys.version.split()[0],
+               "xla_flags": os.environ.get("XLA_FLAGS", "")}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-child-") as tmp:
         for k, model in enumerate(MODELS):
             if time.perf_counter() - started > time_budget_s:
@@ -314,10 +326,12 @@ if __name__ == "__main__":
         parser.add_argument("--time-budget", type=float, default=TIME_BUDGET_S,
                             help="seconds for the models (the rest are skipped and listed once it is spent)")
         parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
+        parser.add_argument("--autotune-level", type=int, choices=range(5), default=AUTOTUNE_LEVEL,
+                            help=f"XLA's GPU kernel autotuning level for the check's compilations (default {AUTOTUNE_LEVEL}; 4 is XLA's own)")
         args = parser.parse_args()
         out = Path(args.results)
         try:
-            ok = run(out, args.time_budget)
+            ok = run(out, args.time_budget, args.autotune_level)
         except GpuCheckError as exc:
             print(exc, file=sys.stderr)
             raise SystemExit(2) from None

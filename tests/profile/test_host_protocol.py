@@ -249,3 +249,16 @@ def test_gpu_check_keeps_the_models_a_stopped_child_finished(tmp_path):
         bench_gpu.run_check_child([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), out, 1.0)
     with pytest.raises(bench_gpu.GpuCheckError, match="failed \\(exit 3"):
         bench_gpu.run_check_child([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), out, 30.0)
+
+
+def test_gpu_check_compiles_without_kernel_autotuning_unless_asked(tmp_path):
+    """The check's children compile with XLA's GPU autotuning off (the caller's other flags kept, an autotune level
+    it set replaced); None leaves XLA_FLAGS as the caller had it."""
+    from bench import bench_gpu
+
+    env = bench_gpu.check_env({"XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_gpu_autotune_level=4"}, tmp_path)
+    assert env["XLA_FLAGS"].split() == ["--xla_dump_to=/tmp/x", f"--xla_gpu_autotune_level={bench_gpu.AUTOTUNE_LEVEL}"]
+    assert bench_gpu.AUTOTUNE_LEVEL == 0 and env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax-cache")
+    assert bench_gpu.check_env({"XLA_FLAGS": "--a=1"}, tmp_path, 2)["XLA_FLAGS"] == "--a=1 --xla_gpu_autotune_level=2"
+    assert "XLA_FLAGS" not in bench_gpu.check_env({}, tmp_path, None)
+    assert bench_gpu.check_env({"XLA_FLAGS": "--a=1"}, tmp_path, None)["XLA_FLAGS"] == "--a=1"
