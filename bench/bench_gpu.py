@@ -25,7 +25,6 @@ bench.bench_gpu --time-budget S`` for a shorter lease).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -144,21 +143,24 @@ def check_env(base: Any, tmp: Path, autotune_level: int | None = AUTOTUNE_LEVEL)
 
 
 def run_check_child(command: list[str], env: dict[str, str], out: Path, timeout_s: float) -> dict[str, Any]:
-    """Run the check's child; one that overruns ``timeout_s`` is stopped, and the models it finished (its file
-    is rewritten after each) are kept, the one it was on listed as not done. GpuCheckError when nothing is left."""
+    """Run the check's child; one that overruns ``timeout_s`` (or a check that is interrupted) is stopped, and the
+    models it finished (its file is rewritten after each) are kept, the one it was on listed as not done.
+    GpuCheckError when nothing is left."""
+    from libarena.errors import ArenaError
+
+    from bench.child import run_child
+
     try:
-        proc = subprocess.run(command, env=env, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        if not out.is_file():
-            raise GpuCheckError(f"the GPU check overran {timeout_s:.0f} s before finishing a model (its log is above)") from None
-        payload = json.loads(out.read_text())
-        payload["summary"]["stopped_after_s"] = timeout_s
-        _log(f"stopped after {timeout_s:.0f} s; kept the {payload['summary']['plans']} plans done, not done: "
+        payload, stopped = run_child(command, out, timeout_s, env, what="the GPU check")
+    except ArenaError as exc:
+        raise GpuCheckError(str(exc)) from None
+    if stopped is not None:
+        payload["summary"]["stopped"] = stopped
+        if stopped.startswith("overran"):
+            payload["summary"]["stopped_after_s"] = timeout_s
+        _log(f"{stopped}; kept the {payload['summary']['plans']} plans done, not done: "
              f"{', '.join(payload['summary']['models_not_reached']) or 'none'}")
-        return payload
-    if proc.returncode != 0 or not out.is_file():
-        raise GpuCheckError(f"the GPU check failed (exit {proc.returncode}; its log is above)")
-    return json.loads(out.read_text())
+    return payload
 
 
 def run(results_dir: Path, time_budget_s: float = TIME_BUDGET_S, autotune_level: int | None = AUTOTUNE_LEVEL) -> bool:

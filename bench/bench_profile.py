@@ -21,7 +21,10 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   on the estimate side, step by step on the measurement side; beside it, the same composition of every
   region's median against the steps' median (lower quartiles do not add up);
 * the timing noise is probed again at the end: a host that turned noisy during the run makes its figures
-  inconclusive (``summary.conclusive`` false, targets not met).
+  inconclusive (``summary.conclusive`` false, targets not met);
+* the measuring interpreter rewrites its results after every model: a run stopped midway (Ctrl-C, SIGTERM) or
+  given ``--time-budget`` still writes the models it finished, marked incomplete (``summary.complete`` false,
+  ``models_not_done``, targets not met).
 
 Cost is device-seconds as the paper counts them (devices held x wall time, compilation included on both
 sides): profiling is one ordinary ``profile_plans`` run with an empty cache (one device); a direct
@@ -40,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -256,7 +258,11 @@ def derived_cost(grids: list[dict[str, int]], profiling_per_stage_s: float, meas
     return out
 
 
-def _child(request: dict[str, Any]) -> dict[str, Any]:
+def _child(request: dict[str, Any], out_path: str | None = None) -> dict[str, Any]:
+    """The measuring interpreter: every model of the request in turn. With ``out_path`` its result is rewritten
+    there after every model (``models_done``; ``finished`` once the loop is over), so a run stopped midway keeps them;
+    with ``time_budget_s`` in the request, no model is started once that many seconds have passed (the rest are
+    listed in ``models_skipped_for_time``)."""
     from libarena.hardware.comm import load_comm_model
     from libarena.plan import read_plans
     from libarena.profile import CommBenchConfig, ProfileCache, ProfileConfig, resolve_device, write_comm_table
@@ -267,8 +273,18 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
     layout = request["threading"]
     applied = apply_threading(XLA_THREADING.get(layout), 1)
     before = snapshot()
+    started = time.perf_counter()
+    budget = request.get("time_budget_s")
     rows: list[dict[str, Any]] = []
     costs: list[dict[str, Any]] = []
+    done: list[str] = []
+    skipped: list[str] = []
+
+    def result(finished: bool) -> dict[str, Any]:
+        return {"rows": rows, "costs": costs, "calibration_s": calibration_s, "threading": applied, "host_sharing": sharing.to_dict(),
+                "host": host_window(before, snapshot()), "models_done": list(done), "models_skipped_for_time": list(skipped),
+                "finished": finished}
+
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp_name:
         tmp = Path(tmp_name)
         comm_path = tmp / "comm.parquet"
@@ -285,6 +301,9 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
                         "independent": None}
         calibration_s = time.perf_counter() - t0
         for model in request["models"]:
+            if budget is not None and time.perf_counter() - started > budget:
+                skipped.append(model)
+                continue
             plans_path = _plans(tmp, model)
             planset = read_plans(plans_path, require_costs=False)
             model_before = snapshot()
@@ -302,8 +321,13 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
                           "host": host_window(model_before, snapshot())})
             _log(f"{model}: profiling {cost['device_s']:.0f} device-s ({summary['stages_profiled']} stages), measuring "
                  f"{costs[-1]['measurement_device_s']:.0f} device-s")
-    return {"rows": rows, "costs": costs, "calibration_s": calibration_s, "threading": applied, "host_sharing": sharing.to_dict(),
-            "host": host_window(before, snapshot())}
+            done.append(model)
+            if out_path is not None:
+                write_json(out_path, result(finished=False))
+    out = result(finished=True)
+    if out_path is not None:
+        write_json(out_path, out)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -370,8 +394,13 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
 
 
 def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profile", threading: str | None = None,
-        quiet: Any = None) -> bool:
+        quiet: Any = None, time_budget_s: float | None = None) -> bool:
+    """Time ``models`` and write RESULTS/NAME.json. ``time_budget_s``: start no model after that many seconds of
+    measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it still writes the models it
+    finished, marked incomplete."""
     from libarena.profile.host import XLA_THREADING, QuietPolicy, timing_noise, wait_until_quiet
+
+    from bench.child import run_child
 
     if not Path(results_dir).is_dir():  # found out now, not after an hour of timing
         raise ArenaError(f"bench_profile: results directory {results_dir} does not exist")
@@ -385,12 +414,11 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-profile-run-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request.write_text(json.dumps({"models": list(models), "threading": layout}))
-        proc = subprocess.run([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)])
-        if proc.returncode != 0 or not result.is_file():
-            raise ArenaError(f"bench_profile: the measuring interpreter failed (exit {proc.returncode}; its log is above)")
-        out = json.loads(result.read_text())
+        request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s}))
+        out, stopped = run_child([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)], result,
+                                 what="bench_profile: the measuring interpreter")
     summary = aggregate(out["rows"], out["costs"])
+    judge_completeness(summary, models, out, stopped)
     noise_after = timing_noise()
     judge_noise(summary, noise_after, policy.max_noise)
     payload = {
@@ -412,6 +440,21 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     return bool(summary["met"])
 
 
+def judge_completeness(summary: dict[str, Any], models: tuple[str, ...], out: dict[str, Any], stopped: str | None) -> None:
+    """A run stopped midway (``stopped``: why) or out of time keeps the models it finished; the rest are listed,
+    and its targets are not shown met (``complete`` False, ``met`` False)."""
+    done = set(out.get("models_done", models))
+    summary["models_not_done"] = [m for m in models if m not in done]
+    summary["models_skipped_for_time"] = list(out.get("models_skipped_for_time", []))
+    summary["complete"] = not summary["models_not_done"]
+    if stopped is not None:
+        summary["stopped"] = stopped
+    if not summary["complete"]:
+        summary["met"] = False
+        _log(f"{stopped or 'out of time'}: kept {', '.join(m for m in models if m in done) or 'nothing'}; not done: "
+             f"{', '.join(summary['models_not_done'])}")
+
+
 def judge_noise(summary: dict[str, Any], noise_after: dict[str, float], max_noise: float | None) -> None:
     """The host may have turned noisy while it was timed: then its figures show the targets neither met nor missed
     (``conclusive`` False, and ``met`` False: a target is not shown met at noise level)."""
@@ -426,7 +469,7 @@ if __name__ == "__main__":
     import argparse
 
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        write_json(sys.argv[3], _child(json.loads(Path(sys.argv[2]).read_text())))
+        _child(json.loads(Path(sys.argv[2]).read_text()), sys.argv[3])
         raise SystemExit(0)
     from libarena.profile.host import XLA_THREADING, QuietPolicy
 
@@ -441,11 +484,13 @@ if __name__ == "__main__":
                         help="timing noise (IQR/median of a fixed computation's bursts) the host must be under to start")
     parser.add_argument("--max-wait", type=float, default=QuietPolicy.max_wait_s, help="seconds to wait for a quiet host")
     parser.add_argument("--allow-busy", action="store_true", help="go on (recording it) when the host stays busy")
+    parser.add_argument("--time-budget", type=float, default=None,
+                        help="seconds of measuring after which no further model is started (the rest are listed as not done)")
     args = parser.parse_args()
     try:
         ok = run(Path(args.results), tuple(args.models), args.name, args.threading,
                  QuietPolicy(max_load=args.max_load, max_noise=args.max_noise, max_wait_s=args.max_wait,
-                             refuse=not args.allow_busy))
+                             refuse=not args.allow_busy), args.time_budget)
     except ArenaError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None

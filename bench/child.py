@@ -1,0 +1,65 @@
+"""A benchmark's measuring child that keeps what it finished.
+
+The long benchmarks (bench_profile, bench_gpu) measure in a child interpreter that rewrites its results file
+(atomically) after every model. When the child overruns its time limit, or the benchmark itself is stopped
+(Ctrl-C, SIGTERM), the child is stopped and the models it finished are kept instead of an hour's work lost.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from libarena.errors import ArenaError
+
+#: Seconds a stopped child gets to exit after SIGTERM before it is killed.
+STOP_GRACE_S = 10.0
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise _Stopped
+
+
+def run_child(command: list[str], out: Path, timeout_s: float | None = None, env: dict[str, str] | None = None,
+              what: str = "the benchmark") -> tuple[dict[str, Any], str | None]:
+    """Run ``command``, which writes its JSON results to ``out`` (rewritten as it goes). Returns (the payload,
+    None) when it finished, or (the last payload it wrote, why it was stopped) when it overran ``timeout_s`` or
+    this process was interrupted or terminated. A one-line ArenaError when it failed, or was stopped before
+    writing anything."""
+    proc = subprocess.Popen(command, env=env)
+    previous = signal.getsignal(signal.SIGTERM)
+    stopped: str | None = None
+    try:
+        signal.signal(signal.SIGTERM, _raise_stopped)
+    except ValueError:  # not the main thread: SIGTERM keeps its handler
+        previous = None
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stopped = f"overran {timeout_s:.0f} s"
+    except (KeyboardInterrupt, _Stopped):
+        stopped = "interrupted"
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if stopped is not None:
+        if not out.is_file():
+            raise ArenaError(f"{what} {stopped} before finishing a model (its log is above)")
+        return json.loads(out.read_text()), stopped
+    if proc.returncode != 0 or not out.is_file():
+        raise ArenaError(f"{what} failed (exit {proc.returncode}; its log is above)")
+    return json.loads(out.read_text()), None
