@@ -4,7 +4,6 @@ stopped midway keeps the models it finished, marked incomplete, instead of losin
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -42,14 +41,13 @@ def test_an_overrunning_child_is_stopped_and_its_last_file_kept(tmp_path):
         run_child([sys.executable, "-c", "raise SystemExit(3)"], out, 30.0, what="bench_x")
 
 
-def test_a_terminated_benchmark_keeps_what_its_child_finished(tmp_path):
+def test_a_terminated_benchmark_keeps_what_its_child_finished(tmp_path, repo_root):
     """SIGTERM to the benchmark (the parent) stops its child; the parent goes on with the child's last file."""
     out = tmp_path / "result.json"
     script = (f"import json, sys; from pathlib import Path; from bench.child import run_child; "
               f"payload, stopped = run_child({_writes_then_sleeps(out, {'models_done': ['bert__tiny']})!r}, Path({str(out)!r})); "
               f"print(json.dumps([payload, stopped]))")
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=repo_root)
     deadline = time.monotonic() + 60
     while not out.is_file() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -72,12 +70,14 @@ def test_an_incomplete_profile_run_lists_what_it_did_not_do_and_meets_nothing():
     assert summary == {"met": True, "complete": True, "models_not_done": [], "models_skipped_for_time": []}
 
 
-def test_the_profile_benchmarks_child_writes_its_result_and_skips_models_out_of_time(tmp_path):
-    """The measuring interpreter writes its result file itself; with no time left it starts no model."""
-    from bench.bench_profile import _child
-
-    out = tmp_path / "result.json"
-    result = _child({"models": ["gpt__tiny", "bert__tiny"], "threading": "default", "time_budget_s": 0.0}, str(out))
+def test_the_profile_benchmarks_child_writes_its_result_and_skips_models_out_of_time(tmp_path, repo_root):
+    """The measuring interpreter (a fresh one: the thread layout applies before JAX starts) writes its result file
+    itself; with no time left it starts no model."""
+    request, out = tmp_path / "request.json", tmp_path / "result.json"
+    request.write_text(json.dumps({"models": ["gpt__tiny", "bert__tiny"], "threading": "default", "time_budget_s": 0.0}))
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(out)], cwd=repo_root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
     assert result["models_done"] == [] and result["models_skipped_for_time"] == ["gpt__tiny", "bert__tiny"]
     assert result["finished"] and result["rows"] == []
-    assert json.loads(out.read_text())["models_skipped_for_time"] == ["gpt__tiny", "bert__tiny"]
