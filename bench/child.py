@@ -38,8 +38,9 @@ def run_child(command: list[str], out: Path, timeout_s: float | None = None, env
     stopped: str | None = None
     try:
         signal.signal(signal.SIGTERM, _raise_stopped)
+        installed = True
     except ValueError:  # not the main thread: SIGTERM keeps its handler
-        previous = None
+        installed = False
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -47,8 +48,9 @@ def run_child(command: list[str], out: Path, timeout_s: float | None = None, env
     except (KeyboardInterrupt, _Stopped):
         stopped = "interrupted"
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if installed:
+            # a handler installed outside Python reads as None: the default action is the closest to it
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         if proc.poll() is None:
             proc.terminate()
             try:
