@@ -258,9 +258,9 @@ def derived_cost(grids: list[dict[str, int]], profiling_per_stage_s: float, meas
     return out
 
 
-def _child(request: dict[str, Any], out_path: str | None = None) -> dict[str, Any]:
-    """The measuring interpreter: every model of the request in turn. With ``out_path`` its result is rewritten
-    there after every model (``models_done``; ``finished`` once the loop is over), so a run stopped midway keeps them;
+def _child(request: dict[str, Any], out_path: str) -> None:
+    """The measuring interpreter: every model of the request in turn. Its result is rewritten at ``out_path``
+    after every model (``models_done``; ``finished`` once the loop is over), so a run stopped midway keeps them;
     with ``time_budget_s`` in the request, no model is started once that many seconds have passed (the rest are
     listed in ``models_skipped_for_time``)."""
     from libarena.hardware.comm import load_comm_model
@@ -322,12 +322,8 @@ def _child(request: dict[str, Any], out_path: str | None = None) -> dict[str, An
             _log(f"{model}: profiling {cost['device_s']:.0f} device-s ({summary['stages_profiled']} stages), measuring "
                  f"{costs[-1]['measurement_device_s']:.0f} device-s")
             done.append(model)
-            if out_path is not None:
-                write_json(out_path, result(finished=False))
-    out = result(finished=True)
-    if out_path is not None:
-        write_json(out_path, out)
-    return out
+            write_json(out_path, result(finished=False))
+    write_json(out_path, result(finished=True))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -443,9 +439,9 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
 def judge_completeness(summary: dict[str, Any], models: tuple[str, ...], out: dict[str, Any], stopped: str | None) -> None:
     """A run stopped midway (``stopped``: why) or out of time keeps the models it finished; the rest are listed,
     and its targets are not shown met (``complete`` False, ``met`` False)."""
-    done = set(out.get("models_done", models))
+    done = set(out["models_done"])
     summary["models_not_done"] = [m for m in models if m not in done]
-    summary["models_skipped_for_time"] = list(out.get("models_skipped_for_time", []))
+    summary["models_skipped_for_time"] = list(out["models_skipped_for_time"])
     summary["complete"] = not summary["models_not_done"]
     if stopped is not None:
         summary["stopped"] = stopped
