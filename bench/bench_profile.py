@@ -8,7 +8,8 @@ count and dtype.
 The timing protocol (libarena.profile.host), for a host that other work may share:
 
 * it starts only when the host is quiet (load average, other processes' CPU and the timing noise of a fixed
-  computation, waited for, bounded; refused with one line otherwise) and records the load average before and after, the CPU time stolen by
+  computation on one thread, pinned in turn to each core the measurements use, as their devices run; waited
+  for, bounded; refused with one line otherwise) and records the load average before and after, the CPU time stolen by
   the hypervisor, the process CPU time beside the wall time and the XLA flags and cores it ran with;
 * XLA:CPU's threads follow one layout (``--threading``; by default the steadiest in bench/results/host.json,
   written by bench_host), applied before JAX starts: the work runs in a fresh interpreter;
@@ -401,8 +402,10 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     if not Path(results_dir).is_dir():  # found out now, not after an hour of timing
         raise ArenaError(f"bench_profile: results directory {results_dir} does not exist")
     policy = quiet or QuietPolicy()
-    quiet_record = wait_until_quiet(policy, _log)
     layout = XLA_THREADING.canonical(threading or steadiest_layout(results_dir))
+    # the noise probe times one thread on each core the measurements run on (None: where they may run)
+    cores = XLA_THREADING.get(layout).cores(max(DEVICE_COUNTS))
+    quiet_record = wait_until_quiet(policy, _log, noise_probe=lambda: timing_noise(cores=cores))
     noise = quiet_record["timing_noise"]
     noise_text = "" if noise is None else f", timing noise {noise['level']:.1%}"
     _log(f"host {'quiet' if quiet_record['quiet'] else 'BUSY (going on: --allow-busy)'} (load {quiet_record['load_average']:.2f}{noise_text}); "
@@ -415,7 +418,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
                                  what="bench_profile: the measuring interpreter")
     summary = aggregate(out["rows"], out["costs"])
     judge_completeness(summary, models, out, stopped)
-    noise_after = timing_noise()
+    noise_after = timing_noise(cores=cores)
     judge_noise(summary, noise_after, policy.max_noise)
     payload = {
         "summary": summary,

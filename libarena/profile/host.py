@@ -171,7 +171,13 @@ def relative_iqr(samples: list[float]) -> float:
 
 
 def _fixed_computation() -> Callable[[], Any]:
-    """A few milliseconds of fixed host work (a chain of small float64 matmuls in numpy: no JAX, no compilation)."""
+    """A few milliseconds of fixed host work: a chain of small float64 matmuls in numpy (no JAX, no compilation),
+    on the calling thread: ``timing_noise`` limits the BLAS to one thread while it times. On its thread pool
+    the chain's timings follow the other cores' availability and the pool's hand-offs (on a 2-core virtual
+    machine 3.2 or 6.3 ms in phases of seconds, where the same work on one thread pinned to either core varied
+    about 10%), while the timings a noise probe stands for run one thread per core (``XlaThreading``'s
+    ``pinned``). Vectorised work like XLA's: a chain of 48 x 48 products or an einsum loop, dominated by call
+    overhead and scalar code, varied about twice as much on that host."""
     import numpy as np
 
     a = np.random.default_rng(0).standard_normal((160, 160)) / 16.0
@@ -185,8 +191,14 @@ def _fixed_computation() -> Callable[[], Any]:
     return work
 
 
+def _noise_of(quartiles: list[float], within: list[float]) -> dict[str, float]:
+    spread, inside = relative_iqr(quartiles), statistics.median(within)
+    return {"level": max(spread, inside), "spread": spread, "within": inside, "sample_s": statistics.median(quartiles)}
+
+
 def timing_noise(bursts: int = 10, samples: int = 15, interval_s: float = 1.0, work: Callable[[], Any] | None = None,
-                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> dict[str, float]:
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+                 cores: list[int] | None = None) -> dict[str, Any]:
     """How steadily this host times a fixed computation now: ``bursts`` bursts of ``samples`` runs, ``interval_s``
     apart (about 12 s in all, of which 2 s of work: noise on a shared machine comes and goes, and one short
     burst often misses it). ``spread`` is the IQR / median of the bursts' lower quartiles (the protocol's
@@ -194,26 +206,55 @@ def timing_noise(bursts: int = 10, samples: int = 15, interval_s: float = 1.0, w
     bursts' own IQR / median; ``level`` the larger of the two, what a quiet policy limits; ``sample_s`` the
     median burst's lower quartile.
 
+    ``cores``: the cores the timings it stands for run on (one thread each, as the ``pinned`` layout runs
+    devices); each burst then runs on each of them in turn, this thread pinned to it (its affinity restored
+    after), ``per_core`` holds each core's figures and the top-level ones are the noisiest core's. None: where
+    this thread may run.
+
     A neighbour on a shared virtual machine (its cores' caches and memory bandwidth, the hypervisor) shows in
     neither the load average nor this machine's process list, but it shows here."""
+    from threadpoolctl import threadpool_limits
+
     if bursts < 4 or samples < 4:
         raise ArenaError("timing noise: at least 4 bursts of 4 samples")
+    if cores is not None and (not cores or not set(cores) <= set(usable_cores())):
+        raise ArenaError(f"timing noise: cores {cores} are not among this process's usable cores {usable_cores()}")
     work = work or _fixed_computation()
-    work()  # first-touch and caches
-    quartiles, within = [], []
-    for burst in range(bursts):
-        if burst and interval_s > 0:
-            sleep(interval_s)
-        times = []
-        for _ in range(samples):
-            t0 = clock()
-            work()
-            times.append(clock() - t0)
-        quartiles.append(statistics.quantiles(times, n=4)[0])
-        within.append(relative_iqr(times))
-    spread, inside = relative_iqr(quartiles), statistics.median(within)
-    return {"level": max(spread, inside), "spread": spread, "within": inside, "sample_s": statistics.median(quartiles),
-            "bursts": bursts, "samples": samples, "interval_s": interval_s}
+    placements = [None] if cores is None else list(cores)
+    original = os.sched_getaffinity(0) if cores is not None else None
+    cpu_s = wall_s = 0.0
+    quartiles: dict[int | None, list[float]] = {core: [] for core in placements}
+    within: dict[int | None, list[float]] = {core: [] for core in placements}
+    try:
+        with threadpool_limits(limits=1):  # the BLAS on this thread alone (the probe times one thread)
+            for burst in range(bursts):
+                if burst and interval_s > 0:
+                    sleep(interval_s)
+                for core in placements:
+                    if core is not None:
+                        os.sched_setaffinity(0, {core})
+                    work()  # first-touch and caches (on this core)
+                    times = []
+                    cpu0 = time.process_time()
+                    for _ in range(samples):
+                        t0 = clock()
+                        work()
+                        times.append(clock() - t0)
+                    cpu_s += time.process_time() - cpu0
+                    wall_s += sum(times)
+                    quartiles[core].append(statistics.quantiles(times, n=4)[0])
+                    within[core].append(relative_iqr(times))
+    finally:
+        if original is not None:
+            os.sched_setaffinity(0, original)
+    per_core = {core: _noise_of(quartiles[core], within[core]) for core in placements}
+    noisiest = max(per_core.values(), key=lambda n: n["level"])
+    out: dict[str, Any] = {**noisiest, "bursts": bursts, "samples": samples, "interval_s": interval_s, "cores": cores,
+                           # about 1 for work on one thread, up to the cores used for work on a thread pool
+                           "cpu_per_wall": cpu_s / wall_s if wall_s > 0 else None}
+    if cores is not None:
+        out["per_core"] = {str(core): figures for core, figures in per_core.items()}
+    return out
 
 
 def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = None,

@@ -90,8 +90,27 @@ def test_timing_noise_is_the_spread_of_the_bursts_lower_quartiles():
 def test_timing_noise_of_this_host_is_a_finite_spread_of_a_real_fixed_computation():
     noise = host.timing_noise(bursts=4, samples=4, interval_s=0.0)
     assert 0 < noise["sample_s"] < 1.0 and noise["level"] == max(noise["spread"], noise["within"]) < 10
+    # the fixed computation runs on the calling thread, as each device of the pinned layout does (a BLAS thread
+    # pool would show about 2 CPU seconds per wall second on two cores)
+    assert noise["cpu_per_wall"] < 1.3
     with pytest.raises(ArenaError, match="at least 4"):
         host.timing_noise(bursts=3)
+
+
+def test_timing_noise_times_each_measuring_core_in_turn_and_restores_the_affinity():
+    cores = host.usable_cores()[:2]
+    before = os.sched_getaffinity(0)
+    seen = []
+    noise = host.timing_noise(bursts=4, samples=4, interval_s=0.0, work=lambda: seen.append(frozenset(os.sched_getaffinity(0))),
+                              cores=cores)
+    # per burst and core: one untimed run and 4 timed ones, pinned to that core alone
+    assert seen == [frozenset({core}) for _ in range(4) for core in cores for _ in range(5)]
+    assert os.sched_getaffinity(0) == before
+    assert sorted(noise["per_core"]) == sorted(str(c) for c in cores) and noise["cores"] == cores
+    assert noise["level"] == max(figures["level"] for figures in noise["per_core"].values())
+    with pytest.raises(ArenaError, match="usable cores"):
+        host.timing_noise(bursts=4, samples=4, interval_s=0.0, work=lambda: None, cores=[max(host.usable_cores()) + 1000])
+    assert os.sched_getaffinity(0) == before
 
 
 def test_busy_processes_sees_another_process_burning_a_core():
