@@ -176,8 +176,8 @@ def _fixed_computation() -> Callable[[], Any]:
     the chain's timings follow the other cores' availability and the pool's hand-offs (on a 2-core virtual
     machine 3.2 or 6.3 ms in phases of seconds, where the same work on one thread pinned to either core varied
     about 10%), while the timings a noise probe stands for run one thread per core (``XlaThreading``'s
-    ``pinned``). Vectorised work like XLA's: a chain of 48 x 48 products or an einsum loop, dominated by call
-    overhead and scalar code, varied about twice as much on that host."""
+    ``pinned``). The chain is vectorised work, like XLA's kernels; a chain of 48 x 48 products or an einsum loop,
+    dominated by call overhead and scalar code, varied about twice as much on that host."""
     import numpy as np
 
     a = np.random.default_rng(0).standard_normal((160, 160)) / 16.0
