@@ -217,11 +217,12 @@ def timing_noise(bursts: int = 10, samples: int = 15, interval_s: float = 1.0, w
 
     if bursts < 4 or samples < 4:
         raise ArenaError("timing noise: at least 4 bursts of 4 samples")
-    if cores is not None and (not cores or not set(cores) <= set(usable_cores())):
-        raise ArenaError(f"timing noise: cores {cores} are not among this process's usable cores {usable_cores()}")
+    usable = usable_cores()
+    if cores is not None and (not cores or not set(cores) <= set(usable)):
+        raise ArenaError(f"timing noise: cores {cores} are not among this process's usable cores {usable}")
     work = work or _fixed_computation()
     placements = [None] if cores is None else list(cores)
-    original = os.sched_getaffinity(0) if cores is not None else None
+    original = usable if cores is not None else None
     cpu_s = wall_s = 0.0
     quartiles: dict[int | None, list[float]] = {core: [] for core in placements}
     within: dict[int | None, list[float]] = {core: [] for core in placements}
@@ -232,7 +233,7 @@ def timing_noise(bursts: int = 10, samples: int = 15, interval_s: float = 1.0, w
                     sleep(interval_s)
                 for core in placements:
                     if core is not None:
-                        os.sched_setaffinity(0, {core})
+                        pin_cores([core])
                     work()  # first-touch and caches (on this core)
                     times = []
                     cpu0 = time.process_time()
@@ -245,8 +246,7 @@ def timing_noise(bursts: int = 10, samples: int = 15, interval_s: float = 1.0, w
                     quartiles[core].append(statistics.quantiles(times, n=4)[0])
                     within[core].append(relative_iqr(times))
     finally:
-        if original is not None:
-            os.sched_setaffinity(0, original)
+        pin_cores(original)
     per_core = {core: _noise_of(quartiles[core], within[core]) for core in placements}
     noisiest = max(per_core.values(), key=lambda n: n["level"])
     out: dict[str, Any] = {**noisiest, "bursts": bursts, "samples": samples, "interval_s": interval_s, "cores": cores,
