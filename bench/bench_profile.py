@@ -15,7 +15,7 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   written by bench_host), applied before JAX starts: the work runs in a fresh interpreter;
 * estimate side and measurement side are interleaved, ABAB: per plan, the profiler's stage executables
   (kept compiled in this process, one device) and the plan's executor (kept in a child with 1 or 2
-  devices) take ``CHUNKS`` turns of ``CHUNK`` samples each, alternating which goes first, so that both
+  devices) take ``CHUNKS`` turns of about ``TURN_S`` of samples each (``samples_per_turn``), alternating which goes first, so that both
   sides see the same host, each turn begun with ``TURN_WARMUP`` untimed runs on each side (a training loop
   runs its steps back to back; a plan's first step after the other side's turn is not one of those);
 * each side's statistic is the lower quartile of its samples (a shared host only adds time), stage by stage
@@ -61,11 +61,17 @@ NUM_CLUSTERS = 3
 DEVICE_COUNTS = (1, 2)
 MAE_TARGET = 0.05
 COST_TARGET = 10.0
-#: ABAB: CHUNKS turns of CHUNK samples per side and plan (25 samples each), after WARMUP untimed runs; each
-#: turn starts with TURN_WARMUP untimed runs (the estimate side's first turn with WARMUP): after the other
-#: side's turn the first step of a chunk ran about 5% above the plan's median, the third 3% below
-#: (profile-tiny-dispatch.json's 2-device samples), and a training loop runs its steps back to back
-CHUNKS, CHUNK, WARMUP, TURN_WARMUP = 5, 5, 3, 1
+#: ABAB: CHUNKS turns per side and plan, after WARMUP untimed runs; each turn starts with TURN_WARMUP untimed
+#: runs (the estimate side's first turn with WARMUP): after the other side's turn the first step of a chunk ran
+#: about 5% above the plan's median, the third 3% below (profile-tiny-dispatch.json's 2-device samples), and a
+#: training loop runs its steps back to back
+CHUNKS, WARMUP, TURN_WARMUP = 5, 3, 1
+#: Samples per side and turn follow the plan's step time (samples_per_turn): about TURN_S of timed steps,
+#: MIN_CHUNK to MAX_CHUNK. A fixed 5 per turn left a tiny model's 2-device plan (20-100 ms steps, IQR/median
+#: about 17%) a lower quartile whose bootstrap standard error was 2-4.5% on the measured side alone
+#: (profile-pinned-probe.json), while a small model's steps (1-2 s, IQR/median 3-10%, standard error 1-2%)
+#: took most of a run that no longer fitted its 70 minutes.
+TURN_S, MIN_CHUNK, MAX_CHUNK = 1.0, 3, 20
 #: Profiler settings of the cost run (as users run it) and the statistic of the interleaved runs.
 PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
 STATISTIC = "q1"
@@ -154,6 +160,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 for spec in specs:
                     stages.build(spec)
                 prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
+                chunk = samples_per_turn(prepared["steady_step_s"])
                 samples: list[float] = []
                 cpu: list[float] = []
                 dispatch: list[float] = []
@@ -161,12 +168,12 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
 
                     def estimate_side() -> None:
                         for spec, item in zip(specs, items, strict=True):
-                            stages.time(spec, TURN_WARMUP if turn else WARMUP, CHUNK)
+                            stages.time(spec, TURN_WARMUP if turn else WARMUP, chunk)
                             if corun is not None:
-                                corun.time(item, TURN_WARMUP if turn else WARMUP, CHUNK)
+                                corun.time(item, TURN_WARMUP if turn else WARMUP, chunk)
 
                     def measure_side() -> None:
-                        out = measure.steps(grid, plan.plan_id, CHUNK, warmup=TURN_WARMUP)
+                        out = measure.steps(grid, plan.plan_id, chunk, warmup=TURN_WARMUP)
                         samples.extend(out["samples_s"])
                         cpu.extend(out["cpu_s"])
                         dispatch.extend(out["dispatch_cpu_s"])
@@ -202,6 +209,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "error_median": est_median.iter_time_s / measured_median - 1.0,
                     "estimate_other_concurrency_models_s": others,
                     "measured_median_s": measured_median, "measured_iqr_over_median": relative_iqr(samples),
+                    "samples_per_turn": chunk,
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
                     # the CPU seconds per step of the one thread that dispatches every call of the runtime's step
                     "measured_dispatch_cpu_s": statistics.median(dispatch),
@@ -222,6 +230,15 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     if corun is not None:
                         corun.release(item)
     return rows
+
+
+def samples_per_turn(step_s: float) -> int:
+    """Samples per side in one turn for a plan whose steps take ``step_s``: about TURN_S of timed steps, at least
+    MIN_CHUNK and at most MAX_CHUNK (many samples of the short steps a shared host disturbs most, few of the long
+    ones that it disturbs least)."""
+    if not step_s > 0:
+        return MAX_CHUNK
+    return max(MIN_CHUNK, min(MAX_CHUNK, round(TURN_S / step_s)))
 
 
 def grid_stage_counts(model: str, layout: Any) -> list[dict[str, int]]:
@@ -366,7 +383,8 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
         per_stage = (c["profiling_device_s"] - c.get("co_run_device_s", 0.0)) / max(1, c["stages_profiled"])
         per_plan_compile = statistics.fmean(r["measurement_compile_device_s"] / r["num_gpus"] for r in model_rows)
         iter_1 = statistics.fmean(r["measured_s"] for r in ones) if ones else 0.0
-        steps = CHUNKS * CHUNK
+        # a direct measurement of the larger grids times as many steps as this run timed per plan (the median)
+        steps = statistics.median(len(r["measured_samples_s"]) for r in model_rows) if model_rows else 0
         cost_rows[c["model"]] = {
             "profiling_device_s": c["profiling_device_s"], "measurement_device_s": c["measurement_device_s"],
             "ratio": c["measurement_device_s"] / c["profiling_device_s"] if c["profiling_device_s"] > 0 else None,
@@ -427,7 +445,8 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         "protocol": {
             "quiet_check": quiet_record, "timing_noise_after": noise_after, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
             "calibration_s": out["calibration_s"], "host_sharing": out["host_sharing"],
-            "interleaving": f"per plan, {CHUNKS} turns of {CHUNK} samples per side, alternating which side goes first (ABAB); "
+            "interleaving": f"per plan, {CHUNKS} turns per side of about {TURN_S:g} s of timed steps each ({MIN_CHUNK}-{MAX_CHUNK} samples, "
+                            f"from the plan's warm-up steps; samples_per_turn per row), alternating which side goes first (ABAB); "
                             f"each turn starts with {TURN_WARMUP} untimed run(s) per side (the estimate side's first with {WARMUP})",
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
         },

@@ -145,7 +145,8 @@ class MeasureSession(DeviceChild):
 
     def prepare(self, grid: dict[str, Any], plan_id: str, warmup: int = 2, seed: int = 0) -> dict[str, Any]:
         """Build ``plan_id``'s executor and run ``warmup`` steps (the first compiles): build_s, first_step_s,
-        warmup_s, wall_s (all of it)."""
+        warmup_s, steady_step_s (the median of the warm-up steps after the first; the first's own time if it was
+        the only one), wall_s (all of it)."""
         return self.ask({"op": "prepare", "grid": grid, "plan_id": plan_id, "warmup": warmup, "seed": seed})
 
     def steps(self, grid: dict[str, Any], plan_id: str, steps: int, warmup: int = 0) -> dict[str, Any]:
@@ -196,7 +197,8 @@ def _serve(plans_path: str) -> None:
         build = time.perf_counter() - t0
         warm = [step(state)[0] for _ in range(max(1, int(request["warmup"])))]
         running[key(request)] = state
-        return {"build_s": build, "first_step_s": warm[0], "warmup_s": sum(warm), "wall_s": time.perf_counter() - t0}
+        return {"build_s": build, "first_step_s": warm[0], "warmup_s": sum(warm),
+                "steady_step_s": statistics.median(warm[1:]) if len(warm) > 1 else warm[0], "wall_s": time.perf_counter() - t0}
 
     def steps(request: dict[str, Any]) -> dict[str, Any]:
         if key(request) not in running:

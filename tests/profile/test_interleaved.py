@@ -32,6 +32,12 @@ def test_measure_session_keeps_a_plan_ready_between_chunks_of_steps(two_device_p
     with MeasureSession(path, 2, threading=XLA_THREADING.get("eigen-single")) as session:
         prepared = session.prepare(GRID2, plan_id, warmup=1)
         assert prepared["wall_s"] >= prepared["build_s"] > 0 and prepared["first_step_s"] > 0
+        assert prepared["steady_step_s"] == prepared["first_step_s"]  # one warm-up step: it is all there is
+        session.release(GRID2, plan_id)
+        prepared = session.prepare(GRID2, plan_id, warmup=3)
+        # the steps after the compiling first one: what the benchmark sizes its turns by
+        assert 0 < prepared["steady_step_s"] < prepared["first_step_s"]
+        assert prepared["warmup_s"] > prepared["first_step_s"] + prepared["steady_step_s"]
         chunks = [session.steps(GRID2, plan_id, 2, warmup=w) for w in (0, 2)]
         for chunk in chunks:
             assert len(chunk["samples_s"]) == len(chunk["cpu_s"]) == len(chunk["dispatch_cpu_s"]) == 2
@@ -94,7 +100,8 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
     def row(model, n, est, meas):
         return {"model": model, "num_gpus": n, "plan_id": f"p{n}{est}", "error": est / meas - 1, "measured_s": meas,
                 "estimate_plain_s": est, "measured_iqr_over_median": 0.01, "estimate_other_concurrency_models_s": {"independent": meas},
-                "measurement_compile_device_s": 10.0 * n, "measurement_device_s": 12.0 * n}
+                "measurement_compile_device_s": 10.0 * n, "measurement_device_s": 12.0 * n,
+                "measured_samples_s": [meas] * (12 if n == 1 else 20)}
 
     rows = [row("gpt__tiny", 1, 1.02, 1.0), row("gpt__tiny", 1, 0.96, 1.0), row("gpt__tiny", 2, 0.6, 0.5)]
     for r, error_median in zip(rows, (0.01, -0.05, 0.1)):
@@ -113,10 +120,21 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
     assert "DERIVED" in derived["note"]
     g4, g16 = derived["grids"]
     # profiling: 2 device-s per distinct stage; measuring: per plan G x 10 s of compilation + the timed steps of 1 s / G... x G
-    steps = bench_profile.CHUNKS * bench_profile.CHUNK
+    steps = 12  # the steps timed per plan, the median over the model's plans (12, 12, 20)
     assert g4["profiling_device_s"] == pytest.approx(10.0) and g4["measurement_device_s"] == pytest.approx(6 * (4 * 10.0 + steps * 1.0))
     assert g16["ratio"] == pytest.approx(3 * (16 * 10.0 + steps) / 8.0)
     assert not summary["met"]
+
+
+def test_benchmark_times_many_samples_of_short_steps_and_few_of_long_ones():
+    from bench import bench_profile
+
+    per_turn = bench_profile.samples_per_turn
+    assert per_turn(0.02) == per_turn(0.001) == bench_profile.MAX_CHUNK  # a tiny model's 20 ms step
+    assert per_turn(bench_profile.TURN_S / 10) == 10
+    assert per_turn(2.0) == per_turn(60.0) == bench_profile.MIN_CHUNK  # a small model's 2 s step
+    assert per_turn(0.0) == per_turn(float("nan")) == bench_profile.MAX_CHUNK  # no steady step timed: the most
+    assert all(per_turn(a) >= per_turn(b) for a, b in zip([0.01 * k for k in range(1, 200)], [0.01 * k for k in range(2, 201)]))
 
 
 def test_benchmark_refuses_a_missing_results_directory_before_timing_and_judges_a_host_that_turned_noisy(tmp_path, monkeypatch):
