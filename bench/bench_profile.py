@@ -69,8 +69,8 @@ CHUNKS, WARMUP, TURN_WARMUP = 5, 3, 1
 #: Samples per side and turn follow the plan's step time (samples_per_turn): about TURN_S of timed steps,
 #: MIN_CHUNK to MAX_CHUNK. A fixed 5 per turn left a tiny model's 2-device plan (20-100 ms steps, IQR/median
 #: about 17%) a lower quartile whose bootstrap standard error was 2-4.5% on the measured side alone
-#: (profile-pinned-probe.json), while a small model's steps (1-2 s, IQR/median 3-10%, standard error 1-2%)
-#: took most of a run that no longer fitted its 70 minutes.
+#: (profile-pinned-probe.json), while a small model's 1-2 s steps need fewer (IQR/median 3-10%, standard error
+#: 1-2%) and are the dearest to time.
 TURN_S, MIN_CHUNK, MAX_CHUNK = 1.0, 3, 20
 #: Profiler settings of the cost run (as users run it) and the statistic of the interleaved runs.
 PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
