@@ -384,7 +384,7 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
         per_plan_compile = statistics.fmean(r["measurement_compile_device_s"] / r["num_gpus"] for r in model_rows)
         iter_1 = statistics.fmean(r["measured_s"] for r in ones) if ones else 0.0
         # a direct measurement of the larger grids times as many steps as this run timed per plan (the median)
-        steps = statistics.median(len(r["measured_samples_s"]) for r in model_rows) if model_rows else 0
+        steps = statistics.median(len(r["measured_samples_s"]) for r in model_rows)
         cost_rows[c["model"]] = {
             "profiling_device_s": c["profiling_device_s"], "measurement_device_s": c["measurement_device_s"],
             "ratio": c["measurement_device_s"] / c["profiling_device_s"] if c["profiling_device_s"] > 0 else None,
