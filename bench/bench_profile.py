@@ -164,6 +164,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 samples: list[float] = []
                 cpu: list[float] = []
                 dispatch: list[float] = []
+                dispatch_wait: list[float | None] = []
                 for turn in range(CHUNKS):
 
                     def estimate_side() -> None:
@@ -177,6 +178,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                         samples.extend(out["samples_s"])
                         cpu.extend(out["cpu_s"])
                         dispatch.extend(out["dispatch_cpu_s"])
+                        dispatch_wait.extend(out["dispatch_wait_s"])
 
                     for side in ((estimate_side, measure_side) if turn % 2 == 0 else (measure_side, estimate_side)):
                         side()
@@ -213,6 +215,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
                     # the CPU seconds per step of the one thread that dispatches every call of the runtime's step
                     "measured_dispatch_cpu_s": statistics.median(dispatch),
+                    # ... and the seconds per step it was runnable but waited for a core (None: not reported here)
+                    "measured_dispatch_wait_s": (None if None in dispatch_wait else statistics.median(dispatch_wait)),
                     "breakdown": est.iteration.to_dict(),
                     "stages": [{**{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
                                                      "optimizer_s", "setup_s", "cores", "optimizer_cores", "alone_s", "together_s",

@@ -66,6 +66,9 @@ def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 
         "runner": "libarena.run.measure_plan",
         # the dispatching thread's CPU per step (median): the step's calls are all issued by it
         "dispatch_cpu_s": float(statistics.median(m.dispatch_cpu_s)) if m.dispatch_cpu_s else None,
+        # ... and how long it waited for a core per step (median; None where the kernel does not say)
+        "dispatch_wait_s": (float(statistics.median(m.dispatch_wait_s))
+                            if m.dispatch_wait_s and None not in m.dispatch_wait_s else None),
         **({"stage_busy_s": list(m.stage_time_s)} if stage_times else {}),
     }
 
@@ -180,13 +183,13 @@ def _serve(plans_path: str) -> None:
     def key(request: dict[str, Any]) -> tuple[str, str]:
         return json.dumps(request["grid"], sort_keys=True), request["plan_id"]
 
-    def step(state: dict[str, Any]) -> tuple[float, float, float]:
+    def step(state: dict[str, Any]) -> tuple[float, float, float, float | None]:
         executor, plan = state["executor"], state["run_plan"]
         batch = batch_for_step(job.model, state["position"], plan.global_batch, 0)
         state["position"] += plan.global_batch
         c0 = time.process_time()
         stats = executor.step(batch)
-        return stats.step_time_s, time.process_time() - c0, stats.dispatch_cpu_s
+        return stats.step_time_s, time.process_time() - c0, stats.dispatch_cpu_s, stats.dispatch_wait_s
 
     def prepare(request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -207,9 +210,10 @@ def _serve(plans_path: str) -> None:
         with frozen_heap():  # the other prepared plans' executors are not this step's garbage to scan
             warm = [step(state)[0] for _ in range(int(request.get("warmup", 0)))]
             timed = [step(state) for _ in range(int(request["steps"]))]
-        # the dispatching thread's own CPU (the runtime issues every call of a step from this one thread)
-        return {"samples_s": [w for w, _, _ in timed], "cpu_s": [c for _, c, _ in timed], "dispatch_cpu_s": [d for _, _, d in timed],
-                "warmup_s": warm}
+        # the dispatching thread's own CPU (the runtime issues every call of a step from this one thread), and
+        # how long it waited for a core (None where the kernel does not say)
+        return {"samples_s": [t[0] for t in timed], "cpu_s": [t[1] for t in timed], "dispatch_cpu_s": [t[2] for t in timed],
+                "dispatch_wait_s": [t[3] for t in timed], "warmup_s": warm}
 
     def release(request: dict[str, Any]) -> dict[str, Any]:
         running.pop(key(request), None)

@@ -43,7 +43,7 @@ from libarena.models.training import (
     init_params,
     update_units,
 )
-from libarena.run import distributed
+from libarena.run import distributed, schedstat
 from libarena.plan import StagePlan
 from libarena.run.plan import RunPlan
 
@@ -292,6 +292,9 @@ class StepStats:
     stage_peak_memory_bytes: list[int] = field(default_factory=list)
     #: CPU seconds of the calling thread during the step: it issues every call (dispatch and host work)
     dispatch_cpu_s: float = 0.0
+    #: seconds that thread was runnable but waiting for a core during the step (None where the kernel does
+    #: not say: libarena.run.schedstat); on a host the devices' threads compete with it for the same cores
+    dispatch_wait_s: float | None = None
 
 
 class PipelineExecutor:
@@ -372,6 +375,7 @@ class PipelineExecutor:
 
         if not self.params:
             raise RuntimeError("init_state() or load_state() first")
+        w0 = schedstat.run_queue_wait_s()  # read before the clock starts: the step's time is not the reading's
         t0, d0 = time.perf_counter(), time.thread_time()
         S, B = self.plan.pipeline_degree, self.plan.num_microbatches
         pieces = self.microbatches(batch)
@@ -430,12 +434,12 @@ class PipelineExecutor:
         loss = float(np.mean(distributed.fetch_scalars(losses, last.mesh)))  # waits for the last stage
         jax.block_until_ready(self.params)
         self.step_count += 1
-        elapsed, dispatch = time.perf_counter() - t0, time.thread_time() - d0
+        elapsed, dispatch, waited = time.perf_counter() - t0, time.thread_time() - d0, schedstat.waited_since(w0)
         if profile_stages and distributed.multi_process():  # each process timed the stages it holds
             stage_time = distributed.max_over_processes(stage_time)
             stage_peak = [int(v) for v in distributed.max_over_processes(stage_peak, np.int64)]
         return StepStats(self.step_count, loss, elapsed, stage_time if profile_stages else [],
-                         stage_peak if profile_stages else [], dispatch)
+                         stage_peak if profile_stages else [], dispatch, waited)
 
     def _move(self, x: Any, source: StageRuntime, target: StageRuntime) -> Any:
         """An activation (or its gradient) from ``source``'s mesh to ``target``'s carry layout."""

@@ -179,6 +179,8 @@ class PlanMeasurement:
     wall_s: float
     #: CPU seconds of the dispatching thread in each timed step (libarena.run.executor.StepStats)
     dispatch_cpu_s: tuple[float, ...] = ()
+    #: seconds it waited for a core in each timed step (None where the kernel does not say)
+    dispatch_wait_s: tuple[float | None, ...] = ()
 
     @property
     def device_seconds(self) -> float:
@@ -202,7 +204,7 @@ def measure_plan(model: ModelDef, plan: RunPlan, warmup: int = 1, steps: int = 3
     devices = list(jax.devices()) if devices is None else list(devices)
     executor = PipelineExecutor(model, plan, devices, dtype, optimizer)
     executor.init_state(seed)
-    times, dispatch = [], []
+    times, dispatch, waits = [], [], []
     first = None
     with frozen_heap():  # as the training loop runs
         for k in range(max(1, warmup) + steps):
@@ -213,6 +215,7 @@ def measure_plan(model: ModelDef, plan: RunPlan, warmup: int = 1, steps: int = 3
             if k >= max(1, warmup):
                 times.append(stats.step_time_s)
                 dispatch.append(stats.dispatch_cpu_s)
+                waits.append(stats.dispatch_wait_s)
     stage_time: tuple[float, ...] = ()
     stage_memory: tuple[int, ...] = tuple(executor.stage_memory_bytes())
     if profile_stages:
@@ -221,5 +224,5 @@ def measure_plan(model: ModelDef, plan: RunPlan, warmup: int = 1, steps: int = 3
         stage_time, stage_memory = tuple(profiled.stage_time_s), tuple(profiled.stage_peak_memory_bytes)
     return PlanMeasurement(
         plan.plan_id, plan.num_gpus, float(statistics.median(times)) if times else float(first), tuple(times),
-        stage_time, stage_memory, float(first), time.perf_counter() - t0, tuple(dispatch),
+        stage_time, stage_memory, float(first), time.perf_counter() - t0, tuple(dispatch), tuple(waits),
     )

@@ -40,7 +40,8 @@ def test_measure_session_keeps_a_plan_ready_between_chunks_of_steps(two_device_p
         assert prepared["warmup_s"] > prepared["first_step_s"] + prepared["steady_step_s"]
         chunks = [session.steps(GRID2, plan_id, 2, warmup=w) for w in (0, 2)]
         for chunk in chunks:
-            assert len(chunk["samples_s"]) == len(chunk["cpu_s"]) == len(chunk["dispatch_cpu_s"]) == 2
+            assert len(chunk["samples_s"]) == len(chunk["cpu_s"]) == len(chunk["dispatch_cpu_s"]) == len(chunk["dispatch_wait_s"]) == 2
+            assert all(w is None or 0 <= w <= t for w, t in zip(chunk["dispatch_wait_s"], chunk["samples_s"]))
             assert all(t > 0 for t in chunk["samples_s"])
         # a chunk's untimed steps run right before its timed ones, in the child
         assert chunks[0]["warmup_s"] == [] and len(chunks[1]["warmup_s"]) == 2 and all(t > 0 for t in chunks[1]["warmup_s"])

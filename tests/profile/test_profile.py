@@ -337,6 +337,7 @@ def test_cli_measure_runs_the_plan_with_the_runtime_executor(plans_path, cache_d
             assert r["measured_iter_time_s"] is None
     (measured,) = [p["measured"] for p in perf.metadata["plans"] if "measured" in p]
     assert measured["runner"] == "libarena.run.measure_plan" and len(measured["samples_s"]) == 2
+    assert measured["dispatch_wait_s"] is None or 0 <= measured["dispatch_wait_s"] <= max(measured["samples_s"])
     assert perf.metadata["measured_plans"] == 1 and perf.metadata["mean_abs_error"] >= 0
 
 

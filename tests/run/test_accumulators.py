@@ -33,6 +33,8 @@ def test_updates_zero_the_accumulators_and_steps_match_the_fused_step(monkeypatc
         losses.append(stats.loss)
         # the one thread that issues every call of the step spends CPU on it, at most the step's wall time
         assert 0 < stats.dispatch_cpu_s <= stats.step_time_s
+        # ... and the time it waited for a core, where the kernel says (libarena.run.schedstat)
+        assert stats.dispatch_wait_s is None or 0 <= stats.dispatch_wait_s <= stats.step_time_s
         assert all(not np.any(np.asarray(leaf)) for leaf in jax.tree.leaves(executor.grads))
     assert len(placed_from_host) == 2  # one per stage, on the first step only
 

@@ -1,0 +1,30 @@
+"""How long the calling thread waited for a core: the kernel's run-queue delay (Linux ``schedstat``).
+
+The runtime issues every call of a step from one thread. On a host whose devices are its own cores, that
+thread competes with the device threads for the same cores, and a probe of a 2-device pipelined step showed it
+runnable but waiting for a core for a quarter of the step (README, "The tiny models' 2-device bias"). Its CPU
+time (``time.thread_time``) does not show that; the scheduler's per-thread statistics do."""
+
+from __future__ import annotations
+
+import threading
+
+#: per-thread scheduler statistics: on-CPU ns, run-queue wait ns, timeslices (Documentation/scheduler/sched-stats)
+_SCHEDSTAT = "/proc/self/task/{tid}/schedstat"
+
+
+def run_queue_wait_s() -> float | None:
+    """Seconds the calling thread has spent runnable but waiting for a core since it started; None where the
+    kernel does not report it (not Linux, or built without scheduler statistics)."""
+    try:
+        with open(_SCHEDSTAT.format(tid=threading.get_native_id())) as f:
+            fields = f.read().split()
+        return int(fields[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def waited_since(start: float | None) -> float | None:
+    """Run-queue wait of the calling thread since ``start`` (a :func:`run_queue_wait_s` reading)."""
+    now = run_queue_wait_s()
+    return None if start is None or now is None else max(0.0, now - start)

@@ -1,0 +1,56 @@
+"""The dispatching thread's run-queue wait (libarena.run.schedstat)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from libarena.run import schedstat
+
+needs_schedstat = pytest.mark.skipif(schedstat.run_queue_wait_s() is None, reason="the kernel reports no per-thread scheduler statistics")
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@needs_schedstat
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_a_thread_sharing_its_core_with_a_busy_process_waits_for_it():
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    # a busy process pinned to the same one core: the two take turns, so this thread waits about half the time
+    rival = subprocess.Popen([sys.executable, "-c", f"import os, time\nos.sched_setaffinity(0, {{{core}}})\n"
+                              "end = time.perf_counter() + 30\nwhile time.perf_counter() < end: pass"])
+    os.sched_setaffinity(0, {core})  # this thread only (Linux: 0 is the calling thread)
+    try:
+        time.sleep(0.2)  # the rival is running
+        start, t0 = schedstat.run_queue_wait_s(), time.perf_counter()
+        _spin(0.6)
+        waited, wall = schedstat.waited_since(start), time.perf_counter() - t0
+    finally:
+        rival.kill()
+        rival.wait()
+        os.sched_setaffinity(0, before)
+    assert waited is not None and 0.2 * wall < waited <= wall
+
+
+@needs_schedstat
+def test_a_sleeping_thread_does_not_count_as_waiting():
+    start, t0 = schedstat.run_queue_wait_s(), time.perf_counter()
+    time.sleep(0.3)
+    waited = schedstat.waited_since(start)
+    # asleep, not runnable: only the wake-up's delay, if any
+    assert waited is not None and 0.0 <= waited < 0.5 * (time.perf_counter() - t0)
+
+
+def test_no_scheduler_statistics_reads_as_unknown(monkeypatch):
+    monkeypatch.setattr(schedstat, "_SCHEDSTAT", "/nonexistent/{tid}/schedstat")
+    assert schedstat.run_queue_wait_s() is None
+    assert schedstat.waited_since(1.0) is None and schedstat.waited_since(None) is None
