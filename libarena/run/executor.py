@@ -375,8 +375,8 @@ class PipelineExecutor:
 
         if not self.params:
             raise RuntimeError("init_state() or load_state() first")
-        w0 = schedstat.run_queue_wait_s()  # read before the clock starts: the step's time is not the reading's
-        t0, d0 = time.perf_counter(), time.thread_time()
+        # the wait is read inside the step's clock, so the wait it reports is never longer than the step
+        t0, d0, w0 = time.perf_counter(), time.thread_time(), schedstat.run_queue_wait_s()
         S, B = self.plan.pipeline_degree, self.plan.num_microbatches
         pieces = self.microbatches(batch)
         stage_time = [0.0] * S
@@ -434,7 +434,8 @@ class PipelineExecutor:
         loss = float(np.mean(distributed.fetch_scalars(losses, last.mesh)))  # waits for the last stage
         jax.block_until_ready(self.params)
         self.step_count += 1
-        elapsed, dispatch, waited = time.perf_counter() - t0, time.thread_time() - d0, schedstat.waited_since(w0)
+        waited = schedstat.waited_since(w0)
+        elapsed, dispatch = time.perf_counter() - t0, time.thread_time() - d0
         if profile_stages and distributed.multi_process():  # each process timed the stages it holds
             stage_time = distributed.max_over_processes(stage_time)
             stage_peak = [int(v) for v in distributed.max_over_processes(stage_peak, np.int64)]

@@ -31,9 +31,12 @@ def test_a_thread_sharing_its_core_with_a_busy_process_waits_for_it():
     os.sched_setaffinity(0, {core})  # this thread only (Linux: 0 is the calling thread)
     try:
         time.sleep(0.2)  # the rival is running
-        start, t0 = schedstat.run_queue_wait_s(), time.perf_counter()
+        # the readings inside the clock's interval, so the wait cannot exceed it
+        t0 = time.perf_counter()
+        start = schedstat.run_queue_wait_s()
         _spin(0.6)
-        waited, wall = schedstat.waited_since(start), time.perf_counter() - t0
+        waited = schedstat.waited_since(start)
+        wall = time.perf_counter() - t0
     finally:
         rival.kill()
         rival.wait()
@@ -43,7 +46,8 @@ def test_a_thread_sharing_its_core_with_a_busy_process_waits_for_it():
 
 @needs_schedstat
 def test_a_sleeping_thread_does_not_count_as_waiting():
-    start, t0 = schedstat.run_queue_wait_s(), time.perf_counter()
+    t0 = time.perf_counter()
+    start = schedstat.run_queue_wait_s()
     time.sleep(0.3)
     waited = schedstat.waited_since(start)
     # asleep, not runnable: only the wake-up's delay, if any
