@@ -70,7 +70,7 @@ def test_corun_session_times_a_real_stage_alone_and_all_busy():
 
 @pytest.mark.multidevice
 def test_corun_session_times_a_whole_grid_stage_as_the_runtimes_spmd_executable():
-    from libarena.profile.corun import CoRunSession, SpmdStage
+    from libarena.profile.corun import CoRunSession, SpmdStage, update_in_step
     from libarena.profile.host import XLA_THREADING
 
     data_parallel = SpmdStage("gpt__tiny", 0, 6, dp=2, tp=1, microbatch=4)
@@ -83,10 +83,31 @@ def test_corun_session_times_a_whole_grid_stage_as_the_runtimes_spmd_executable(
             # its own devices are all busy: one time for both phases
             assert timing.alone_s == timing.together_s > 0
             assert len(timing.alone_samples_s) == 3
-            assert timing.update_s > 0 and timing.input_put_s > 0
+            assert timing.update_s > 0 and timing.input_put_s > 0 and timing.update_alone_s > 0
+            # the update as the step runs it: right behind a burst of micro-batches, from the paired samples
+            regions = session._samples[item]
+            assert len(regions["microbatches_update"]) == 3
+            assert timing.update_s == update_in_step(tuple(regions["microbatch"]), tuple(regions["microbatches_update"]), 2, "q1",
+                                                     timing.update_alone_s)
             session.release(item)
         with pytest.raises(ArenaError, match="needs 4 devices, the child has 2"):
             session.time(SpmdStage("gpt__tiny", 0, 6, dp=4, tp=1, microbatch=4), 0, 1)
+
+
+def test_the_spmd_update_is_what_it_adds_behind_the_micro_batches():
+    from libarena.profile.corun import update_in_step
+    from libarena.profile.timers import lower_quartile
+
+    microbatch = (0.010, 0.012, 0.011, 0.020, 0.011)  # per micro-batch, from bursts of 4
+    behind = (0.046, 0.055, 0.050, 0.090, 0.049)  # 4 micro-batches and the update, issued back to back
+    # the region's statistic less 4 micro-batches at theirs (medians: 50 - 44 ms), not the update timed on its own
+    assert update_in_step(microbatch, behind, 4, "median", 0.003) == pytest.approx(0.006)
+    # composed again with the micro-batches, the update gives the region's own statistic
+    q1 = update_in_step(microbatch, behind, 4, "q1", 0.003)
+    assert 4 * lower_quartile(microbatch) + q1 == pytest.approx(lower_quartile(behind)) and q1 > 0.003
+    # noise that swamps the difference, or nothing timed behind: the update timed on its own stands in
+    assert update_in_step(microbatch, (0.040, 0.045, 0.044, 0.080, 0.041), 4, "median", 0.003) == 0.003
+    assert update_in_step(microbatch, (), 4, "q1", 0.003) == 0.003
 
 
 def test_only_stages_that_hold_the_whole_grid_are_timed_as_spmd():
