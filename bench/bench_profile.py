@@ -139,6 +139,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     from libarena.profile.measure import MeasureSession
     from libarena.profile.profiler import ProfiledJob, StageSession, corun_item, estimate_plan
     from libarena.profile.timers import HostTimer, lower_quartile
+    from libarena.run.schedstat import median_wait
 
     job = ProfiledJob.of(planset)
     local = resolve_device("local")
@@ -216,7 +217,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     # the CPU seconds per step of the one thread that dispatches every call of the runtime's step
                     "measured_dispatch_cpu_s": statistics.median(dispatch),
                     # ... and the seconds per step it was runnable but waited for a core (None: not reported here)
-                    "measured_dispatch_wait_s": (None if None in dispatch_wait else statistics.median(dispatch_wait)),
+                    "measured_dispatch_wait_s": median_wait(dispatch_wait),
                     "breakdown": est.iteration.to_dict(),
                     "stages": [{**{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
                                                      "optimizer_s", "setup_s", "cores", "optimizer_cores", "alone_s", "together_s",

@@ -178,10 +178,10 @@ class CoRunSession(DeviceChild):
             return Timing(tuple(samples[region])).statistic(statistic)
 
         if isinstance(item, SpmdStage):  # its own devices are all busy: one time is both alone and together
-            step, step_s = tuple(samples["microbatch"]), stat("microbatch")
-            update = update_in_step(step, tuple(samples["microbatches_update"]), self.burst, statistic, stat("update"))
+            step, step_s, alone = tuple(samples["microbatch"]), stat("microbatch"), stat("update")
+            update = update_in_step(step, tuple(samples["microbatches_update"]), self.burst, statistic, alone)
             return CoRunTiming(self.num_devices, step_s, step_s, step, step, self._device_s[item],
-                               update_s=update, input_put_s=stat("input_put"), update_alone_s=stat("update"))
+                               update_s=update, input_put_s=stat("input_put"), update_alone_s=alone)
         return CoRunTiming(self.num_devices, stat("alone"), stat("together"), tuple(samples["alone"]), tuple(samples["together"]),
                            self._device_s[item])
 

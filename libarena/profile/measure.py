@@ -44,7 +44,7 @@ def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 
     """Run ``plan`` of ``job`` (a profiler ProfiledJob) with the runtime's executor on ``devices``: steady-state
     step time and device-seconds; with ``stage_times`` also each stage's busy seconds in one more step run task
     by task (synchronised after each: where a step's time goes, not part of the step time)."""
-    from libarena.run import measure_plan
+    from libarena.run import measure_plan, schedstat
 
     m = measure_plan(
         job.model, _run_plan(job, plan, devices), warmup=max(1, warmup), steps=repeats,
@@ -67,8 +67,7 @@ def measure_one(job: Any, plan: ParallelPlan, devices: list[Any], warmup: int = 
         # the dispatching thread's CPU per step (median): the step's calls are all issued by it
         "dispatch_cpu_s": float(statistics.median(m.dispatch_cpu_s)) if m.dispatch_cpu_s else None,
         # ... and how long it waited for a core per step (median; None where the kernel does not say)
-        "dispatch_wait_s": (float(statistics.median(m.dispatch_wait_s))
-                            if m.dispatch_wait_s and None not in m.dispatch_wait_s else None),
+        "dispatch_wait_s": schedstat.median_wait(m.dispatch_wait_s),
         **({"stage_busy_s": list(m.stage_time_s)} if stage_times else {}),
     }
 

@@ -58,3 +58,30 @@ def test_no_scheduler_statistics_reads_as_unknown(monkeypatch):
     monkeypatch.setattr(schedstat, "_SCHEDSTAT", "/nonexistent/{tid}/schedstat")
     assert schedstat.run_queue_wait_s() is None
     assert schedstat.waited_since(1.0) is None and schedstat.waited_since(None) is None
+
+
+def test_the_median_wait_is_unknown_where_any_step_is():
+    assert schedstat.median_wait([0.002, 0.001, 0.004]) == 0.002
+    assert schedstat.median_wait([0.002, None, 0.004]) is None and schedstat.median_wait([]) is None
+
+
+@needs_schedstat
+def test_each_thread_reads_its_own_wait():
+    import threading
+
+    def own() -> float:  # read afresh from the thread's own file, without the kept one
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+
+    readings = []
+
+    def worker() -> None:
+        readings.append((schedstat.run_queue_wait_s(), own()))
+
+    assert schedstat.run_queue_wait_s() is not None  # this thread's file is open now
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    (kept, fresh), = readings
+    assert kept is not None and abs(kept - fresh) < 0.005
+    assert abs(schedstat.run_queue_wait_s() - own()) < 0.005
