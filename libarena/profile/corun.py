@@ -46,8 +46,10 @@ from libarena.run.heap import frozen_heap
 
 #: bump when what a co-run record holds, or how it is timed, changes (cached records are then re-measured);
 #: 3: timed with the C heap's thresholds fixed (libarena.run.heap.steady_malloc);
-#: 4: an SpmdStage's update timed as the runtime's step runs it, right behind its micro-batches
-CORUN_VERSION = 4
+#: 4: an SpmdStage's update timed as the runtime's step runs it, right behind its micro-batches;
+#: 5: a one-device worker's stage also issued as the runtime issues it (its dispatching thread's CPU per micro-batch
+#: and for its sends to the pipeline neighbours)
+CORUN_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,15 @@ class CoRunTiming:
     update_s: float | None = None
     input_put_s: float | None = None
     update_alone_s: float | None = None
+    #: a one-device worker's stage (tensor degree 1): the runtime's dispatching thread's CPU seconds to issue one
+    #: micro-batch's forward and backward of the stage as the runtime builds it (libarena.run.executor.StageRuntime;
+    #: the profiler's own executables take fewer arguments and issue faster), and to send one micro-batch's
+    #: output activation to the next stage's device and its input gradient to the previous one's (each only where
+    #: the stage has that neighbour); None where not timed
+    runtime_dispatch_s: float | None = None
+    send_dispatch_s: float | None = None
+    #: the calling thread's CPU per micro-batch while ``alone_s`` was timed (the profiler's executables)
+    alone_dispatch_s: float | None = None
 
     @property
     def spmd(self) -> bool:
@@ -167,6 +178,8 @@ class CoRunSession(DeviceChild):
         reply = self.ask({"op": "time", **_request(item), "warmup": warmup, "repeats": repeats})
         for region, samples in reply["samples_s"].items():
             self._samples[item].setdefault(region, []).extend(samples)
+        for region, samples in reply.get("dispatch_s", {}).items():  # the calling thread's CPU, not wall time
+            self._samples[item].setdefault(region + "@dispatch", []).extend(samples)
         self._device_s[item] += float(reply["wall_s"])
 
     def timing(self, item: CoRunItem, statistic: str) -> CoRunTiming:
@@ -182,8 +195,11 @@ class CoRunSession(DeviceChild):
             update = update_in_step(step, tuple(samples["microbatches_update"]), self.burst, statistic, alone)
             return CoRunTiming(self.num_devices, step_s, step_s, step, step, self._device_s[item],
                                update_s=update, input_put_s=stat("input_put"), update_alone_s=alone)
+        issued = {region: stat(region + "@dispatch") if samples.get(region + "@dispatch") else None
+                  for region in ("alone", "runtime_microbatch", "sends")}
         return CoRunTiming(self.num_devices, stat("alone"), stat("together"), tuple(samples["alone"]), tuple(samples["together"]),
-                           self._device_s[item])
+                           self._device_s[item], runtime_dispatch_s=issued["runtime_microbatch"], send_dispatch_s=issued["sends"],
+                           alone_dispatch_s=issued["alone"])
 
     def release(self, item: CoRunItem) -> None:
         if self._samples.pop(item, None) is not None:
@@ -258,6 +274,17 @@ class _SpmdRunner:
                                                   seed + 1, rt.carry_sharding)
         out, _ = self._forward()
         self.cotangent = jax.device_put(np.float32(1.0), rt.replicated) if last else jnp.ones_like(out)
+        self.first, self.last = first, last
+        self.output = None if last else out
+        # a pipeline neighbour's carry layout on another device (the runtime's StageRuntime.carry_sharding there)
+        self.neighbour = None
+        if len(devices) > item.workers:
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+            from libarena.run.executor import DP_AXIS, TP_AXIS
+
+            mesh = Mesh(np.array(devices[item.workers: item.workers + 1], dtype=object).reshape(1, 1), (DP_AXIS, TP_AXIS))
+            self.neighbour = NamedSharding(mesh, PartitionSpec(DP_AXIS))
 
     def _forward(self) -> Any:
         if self.first:
@@ -286,6 +313,18 @@ class _SpmdRunner:
             self.microbatch()
         return self.update()
 
+    def sends(self) -> list[Any]:
+        """What the runtime's step sends per micro-batch from this stage (PipelineExecutor._move): its output
+        activation to the next stage's devices, its input gradient (shaped as its input) to the previous one's."""
+        import jax
+
+        out = []
+        if self.neighbour is not None and not self.last:
+            out.append(jax.device_put(self.output, self.neighbour))
+        if self.neighbour is not None and not self.first:
+            out.append(jax.device_put(self.carry, self.neighbour))
+        return out
+
     def input_put(self) -> Any:
         from libarena.run import distributed
 
@@ -305,6 +344,7 @@ def _serve(seed: int, burst: int) -> None:
     devices = jax.devices()
     timer = HostTimer()
     built: dict[CoRunItem, Any] = {}
+    issued: dict[CoRunItem, _SpmdRunner] = {}
 
     def item_of(request: dict[str, Any]) -> CoRunItem:
         kind = SpmdStage if request["kind"] == "spmd" else StageSpec
@@ -321,10 +361,15 @@ def _serve(seed: int, burst: int) -> None:
                 for d in devices:
                     with jax.default_device(d):  # the executables are lowered and compiled for this device
                         built[item].append(build_stage_executables(item, device=d, seed=seed, with_optimizer=False))
+                if item.tp == 1 and item.ep == 1 and item.zero_shards == 1:
+                    # the same stage as the runtime builds it on one device: issued, not timed (the dispatching
+                    # thread's CPU for its calls and its sends, which the 1F1B model adds beside the devices' work)
+                    issued[item] = _SpmdRunner(SpmdStage(item.model, item.start, item.stop, 1, 1, item.micro_batch, remat=item.remat,
+                                                         dtype=item.dtype, seq_len=item.seq_len), devices, seed)
         return {"wall_s": time.perf_counter() - t0}
 
-    def sample(region: Any, times: int = burst) -> float:
-        return _time_burst(timer, region, 0, 1, times).samples[0]
+    def sample(region: Any, times: int = burst) -> Timing:
+        return _time_burst(timer, region, 0, 1, times)
 
     def regions(item: CoRunItem) -> list[tuple[str, Any, int]]:
         """(name, region, burst) of what is timed for ``item``."""
@@ -339,7 +384,13 @@ def _serve(seed: int, burst: int) -> None:
         def together() -> Any:  # every device dispatched before any is waited for: they run at once
             return [e.run_microbatch() for e in target]
 
-        return [("alone", target[0].run_microbatch, burst), ("together", together, burst)]
+        timed = [("alone", target[0].run_microbatch, burst), ("together", together, burst)]
+        runner = issued.get(item)
+        if runner is not None:
+            timed.append(("runtime_microbatch", runner.microbatch, burst))
+            if runner.neighbour is not None and not (runner.first and runner.last):
+                timed.append(("sends", runner.sends, 1))
+        return timed
 
     def time_item(request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -352,10 +403,15 @@ def _serve(seed: int, burst: int) -> None:
             for i in range(int(request["repeats"])):  # interleaved, alternating the order
                 for _name, region, times, samples in sides if i % 2 == 0 else sides[::-1]:
                     samples.append(sample(region, times))
-        return {"samples_s": {name: samples for name, _region, _times, samples in sides}, "wall_s": time.perf_counter() - t0}
+        return {"samples_s": {name: [t.samples[0] for t in samples] for name, _region, _times, samples in sides},
+                # the calling thread's CPU while issuing each sample (per call of the burst)
+                "dispatch_s": {name: [t.dispatch_samples[0] for t in samples] for name, _region, _times, samples in sides
+                               if all(t.dispatch_samples for t in samples)},
+                "wall_s": time.perf_counter() - t0}
 
     def release(request: dict[str, Any]) -> dict[str, Any]:
         built.pop(item_of(request), None)
+        issued.pop(item_of(request), None)
         return {"ok": True}
 
     serve_requests({"build": build, "time": time_item, "release": release})

@@ -14,10 +14,11 @@ all-to-all), ``p2p_j`` its activation send forward plus gradient send backward. 
                                                    stages in parallel)
 
 One thread issues every call of a step (the runtime's executor), so the step also takes at least that
-thread's CPU time: ``T >= setup + sum_j (B * dispatch_j + optimizer_dispatch_j)``, with ``dispatch_j`` the
+thread's CPU time: ``T >= setup + sum_j (B * (dispatch_j + send_dispatch_j) + optimizer_dispatch_j)``, with ``dispatch_j`` the
 calling thread's CPU seconds to issue one micro-batch's forward and backward of stage j (measured beside its
-time) and ``optimizer_dispatch_j`` its update's. A model whose kernels outrun their launches (a tiny model on a
-GPU) is bound there; elsewhere the bound stays below the 1F1B time and changes nothing.
+time), ``send_dispatch_j`` its sends' (host devices, libarena.profile.corun) and ``optimizer_dispatch_j`` its
+update's. A model whose kernels outrun their launches (a tiny model on a GPU) is bound there; elsewhere the
+bound stays below the 1F1B time and changes nothing.
 
 Devices that share compute. The model above assumes every device is its own hardware (GPUs). When they
 are not -- several XLA host devices on one CPU share its cores -- devices busy at once slow each other
@@ -27,7 +28,9 @@ down. Three models of it:
   out as the plan's, ``alone_s`` while its worker is the only device busy and ``together_s`` while every
   device is. A single-worker stage passes the first micro-batch at its alone time (a multi-worker one keeps
   all its devices busy: together); in the steady state the bottleneck b works the whole period, beside the
-  others for o = max_{j != b} together_j and alone for the rest: P = o + alone_b (1 - o / together_b).
+  others for o = max_{j != b} together_j and alone for the rest: P = o + alone_b (1 - o / together_b), with
+  o lengthened by the dispatching thread's work beside b that b's own timing did not have beside it (every
+  stage's calls and sends as the runtime issues them, less b's own calls as issued while b was timed).
   The optimizer step and setup follow the CPU-time model below. A stage whose workers hold every device is
   timed as the runtime's SPMD executable instead (libarena.profile.corun.SpmdStage): alone = together = that
   time, its collectives, gradient reduction (in the optimizer step) and setup measured with it.
@@ -75,6 +78,11 @@ class StageTimes:
     #: CPU seconds of the calling thread to issue one micro-batch's forward and backward, and the update
     dispatch_s: float = 0.0
     optimizer_dispatch_s: float = 0.0
+    #: ... and to send one micro-batch's activation on and its input gradient back (host devices, co-run timed)
+    send_dispatch_s: float = 0.0
+    #: the calling thread's CPU per micro-batch beside the stage while ``alone_s`` and ``together_s`` were timed
+    #: (None: as ``dispatch_s``)
+    timed_dispatch_s: float | None = None
 
     @property
     def per_microbatch_s(self) -> float:
@@ -159,7 +167,7 @@ def one_f_one_b(
               capacity_bound([(st.optimizer_s, st.optimizer_cores) for st in stages]))
     setup = sum(st.setup_s for st in stages)
     composed = setup + first + steady_total + grad + opt  # IterationEstimate.composed_s
-    dispatch = setup + sum(num_microbatches * st.dispatch_s + st.optimizer_dispatch_s for st in stages)
+    dispatch = setup + sum(num_microbatches * (st.dispatch_s + st.send_dispatch_s) + st.optimizer_dispatch_s for st in stages)
     return IterationEstimate(max(composed, dispatch), first, steady_total, grad, opt, bottleneck, setup, shared, dispatch,
                              dispatch > composed)
 
@@ -172,10 +180,22 @@ def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple
     b's one micro-batch of work done is o / c_b + (P - o) / a_b = 1, so P = o + a_b (1 - o / c_b). One stage:
     its own time; equal stages: c_b (always overlapped); a short partner: close to a_b. ``alone``: each
     stage's per-micro-batch time without P2P when it works alone (a_j).
+
+    The runtime's one dispatching thread is busy beside b too: per micro-batch it issues every stage's calls and
+    every send between stages (``dispatch_s`` + ``send_dispatch_s``, timed as the runtime issues them), of which
+    only b's own calls, as they were issued while b was timed (``timed_dispatch_s``), are in a_b and c_b. The
+    rest keeps a core b does not hold busy, so b is overlapped for o + that (at most the whole period, c_b): a
+    tiny model's stages, whose calls cost the CPU a good part of their kernels' time, otherwise looked less
+    contended than the runtime's step makes them (bench/results/profile-runtime-dispatch.json).
     """
     busy = [float(st.together_s) + st.comm_s for st in stages]  # type: ignore[arg-type]
     b = max(range(len(stages)), key=lambda j: busy[j])
     others = max((busy[j] for j in range(len(stages)) if j != b), default=0.0)
     if busy[b] <= 0:
         return alone[b], b
-    return others + alone[b] * (1.0 - others / busy[b]), b
+    beside = 0.0
+    if len(stages) > 1:
+        own = stages[b].dispatch_s if stages[b].timed_dispatch_s is None else stages[b].timed_dispatch_s
+        beside = max(0.0, sum(st.dispatch_s + st.send_dispatch_s for st in stages) - own)
+    overlapped = min(busy[b], others + beside)
+    return overlapped + alone[b] * (1.0 - overlapped / busy[b]), b

@@ -621,10 +621,16 @@ def estimate_plan(
         # another device's: its launches are not this host's)
         dispatch, optimizer_dispatch = (0.0, 0.0) if estimated else (float(rec["microbatch"].get("dispatch_cpu_s") or 0.0),
                                                                      float(rec["optimizer"].get("dispatch_cpu_s") or 0.0))
+        send_dispatch, timed_dispatch = 0.0, None
+        if corun is not None and not spmd and corun.get("runtime_dispatch_s") is not None:
+            # issued as the runtime issues it, on the plan's host layout (libarena.profile.corun), sends included
+            dispatch, send_dispatch = float(corun["runtime_dispatch_s"]), float(corun.get("send_dispatch_s") or 0.0)
+            timed_dispatch = corun.get("alone_dispatch_s")
         st = StageTimes(compute, comm_mb, p2p, grad, optimizer, workers, setup, cores=cores, optimizer_cores=optimizer_cores,
                         alone_s=None if corun is None else float(corun["alone_s"]),
                         together_s=None if corun is None else float(corun["together_s"]),
-                        dispatch_s=dispatch, optimizer_dispatch_s=optimizer_dispatch)
+                        dispatch_s=dispatch, optimizer_dispatch_s=optimizer_dispatch, send_dispatch_s=send_dispatch,
+                        timed_dispatch_s=timed_dispatch)
         stage_times.append(st)
         inflight = min(s - j, B)
         mem = rec["state_bytes"] + inflight * rec["memory"]["forward"].get("output", 0.0) + rec["memory"]["backward"].get("temp", 0.0)

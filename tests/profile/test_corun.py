@@ -33,6 +33,32 @@ def test_pipeline_period_interpolates_between_alone_and_all_busy():
     assert one_f_one_b(lone, 3).steady_state_s == pytest.approx(2 * 0.04)
 
 
+def test_the_dispatching_thread_keeps_the_bottlenecks_partner_core_busy():
+    # the runtime's one thread issues every stage's calls and the sends beside the bottleneck; what it issued
+    # while the bottleneck was timed (its own calls, 0.006 s) is in the bottleneck's times already
+    stages = [StageTimes(0.019, alone_s=0.015, together_s=0.020, dispatch_s=0.004, send_dispatch_s=0.001),
+              StageTimes(0.077, alone_s=0.055, together_s=0.080, dispatch_s=0.009, send_dispatch_s=0.001,
+                         timed_dispatch_s=0.006)]
+    est = one_f_one_b(stages, 5, host_cores=2)
+    overlapped = 0.020 + (0.004 + 0.001 + 0.009 + 0.001 - 0.006)
+    assert est.steady_state_s == pytest.approx(4 * (overlapped + 0.055 * (1 - overlapped / 0.080)))
+    quiet = [StageTimes(0.019, alone_s=0.015, together_s=0.020), StageTimes(0.077, alone_s=0.055, together_s=0.080)]
+    assert est.steady_state_s > one_f_one_b(quiet, 5, host_cores=2).steady_state_s
+    # never longer than the bottleneck overlapped the whole period
+    busy = [StageTimes(0.019, alone_s=0.015, together_s=0.020, dispatch_s=0.2), stages[1]]
+    assert one_f_one_b(busy, 5, host_cores=2).steady_state_s == pytest.approx(4 * 0.080)
+    # without a record of what was issued beside it, its own calls stand in; never less than no dispatch at all
+    untracked = [stages[0], StageTimes(0.077, alone_s=0.055, together_s=0.080, dispatch_s=0.009, send_dispatch_s=0.001)]
+    overlapped = 0.020 + (0.004 + 0.001 + 0.001)
+    assert one_f_one_b(untracked, 5, host_cores=2).steady_state_s == pytest.approx(4 * (overlapped + 0.055 * (1 - overlapped / 0.080)))
+    cheap = [stages[0], StageTimes(0.077, alone_s=0.055, together_s=0.080, timed_dispatch_s=0.5)]
+    assert one_f_one_b(cheap, 5, host_cores=2).steady_state_s == pytest.approx(one_f_one_b(quiet, 5, host_cores=2).steady_state_s)
+    # one stage: nothing beside it (its own calls are in its times); the sends count in the dispatch bound
+    lone = [StageTimes(0.05, alone_s=0.04, together_s=0.06, dispatch_s=0.01)]
+    assert one_f_one_b(lone, 3).steady_state_s == pytest.approx(2 * 0.04)
+    assert est.dispatch_s == pytest.approx(5 * (0.004 + 0.001 + 0.009 + 0.001))
+
+
 def test_stages_without_corun_times_keep_the_cpu_time_model():
     plain = [StageTimes(0.010, workers=2, cores=1.0)]
     mixed = [StageTimes(0.010, workers=1, cores=1.0), StageTimes(0.010, workers=1, alone_s=0.001, together_s=0.001)]
@@ -62,7 +88,17 @@ def test_corun_session_times_a_real_stage_alone_and_all_busy():
         # two devices computing at once on the host's cores never finish sooner than one alone, give or take noise
         assert timing.together_s > 0.7 * timing.alone_s
         assert timing.device_s > 0
+        # also issued as the runtime issues it: its calls and its one send (the first stage sends its output on)
+        assert 0 < timing.runtime_dispatch_s < max(timing.alone_samples_s)
+        assert 0 < timing.alone_dispatch_s < max(timing.alone_samples_s)
+        assert 0 < timing.send_dispatch_s < timing.runtime_dispatch_s
         session.release(spec)
+        middle = StageSpec("gpt__tiny", 1, 3, 2)  # sends its output on and its input gradient back
+        session.time(middle, 1, 3)
+        assert session.timing(middle, "q1").send_dispatch_s > 0
+        tensor = StageSpec("gpt__tiny", 0, 3, 2, tp=2)  # a worker's shard: not the runtime's stage on one device
+        session.time(tensor, 0, 2)
+        assert session.timing(tensor, "q1").runtime_dispatch_s is None
         with pytest.raises(ArenaError, match="co-run profiling failed"):
             session.ask({"op": "nonsense"})
     assert session._proc.poll() == 0
