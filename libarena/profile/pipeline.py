@@ -186,7 +186,7 @@ def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple
     only b's own calls, as they were issued while b was timed (``timed_dispatch_s``), are in a_b and c_b. The
     rest keeps a core b does not hold busy, so b is overlapped for o + that (at most the whole period, c_b): a
     tiny model's stages, whose calls cost the CPU a good part of their kernels' time, otherwise looked less
-    contended than the runtime's step makes them (bench/results/profile-runtime-dispatch.json).
+    contended than the runtime's step makes them (bench/results/profile.json: the pipelined plans from about -9% to +1.6% signed).
     """
     busy = [float(st.together_s) + st.comm_s for st in stages]  # type: ignore[arg-type]
     b = max(range(len(stages)), key=lambda j: busy[j])
