@@ -164,12 +164,14 @@ class CoRunSession(DeviceChild):
                          platform="cpu", threading=threading)
         self.burst = burst
         self._samples: dict[CoRunItem, dict[str, list[float]]] = {}
+        #: per item and region, the calling thread's CPU while issuing each sample (not wall time)
+        self._dispatch: dict[CoRunItem, dict[str, list[float]]] = {}
         self._device_s: dict[CoRunItem, float] = {}
 
     def build(self, item: CoRunItem) -> None:
         if item not in self._samples:
             reply = self.ask({"op": "build", **_request(item)})
-            self._samples[item] = {}
+            self._samples[item], self._dispatch[item] = {}, {}
             self._device_s[item] = float(reply["wall_s"])
 
     def time(self, item: CoRunItem, warmup: int, repeats: int) -> None:
@@ -178,8 +180,8 @@ class CoRunSession(DeviceChild):
         reply = self.ask({"op": "time", **_request(item), "warmup": warmup, "repeats": repeats})
         for region, samples in reply["samples_s"].items():
             self._samples[item].setdefault(region, []).extend(samples)
-        for region, samples in reply.get("dispatch_s", {}).items():  # the calling thread's CPU, not wall time
-            self._samples[item].setdefault(region + "@dispatch", []).extend(samples)
+        for region, samples in reply.get("dispatch_s", {}).items():
+            self._dispatch[item].setdefault(region, []).extend(samples)
         self._device_s[item] += float(reply["wall_s"])
 
     def timing(self, item: CoRunItem, statistic: str) -> CoRunTiming:
@@ -195,13 +197,15 @@ class CoRunSession(DeviceChild):
             update = update_in_step(step, tuple(samples["microbatches_update"]), self.burst, statistic, alone)
             return CoRunTiming(self.num_devices, step_s, step_s, step, step, self._device_s[item],
                                update_s=update, input_put_s=stat("input_put"), update_alone_s=alone)
-        issued = {region: stat(region + "@dispatch") if samples.get(region + "@dispatch") else None
+        dispatch = self._dispatch.get(item) or {}
+        issued = {region: Timing(tuple(dispatch[region])).statistic(statistic) if dispatch.get(region) else None
                   for region in ("alone", "runtime_microbatch", "sends")}
         return CoRunTiming(self.num_devices, stat("alone"), stat("together"), tuple(samples["alone"]), tuple(samples["together"]),
                            self._device_s[item], runtime_dispatch_s=issued["runtime_microbatch"], send_dispatch_s=issued["sends"],
                            alone_dispatch_s=issued["alone"])
 
     def release(self, item: CoRunItem) -> None:
+        self._dispatch.pop(item, None)
         if self._samples.pop(item, None) is not None:
             self.ask({"op": "release", **_request(item)})
 
@@ -274,7 +278,7 @@ class _SpmdRunner:
                                                   seed + 1, rt.carry_sharding)
         out, _ = self._forward()
         self.cotangent = jax.device_put(np.float32(1.0), rt.replicated) if last else jnp.ones_like(out)
-        self.first, self.last = first, last
+        self.last = last
         self.output = None if last else out
         # a pipeline neighbour's carry layout on another device (the runtime's StageRuntime.carry_sharding there)
         self.neighbour = None
@@ -313,17 +317,20 @@ class _SpmdRunner:
             self.microbatch()
         return self.update()
 
+    @property
+    def sends_anything(self) -> bool:
+        """Whether the stage has a pipeline neighbour to send to (on a device of this child)."""
+        return self.neighbour is not None and not (self.first and self.last)
+
     def sends(self) -> list[Any]:
         """What the runtime's step sends per micro-batch from this stage (PipelineExecutor._move): its output
         activation to the next stage's devices, its input gradient (shaped as its input) to the previous one's."""
         import jax
 
-        out = []
-        if self.neighbour is not None and not self.last:
-            out.append(jax.device_put(self.output, self.neighbour))
-        if self.neighbour is not None and not self.first:
-            out.append(jax.device_put(self.carry, self.neighbour))
-        return out
+        if not self.sends_anything:
+            return []
+        return ([] if self.last else [jax.device_put(self.output, self.neighbour)]) + \
+            ([] if self.first else [jax.device_put(self.carry, self.neighbour)])
 
     def input_put(self) -> Any:
         from libarena.run import distributed
@@ -388,7 +395,7 @@ def _serve(seed: int, burst: int) -> None:
         runner = issued.get(item)
         if runner is not None:
             timed.append(("runtime_microbatch", runner.microbatch, burst))
-            if runner.neighbour is not None and not (runner.first and runner.last):
+            if runner.sends_anything:
                 timed.append(("sends", runner.sends, 1))
         return timed
 
