@@ -283,12 +283,9 @@ class _SpmdRunner:
         # a pipeline neighbour's carry layout on another device (the runtime's StageRuntime.carry_sharding there)
         self.neighbour = None
         if len(devices) > item.workers:
-            from jax.sharding import Mesh, NamedSharding, PartitionSpec
+            from libarena.run.executor import carry_sharding, stage_mesh
 
-            from libarena.run.executor import DP_AXIS, TP_AXIS
-
-            mesh = Mesh(np.array(devices[item.workers: item.workers + 1], dtype=object).reshape(1, 1), (DP_AXIS, TP_AXIS))
-            self.neighbour = NamedSharding(mesh, PartitionSpec(DP_AXIS))
+            self.neighbour = carry_sharding(stage_mesh(devices[item.workers: item.workers + 1], 1, 1))
 
     def _forward(self) -> Any:
         if self.first:

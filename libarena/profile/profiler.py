@@ -376,9 +376,10 @@ def _time_step_setup(execs: Any, device: Any, repeats: int) -> dict[str, float]:
     one-device mesh (host wall clock). Median (and lower quartile) of ``repeats``."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    by_replica = NamedSharding(Mesh(np.array([device], dtype=object).reshape(1, 1), ("dp", "tp")), PartitionSpec("dp"))
+    from libarena.run.executor import carry_sharding, stage_mesh
+
+    by_replica = carry_sharding(stage_mesh([device], 1, 1))  # as the runtime's stage takes its batch
     accumulator_bytes = sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(execs.view.params))
     zero_fill = jax.jit(jnp.zeros_like, donate_argnums=0)
     accumulator = [jax.device_put(np.ones(max(1, -(-accumulator_bytes // 4)), np.float32), device)]

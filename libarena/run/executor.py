@@ -80,6 +80,20 @@ def _is_axes_leaf(x: Any) -> bool:
     return x is None or (isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
 
 
+def stage_mesh(devices: Sequence[Any], dp: int, tp: int) -> Any:
+    """A stage's (dp, tp) device mesh."""
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(list(devices), dtype=object).reshape(dp, tp), (DP_AXIS, TP_AXIS))
+
+
+def carry_sharding(mesh: Any) -> Any:
+    """How a stage takes its input activation (and gives back its gradient): split by replica over ``dp``."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(mesh, PartitionSpec(DP_AXIS))
+
+
 class StageRuntime:
     """Meshes, shardings and compiled functions of one pipeline stage (cached: plans share stages)."""
 
@@ -88,15 +102,15 @@ class StageRuntime:
         import jax
         import jax.numpy as jnp
         import optax
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        from jax.sharding import NamedSharding, PartitionSpec
 
         self.stage = stage
         self.units = units
         self.first, self.last = first, last
         self.devices = list(devices)
-        self.mesh = Mesh(np.array(self.devices, dtype=object).reshape(stage.dp, stage.tp), (DP_AXIS, TP_AXIS))
+        self.mesh = stage_mesh(self.devices, stage.dp, stage.tp)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
-        self.carry_sharding = NamedSharding(self.mesh, PartitionSpec(DP_AXIS))
+        self.carry_sharding = carry_sharding(self.mesh)
         self.batch_sharding = self.carry_sharding
         self.uses_batch = first or last
         start, stop = units.start, units.stop
