@@ -21,8 +21,11 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
 * each side's statistic is the lower quartile of its samples (a shared host only adds time), stage by stage
   on the estimate side, step by step on the measurement side; beside it, the same composition of every
   region's median against the steps' median (lower quartiles do not add up);
-* the timing noise is probed again at the end: a host that turned noisy during the run makes its figures
-  inconclusive (``summary.conclusive`` false, targets not met);
+* before each model after the first it waits again (bounded, ``--max-wait``) until no other process is busy
+  and the timing noise is under the limit (not the load average, which its own last model keeps up), and
+  records what it saw with the model (``costs[].quiet_check``); the noise is probed again at the end: a model
+  started on a host that stayed noisy, or a host noisy at the end, makes the figures inconclusive
+  (``summary.conclusive`` false, ``models_started_noisy``, targets not met);
 * the measuring interpreter rewrites its results after every model: a run stopped midway (Ctrl-C, SIGTERM) or
   given ``--time-budget`` still writes the models it finished, marked incomplete (``summary.complete`` false,
   ``models_not_done``, targets not met).
@@ -281,6 +284,24 @@ def derived_cost(grids: list[dict[str, int]], profiling_per_stage_s: float, meas
     return out
 
 
+def quiet_before_model(settings: dict[str, Any] | None, probe: Any = None, noise_probe: Any = None,
+                       sleep: Any = time.sleep) -> dict[str, Any] | None:
+    """Before each model after the first: wait (up to ``max_wait_s``) until no other process is busy and the
+    timing noise on the measurement's cores is under ``max_noise`` again (a shared host turns noisy for minutes at a
+    time). The load average is not checked: the benchmark's own last model keeps it up for minutes. Never
+    refuses: what it saw is recorded with the model (and judged, :func:`judge_noise`). None: no limits given."""
+    from libarena.profile.host import QuietPolicy, timing_noise_on, wait_until_quiet
+
+    if not settings or settings.get("max_noise") is None:
+        return None
+    policy = QuietPolicy(max_load=None, max_process_percent=settings["max_process_percent"], max_noise=settings["max_noise"],
+                         max_wait_s=settings["max_wait_s"], refuse=False)
+    cores = settings.get("cores")
+    return wait_until_quiet(policy, _log, probe=probe, sleep=sleep,
+                            # from a fresh process: this one is pinned to its own layout's cores
+                            noise_probe=noise_probe or (lambda: timing_noise_on(cores)))
+
+
 def _child(request: dict[str, Any], out_path: str) -> None:
     """The measuring interpreter: every model of the request in turn. Its result is rewritten at ``out_path``
     after every model (``models_done``; ``finished`` once the loop is over), so a run stopped midway keeps them;
@@ -323,10 +344,12 @@ def _child(request: dict[str, Any], out_path: str) -> None:
         alternatives = {"cpu-time": sharing, "measured-slowdown": measured, "cpu-time-all-cores": replace(sharing, measured=None),
                         "independent": None}
         calibration_s = time.perf_counter() - t0
-        for model in request["models"]:
+        for k, model in enumerate(request["models"]):
             if budget is not None and time.perf_counter() - started > budget:
                 skipped.append(model)
                 continue
+            # the host was found quiet before the first model; it may have turned noisy since
+            quiet_check = quiet_before_model(request.get("between_models")) if k else None
             plans_path = _plans(tmp, model)
             planset = read_plans(plans_path, require_costs=False)
             model_before = snapshot()
@@ -341,7 +364,7 @@ def _child(request: dict[str, Any], out_path: str) -> None:
                           "paper_grids": grid_stage_counts(model, planset.layout),
                           "measurement_device_s": sum(r["measurement_device_s"] for r in model_rows),
                           "measurement_compile_device_s": sum(r["measurement_compile_device_s"] for r in model_rows),
-                          "host": host_window(model_before, snapshot())})
+                          "host": host_window(model_before, snapshot()), "quiet_check": quiet_check})
             _log(f"{model}: profiling {cost['device_s']:.0f} device-s ({summary['stages_profiled']} stages), measuring "
                  f"{costs[-1]['measurement_device_s']:.0f} device-s")
             done.append(model)
@@ -436,13 +459,16 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-profile-run-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s}))
+        between = {"max_noise": policy.max_noise, "max_process_percent": policy.max_process_percent,
+                   "max_wait_s": policy.max_wait_s, "cores": cores}
+        request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s,
+                                       "between_models": between}))
         out, stopped = run_child([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)], result,
                                  what="bench_profile: the measuring interpreter")
     summary = aggregate(out["rows"], out["costs"])
     judge_completeness(summary, models, out, stopped)
     noise_after = timing_noise(cores=cores)
-    judge_noise(summary, noise_after, policy.max_noise)
+    judge_noise(summary, noise_after, policy.max_noise, {c["model"]: c.get("quiet_check") for c in out["costs"]})
     payload = {
         "summary": summary,
         "plans": out["rows"],
@@ -478,14 +504,18 @@ def judge_completeness(summary: dict[str, Any], models: tuple[str, ...], out: di
              f"{', '.join(summary['models_not_done'])}")
 
 
-def judge_noise(summary: dict[str, Any], noise_after: dict[str, float], max_noise: float | None) -> None:
-    """The host may have turned noisy while it was timed: then its figures show the targets neither met nor missed
-    (``conclusive`` False, and ``met`` False: a target is not shown met at noise level)."""
-    summary["conclusive"] = max_noise is None or noise_after["level"] <= max_noise
+def judge_noise(summary: dict[str, Any], noise_after: dict[str, float], max_noise: float | None,
+                quiet_checks: dict[str, dict[str, Any] | None] | None = None) -> None:
+    """The host may have turned noisy while it was timed: at the end, or before a model and stayed so for the
+    whole wait (``quiet_checks``: model -> :func:`quiet_before_model`'s record). Then its figures show the targets
+    neither met nor missed (``conclusive`` False, and ``met`` False: a target is not shown met at noise level)."""
+    noisy = [model for model, check in (quiet_checks or {}).items() if check is not None and not check["quiet"]]
+    summary["models_started_noisy"] = noisy
+    summary["conclusive"] = max_noise is None or (noise_after["level"] <= max_noise and not noisy)
     if not summary["conclusive"]:
         summary["met"] = False
-        _log(f"the host turned noisy during the run (timing noise {noise_after['level']:.1%} at the end, limit "
-             f"{max_noise:.0%}): its figures are inconclusive")
+        _log(f"the host was noisy during the run (timing noise {noise_after['level']:.1%} at the end, limit {max_noise:.0%}; "
+             f"models started on a noisy host: {', '.join(noisy) or 'none'}): its figures are inconclusive")
 
 
 if __name__ == "__main__":

@@ -136,8 +136,9 @@ def busy_processes(min_percent: float = 20.0, interval_s: float = 1.0, exclude: 
 class QuietPolicy:
     """When the host counts as quiet enough to time on, and how long to wait for it."""
 
-    #: one-minute load average at most (this process idle)
-    max_load: float = 0.5
+    #: one-minute load average at most (this process idle); None: not checked (between a benchmark's models, where
+    #: the benchmark's own last minutes of work keep it up)
+    max_load: float | None = 0.5
     #: no other process may use more than this share of one core (percent)
     max_process_percent: float = 25.0
     #: the timing noise (:func:`timing_noise`'s ``level``) at most; None: recorded, not limited. A host on which
@@ -150,7 +151,7 @@ class QuietPolicy:
     refuse: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_load < 0 or self.max_process_percent <= 0 or self.max_wait_s < 0 or self.poll_s <= 0:
+        if (self.max_load is not None and self.max_load < 0) or self.max_process_percent <= 0 or self.max_wait_s < 0 or self.poll_s <= 0:
             raise ArenaError("quiet policy: max_load and max_wait_s must be >= 0, max_process_percent and poll_s > 0")
         if self.max_noise is not None and not self.max_noise > 0:
             raise ArenaError("quiet policy: max_noise must be > 0 (or None: no noise probe)")
@@ -257,6 +258,28 @@ def timing_noise(bursts: int = 10, samples: int = 15, interval_s: float = 1.0, w
     return out
 
 
+def timing_noise_on(cores: list[int] | None, bursts: int = 10, samples: int = 15, interval_s: float = 1.0,
+                    timeout_s: float = 300.0) -> dict[str, Any]:
+    """:func:`timing_noise` on ``cores``, timed by a fresh interpreter started there: a process pinned to fewer
+    cores (a benchmark's measuring interpreter, pinned by its layout) can neither run nor probe the others."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json; from libarena.profile.host import timing_noise; "
+            f"print(json.dumps(timing_noise(bursts={int(bursts)}, samples={int(samples)}, interval_s={float(interval_s)!r}, "
+            f"cores={None if cores is None else [int(c) for c in cores]!r})))")
+    argv = ChildLayout(dict(os.environ), None if cores is None else list(cores)).command([sys.executable, "-c", code])
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise ArenaError(f"timing noise on cores {cores}: the probe took over {timeout_s:.0f} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ArenaError(f"timing noise on cores {cores}: the probe failed (exit {done.returncode}): {last}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = None,
                      probe: Callable[[], tuple[float, list[dict[str, Any]]]] | None = None,
                      sleep: Callable[[float], None] = time.sleep,
@@ -279,7 +302,7 @@ def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = No
     while True:
         load, busy = probe()
         noise = None
-        quiet = load <= policy.max_load and not busy
+        quiet = (policy.max_load is None or load <= policy.max_load) and not busy
         if quiet:  # timed only on a host that looks idle (the probe is work of its own)
             noise = noise_probe()
             quiet = policy.max_noise is None or noise["level"] <= policy.max_noise
@@ -300,7 +323,8 @@ def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = No
 def _condition(load: float, busy: list[dict[str, Any]], noise: dict[str, float] | None, policy: QuietPolicy) -> str:
     """What keeps the host from being quiet, in a few words."""
     if noise is None:
-        return f"busy (load average {load:.2f}, limit {policy.max_load}; {_describe(busy)})"
+        limit = "not limited" if policy.max_load is None else f"limit {policy.max_load}"
+        return f"busy (load average {load:.2f}, {limit}; {_describe(busy)})"
     return (f"noisy (a fixed computation's timings {noise['level']:.1%} apart, limit {policy.max_noise:.0%}, "
             f"at load average {load:.2f} with no other busy process)")
 

@@ -3,6 +3,7 @@ model of host devices that share cores, and the one-command GPU check's behaviou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -43,6 +44,17 @@ def test_host_that_stays_busy_is_refused_in_one_line_naming_the_load_and_the_pro
     assert "\n" not in message and "2.50" in message and "stress[42]" in message
     record = host.wait_until_quiet(host.QuietPolicy(max_wait_s=0, refuse=False), probe=lambda: busy, noise_probe=pytest.fail)
     assert not record["quiet"] and record["busy_processes"][0]["pid"] == 42 and record["timing_noise"] is None
+
+
+def test_a_policy_without_a_load_limit_looks_only_at_other_processes_and_the_noise():
+    # between a benchmark's models its own last minutes of work keep the load average up
+    record = host.wait_until_quiet(host.QuietPolicy(max_load=None), probe=lambda: (1.9, []), sleep=pytest.fail, noise_probe=_steady)
+    assert record["quiet"] and record["policy"]["max_load"] is None
+    busy = (1.9, [{"pid": 7, "name": "make", "cpu_percent": 95.0}])
+    with pytest.raises(ArenaError, match="not limited; busy: make\\[7\\]"):
+        host.wait_until_quiet(host.QuietPolicy(max_load=None, max_wait_s=0), probe=lambda: busy, noise_probe=pytest.fail)
+    with pytest.raises(ArenaError, match="max_load"):
+        host.QuietPolicy(max_load=-1.0)
 
 
 def test_noisy_host_is_waited_for_then_refused_in_one_line_naming_the_noise():
@@ -281,3 +293,19 @@ def test_gpu_check_compiles_without_kernel_autotuning_unless_asked(tmp_path):
     assert bench_gpu.check_env({"XLA_FLAGS": "--a=1"}, tmp_path, 2)["XLA_FLAGS"] == "--a=1 --xla_gpu_autotune_level=2"
     assert "XLA_FLAGS" not in bench_gpu.check_env({}, tmp_path, None)
     assert bench_gpu.check_env({"XLA_FLAGS": "--a=1"}, tmp_path, None)["XLA_FLAGS"] == "--a=1"
+
+
+def test_a_process_pinned_to_one_core_probes_the_noise_of_every_core_from_a_fresh_interpreter():
+    # bench_profile's measuring interpreter runs pinned to its layout's cores; between models it probes the
+    # cores its 2-device measurements use
+    usable = host.usable_cores()
+    host.pin_cores(usable[:1])
+    try:
+        with pytest.raises(ArenaError, match="not among this process's usable cores") if len(usable) > 1 else contextlib.nullcontext():
+            host.timing_noise(bursts=4, samples=4, interval_s=0.0, cores=usable)
+        noise = host.timing_noise_on(usable, bursts=4, samples=4, interval_s=0.0)
+    finally:
+        host.pin_cores(usable)
+    assert noise["cores"] == usable and sorted(noise["per_core"]) == sorted(map(str, usable)) and noise["level"] >= 0
+    with pytest.raises(ArenaError, match="^timing noise on cores \\[0\\]: the probe failed \\(exit 1\\): .*at least 4 bursts"):
+        host.timing_noise_on([0], bursts=2)

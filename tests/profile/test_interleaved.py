@@ -152,12 +152,32 @@ def test_benchmark_refuses_a_missing_results_directory_before_timing_and_judges_
     steady, noisy = {"level": 0.02}, {"level": 0.09}
     summary = {"met": True}
     bench_profile.judge_noise(summary, steady, 0.05)
-    assert summary == {"met": True, "conclusive": True}
+    assert summary == {"met": True, "conclusive": True, "models_started_noisy": []}
     bench_profile.judge_noise(summary, noisy, 0.05)
-    assert summary == {"met": False, "conclusive": False}
+    assert summary == {"met": False, "conclusive": False, "models_started_noisy": []}
     summary = {"met": True}
     bench_profile.judge_noise(summary, noisy, None)  # no limit: recorded, not judged
-    assert summary == {"met": True, "conclusive": True}
+    assert summary == {"met": True, "conclusive": True, "models_started_noisy": []}
+    # a model started on a host that stayed noisy through the wait before it, though the end was steady
+    summary = {"met": True}
+    bench_profile.judge_noise(summary, steady, 0.05, {"gpt__tiny": None, "bert__tiny": {"quiet": False}, "moe__tiny": {"quiet": True}})
+    assert summary == {"met": False, "conclusive": False, "models_started_noisy": ["bert__tiny"]}
+
+
+def test_the_benchmark_waits_before_each_model_for_the_noise_to_pass_and_records_what_it_saw():
+    from bench import bench_profile
+
+    settings = {"max_noise": 0.05, "max_process_percent": 25.0, "max_wait_s": 60.0, "cores": [0]}
+    noisy, steady = {"level": 0.31}, {"level": 0.02}
+    levels, slept = iter([noisy, noisy, steady]), []
+    # the load average is left out: the benchmark's own work keeps it high
+    record = bench_profile.quiet_before_model(settings, probe=lambda: (1.8, []), noise_probe=lambda: next(levels), sleep=slept.append)
+    assert record["quiet"] and record["waited_s"] == 30 and slept == [15.0, 15.0] and record["timing_noise"] == steady
+    # a host that stays noisy is recorded, not refused (the run's figures are judged inconclusive instead)
+    record = bench_profile.quiet_before_model({**settings, "max_wait_s": 15.0}, probe=lambda: (0.1, []), noise_probe=lambda: noisy,
+                                              sleep=lambda s: None)
+    assert not record["quiet"] and record["timing_noise"] == noisy
+    assert bench_profile.quiet_before_model(None) is None and bench_profile.quiet_before_model({**settings, "max_noise": None}) is None
 
 
 def test_benchmark_counts_the_distinct_stages_of_larger_grids():
