@@ -20,7 +20,9 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   runs its steps back to back; a plan's first step after the other side's turn is not one of those);
 * each side's statistic is the lower quartile of its samples (a shared host only adds time), stage by stage
   on the estimate side, step by step on the measurement side; beside it, the same composition of every
-  region's median against the steps' median (lower quartiles do not add up);
+  region's median against the steps' median (lower quartiles do not add up), and, as a diagnostic, each turn's
+  estimate against the measurement's turn beside it (``turn_errors``; their median ``error_paired``): an error
+  that drift between turns makes shrinks when paired, a systematic one does not;
 * before each model after the first it waits again (bounded, ``--max-wait``) until no other process is busy
   and the timing noise is under the limit (not the load average, which its own last model keeps up), and
   records what it saw with the model (``costs[].quiet_check``); the noise is probed again at the end: a model
@@ -166,6 +168,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
                 chunk = samples_per_turn(prepared["steady_step_s"])
                 samples: list[float] = []
+                turn_samples: list[list[float]] = []  # the measurement's samples, turn by turn
                 cpu: list[float] = []
                 dispatch: list[float] = []
                 dispatch_wait: list[float | None] = []
@@ -180,6 +183,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     def measure_side() -> None:
                         out = measure.steps(grid, plan.plan_id, chunk, warmup=TURN_WARMUP)
                         samples.extend(out["samples_s"])
+                        turn_samples.append(list(out["samples_s"]))
                         cpu.extend(out["cpu_s"])
                         dispatch.extend(out["dispatch_cpu_s"])
                         dispatch_wait.extend(out["dispatch_wait_s"])
@@ -198,6 +202,16 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
 
                 records = with_corun(STATISTIC)
                 est = estimate(records, STATISTIC, sharing)
+                # Each turn's estimate against the measurement's turn beside it (a few seconds apart): a host whose
+                # speed drifts between phases moves both sides of a pair alike, and the pairs' median error is
+                # what the drift leaves; a diagnostic beside the judged error, not a replacement for it
+                paired = []
+                if len(set(specs)) == len(specs):  # one stage record per turn
+                    for turn, measured_turn in enumerate(turn_samples):
+                        recs = [stages.record(spec, turn) for spec in specs]
+                        if corun is not None:
+                            recs = [{**rec, "corun": corun.timing(item, STATISTIC, turn).to_dict()} for rec, item in zip(recs, items, strict=True)]
+                        paired.append(estimate(recs, STATISTIC, sharing).iter_time_s / lower_quartile(measured_turn) - 1.0)
                 # The same composition from every region's median, against the steps' median: lower quartiles do
                 # not add up (the sum of the regions' lower quartiles lies below the lower quartile of their sum),
                 # medians of roughly symmetric samples nearly do
@@ -214,6 +228,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "estimate_median_s": est_median.iter_time_s,
                     "error_median": est_median.iter_time_s / measured_median - 1.0,
                     "estimate_other_concurrency_models_s": others,
+                    "turn_errors": paired, "error_paired": statistics.median(paired) if paired else None,
                     "measured_median_s": measured_median, "measured_iqr_over_median": relative_iqr(samples),
                     "samples_per_turn": chunk,
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
@@ -391,6 +406,10 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
         if all("error_median" in r for r in subset):
             summary[f"mae_{n}_devices_medians"] = statistics.fmean(abs(r["error_median"]) for r in subset)
             summary[f"mean_signed_error_{n}_devices_medians"] = statistics.fmean(r["error_median"] for r in subset)
+        paired = [r["error_paired"] for r in subset if r.get("error_paired") is not None]
+        if paired:  # a diagnostic: each turn's estimate against the measurement's turn beside it, median over turns
+            summary[f"mae_{n}_devices_paired_turns"] = statistics.fmean(abs(e) for e in paired)
+            summary[f"plans_{n}_devices_paired_turns"] = len(paired)
         summary[f"measured_iqr_over_median_{n}_devices_median"] = statistics.median(r["measured_iqr_over_median"] for r in subset)
         plain = [abs(r["estimate_plain_s"] / r["measured_s"] - 1) for r in subset if r.get("estimate_plain_s")]
         if plain:

@@ -167,11 +167,14 @@ class CoRunSession(DeviceChild):
         #: per item and region, the calling thread's CPU while issuing each sample (not wall time)
         self._dispatch: dict[CoRunItem, dict[str, list[float]]] = {}
         self._device_s: dict[CoRunItem, float] = {}
+        #: per item, where each ``time`` call's samples end in every region (timing and dispatch; a benchmark
+        #: pairs turns)
+        self._chunk_ends: dict[CoRunItem, list[tuple[dict[str, int], dict[str, int]]]] = {}
 
     def build(self, item: CoRunItem) -> None:
         if item not in self._samples:
             reply = self.ask({"op": "build", **_request(item)})
-            self._samples[item], self._dispatch[item] = {}, {}
+            self._samples[item], self._dispatch[item], self._chunk_ends[item] = {}, {}, []
             self._device_s[item] = float(reply["wall_s"])
 
     def time(self, item: CoRunItem, warmup: int, repeats: int) -> None:
@@ -182,12 +185,23 @@ class CoRunSession(DeviceChild):
             self._samples[item].setdefault(region, []).extend(samples)
         for region, samples in reply.get("dispatch_s", {}).items():
             self._dispatch[item].setdefault(region, []).extend(samples)
+        self._chunk_ends[item].append(({r: len(v) for r, v in self._samples[item].items()},
+                                       {r: len(v) for r, v in self._dispatch[item].items()}))
         self._device_s[item] += float(reply["wall_s"])
 
-    def timing(self, item: CoRunItem, statistic: str) -> CoRunTiming:
+    def timing(self, item: CoRunItem, statistic: str, chunk: int | None = None) -> CoRunTiming:
+        """The statistic of every sample so far, or (``chunk``) of that ``time`` call's samples only."""
         samples = self._samples.get(item) or {}
         if not samples:
             raise ArenaError(f"stage {_describe(item)} has no co-run samples yet")
+        dispatch = self._dispatch.get(item) or {}
+        if chunk is not None:
+            if not 0 <= chunk < len(self._chunk_ends[item]):
+                raise ArenaError(f"stage {_describe(item)} has no co-run chunk {chunk} ({len(self._chunk_ends[item])} so far)")
+            (end, dispatch_end), (start, dispatch_start) = (self._chunk_ends[item][chunk],
+                                                            self._chunk_ends[item][chunk - 1] if chunk else ({}, {}))
+            samples = {r: v[start.get(r, 0):end[r]] for r, v in samples.items()}
+            dispatch = {r: v[dispatch_start.get(r, 0):dispatch_end[r]] for r, v in dispatch.items()}
 
         def stat(region: str) -> float:
             return Timing(tuple(samples[region])).statistic(statistic)
@@ -197,7 +211,6 @@ class CoRunSession(DeviceChild):
             update = update_in_step(step, tuple(samples["microbatches_update"]), self.burst, statistic, alone)
             return CoRunTiming(self.num_devices, step_s, step_s, step, step, self._device_s[item],
                                update_s=update, input_put_s=stat("input_put"), update_alone_s=alone)
-        dispatch = self._dispatch.get(item) or {}
         issued = {region: Timing(tuple(dispatch[region])).statistic(statistic) if dispatch.get(region) else None
                   for region in ("alone", "runtime_microbatch", "sends")}
         return CoRunTiming(self.num_devices, stat("alone"), stat("together"), tuple(samples["alone"]), tuple(samples["together"]),
@@ -206,6 +219,7 @@ class CoRunSession(DeviceChild):
 
     def release(self, item: CoRunItem) -> None:
         self._dispatch.pop(item, None)
+        self._chunk_ends.pop(item, None)
         if self._samples.pop(item, None) is not None:
             self.ask({"op": "release", **_request(item)})
 

@@ -303,15 +303,21 @@ class StageSession:
     def device_s(self, spec: StageSpec) -> float:
         return self._state[stage_cache_key(spec, self.local, self.timer.name)]["device_s"]
 
-    def record(self, spec: StageSpec) -> dict[str, Any]:
+    def record(self, spec: StageSpec, chunk: int | None = None) -> dict[str, Any]:
+        """The stage's record from every sample so far, or (``chunk``) from the samples of that ``time`` call only
+        (a benchmark pairs each turn of the estimate side with the measurement's turn beside it)."""
         key = stage_cache_key(spec, self.local, self.timer.name)
         execs, state = self._execs[key], self._state[key]
         if not state["microbatch"]:
             raise ArenaError(f"stage {spec.model}[{spec.start}:{spec.stop}] has not been timed yet")
-        optimizer = _pooled(state["optimizer"])
+        if chunk is not None and not 0 <= chunk < len(state["microbatch"]):
+            raise ArenaError(f"stage {spec.model}[{spec.start}:{spec.stop}] has no timed chunk {chunk} "
+                             f"({len(state['microbatch'])} so far)")
+        picked = slice(None) if chunk is None else slice(chunk, chunk + 1)
+        optimizer = _pooled(state["optimizer"][picked])
         opt_record = {"optimizer": optimizer.to_dict(), "cost": execs.cost["optimizer"], "memory": execs.memory["optimizer"],
                       "state_bytes": execs.optimizer_state_bytes()}
-        return _stage_record(spec, execs, key, self.local, self.timer.name, _pooled(state["microbatch"]),
+        return _stage_record(spec, execs, key, self.local, self.timer.name, _pooled(state["microbatch"][picked]),
                              optimizer_cache_key(spec, self.local, self.timer.name), opt_record, state["setup"], state["device_s"],
                              execs.compile_s)
 

@@ -84,6 +84,12 @@ def test_corun_session_times_a_real_stage_alone_and_all_busy():
         timing = session.timing(spec, "q1")
         assert timing.num_devices == 2
         assert len(timing.alone_samples_s) == len(timing.together_samples_s) == 5
+        # one time call's samples alone, in order
+        first, second = session.timing(spec, "q1", 0), session.timing(spec, "q1", 1)
+        assert first.alone_samples_s + second.alone_samples_s == timing.alone_samples_s
+        assert len(second.together_samples_s) == 2 and second.runtime_dispatch_s > 0
+        with pytest.raises(ArenaError, match="no co-run chunk 2"):
+            session.timing(spec, "q1", 2)
         assert 0 < timing.alone_s <= max(timing.alone_samples_s) and timing.together_s > 0
         # two devices computing at once on the host's cores never finish sooner than one alone, give or take noise
         assert timing.together_s > 0.7 * timing.alone_s

@@ -77,8 +77,14 @@ def test_stage_session_pools_chunks_of_samples_into_one_profile_record(two_devic
         session.time(spec, 1, 3)
         session.time(spec, 0, 3)
     records = [session.record(spec) for spec in specs]
-    for record in records:
+    for spec, record in zip(specs, records):
         assert len(record["microbatch"]["samples_s"]) == 6 and len(record["microbatch"]["cpu_samples_s"]) == 6
+        # one time call's samples alone (a benchmark pairs each turn with the measurement's beside it)
+        first, second = session.record(spec, 0), session.record(spec, 1)
+        assert first["microbatch"]["samples_s"] + second["microbatch"]["samples_s"] == record["microbatch"]["samples_s"]
+        assert len(second["optimizer"]["samples_s"]) == 3
+        with pytest.raises(ArenaError, match="no timed chunk 2"):
+            session.record(spec, 2)
         assert record["microbatch"]["q1_s"] <= record["microbatch"]["median_s"] and record["microbatch"]["cpu_per_wall"] > 0
         assert record["grad_reset_s"] > 0 and record["input_put_s"] > 0
     assert session.device_s(specs[0]) > 0
@@ -107,8 +113,8 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
                 "measured_samples_s": [meas] * (12 if n == 1 else 20)}
 
     rows = [row("gpt__tiny", 1, 1.02, 1.0), row("gpt__tiny", 1, 0.96, 1.0), row("gpt__tiny", 2, 0.6, 0.5)]
-    for r, error_median in zip(rows, (0.01, -0.05, 0.1)):
-        r["error_median"] = error_median
+    for r, error_median, error_paired in zip(rows, (0.01, -0.05, 0.1), (0.02, -0.04, None)):
+        r["error_median"], r["error_paired"] = error_median, error_paired
     grids = [{"num_gpus": 4, "plans": 6, "distinct_stages": 5}, {"num_gpus": 16, "plans": 3, "distinct_stages": 4}]
     costs = [{"model": "gpt__tiny", "profiling_device_s": 6.0, "stages_profiled": 3, "measurement_device_s": 48.0,
               "measurement_compile_device_s": 40.0, "paper_grids": grids}]
@@ -118,6 +124,9 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
     # the composition of medians against the steps' median, beside
     assert summary["mae_1_devices_medians"] == pytest.approx(0.03) and summary["mean_signed_error_1_devices_medians"] == pytest.approx(-0.02)
     assert summary["mae_2_devices_medians"] == pytest.approx(0.1)
+    # the turn-paired diagnostic, over the plans that have it (a plan repeating a stage has none)
+    assert summary["mae_1_devices_paired_turns"] == pytest.approx(0.03) and summary["plans_1_devices_paired_turns"] == 2
+    assert "mae_2_devices_paired_turns" not in summary
     assert summary["cost_per_model"]["gpt__tiny"]["ratio"] == pytest.approx(8.0)
     derived = summary["cost_per_model"]["gpt__tiny"]["derived_paper_grids"]
     assert "DERIVED" in derived["note"]
