@@ -206,7 +206,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 # speed drifts between phases moves both sides of a pair alike, and the pairs' median error is
                 # what the drift leaves; a diagnostic beside the judged error, not a replacement for it
                 paired = []
-                if len(set(specs)) == len(specs):  # one stage record per turn
+                if len(set(specs)) == len(specs) == len(set(items)):  # one record and one co-run chunk per turn
                     for turn, measured_turn in enumerate(turn_samples):
                         recs = [stages.record(spec, turn) for spec in specs]
                         if corun is not None:
