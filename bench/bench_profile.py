@@ -167,7 +167,6 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     stages.build(spec)
                 prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
                 chunk = samples_per_turn(prepared["steady_step_s"])
-                samples: list[float] = []
                 turn_samples: list[list[float]] = []  # the measurement's samples, turn by turn
                 cpu: list[float] = []
                 dispatch: list[float] = []
@@ -182,7 +181,6 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
 
                     def measure_side() -> None:
                         out = measure.steps(grid, plan.plan_id, chunk, warmup=TURN_WARMUP)
-                        samples.extend(out["samples_s"])
                         turn_samples.append(list(out["samples_s"]))
                         cpu.extend(out["cpu_s"])
                         dispatch.extend(out["dispatch_cpu_s"])
@@ -191,11 +189,14 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     for side in ((estimate_side, measure_side) if turn % 2 == 0 else (measure_side, estimate_side)):
                         side()
                 measure.release(grid, plan.plan_id)
+                samples = [s for taken in turn_samples for s in taken]
                 plain = [stages.record(spec) for spec in specs]
 
-                def with_corun(statistic: str) -> list[dict[str, Any]]:
-                    return plain if corun is None else [{**rec, "corun": corun.timing(item, statistic).to_dict()}
-                                                        for rec, item in zip(plain, items, strict=True)]
+                def with_corun(statistic: str, turn: int | None = None) -> list[dict[str, Any]]:
+                    """The stage records with their co-run timings: of every sample, or of one turn's only."""
+                    recs = plain if turn is None else [stages.record(spec, turn) for spec in specs]
+                    return recs if corun is None else [{**rec, "corun": corun.timing(item, statistic, turn).to_dict()}
+                                                       for rec, item in zip(recs, items, strict=True)]
 
                 def estimate(recs: list[dict[str, Any]], statistic: str, concurrency: Any) -> Any:
                     return estimate_plan(job, plan, recs, 0.0, local, None, comm, "host", config.memory_fraction, statistic, concurrency)
@@ -208,10 +209,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 paired = []
                 if len(set(specs)) == len(specs) == len(set(items)):  # one record and one co-run chunk per turn
                     for turn, measured_turn in enumerate(turn_samples):
-                        recs = [stages.record(spec, turn) for spec in specs]
-                        if corun is not None:
-                            recs = [{**rec, "corun": corun.timing(item, STATISTIC, turn).to_dict()} for rec, item in zip(recs, items, strict=True)]
-                        paired.append(estimate(recs, STATISTIC, sharing).iter_time_s / lower_quartile(measured_turn) - 1.0)
+                        paired.append(estimate(with_corun(STATISTIC, turn), STATISTIC, sharing).iter_time_s
+                                      / lower_quartile(measured_turn) - 1.0)
                 # The same composition from every region's median, against the steps' median: lower quartiles do
                 # not add up (the sum of the regions' lower quartiles lies below the lower quartile of their sum),
                 # medians of roughly symmetric samples nearly do
