@@ -33,6 +33,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import asdict, dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -150,6 +151,15 @@ def _describe(item: CoRunItem) -> str:
     return f"{item.model} units [{item.start}, {item.stop}) {what}"
 
 
+def _pooled_regions(chunks: Iterable[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Each region's samples over ``chunks``, in order."""
+    out: dict[str, list[float]] = {}
+    for chunk in chunks:
+        for region, samples in chunk.items():
+            out.setdefault(region, []).extend(samples)
+    return out
+
+
 def _request(item: CoRunItem) -> dict[str, Any]:
     return {"kind": "spmd" if isinstance(item, SpmdStage) else "worker", "item": asdict(item)}
 
@@ -157,51 +167,40 @@ def _request(item: CoRunItem) -> dict[str, Any]:
 class CoRunSession(DeviceChild):
     """A child with ``num_devices`` host devices that keeps stages compiled on every device (or, for an
     SpmdStage, on its mesh) between chunks of timed samples, so that a benchmark can interleave them with other
-    timings (ABAB). ``time`` adds samples; ``timing`` gives the statistic of all of them."""
+    timings (ABAB). ``time`` adds samples; ``timing`` gives the statistic of all of them, or of one ``time`` call's."""
 
     def __init__(self, num_devices: int, threading: Any = None, seed: int = 0, burst: int = 4) -> None:
         super().__init__("libarena.profile.corun", [str(seed), str(burst)], num_devices, what="co-run profiling",
                          platform="cpu", threading=threading)
         self.burst = burst
-        self._samples: dict[CoRunItem, dict[str, list[float]]] = {}
-        #: per item and region, the calling thread's CPU while issuing each sample (not wall time)
-        self._dispatch: dict[CoRunItem, dict[str, list[float]]] = {}
+        #: per item, one entry per ``time`` call (a benchmark pairs turns): its samples per region, and per region
+        #: the calling thread's CPU while issuing each sample (not wall time)
+        self._chunks: dict[CoRunItem, list[tuple[dict[str, list[float]], dict[str, list[float]]]]] = {}
         self._device_s: dict[CoRunItem, float] = {}
-        #: per item, where each ``time`` call's samples end in every region (timing and dispatch; a benchmark
-        #: pairs turns)
-        self._chunk_ends: dict[CoRunItem, list[tuple[dict[str, int], dict[str, int]]]] = {}
 
     def build(self, item: CoRunItem) -> None:
-        if item not in self._samples:
+        if item not in self._chunks:
             reply = self.ask({"op": "build", **_request(item)})
-            self._samples[item], self._dispatch[item], self._chunk_ends[item] = {}, {}, []
+            self._chunks[item] = []
             self._device_s[item] = float(reply["wall_s"])
 
     def time(self, item: CoRunItem, warmup: int, repeats: int) -> None:
         """``repeats`` more samples of each region, interleaved, after ``warmup`` untimed ones."""
         self.build(item)
         reply = self.ask({"op": "time", **_request(item), "warmup": warmup, "repeats": repeats})
-        for region, samples in reply["samples_s"].items():
-            self._samples[item].setdefault(region, []).extend(samples)
-        for region, samples in reply.get("dispatch_s", {}).items():
-            self._dispatch[item].setdefault(region, []).extend(samples)
-        self._chunk_ends[item].append(({r: len(v) for r, v in self._samples[item].items()},
-                                       {r: len(v) for r, v in self._dispatch[item].items()}))
+        self._chunks[item].append((dict(reply["samples_s"]), dict(reply.get("dispatch_s", {}))))
         self._device_s[item] += float(reply["wall_s"])
 
     def timing(self, item: CoRunItem, statistic: str, chunk: int | None = None) -> CoRunTiming:
         """The statistic of every sample so far, or (``chunk``) of that ``time`` call's samples only."""
-        samples = self._samples.get(item) or {}
-        if not samples:
+        chunks = self._chunks.get(item) or []
+        if not any(c[0] for c in chunks):
             raise ArenaError(f"stage {_describe(item)} has no co-run samples yet")
-        dispatch = self._dispatch.get(item) or {}
         if chunk is not None:
-            if not 0 <= chunk < len(self._chunk_ends[item]):
-                raise ArenaError(f"stage {_describe(item)} has no co-run chunk {chunk} ({len(self._chunk_ends[item])} so far)")
-            (end, dispatch_end), (start, dispatch_start) = (self._chunk_ends[item][chunk],
-                                                            self._chunk_ends[item][chunk - 1] if chunk else ({}, {}))
-            samples = {r: v[start.get(r, 0):end[r]] for r, v in samples.items()}
-            dispatch = {r: v[dispatch_start.get(r, 0):dispatch_end[r]] for r, v in dispatch.items()}
+            if not 0 <= chunk < len(chunks):
+                raise ArenaError(f"stage {_describe(item)} has no co-run chunk {chunk} ({len(chunks)} so far)")
+            chunks = chunks[chunk:chunk + 1]
+        samples, dispatch = _pooled_regions(c[0] for c in chunks), _pooled_regions(c[1] for c in chunks)
 
         def stat(region: str) -> float:
             return Timing(tuple(samples[region])).statistic(statistic)
@@ -218,9 +217,7 @@ class CoRunSession(DeviceChild):
                            alone_dispatch_s=issued["alone"])
 
     def release(self, item: CoRunItem) -> None:
-        self._dispatch.pop(item, None)
-        self._chunk_ends.pop(item, None)
-        if self._samples.pop(item, None) is not None:
+        if self._chunks.pop(item, None) is not None:
             self.ask({"op": "release", **_request(item)})
 
 

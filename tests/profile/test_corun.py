@@ -127,7 +127,7 @@ def test_corun_session_times_a_whole_grid_stage_as_the_runtimes_spmd_executable(
             assert len(timing.alone_samples_s) == 3
             assert timing.update_s > 0 and timing.input_put_s > 0 and timing.update_alone_s > 0
             # the update as the step runs it: right behind a burst of micro-batches, from the paired samples
-            regions = session._samples[item]
+            regions = session._chunks[item][0][0]  # its one time call's samples per region
             assert len(regions["microbatches_update"]) == 3
             assert timing.update_s == update_in_step(tuple(regions["microbatch"]), tuple(regions["microbatches_update"]), 2, "q1",
                                                      timing.update_alone_s)
