@@ -14,8 +14,8 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
 * XLA:CPU's threads follow one layout (``--threading``; by default the steadiest in bench/results/host.json,
   written by bench_host), applied before JAX starts: the work runs in a fresh interpreter;
 * estimate side and measurement side are interleaved, ABAB: per plan, the profiler's stage executables
-  (kept compiled in this process, one device) and the plan's executor (kept in a child with 1 or 2
-  devices) take ``CHUNKS`` turns of about ``TURN_S`` of samples each (``samples_per_turn``), alternating which goes first, so that both
+  (kept compiled in this process, one device) and the plan's executor (kept in a child of its own with 1 or 2
+  devices, started for that plan as ``arena-run`` starts a fresh process for one) take ``CHUNKS`` turns of about ``TURN_S`` of samples each (``samples_per_turn``), alternating which goes first, so that both
   sides see the same host, each turn begun with ``TURN_WARMUP`` untimed runs on each side (a training loop
   runs its steps back to back; a plan's first step after the other side's turn is not one of those);
 * each side's statistic is the lower quartile of its samples (a shared host only adds time), stage by stage
@@ -156,7 +156,6 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     rows = []
     for n in DEVICE_COUNTS:
         with contextlib.ExitStack() as children:
-            measure = children.enter_context(MeasureSession(plans_path, n, threading=XLA_THREADING.get(layout)))
             # The profiler's co-run timings (its default model on a host) for plans of several devices
             corun = children.enter_context(CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst)) if n > 1 else None
             for plan in [p for p in plans if p.grid.num_gpus == n]:
@@ -165,6 +164,11 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 items = [corun_item(plan, j, spec) for j, spec in enumerate(specs)]
                 for spec in specs:
                     stages.build(spec)
+                # Each plan is measured in a child of its own, as arena-run compiles one plan in a fresh process: a
+                # step compiled after its process traced other work can run slower (README, "What the process
+                # compiled before")
+                measure = MeasureSession(plans_path, n, threading=XLA_THREADING.get(layout))
+                children.callback(measure.close)
                 prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
                 chunk = samples_per_turn(prepared["steady_step_s"])
                 turn_samples: list[list[float]] = []  # the measurement's samples, turn by turn
@@ -188,7 +192,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
 
                     for side in ((estimate_side, measure_side) if turn % 2 == 0 else (measure_side, estimate_side)):
                         side()
-                measure.release(grid, plan.plan_id)
+                measure.close()
                 samples = [s for taken in turn_samples for s in taken]
                 plain = [stages.record(spec) for spec in specs]
 
@@ -494,7 +498,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         "protocol": {
             "quiet_check": quiet_record, "timing_noise_after": noise_after, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
             "calibration_s": out["calibration_s"], "host_sharing": out["host_sharing"],
-            "interleaving": f"per plan, {CHUNKS} turns per side of about {TURN_S:g} s of timed steps each ({MIN_CHUNK}-{MAX_CHUNK} samples, "
+            "interleaving": f"per plan (each measured in a fresh child of its own), {CHUNKS} turns per side of about {TURN_S:g} s of timed steps each ({MIN_CHUNK}-{MAX_CHUNK} samples, "
                             f"from the plan's warm-up steps; samples_per_turn per row), alternating which side goes first (ABAB); "
                             f"each turn starts with {TURN_WARMUP} untimed run(s) per side (the estimate side's first with {WARMUP})",
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
