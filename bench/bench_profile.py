@@ -167,32 +167,30 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 # Each plan is measured in a child of its own, as arena-run compiles one plan in a fresh process: a
                 # step compiled after its process traced other work can run slower (README, "What the process
                 # compiled before")
-                measure = MeasureSession(plans_path, n, threading=XLA_THREADING.get(layout))
-                children.callback(measure.close)
-                prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
-                chunk = samples_per_turn(prepared["steady_step_s"])
-                turn_samples: list[list[float]] = []  # the measurement's samples, turn by turn
-                cpu: list[float] = []
-                dispatch: list[float] = []
-                dispatch_wait: list[float | None] = []
-                for turn in range(CHUNKS):
+                with MeasureSession(plans_path, n, threading=XLA_THREADING.get(layout)) as measure:
+                    prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
+                    chunk = samples_per_turn(prepared["steady_step_s"])
+                    turn_samples: list[list[float]] = []  # the measurement's samples, turn by turn
+                    cpu: list[float] = []
+                    dispatch: list[float] = []
+                    dispatch_wait: list[float | None] = []
+                    for turn in range(CHUNKS):
 
-                    def estimate_side() -> None:
-                        for spec, item in zip(specs, items, strict=True):
-                            stages.time(spec, TURN_WARMUP if turn else WARMUP, chunk)
-                            if corun is not None:
-                                corun.time(item, TURN_WARMUP if turn else WARMUP, chunk)
+                        def estimate_side() -> None:
+                            for spec, item in zip(specs, items, strict=True):
+                                stages.time(spec, TURN_WARMUP if turn else WARMUP, chunk)
+                                if corun is not None:
+                                    corun.time(item, TURN_WARMUP if turn else WARMUP, chunk)
 
-                    def measure_side() -> None:
-                        out = measure.steps(grid, plan.plan_id, chunk, warmup=TURN_WARMUP)
-                        turn_samples.append(list(out["samples_s"]))
-                        cpu.extend(out["cpu_s"])
-                        dispatch.extend(out["dispatch_cpu_s"])
-                        dispatch_wait.extend(out["dispatch_wait_s"])
+                        def measure_side() -> None:
+                            out = measure.steps(grid, plan.plan_id, chunk, warmup=TURN_WARMUP)
+                            turn_samples.append(list(out["samples_s"]))
+                            cpu.extend(out["cpu_s"])
+                            dispatch.extend(out["dispatch_cpu_s"])
+                            dispatch_wait.extend(out["dispatch_wait_s"])
 
-                    for side in ((estimate_side, measure_side) if turn % 2 == 0 else (measure_side, estimate_side)):
-                        side()
-                measure.close()
+                        for side in ((estimate_side, measure_side) if turn % 2 == 0 else (measure_side, estimate_side)):
+                            side()
                 samples = [s for taken in turn_samples for s in taken]
                 plain = [stages.record(spec) for spec in specs]
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
