@@ -155,9 +155,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     plans += [data_parallel_plan(replace(grid, pipeline_degree=1), job.layout.num_clusters) for grid in grids.values()]
     rows = []
     for n in DEVICE_COUNTS:
-        with contextlib.ExitStack() as children:
-            # The profiler's co-run timings (its default model on a host) for plans of several devices
-            corun = children.enter_context(CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst)) if n > 1 else None
+        # The profiler's co-run timings (its default model on a host) for plans of several devices
+        with CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if n > 1 else contextlib.nullcontext() as corun:
             for plan in [p for p in plans if p.grid.num_gpus == n]:
                 grid = plan.resources.to_dict()
                 specs = job.stage_specs(plan)
