@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE := disabled
 export PYTHONHASHSEED := 0
 
-.PHONY: venv demo test test-fast test-slow bench gpu-check schemas clean reproduce
+.PHONY: venv demo test test-slow test-all bench gpu-check schemas clean reproduce
 
 venv: $(STAMP)
 
@@ -25,12 +25,17 @@ demo: $(STAMP)
 reproduce: $(STAMP)
 	$(MAKE) -C examples/paper BIN=$(abspath $(BIN))
 
-# The full suite, slow end-to-end tests included (CI runs exactly this).
+# The suite without the slow end-to-end tests (about 7 minutes on a 2-core machine).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
-
-test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m "not slow"
+
+# The slow end-to-end tests alone (about 20 minutes there); CI runs them after `make test` (.ci/run).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m slow
+
+# Everything in one pytest run.
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
