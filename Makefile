@@ -25,7 +25,7 @@ demo: $(STAMP)
 reproduce: $(STAMP)
 	$(MAKE) -C examples/paper BIN=$(abspath $(BIN))
 
-# The suite without the slow end-to-end tests (about 7 minutes on a 2-core machine).
+# The suite without the slow end-to-end tests (7-10 minutes on a 2-core machine).
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m "not slow"
 

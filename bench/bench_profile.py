@@ -114,7 +114,7 @@ def _plans(tmp: Path, model: str) -> Path:
     return path
 
 
-def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str) -> dict[str, Any]:
+def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str, isolation: str = "process") -> dict[str, Any]:
     """One ordinary profiling run with an empty cache (but the host calibration, measured once per host, not
     per model): its wall time is the profiling device-seconds."""
     import shutil
@@ -125,7 +125,8 @@ def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str) -> dict[str, Any]
     shutil.copytree(tmp / "calibration", cache)
     t0 = time.perf_counter()
     result = profile_plans(planset, ProfileConfig(cache_dir=cache, selection="exhaustive",
-                                                  warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS, xla_threading=layout), comm=comm)
+                                                  warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS, xla_threading=layout,
+                                                  isolation=isolation), comm=comm)
     wall = time.perf_counter() - t0
     # the co-run children held N devices while this process waited: N - 1 more devices for that time
     corun = {int(n): w for n, w in result.summary.get("co_run_wall_s", {}).items()}
@@ -134,22 +135,27 @@ def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str) -> dict[str, Any]
             "estimates": {(e.resources.num_gpus, e.plan.plan_id): e.iter_time_s for e in result.estimates}}
 
 
-def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing: Any, alternatives: dict[str, Any]) -> list[dict[str, Any]]:
+def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing: Any, alternatives: dict[str, Any],
+                 isolation: str = "process") -> list[dict[str, Any]]:
     """Every plan estimated and measured ABAB; one row each (estimated with the profiler's concurrency model
-    ``sharing``, and with the ``alternatives`` from the same stage records, for comparison)."""
+    ``sharing``, and with the ``alternatives`` from the same stage records, for comparison). ``isolation``: where
+    the estimate side's stages are built and timed, as ``ProfileConfig.isolation`` (child: a fresh child per
+    stage and plan, ended with the plan's row, so each record holds that plan's turns only)."""
     from libarena.plan import DP_PLAN_ID, data_parallel_plan
     from libarena.profile import ProfileConfig, resolve_device
     from libarena.profile.host import XLA_THREADING
     from libarena.profile.corun import CoRunSession
     from libarena.profile.measure import MeasureSession
     from libarena.profile.profiler import ProfiledJob, StageSession, corun_item, estimate_plan
+    from libarena.profile.stage_child import StageChildren
     from libarena.profile.timers import HostTimer, lower_quartile
     from libarena.run.schedstat import median_wait
 
     job = ProfiledJob.of(planset)
     local = resolve_device("local")
     config = ProfileConfig(selection="exhaustive", statistic=STATISTIC, xla_threading=layout)
-    stages = StageSession(local, HostTimer(), burst=config.burst)
+    stages: Any = StageSession(local, HostTimer(), burst=config.burst) if isolation == "process" else \
+        StageChildren("host", threading=XLA_THREADING.get(layout), burst=config.burst)
     plans = list(planset.plans())
     grids = {g.grid.resources: g.grid for g in planset.grids}
     plans += [data_parallel_plan(replace(grid, pipeline_degree=1), job.layout.num_clusters) for grid in grids.values()]
@@ -368,8 +374,9 @@ def _child(request: dict[str, Any], out_path: str) -> None:
             plans_path = _plans(tmp, model)
             planset = read_plans(plans_path, require_costs=False)
             model_before = snapshot()
-            cost = _cost_run(tmp, planset, comm, layout)
-            model_rows = _interleaved(planset, plans_path, comm, layout, sharing, alternatives)
+            isolation = request.get("isolation", "process")
+            cost = _cost_run(tmp, planset, comm, layout, isolation)
+            model_rows = _interleaved(planset, plans_path, comm, layout, sharing, alternatives, isolation)
             for r in model_rows:
                 r["estimate_plain_s"] = cost["estimates"].get((r["num_gpus"], r["plan_id"]))
             rows += model_rows
@@ -456,7 +463,7 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
 
 
 def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profile", threading: str | None = None,
-        quiet: Any = None, time_budget_s: float | None = None) -> bool:
+        quiet: Any = None, time_budget_s: float | None = None, isolation: str = "process") -> bool:
     """Time ``models`` and write RESULTS/NAME.json. ``time_budget_s``: start no model after that many seconds of
     measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it still writes the models it
     finished, marked incomplete."""
@@ -480,7 +487,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         between = {"max_noise": policy.max_noise, "max_process_percent": policy.max_process_percent,
                    "max_wait_s": policy.max_wait_s, "cores": cores}
-        request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s,
+        request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s, "isolation": isolation,
                                        "between_models": between}))
         out, stopped = run_child([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)], result,
                                  what="bench_profile: the measuring interpreter")
@@ -499,6 +506,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
                             f"from the plan's warm-up steps; samples_per_turn per row), alternating which side goes first (ABAB); "
                             f"each turn starts with {TURN_WARMUP} untimed run(s) per side (the estimate side's first with {WARMUP})",
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
+            "stage_isolation": isolation,
         },
         "setup": {"models": list(models), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS),
                   "warmup": WARMUP, "profile_cost_run": {"warmup": PROFILE_WARMUP, "repeats": PROFILE_REPEATS}},
@@ -544,6 +552,7 @@ if __name__ == "__main__":
         _child(json.loads(Path(sys.argv[2]).read_text()), sys.argv[3])
         raise SystemExit(0)
     from libarena.profile.host import XLA_THREADING, QuietPolicy
+    from libarena.profile.profiler import ISOLATIONS
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", nargs="*", default=list(MODELS))
@@ -556,13 +565,15 @@ if __name__ == "__main__":
                         help="timing noise (IQR/median of a fixed computation's bursts) the host must be under to start")
     parser.add_argument("--max-wait", type=float, default=QuietPolicy.max_wait_s, help="seconds to wait for a quiet host")
     parser.add_argument("--allow-busy", action="store_true", help="go on (recording it) when the host stays busy")
+    parser.add_argument("--isolation", choices=ISOLATIONS, default="process",
+                        help="where the profiler builds and times each stage (ProfileConfig.isolation)")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="seconds of measuring after which no further model is started (the rest are listed as not done)")
     args = parser.parse_args()
     try:
         ok = run(Path(args.results), tuple(args.models), args.name, args.threading,
                  QuietPolicy(max_load=args.max_load, max_noise=args.max_noise, max_wait_s=args.max_wait,
-                             refuse=not args.allow_busy), args.time_budget)
+                             refuse=not args.allow_busy), args.time_budget, args.isolation)
     except ArenaError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None

@@ -80,6 +80,7 @@ def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, o
         parameters = {"device": config.device, "timer": s["timer"], "selection": config.selection,
                       "granularity": config.granularity, "statistic": config.statistic, "warmup": config.warmup,
                       "repeats": config.repeats, "burst": config.burst, "timing_budget_s": config.timing_budget_s,
+                      "isolation": config.isolation,
                       "measure": measure.enabled}
         write_perf_table(path, result, Provenance("arena-profile", parameters, inputs))
 

@@ -60,6 +60,9 @@ def profile(
     burst: int = typer.Option(4, "--burst", help="micro-batches dispatched back to back per timed run (as the runtime does)"),
     timing_budget: float = typer.Option(10.0, "--timing-budget", help="seconds of timed runs per stage after which "
                                         "timing stops once 5 runs are in (0: always --repeats)"),
+    isolation: str = typer.Option("process", "--isolation", help="process (stages compiled ahead and timed in this "
+                                  "process) or child (each stage built and timed in a fresh interpreter of its own, as "
+                                  "arena-run builds its plan; needs --granularity stage)"),
     compile_workers: Optional[int] = typer.Option(None, "--compile-workers", help="threads compiling stage executables "
                                                   "ahead of timing (default: the host's cores, at most 8)"),
     quiet: bool = QUIET_OPTION,
@@ -91,6 +94,7 @@ def profile(
         concurrency=concurrency,
         burst=burst,
         timing_budget_s=timing_budget if timing_budget != 0 else None,
+        isolation=isolation,
         **({"compile_workers": compile_workers} if compile_workers is not None else {}),
     )
     where = "stdout" if output == "-" else output

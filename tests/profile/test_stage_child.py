@@ -1,0 +1,82 @@
+"""Stages built and timed in a fresh child of their own (ProfileConfig.isolation = "child",
+libarena.profile.stage_child), on gpt__tiny's one-device plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from libarena.errors import ArenaError
+from libarena.plan import read_plans
+
+MODEL = "gpt__tiny"
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def plans_path(tmp_path_factory):
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+
+    path = tmp_path_factory.mktemp("plans") / "plans.parquet"
+    write_plans_table(str(path), MODEL, BATCH, enumerate_grid_plans(MODEL, BATCH, 1, "cpu", 2),
+                      model_clusters(MODEL, BATCH, num_clusters=2))
+    return path
+
+
+def test_a_stage_profiled_in_a_child_has_the_in_process_records_identity_and_sizes(plans_path):
+    from libarena.profile import resolve_device
+    from libarena.profile.profiler import ProfiledJob, StageSession
+    from libarena.profile.stage_child import StageChildren
+    from libarena.profile.timers import HostTimer
+
+    planset = read_plans(plans_path, require_costs=False)
+    job = ProfiledJob.of(planset)
+    spec = job.stage_specs(next(p for p in planset.plans() if p.pipeline_degree == 1))[0]
+    session = StageSession(resolve_device("local"), HostTimer())
+    session.time(spec, 1, 3)
+    here = session.record(spec)
+    with StageChildren("host") as children:
+        children.time(spec, 1, 3)
+        children.time(spec, 0, 2)
+        there, first_turn = children.record(spec), children.record(spec, 0)
+        with pytest.raises(ArenaError, match="no timed chunk 2"):
+            children.record(spec, 2)
+    # the same stage: the key plans and co-run timings look it up by, and what it holds and moves
+    for field in ("key", "spec", "local_batch", "optimizer_key", "state_bytes", "param_bytes", "activation_out_bytes", "cost"):
+        assert there[field] == here[field], field
+    assert len(there["microbatch"]["samples_s"]) == 5 and len(first_turn["microbatch"]["samples_s"]) == 3
+    assert all(t > 0 for t in there["microbatch"]["samples_s"] + there["optimizer"]["samples_s"])
+    # the child's start and build are the stage's device time
+    assert there["device_s"] > there["compile_s"] > 0
+    with pytest.raises(ArenaError, match="not been timed"):
+        StageChildren("host").record(spec)
+
+
+def test_profiling_with_child_isolation_caches_apart_from_the_in_process_profile(plans_path, tmp_path):
+    from libarena.profile import ProfileConfig, profile_plans
+
+    planset = read_plans(plans_path, require_costs=False)
+
+    def run(isolation: str):
+        return profile_plans(planset, ProfileConfig(cache_dir=tmp_path, warmup=1, repeats=3, isolation=isolation))
+
+    first = run("child")
+    s = first.summary
+    assert s["stages_profiled"] >= 1 and s["stages_skipped"] == s["stages_needed"] - s["stages_profiled"]
+    rows = first.table.to_pylist()
+    assert sorted(r["view"] for r in rows) == ["ap", "arena", "dp"]
+    assert all(r["iter_time_s"] > 0 and r["profiling_cost_device_s"] >= 0 for r in rows)
+    assert any(r["profiling_cost_device_s"] > 0 for r in rows)
+    again = run("child")
+    assert again.summary["stages_profiled"] == 0
+    assert [r["iter_time_s"] for r in again.table.to_pylist()] == [r["iter_time_s"] for r in rows]
+    # an in-process profile is not served from the child's records (nor the other way round)
+    assert run("process").summary["stages_profiled"] == s["stages_profiled"]
+
+
+@pytest.mark.parametrize("fields, message", [({"isolation": "thread"}, "unknown stage isolation 'thread'"),
+                                             ({"isolation": "child", "granularity": "unit"}, "needs granularity 'stage'")])
+def test_bad_isolation_settings_are_one_line_errors(fields, message):
+    from libarena.profile import ProfileConfig
+
+    with pytest.raises(ArenaError, match=message):
+        ProfileConfig(**fields)
