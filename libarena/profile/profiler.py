@@ -262,7 +262,6 @@ def profile_stage_in_child(spec: StageSpec, local: LocalDevice, timer: Timer, ca
         child.build(repeats)
         child.time(warmup, repeats)
         record = child.record()
-    record["compile_device_s"] = record["compile_s"]
     if cache is not None:
         cache.put(cache_key, record)
     return record, False
@@ -857,9 +856,11 @@ def profile_plans(
     queued: set[StageSpec] = set()
     keys_queued: set[str] = set()
     optimizers_queued: set[str] = set()
+    from libarena.profile.host import XLA_THREADING
+
+    # isolated: each stage built in a child of its own, so nothing is compiled ahead here
     isolated = config.isolation == "child"
-    if isolated:
-        from libarena.profile.host import XLA_THREADING
+    child_threading = XLA_THREADING.get(config.xla_threading) if isolated else None
     for spec in (spec for stages in plan_pieces for pieces in stages for spec in pieces if not isolated):
         key = stage_cache_key(spec, local, timer.name)
         if key in keys_queued or cache.get(key) is not None:
@@ -890,7 +891,7 @@ def profile_plans(
                     ahead_cost.update(shares)
                 if isolated:
                     record, cached = profile_stage_in_child(spec, local, timer, cache, config.warmup, config.repeats, config.seed,
-                                                            config.burst, XLA_THREADING.get(config.xla_threading))
+                                                            config.burst, child_threading)
                 else:
                     record, cached = profile_stage(spec, local, timer, cache, config.warmup, config.repeats, config.seed,
                                                    config.burst, ahead.pop(spec, None), ahead_cost.pop(spec, None),
