@@ -105,7 +105,8 @@ class ProfileConfig:
     compile_ahead: int = 16
     #: process: every stage compiled (ahead, on threads) and timed in the profiling process; child: each stage
     #: built and timed in a fresh interpreter of its own (libarena.profile.stage_child), as arena-run builds its
-    #: plan in a fresh process. In probes (README, "A stage timed in a child of its own") a stage timed after the
+    #: plan in a fresh process; the co-run timings of plans over several host devices then take a fresh child per
+    #: stage too (libarena.profile.corun.profile_corun). In probes (README, "A stage timed in a child of its own") a stage timed after the
     #: model's other stages ran up to 1.5x slower than the same stage in a fresh child; whether the child's
     #: timings predict the runtime better across the zoo is not yet benchmarked, so it is not the default. The
     #: child times ``repeats`` runs (``timing_budget_s`` does not cut them short)
@@ -729,11 +730,11 @@ def host_sharing(config: ProfileConfig, local: LocalDevice, max_devices: int, ca
 
 
 def corun_item(plan: ParallelPlan, j: int, spec: StageSpec) -> CoRunItem:
-    """What the co-run child times for stage ``j`` (worker spec ``spec``) of a plan of several host devices: a
-    stage whose workers hold every device of the plan as the runtime's SPMD executable, any other stage as its
-    worker's executable alone and beside the others."""
+    """What the co-run child times for stage ``j`` (worker spec ``spec``) of a plan of host devices: a stage
+    whose workers hold every device of the plan (a one-device plan's one stage too) as the runtime's executable
+    on them, any other stage as its worker's executable alone and beside the others."""
     stage = plan.stages[j]
-    if 1 < stage.num_gpus == plan.grid.num_gpus:
+    if stage.num_gpus == plan.grid.num_gpus:
         return SpmdStage(spec.model, spec.start, spec.stop, stage.dp, stage.tp,
                          replica_microbatch(plan.grid.global_batch, plan.num_microbatches), stage.zero, stage.remat,
                          spec.dtype, spec.seq_len)
@@ -743,15 +744,18 @@ def corun_item(plan: ParallelPlan, j: int, spec: StageSpec) -> CoRunItem:
 def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], config: ProfileConfig, local: LocalDevice, timer: Timer,
                   cache: ProfileCache | None, log: Callable[[str], None]
                   ) -> tuple[dict[tuple[int, str, CoRunItem], CoRunTiming], dict[int, float]]:
-    """Co-run timings (libarena.profile.corun) of the stages of ``work``'s plans of several local host devices:
-    {(devices, stage key, co-run item): timing}, and per device count the wall seconds its child spent measuring."""
+    """Co-run timings (libarena.profile.corun) of the stages of ``work``'s plans on local host devices:
+    {(devices, stage key, co-run item): timing}, and per device count the wall seconds its child spent measuring.
+    One-device plans too: their one stage is timed as the runtime runs it (an SpmdStage on one device), since the
+    profiler's own executables, timed alone, leave out what the runtime's step adds on a host (its executables'
+    extra arguments, the inputs placed per micro-batch, the update right behind the micro-batches)."""
     from libarena.profile.host import XLA_THREADING
 
     if config.concurrency != "co-run" or config.granularity != "stage" or local.platform != "cpu":
         return {}, {}
     by_devices: dict[int, dict[tuple[str, CoRunItem], CoRunItem]] = {}
     for plan, _ in work:
-        if plan.grid.gpu_type == local.gpu_type and plan.grid.num_gpus > 1:
+        if plan.grid.gpu_type == local.gpu_type:
             for j, spec in enumerate(job.stage_specs(plan)):
                 item = corun_item(plan, j, spec)
                 by_devices.setdefault(plan.grid.num_gpus, {})[(stage_cache_key(spec, local, timer.name), item)] = item
@@ -760,7 +764,8 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
     layout = XLA_THREADING.get(config.xla_threading)
     for n, items in sorted(by_devices.items()):
         timings, spent = profile_corun(items, n, layout, cache, warmup=config.warmup, repeats=config.repeats,
-                                       statistic=config.statistic, seed=config.seed, burst=config.burst, log=log)
+                                       statistic=config.statistic, seed=config.seed, burst=config.burst,
+                                       fresh_child=config.isolation == "child", log=log)
         out.update({(n, key, item): t for (key, item), t in timings.items()})
         if spent > 0:
             cost[n] = spent

@@ -135,7 +135,15 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
     steps = 12  # the steps timed per plan, the median over the model's plans (12, 12, 20)
     assert g4["profiling_device_s"] == pytest.approx(10.0) and g4["measurement_device_s"] == pytest.approx(6 * (4 * 10.0 + steps * 1.0))
     assert g16["ratio"] == pytest.approx(3 * (16 * 10.0 + steps) / 8.0)
-    assert not summary["met"]
+    assert not summary["met"]  # 2 devices: 20% off
+    # within the error target on both counts: the cost is judged on the paper's grids (derived), not on 1-2
+    # devices, where a direct measurement holds at most twice what profiling holds
+    close = [row("gpt__tiny", 1, 1.02, 1.0), row("gpt__tiny", 2, 0.49, 0.5)]
+    summary = bench_profile.aggregate(close, costs)
+    assert summary["cost_ratio_mean"] < bench_profile.COST_TARGET <= summary["cost_ratio_derived_4_16_gpus_mean"]
+    assert summary["met"]
+    costly = [{**costs[0], "stages_profiled": 1, "profiling_device_s": 200.0}]  # profiling 200 device-s a stage
+    assert not bench_profile.aggregate(close, costly)["met"]
 
 
 def test_benchmark_times_many_samples_of_short_steps_and_few_of_long_ones():

@@ -80,3 +80,36 @@ def test_bad_isolation_settings_are_one_line_errors(fields, message):
 
     with pytest.raises(ArenaError, match=message):
         ProfileConfig(**fields)
+
+
+@pytest.mark.multidevice
+def test_child_isolation_times_each_co_run_stage_in_a_child_of_its_own(monkeypatch, tmp_path):
+    from libarena.profile import corun
+    from libarena.profile.cache import ProfileCache
+    from libarena.profile.host import XLA_THREADING
+    from libarena.profile.stage import StageSpec
+
+    started = []
+
+    class CountedSession(corun.CoRunSession):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(corun, "CoRunSession", CountedSession)
+    first, second = StageSpec(MODEL, 0, 3, 2), StageSpec(MODEL, 3, 6, 2)
+    items = {("first-key", first): first, ("second-key", second): second}
+    cache = ProfileCache(tmp_path)
+
+    def run(chosen, fresh_child):
+        return corun.profile_corun(chosen, 2, XLA_THREADING.get("eigen-single"), cache, warmup=1, repeats=2,
+                                   statistic="median", burst=2, fresh_child=fresh_child)
+
+    timings, spent = run(items, True)
+    assert len(started) == 2 and spent > 0  # one child per stage
+    assert set(timings) == set(items) and all(t.alone_s > 0 and t.together_s > 0 for t in timings.values())
+    again, spent_again = run(items, True)
+    assert spent_again == 0 and len(started) == 2 and again == timings  # from the cache
+    # records timed in one shared child are kept apart from those timed in a child of their own
+    _, spent_shared = run(items, False)
+    assert spent_shared > 0 and len(started) == 3
