@@ -163,10 +163,11 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     for n in DEVICE_COUNTS:
         # The profiler's co-run timings (its default model on a host; a one-device plan's stage as the runtime runs
         # it): one child for the device count, or with child isolation a fresh one per plan (as profile_corun's)
-        shared = CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if isolation == "process" else None
+        timed_corun = n > 1 or isolation == "child"  # as profile_plans' corun_timings
+        shared = CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if timed_corun and isolation == "process" else None
         with shared or contextlib.nullcontext():
             for plan in [p for p in plans if p.grid.num_gpus == n]:
-                corun = shared or CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst)
+                corun = shared or (CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if timed_corun else None)
                 grid = plan.resources.to_dict()
                 specs = job.stage_specs(plan)
                 items = [corun_item(plan, j, spec) for j, spec in enumerate(specs)]
@@ -187,7 +188,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                         def estimate_side() -> None:
                             for spec, item in zip(specs, items, strict=True):
                                 stages.time(spec, TURN_WARMUP if turn else WARMUP, chunk)
-                                corun.time(item, TURN_WARMUP if turn else WARMUP, chunk)
+                                if corun is not None:
+                                    corun.time(item, TURN_WARMUP if turn else WARMUP, chunk)
 
                         def measure_side() -> None:
                             out = measure.steps(grid, plan.plan_id, chunk, warmup=TURN_WARMUP)
@@ -204,7 +206,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 def with_corun(statistic: str, turn: int | None = None) -> list[dict[str, Any]]:
                     """The stage records with their co-run timings: of every sample, or of one turn's only."""
                     recs = plain if turn is None else [stages.record(spec, turn) for spec in specs]
-                    return [{**rec, "corun": corun.timing(item, statistic, turn).to_dict()} for rec, item in zip(recs, items, strict=True)]
+                    return recs if corun is None else [{**rec, "corun": corun.timing(item, statistic, turn).to_dict()}
+                                                       for rec, item in zip(recs, items, strict=True)]
 
                 def estimate(recs: list[dict[str, Any]], statistic: str, concurrency: Any) -> Any:
                     return estimate_plan(job, plan, recs, 0.0, local, None, comm, "host", config.memory_fraction, statistic, concurrency)
@@ -257,8 +260,9 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                      f"({rows[-1]['error']:+.1%}; medians {rows[-1]['error_median']:+.1%}; measured IQR/median {rows[-1]['measured_iqr_over_median']:.1%})")
                 for spec, item in zip(specs, items, strict=True):
                     stages.release(spec)
-                    corun.release(item)
-                if corun is not shared:
+                    if corun is not None:
+                        corun.release(item)
+                if corun is not None and corun is not shared:
                     corun.close()
     return rows
 

@@ -25,8 +25,8 @@ and one micro-batch's input placement. Two one-device executables side by side m
 partitioning, the dp stacking of residuals and accumulators, the update's cross-replica sum: gpt__small's
 data-parallel micro-batch took 9% longer as the runtime's executable than co-run as two
 (bench/results/profile-corun.json), and gpt__tiny's update 1.1 ms against the 0.5 ms of a one-device update
-plus the priced all-reduce. A one-device plan's one stage is timed so too (an SpmdStage of dp = tp = 1 in a
-one-device child): the runtime's stage takes more arguments than the profiler's executables, places its inputs
+plus the priced all-reduce. With child isolation (ProfileConfig.isolation) a one-device plan's one stage is timed
+so too (an SpmdStage of dp = tp = 1 in a one-device child): the runtime's stage takes more arguments than the profiler's executables, places its inputs
 per micro-batch in the step, and runs the update right behind the micro-batches. In probes on the 2-core host
 (fresh children taking turns with the runtime's own; not a benchmark file) the profiler's executables composed
 to between 11% under and 1% over the tiny models' 4-micro-batch steps, mostly from the inputs' placement (about 0.55 ms a

@@ -746,7 +746,7 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
                   ) -> tuple[dict[tuple[int, str, CoRunItem], CoRunTiming], dict[int, float]]:
     """Co-run timings (libarena.profile.corun) of the stages of ``work``'s plans on local host devices:
     {(devices, stage key, co-run item): timing}, and per device count the wall seconds its child spent measuring.
-    One-device plans too: their one stage is timed as the runtime runs it (an SpmdStage on one device), since the
+    One-device plans too, with child isolation: their one stage is timed as the runtime runs it (an SpmdStage on one device), since the
     profiler's own executables, timed alone, leave out what the runtime's step adds on a host (its executables'
     extra arguments, the inputs placed per micro-batch, the update right behind the micro-batches)."""
     from libarena.profile.host import XLA_THREADING
@@ -755,7 +755,9 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
         return {}, {}
     by_devices: dict[int, dict[tuple[str, CoRunItem], CoRunItem]] = {}
     for plan, _ in work:
-        if plan.grid.gpu_type == local.gpu_type:
+        # one-device plans with child isolation only, for now: in an ordinary run the update behind the micro-batches
+        # (update_in_step, a difference of two regions' statistics) is unsteady on a noisy host (README)
+        if plan.grid.gpu_type == local.gpu_type and (plan.grid.num_gpus > 1 or config.isolation == "child"):
             for j, spec in enumerate(job.stage_specs(plan)):
                 item = corun_item(plan, j, spec)
                 by_devices.setdefault(plan.grid.num_gpus, {})[(stage_cache_key(spec, local, timer.name), item)] = item

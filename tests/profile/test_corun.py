@@ -197,8 +197,8 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(tmp_path):
     assert two and one
     for e in two:  # every stage of the 2-device plans was timed in a 2-device process
         assert all(st["alone_s"] > 0 and st["together_s"] > 0 for st in e.stages)
-    for e in one:  # the one stage as the runtime runs it on one device: its inputs' placement and update inside
-        assert all(st["timed_as_spmd"] and st["workers"] == 1 and st["optimizer_s"] > 0 and st["setup_s"] > 0 for st in e.stages)
+    for e in one:  # an ordinary (process-isolated) run keeps the profiler's own one-device timings
+        assert all(st["alone_s"] is None for st in e.stages)
     # the data-parallel stage over both devices as the runtime's SPMD executable: collectives and the replicas'
     # gradient reduction inside its timings, none priced on top
     spmd = [st for e in two for st in e.stages if st["timed_as_spmd"]]
@@ -206,8 +206,7 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(tmp_path):
     assert spmd[0]["comm_s"] == spmd[0]["grad_sync_s"] == 0 and spmd[0]["optimizer_s"] > 0
     assert spmd[0]["compute_s"] == spmd[0]["alone_s"] == spmd[0]["together_s"]
     assert all(not st["timed_as_spmd"] for e in two if e.plan.pipeline_degree == 2 for st in e.stages)
-    assert result.summary["host_concurrency"]["co_run_stages"] == len({(e.resources.num_gpus, st["key"], st["timed_as_spmd"])
-                                                                        for e in result.estimates for st in e.stages})
+    assert result.summary["host_concurrency"]["co_run_stages"] == len({(st["key"], st["timed_as_spmd"]) for e in two for st in e.stages})
     assert any(m.startswith("co-run gpt__tiny") for m in messages)
     assert sum(e.profiling_cost_device_s for e in two) > 0
     # a second run reads the co-run timings from the cache: no child, the same estimates
