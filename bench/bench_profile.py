@@ -146,7 +146,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     from libarena.profile.host import XLA_THREADING
     from libarena.profile.corun import CoRunSession
     from libarena.profile.measure import MeasureSession
-    from libarena.profile.profiler import ProfiledJob, StageSession, corun_item, estimate_plan
+    from libarena.profile.profiler import ProfiledJob, StageSession, corun_item, corun_timed, estimate_plan
     from libarena.profile.stage_child import StageChildren
     from libarena.profile.timers import HostTimer, lower_quartile
     from libarena.run.schedstat import median_wait
@@ -163,7 +163,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     for n in DEVICE_COUNTS:
         # The profiler's co-run timings (its default model on a host; a one-device plan's stage as the runtime runs
         # it): one child for the device count, or with child isolation a fresh one per plan (as profile_corun's)
-        timed_corun = n > 1 or isolation == "child"  # as profile_plans' corun_timings
+        timed_corun = corun_timed(n, isolation)
         shared = CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if timed_corun and isolation == "process" else None
         with shared or contextlib.nullcontext():
             for plan in [p for p in plans if p.grid.num_gpus == n]:

@@ -741,6 +741,14 @@ def corun_item(plan: ParallelPlan, j: int, spec: StageSpec) -> CoRunItem:
     return spec
 
 
+def corun_timed(num_devices: int, isolation: str) -> bool:
+    """Whether the stages of a plan of ``num_devices`` local host devices get co-run timings: plans of several
+    devices always; one-device plans (their stage as the runtime runs it) with child isolation only, for now: in an
+    ordinary run the update behind the micro-batches (update_in_step, a difference of two regions' statistics) is
+    unsteady on a noisy host (README)."""
+    return num_devices > 1 or isolation == "child"
+
+
 def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], config: ProfileConfig, local: LocalDevice, timer: Timer,
                   cache: ProfileCache | None, log: Callable[[str], None]
                   ) -> tuple[dict[tuple[int, str, CoRunItem], CoRunTiming], dict[int, float]]:
@@ -755,9 +763,7 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
         return {}, {}
     by_devices: dict[int, dict[tuple[str, CoRunItem], CoRunItem]] = {}
     for plan, _ in work:
-        # one-device plans with child isolation only, for now: in an ordinary run the update behind the micro-batches
-        # (update_in_step, a difference of two regions' statistics) is unsteady on a noisy host (README)
-        if plan.grid.gpu_type == local.gpu_type and (plan.grid.num_gpus > 1 or config.isolation == "child"):
+        if plan.grid.gpu_type == local.gpu_type and corun_timed(plan.grid.num_gpus, config.isolation):
             for j, spec in enumerate(job.stage_specs(plan)):
                 item = corun_item(plan, j, spec)
                 by_devices.setdefault(plan.grid.num_gpus, {})[(stage_cache_key(spec, local, timer.name), item)] = item
