@@ -77,7 +77,8 @@ CHUNKS, WARMUP, TURN_WARMUP = 5, 3, 1
 #: (profile-pinned-probe.json), while a small model's 1-2 s steps need fewer (IQR/median 3-10%, standard error
 #: 1-2%) and are the dearest to time.
 TURN_S, MIN_CHUNK, MAX_CHUNK = 1.0, 3, 20
-#: Profiler settings of the cost run (as users run it) and the statistic of the interleaved runs.
+#: Profiler settings of the cost run (as users run it: the profiler's default statistic, the median) and the
+#: statistic of the interleaved runs.
 PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
 STATISTIC = "q1"
 #: Grid sizes of the paper's clusters the cost ratio is derived for.
@@ -146,7 +147,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     from libarena.profile.host import XLA_THREADING
     from libarena.profile.corun import CoRunSession
     from libarena.profile.measure import MeasureSession
-    from libarena.profile.profiler import ProfiledJob, StageSession, corun_item, corun_timed, estimate_plan
+    from libarena.profile.profiler import ProfiledJob, StageSession, corun_item, estimate_plan
     from libarena.profile.stage_child import StageChildren
     from libarena.profile.timers import HostTimer, lower_quartile
     from libarena.run.schedstat import median_wait
@@ -163,11 +164,10 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     for n in DEVICE_COUNTS:
         # The profiler's co-run timings (its default model on a host; a one-device plan's stage as the runtime runs
         # it): one child for the device count, or with child isolation a fresh one per plan (as profile_corun's)
-        timed_corun = corun_timed(n, isolation)
-        shared = CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if timed_corun and isolation == "process" else None
+        shared = CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if isolation == "process" else None
         with shared or contextlib.nullcontext():
             for plan in [p for p in plans if p.grid.num_gpus == n]:
-                corun = shared or (CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if timed_corun else None)
+                corun = shared or CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst)
                 grid = plan.resources.to_dict()
                 specs = job.stage_specs(plan)
                 items = [corun_item(plan, j, spec) for j, spec in enumerate(specs)]
@@ -188,8 +188,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                         def estimate_side() -> None:
                             for spec, item in zip(specs, items, strict=True):
                                 stages.time(spec, TURN_WARMUP if turn else WARMUP, chunk)
-                                if corun is not None:
-                                    corun.time(item, TURN_WARMUP if turn else WARMUP, chunk)
+                                corun.time(item, TURN_WARMUP if turn else WARMUP, chunk)
 
                         def measure_side() -> None:
                             out = measure.steps(grid, plan.plan_id, chunk, warmup=TURN_WARMUP)
@@ -206,8 +205,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 def with_corun(statistic: str, turn: int | None = None) -> list[dict[str, Any]]:
                     """The stage records with their co-run timings: of every sample, or of one turn's only."""
                     recs = plain if turn is None else [stages.record(spec, turn) for spec in specs]
-                    return recs if corun is None else [{**rec, "corun": corun.timing(item, statistic, turn).to_dict()}
-                                                       for rec, item in zip(recs, items, strict=True)]
+                    return [{**rec, "corun": corun.timing(item, statistic, turn).to_dict()} for rec, item in zip(recs, items, strict=True)]
 
                 def estimate(recs: list[dict[str, Any]], statistic: str, concurrency: Any) -> Any:
                     return estimate_plan(job, plan, recs, 0.0, local, None, comm, "host", config.memory_fraction, statistic, concurrency)
@@ -260,9 +258,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                      f"({rows[-1]['error']:+.1%}; medians {rows[-1]['error_median']:+.1%}; measured IQR/median {rows[-1]['measured_iqr_over_median']:.1%})")
                 for spec, item in zip(specs, items, strict=True):
                     stages.release(spec)
-                    if corun is not None:
-                        corun.release(item)
-                if corun is not None and corun is not shared:
+                    corun.release(item)
+                if corun is not shared:
                     corun.close()
     return rows
 
@@ -424,7 +421,9 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
             summary[f"mae_{n}_devices_paired_turns"] = statistics.fmean(abs(e) for e in paired)
             summary[f"plans_{n}_devices_paired_turns"] = len(paired)
         summary[f"measured_iqr_over_median_{n}_devices_median"] = statistics.median(r["measured_iqr_over_median"] for r in subset)
-        plain = [abs(r["estimate_plain_s"] / r["measured_s"] - 1) for r in subset if r.get("estimate_plain_s")]
+        # the ordinary run composes its regions' medians (the profiler's default statistic): against the steps' median,
+        # like with like (a median against a lower quartile reads high by the host's spread)
+        plain = [abs(r["estimate_plain_s"] / r["measured_median_s"] - 1) for r in subset if r.get("estimate_plain_s")]
         if plain:
             summary[f"mae_{n}_devices_plain_profile_run"] = statistics.fmean(plain)
         for model in subset[0]["estimate_other_concurrency_models_s"]:

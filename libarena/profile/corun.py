@@ -25,9 +25,9 @@ and one micro-batch's input placement. Two one-device executables side by side m
 partitioning, the dp stacking of residuals and accumulators, the update's cross-replica sum: gpt__small's
 data-parallel micro-batch took 9% longer as the runtime's executable than co-run as two
 (bench/results/profile-corun.json), and gpt__tiny's update 1.1 ms against the 0.5 ms of a one-device update
-plus the priced all-reduce. With child isolation (ProfileConfig.isolation) a one-device plan's one stage is timed
-so too (an SpmdStage of dp = tp = 1 in a one-device child): the runtime's stage takes more arguments than the profiler's executables, places its inputs
-per micro-batch in the step, and runs the update right behind the micro-batches. In probes on the 2-core host
+plus the priced all-reduce. A one-device plan's one stage is timed so too (an SpmdStage of dp = tp = 1 in a
+one-device child): the runtime's stage takes more arguments than the profiler's executables, places its inputs
+per micro-batch in the step, and runs the update right behind the step's micro-batches. In probes on the 2-core host
 (fresh children taking turns with the runtime's own; not a benchmark file) the profiler's executables composed
 to between 11% under and 1% over the tiny models' 4-micro-batch steps, mostly from the inputs' placement (about 0.55 ms a
 micro-batch in the step's context against 0.17 ms timed in a loop) and a 2-5% slower micro-batch.
@@ -54,14 +54,16 @@ from libarena.run.heap import frozen_heap
 #: 3: timed with the C heap's thresholds fixed (libarena.run.heap.steady_malloc);
 #: 4: an SpmdStage's update timed as the runtime's step runs it, right behind its micro-batches;
 #: 5: a one-device worker's stage also issued as the runtime issues it (its dispatching thread's CPU per micro-batch
-#: and for its sends to the pipeline neighbours)
-CORUN_VERSION = 5
+#: and for its sends to the pipeline neighbours); 6: an SpmdStage's update timed behind as many micro-batches as its step
+#: runs (SpmdStage.step_microbatches), not behind a burst of the session's size
+CORUN_VERSION = 6
 
 
 @dataclass(frozen=True)
 class SpmdStage:
-    """A stage over several host devices as the runtime runs it: units [start, stop) of ``model`` on a
-    (dp, tp) mesh, ``microbatch`` samples per micro-batch over the whole stage."""
+    """A stage over a plan's whole grid of host devices as the runtime runs it: units [start, stop) of ``model`` on
+    a (dp, tp) mesh, ``microbatch`` samples per micro-batch over the whole stage, ``step_microbatches`` of them
+    per step before the update."""
 
     model: str
     start: int
@@ -73,6 +75,7 @@ class SpmdStage:
     remat: bool = False
     dtype: str = "fp32"
     seq_len: int | None = None
+    step_microbatches: int = 4
 
     @property
     def workers(self) -> int:
@@ -120,22 +123,27 @@ class CoRunTiming:
         return asdict(self)
 
 
-def update_in_step(microbatch_s: tuple[float, ...], microbatches_update_s: tuple[float, ...], burst: int, statistic: str,
-                   alone_s: float) -> float:
-    """An SpmdStage's update as the runtime's step runs it: issued right behind the micro-batches, with no wait
-    between. On a host it then takes longer than timed on its own -- in probes on the 2-device development host
-    (not a benchmark file) gpt__tiny's data-parallel update took 2.6-3.8 ms alone, and 4 micro-batches then the
-    update took 6.6 ms more than the 4 micro-batches -- and the 1F1B sum of the two regions timed apart fell
-    short of the step by as much. So the child times ``burst`` micro-batches and the update as one region,
-    interleaved with the micro-batches' own bursts (``microbatch_s``: per micro-batch), and the update is what
-    the region's statistic adds to ``burst`` micro-batches at theirs: composed again, the two give the region's
-    statistic. (The statistic of the paired differences would not: in a benchmark run that used it,
-    bench/results/profile-spmd-update-paired.json, their lower quartile gave smaller updates than the ones timed
-    alone in the run before and larger misses.) Where the host's noise swamps the difference (not
-    positive), or nothing was timed behind the micro-batches, the update timed on its own (``alone_s``) stands in."""
+def update_in_step(microbatch_s: tuple[float, ...], microbatches_update_s: tuple[float, ...], step_microbatches: int,
+                   statistic: str, alone_s: float) -> float:
+    """An SpmdStage's update as the runtime's step runs it: issued right behind the step's micro-batches, with no
+    wait between. On a host it then takes longer than timed on its own -- in probes on the 2-device development
+    host (not a benchmark file) gpt__tiny's data-parallel update took 2.6-3.8 ms alone, and 4 micro-batches then
+    the update took 6.6 ms more than the 4 micro-batches -- and the 1F1B sum of the two regions timed apart fell
+    short of the step by as much. So the child times the step's ``step_microbatches`` micro-batches and the update
+    as one region, interleaved with the micro-batches' own bursts (``microbatch_s``: per micro-batch), and the
+    update is what the region's statistic adds to ``step_microbatches`` micro-batches at theirs. Composed again
+    (the 1F1B model of a one-stage plan: B micro-batches, then the update), the micro-batch statistic cancels and
+    the step's compute is the region's statistic: the update alone is a difference of two regions each many times
+    its size, which on a noisy host moves by a multiple of itself (an earlier version timed it behind a burst of 4
+    micro-batches whatever the plan's count, so for other counts it did not cancel). (The statistic of the paired
+    differences would not compose so: in a benchmark run that used it, bench/results/profile-spmd-update-paired.json,
+    their lower quartile gave smaller updates than the ones timed alone in the run before and larger misses.) Where
+    the host's noise swamps the difference (not positive), or nothing was timed behind the micro-batches, the
+    update timed on its own (``alone_s``) stands in."""
     if not microbatch_s or not microbatches_update_s:
         return alone_s
-    in_step = Timing(tuple(microbatches_update_s)).statistic(statistic) - burst * Timing(tuple(microbatch_s)).statistic(statistic)
+    in_step = (Timing(tuple(microbatches_update_s)).statistic(statistic)
+               - step_microbatches * Timing(tuple(microbatch_s)).statistic(statistic))
     return in_step if in_step > 0 else alone_s
 
 
@@ -213,7 +221,7 @@ class CoRunSession(DeviceChild):
 
         if isinstance(item, SpmdStage):  # its own devices are all busy: one time is both alone and together
             step, step_s, alone = tuple(samples["microbatch"]), stat("microbatch"), stat("update")
-            update = update_in_step(step, tuple(samples["microbatches_update"]), self.burst, statistic, alone)
+            update = update_in_step(step, tuple(samples["microbatches_update"]), item.step_microbatches, statistic, alone)
             return CoRunTiming(self.num_devices, step_s, step_s, step, step, self._device_s[item],
                                update_s=update, input_put_s=stat("input_put"), update_alone_s=alone)
         issued = {region: Timing(tuple(dispatch[region])).statistic(statistic) if dispatch.get(region) else None
@@ -401,10 +409,10 @@ def _serve(seed: int, burst: int) -> None:
         target = built[item]
         if isinstance(item, SpmdStage):
             # host work (input placement) is timed one call per sample, as the runtime does it per micro-batch;
-            # the update also right behind a burst of micro-batches, as the step issues it (update_in_step)
+            # the update also right behind the step's micro-batches, as the step issues it (update_in_step)
             return [("microbatch", target.microbatch, burst), ("update", target.update, burst),
                     ("input_put", target.input_put, 1),
-                    ("microbatches_update", lambda: target.microbatches_then_update(burst), 1)]
+                    ("microbatches_update", lambda: target.microbatches_then_update(item.step_microbatches), 1)]
 
         def together() -> Any:  # every device dispatched before any is waited for: they run at once
             return [e.run_microbatch() for e in target]

@@ -737,16 +737,8 @@ def corun_item(plan: ParallelPlan, j: int, spec: StageSpec) -> CoRunItem:
     if stage.num_gpus == plan.grid.num_gpus:
         return SpmdStage(spec.model, spec.start, spec.stop, stage.dp, stage.tp,
                          replica_microbatch(plan.grid.global_batch, plan.num_microbatches), stage.zero, stage.remat,
-                         spec.dtype, spec.seq_len)
+                         spec.dtype, spec.seq_len, plan.num_microbatches)
     return spec
-
-
-def corun_timed(num_devices: int, isolation: str) -> bool:
-    """Whether the stages of a plan of ``num_devices`` local host devices get co-run timings: plans of several
-    devices always; one-device plans (their stage as the runtime runs it) with child isolation only, for now: in an
-    ordinary run the update behind the micro-batches (update_in_step, a difference of two regions' statistics) is
-    unsteady on a noisy host (README)."""
-    return num_devices > 1 or isolation == "child"
 
 
 def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], config: ProfileConfig, local: LocalDevice, timer: Timer,
@@ -754,16 +746,19 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
                   ) -> tuple[dict[tuple[int, str, CoRunItem], CoRunTiming], dict[int, float]]:
     """Co-run timings (libarena.profile.corun) of the stages of ``work``'s plans on local host devices:
     {(devices, stage key, co-run item): timing}, and per device count the wall seconds its child spent measuring.
-    One-device plans too, with child isolation: their one stage is timed as the runtime runs it (an SpmdStage on one device), since the
+    One-device plans too: their one stage is timed as the runtime runs it (an SpmdStage on one device), since the
     profiler's own executables, timed alone, leave out what the runtime's step adds on a host (its executables'
-    extra arguments, the inputs placed per micro-batch, the update right behind the micro-batches)."""
+    extra arguments, the inputs placed per micro-batch, the update right behind the micro-batches). (An earlier
+    version kept this to child isolation: the update was timed behind a fixed burst of micro-batches, and for
+    other micro-batch counts the composition kept a difference of two regions' statistics, unsteady on a noisy
+    host; behind the step's own count it cancels: corun.update_in_step.)"""
     from libarena.profile.host import XLA_THREADING
 
     if config.concurrency != "co-run" or config.granularity != "stage" or local.platform != "cpu":
         return {}, {}
     by_devices: dict[int, dict[tuple[str, CoRunItem], CoRunItem]] = {}
     for plan, _ in work:
-        if plan.grid.gpu_type == local.gpu_type and corun_timed(plan.grid.num_gpus, config.isolation):
+        if plan.grid.gpu_type == local.gpu_type:
             for j, spec in enumerate(job.stage_specs(plan)):
                 item = corun_item(plan, j, spec)
                 by_devices.setdefault(plan.grid.num_gpus, {})[(stage_cache_key(spec, local, timer.name), item)] = item

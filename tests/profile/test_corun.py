@@ -115,8 +115,8 @@ def test_corun_session_times_a_whole_grid_stage_as_the_runtimes_spmd_executable(
     from libarena.profile.corun import CoRunSession, SpmdStage, update_in_step
     from libarena.profile.host import XLA_THREADING
 
-    data_parallel = SpmdStage("gpt__tiny", 0, 6, dp=2, tp=1, microbatch=4)
-    tensor_parallel_tail = SpmdStage("gpt__tiny", 2, 6, dp=1, tp=2, microbatch=4, remat=True)
+    data_parallel = SpmdStage("gpt__tiny", 0, 6, dp=2, tp=1, microbatch=4, step_microbatches=3)
+    tensor_parallel_tail = SpmdStage("gpt__tiny", 2, 6, dp=1, tp=2, microbatch=4, remat=True, step_microbatches=1)
     with CoRunSession(2, XLA_THREADING.get("eigen-single"), burst=2) as session:
         for item in (data_parallel, tensor_parallel_tail):
             session.time(item, 1, 3)
@@ -126,11 +126,11 @@ def test_corun_session_times_a_whole_grid_stage_as_the_runtimes_spmd_executable(
             assert timing.alone_s == timing.together_s > 0
             assert len(timing.alone_samples_s) == 3
             assert timing.update_s > 0 and timing.input_put_s > 0 and timing.update_alone_s > 0
-            # the update as the step runs it: right behind a burst of micro-batches, from the paired samples
+            # the update as the step runs it: right behind the step's micro-batches (its count, not the burst's)
             regions = session._chunks[item][0][0]  # its one time call's samples per region
             assert len(regions["microbatches_update"]) == 3
-            assert timing.update_s == update_in_step(tuple(regions["microbatch"]), tuple(regions["microbatches_update"]), 2, "q1",
-                                                     timing.update_alone_s)
+            assert timing.update_s == update_in_step(tuple(regions["microbatch"]), tuple(regions["microbatches_update"]),
+                                                     item.step_microbatches, "q1", timing.update_alone_s)
             session.release(item)
         with pytest.raises(ArenaError, match="needs 4 devices, the child has 2"):
             session.time(SpmdStage("gpt__tiny", 0, 6, dp=4, tp=1, microbatch=4), 0, 1)
@@ -162,7 +162,7 @@ def test_only_stages_that_hold_the_whole_grid_are_timed_as_spmd():
     whole = make_plan(Grid("gpt__tiny", 16, "cpu", 2, 1, 2, 1), [0], [2], [2], [1], None, num_microbatches=2, num_clusters=2)
     item = corun_item(whole, 0, spec)
     assert isinstance(item, SpmdStage)
-    assert (item.dp, item.tp, item.microbatch, item.start, item.stop) == (2, 1, 8, 0, 6)
+    assert (item.dp, item.tp, item.microbatch, item.start, item.stop, item.step_microbatches) == (2, 1, 8, 0, 6, 2)
     # single-worker pipeline stages keep the per-worker alone / all-busy timing
     pipeline = make_plan(Grid("gpt__tiny", 16, "cpu", 2, 1, 2, 2), [0, 1], [1, 1], [1, 1], [1, 1], None,
                          num_microbatches=2, num_clusters=2)
@@ -170,7 +170,7 @@ def test_only_stages_that_hold_the_whole_grid_are_timed_as_spmd():
     # a one-device plan's one stage holds its whole grid: the runtime's stage on that device
     single = make_plan(Grid("gpt__tiny", 16, "cpu", 1, 1, 1, 1), [0], [1], [1], [1], None, num_microbatches=4, num_clusters=2)
     item = corun_item(single, 0, spec)
-    assert isinstance(item, SpmdStage) and (item.dp, item.tp, item.microbatch) == (1, 1, 4)
+    assert isinstance(item, SpmdStage) and (item.dp, item.tp, item.microbatch, item.step_microbatches) == (1, 1, 4, 4)
 
 
 @pytest.mark.multidevice
@@ -197,8 +197,8 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(tmp_path):
     assert two and one
     for e in two:  # every stage of the 2-device plans was timed in a 2-device process
         assert all(st["alone_s"] > 0 and st["together_s"] > 0 for st in e.stages)
-    for e in one:  # an ordinary (process-isolated) run keeps the profiler's own one-device timings
-        assert all(st["alone_s"] is None for st in e.stages)
+    for e in one:  # a one-device plan's one stage as the runtime runs it, in a one-device child
+        assert all(st["timed_as_spmd"] and st["alone_s"] > 0 and st["setup_s"] > 0 for st in e.stages)
     # the data-parallel stage over both devices as the runtime's SPMD executable: collectives and the replicas'
     # gradient reduction inside its timings, none priced on top
     spmd = [st for e in two for st in e.stages if st["timed_as_spmd"]]
@@ -206,7 +206,9 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(tmp_path):
     assert spmd[0]["comm_s"] == spmd[0]["grad_sync_s"] == 0 and spmd[0]["optimizer_s"] > 0
     assert spmd[0]["compute_s"] == spmd[0]["alone_s"] == spmd[0]["together_s"]
     assert all(not st["timed_as_spmd"] for e in two if e.plan.pipeline_degree == 2 for st in e.stages)
-    assert result.summary["host_concurrency"]["co_run_stages"] == len({(st["key"], st["timed_as_spmd"]) for e in two for st in e.stages})
+    # one co-run record per distinct (devices, stage, and for a whole-grid stage its step's micro-batch count)
+    assert result.summary["host_concurrency"]["co_run_stages"] == len(
+        {(e.resources.num_gpus, st["key"], st["timed_as_spmd"] and e.plan.num_microbatches) for e in result.estimates for st in e.stages})
     assert any(m.startswith("co-run gpt__tiny") for m in messages)
     assert sum(e.profiling_cost_device_s for e in two) > 0
     # a second run reads the co-run timings from the cache: no child, the same estimates

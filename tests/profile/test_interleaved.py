@@ -108,7 +108,7 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
 
     def row(model, n, est, meas):
         return {"model": model, "num_gpus": n, "plan_id": f"p{n}{est}", "error": est / meas - 1, "measured_s": meas,
-                "estimate_plain_s": est, "measured_iqr_over_median": 0.01, "estimate_other_concurrency_models_s": {"independent": meas},
+                "measured_median_s": 1.25 * meas, "estimate_plain_s": est, "measured_iqr_over_median": 0.01, "estimate_other_concurrency_models_s": {"independent": meas},
                 "measurement_compile_device_s": 10.0 * n, "measurement_device_s": 12.0 * n,
                 "measured_samples_s": [meas] * (12 if n == 1 else 20)}
 
@@ -121,6 +121,8 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
     summary = bench_profile.aggregate(rows, costs)
     assert summary["mae_1_devices"] == pytest.approx(0.03) and summary["mae_2_devices"] == pytest.approx(0.2)
     assert summary["mae_1_devices_independent_model"] == 0.0
+    # the ordinary run's median composition against the steps' median, not their lower quartile
+    assert summary["mae_1_devices_plain_profile_run"] == pytest.approx((abs(1.02 / 1.25 - 1) + abs(0.96 / 1.25 - 1)) / 2)
     # the composition of medians against the steps' median, beside
     assert summary["mae_1_devices_medians"] == pytest.approx(0.03) and summary["mean_signed_error_1_devices_medians"] == pytest.approx(-0.02)
     assert summary["mae_2_devices_medians"] == pytest.approx(0.1)
