@@ -866,10 +866,11 @@ def profile_plans(
     optimizers_queued: set[str] = set()
     from libarena.profile.host import XLA_THREADING
 
-    # isolated: each stage built in a child of its own, so nothing is compiled ahead here
     isolated = config.isolation == "child"
     child_threading = XLA_THREADING.get(config.xla_threading) if isolated else None
-    for spec in (spec for stages in plan_pieces for pieces in stages for spec in pieces if not isolated):
+    # isolated: each stage built in a child of its own, so nothing is queued to compile ahead here
+    to_compile = [] if isolated else [spec for stages in plan_pieces for pieces in stages for spec in pieces]
+    for spec in to_compile:
         key = stage_cache_key(spec, local, timer.name)
         if key in keys_queued or cache.get(key) is not None:
             continue
