@@ -748,10 +748,8 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
     {(devices, stage key, co-run item): timing}, and per device count the wall seconds its child spent measuring.
     One-device plans too: their one stage is timed as the runtime runs it (an SpmdStage on one device), since the
     profiler's own executables, timed alone, leave out what the runtime's step adds on a host (its executables'
-    extra arguments, the inputs placed per micro-batch, the update right behind the micro-batches). (An earlier
-    version kept this to child isolation: the update was timed behind a fixed burst of micro-batches, and for
-    other micro-batch counts the composition kept a difference of two regions' statistics, unsteady on a noisy
-    host; behind the step's own count it cancels: corun.update_in_step.)"""
+    extra arguments, the inputs placed per micro-batch, the update right behind the step's micro-batches:
+    corun.update_in_step)."""
     from libarena.profile.host import XLA_THREADING
 
     if config.concurrency != "co-run" or config.granularity != "stage" or local.platform != "cpu":
