@@ -15,7 +15,8 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   written by bench_host), applied before JAX starts: the work runs in a fresh interpreter;
 * estimate side and measurement side are interleaved, ABAB: per plan, the profiler's stage executables
   (kept compiled in this process, one device) and the plan's executor (kept in a child of its own with 1 or 2
-  devices, started for that plan as ``arena-run`` starts a fresh process for one) take ``CHUNKS`` turns of about ``TURN_S`` of samples each (``samples_per_turn``), alternating which goes first, so that both
+  devices, started for that plan as ``arena-run`` starts a fresh process for one) take turns of about ``TURN_S`` of samples each (``samples_per_turn``), as many turns as make about ``SIDE_S`` of
+  timed steps per side (``turns_for``, ``MIN_TURNS`` to ``MAX_TURNS``), alternating which goes first, so that both
   sides see the same host, each turn begun with ``TURN_WARMUP`` untimed runs on each side (a training loop
   runs its steps back to back; a plan's first step after the other side's turn is not one of those);
 * each side's statistic is the lower quartile of its samples (a shared host only adds time), stage by stage
@@ -66,17 +67,28 @@ NUM_CLUSTERS = 3
 DEVICE_COUNTS = (1, 2)
 MAE_TARGET = 0.05
 COST_TARGET = 10.0
-#: ABAB: CHUNKS turns per side and plan, after WARMUP untimed runs; each turn starts with TURN_WARMUP untimed
+#: ABAB: turns per side and plan (turns_for), after WARMUP untimed runs; each turn starts with TURN_WARMUP untimed
 #: runs (the estimate side's first turn with WARMUP): after the other side's turn the first step of a chunk ran
 #: about 5% above the plan's median, the third 3% below (profile-tiny-dispatch.json's 2-device samples), and a
 #: training loop runs its steps back to back
-CHUNKS, WARMUP, TURN_WARMUP = 5, 3, 1
+WARMUP, TURN_WARMUP = 3, 1
 #: Samples per side and turn follow the plan's step time (samples_per_turn): about TURN_S of timed steps,
 #: MIN_CHUNK to MAX_CHUNK. A fixed 5 per turn left a tiny model's 2-device plan (20-100 ms steps, IQR/median
 #: about 17%) a lower quartile whose bootstrap standard error was 2-4.5% on the measured side alone
 #: (profile-pinned-probe.json), while a small model's 1-2 s steps need fewer (IQR/median 3-10%, standard error
 #: 1-2%) and are the dearest to time.
-TURN_S, MIN_CHUNK, MAX_CHUNK = 1.0, 3, 20
+#: Short turns, many of them: this host's speed moves by 10-15% over a second or two (a fixed computation's
+#: medians over half-second windows ranged 0.84-1.16 of the whole run's), so two sides that alternate every
+#: second see different hosts. Split alternately into two "sides", a fixed computation's samples gave lower
+#: quartiles a mean 4.0% apart in 5 turns of 1 s per side, 1.7% apart in 20 turns of 0.25 s (same timed seconds;
+#: README, "Short turns").
+TURN_S, MIN_CHUNK, MAX_CHUNK = 0.25, 3, 20
+#: Turns per side: as many as make about SIDE_S of timed steps per side, MIN_TURNS to MAX_TURNS (a small
+#: model's 1-2 s steps keep MIN_TURNS turns of MIN_CHUNK steps).
+SIDE_S, MIN_TURNS, MAX_TURNS = 5.0, 5, 20
+#: The alternation floor probed at the start and the end (host.alternation_floor): the turns of the earlier
+#: protocol (5 of 1 s per side), of half a second and of this one's, each on FLOOR_S of the fixed computation.
+FLOOR_SCHEMES, FLOOR_S = ((1.0, 5), (0.5, 10), (TURN_S, round(SIDE_S / TURN_S))), 60.0
 #: Profiler settings of the cost run (as users run it: the profiler's default statistic, the median) and the
 #: statistic of the interleaved runs.
 PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
@@ -179,11 +191,12 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 with MeasureSession(plans_path, n, threading=XLA_THREADING.get(layout)) as measure:
                     prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
                     chunk = samples_per_turn(prepared["steady_step_s"])
+                    turns = turns_for(prepared["steady_step_s"], chunk)
                     turn_samples: list[list[float]] = []  # the measurement's samples, turn by turn
                     cpu: list[float] = []
                     dispatch: list[float] = []
                     dispatch_wait: list[float | None] = []
-                    for turn in range(CHUNKS):
+                    for turn in range(turns):
 
                         def estimate_side() -> None:
                             for spec, item in zip(specs, items, strict=True):
@@ -238,7 +251,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "estimate_other_concurrency_models_s": others,
                     "turn_errors": paired, "error_paired": statistics.median(paired) if paired else None,
                     "measured_median_s": measured_median, "measured_iqr_over_median": relative_iqr(samples),
-                    "samples_per_turn": chunk,
+                    "samples_per_turn": chunk, "turns": turns,
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
                     # the CPU seconds per step of the one thread that dispatches every call of the runtime's step
                     "measured_dispatch_cpu_s": statistics.median(dispatch),
@@ -271,6 +284,14 @@ def samples_per_turn(step_s: float) -> int:
     if not step_s > 0:
         return MAX_CHUNK
     return max(MIN_CHUNK, min(MAX_CHUNK, round(TURN_S / step_s)))
+
+
+def turns_for(step_s: float, chunk: int) -> int:
+    """Turns per side for a plan whose steps take ``step_s``, ``chunk`` samples a turn: about SIDE_S of timed steps
+    per side, at least MIN_TURNS and at most MAX_TURNS."""
+    if not step_s > 0:
+        return MAX_TURNS
+    return max(MIN_TURNS, min(MAX_TURNS, round(SIDE_S / (chunk * step_s))))
 
 
 def grid_stage_counts(model: str, layout: Any) -> list[dict[str, int]]:
@@ -475,7 +496,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     """Time ``models`` and write RESULTS/NAME.json. ``time_budget_s``: start no model after that many seconds of
     measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it still writes the models it
     finished, marked incomplete."""
-    from libarena.profile.host import XLA_THREADING, QuietPolicy, timing_noise, wait_until_quiet
+    from libarena.profile.host import XLA_THREADING, QuietPolicy, alternation_floor, timing_noise, wait_until_quiet
 
     from bench.child import run_child
 
@@ -490,6 +511,10 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     noise_text = "" if noise is None else f", timing noise {noise['level']:.1%}"
     _log(f"host {'quiet' if quiet_record['quiet'] else 'BUSY (going on: --allow-busy)'} (load {quiet_record['load_average']:.2f}{noise_text}); "
          f"XLA threading {layout}; models {', '.join(models)}")
+    # what alternation alone leaves on this host (the figures cannot show errors much below it), at both ends
+    floor_core = cores[0] if cores else None
+    floor_before = alternation_floor(list(FLOOR_SCHEMES), FLOOR_S, core=floor_core)
+    _log(f"alternation floor: {_floor_text(floor_before)}")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-profile-run-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
@@ -502,16 +527,23 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     summary = aggregate(out["rows"], out["costs"])
     judge_completeness(summary, models, out, stopped)
     noise_after = timing_noise(cores=cores)
+    floor_after = alternation_floor(list(FLOOR_SCHEMES), FLOOR_S, core=floor_core)
+    _log(f"alternation floor at the end: {_floor_text(floor_after)}")
+    # per scheme, the mean gap at the start and at the end
+    summary["alternation_floor_mean_gap"] = {f"{before['turns']}x{before['turn_s']:g}s": [before["mean_gap"], after["mean_gap"]]
+                                             for before, after in zip(floor_before["schemes"], floor_after["schemes"], strict=True)}
     judge_noise(summary, noise_after, policy.max_noise, {c["model"]: c.get("quiet_check") for c in out["costs"]})
     payload = {
         "summary": summary,
         "plans": out["rows"],
         "costs": out["costs"],
         "protocol": {
-            "quiet_check": quiet_record, "timing_noise_after": noise_after, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
+            "quiet_check": quiet_record, "timing_noise_after": noise_after,
+            "alternation_floor": {"before": floor_before, "after": floor_after}, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
             "calibration_s": out["calibration_s"], "host_sharing": out["host_sharing"],
-            "interleaving": f"per plan (each measured in a fresh child of its own), {CHUNKS} turns per side of about {TURN_S:g} s of timed steps each ({MIN_CHUNK}-{MAX_CHUNK} samples, "
-                            f"from the plan's warm-up steps; samples_per_turn per row), alternating which side goes first (ABAB); "
+            "interleaving": f"per plan (each measured in a fresh child of its own), turns of about {TURN_S:g} s of timed steps each ({MIN_CHUNK}-{MAX_CHUNK} samples, "
+                            f"from the plan's warm-up steps; samples_per_turn per row), as many as make about {SIDE_S:g} s per side "
+                            f"({MIN_TURNS}-{MAX_TURNS}; turns per row), alternating which side goes first (ABAB); "
                             f"each turn starts with {TURN_WARMUP} untimed run(s) per side (the estimate side's first with {WARMUP})",
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
             "stage_isolation": isolation,
@@ -522,6 +554,10 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     write_json(results_dir / f"{name}.json", payload)
     _log(f"summary: {({k: v for k, v in summary.items() if k not in ('cost_per_model', 'mae_per_model_and_devices')})}")
     return bool(summary["met"])
+
+
+def _floor_text(floor: dict[str, Any]) -> str:
+    return ", ".join(f"{s['turns']} turns of {s['turn_s']:g} s: {s['mean_gap']:.1%}" for s in floor["schemes"] if s["mean_gap"] is not None)
 
 
 def judge_completeness(summary: dict[str, Any], models: tuple[str, ...], out: dict[str, Any], stopped: str | None) -> None:

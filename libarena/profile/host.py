@@ -280,6 +280,63 @@ def timing_noise_on(cores: list[int] | None, bursts: int = 10, samples: int = 15
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def alternation_gaps(samples: list[float], per_turn: int, turns: int) -> list[float]:
+    """How far apart two sides that time the *same* work land when they alternate: ``samples`` (one fixed
+    computation timed back to back) cut into windows of ``turns`` turns per side of ``per_turn`` samples each,
+    the turns given alternately to side A and side B; per window, |lower quartile of A / lower quartile of B - 1|.
+    Windows overlap by three quarters (a run of a minute holds only a few whole ones of long turns). Whatever
+    an ABAB accuracy figure compares, drift of the host's speed between the two sides' turns adds about this
+    much; a steady host gives about 0."""
+    if per_turn < 1 or turns < 1:
+        raise ArenaError("alternation gaps: at least one turn of one sample per side")
+    window = 2 * per_turn * turns
+    gaps = []
+    for start in range(0, len(samples) - window + 1, max(1, window // 4)):
+        chunk = samples[start:start + window]
+        sides: tuple[list[float], list[float]] = ([], [])
+        for i, t in enumerate(chunk):
+            sides[(i // per_turn) % 2].append(t)
+        a, b = (statistics.quantiles(side, n=4)[0] if len(side) >= 2 else side[0] for side in sides)
+        gaps.append(abs(a / b - 1.0))
+    return gaps
+
+
+def alternation_floor(schemes: list[tuple[float, int]], duration_s: float = 60.0, core: int | None = None,
+                      work: Callable[[], Any] | None = None, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """The error that alternation alone leaves on this host now: the fixed computation (on one thread, pinned to
+    ``core``) timed back to back for ``duration_s``, then, for each (seconds per turn, turns per side) in
+    ``schemes``, :func:`alternation_gaps` of those samples: their mean and 90th percentile. An accuracy
+    benchmark that alternates that way cannot show errors much below this floor."""
+    from threadpoolctl import threadpool_limits
+
+    if duration_s <= 0 or not schemes or any(turn_s <= 0 or turns < 1 for turn_s, turns in schemes):
+        raise ArenaError("alternation floor: a positive duration and schemes of a positive turn length and at least one turn")
+    work = work or _fixed_computation()
+    original = usable_cores() if core is not None else None
+    samples: list[float] = []
+    try:
+        with threadpool_limits(limits=1):
+            if core is not None:
+                pin_cores([core])
+            work()  # first-touch and caches
+            began = clock()
+            while clock() - began < duration_s:
+                t0 = clock()
+                work()
+                samples.append(clock() - t0)
+    finally:
+        pin_cores(original)
+    sample_s = statistics.median(samples)
+    out: dict[str, Any] = {"duration_s": duration_s, "core": core, "samples": len(samples), "sample_s": sample_s, "schemes": []}
+    for turn_s, turns in schemes:
+        per_turn = max(1, round(turn_s / sample_s))
+        gaps = alternation_gaps(samples, per_turn, turns)
+        out["schemes"].append({"turn_s": turn_s, "turns": turns, "samples_per_turn": per_turn, "windows": len(gaps),
+                               "mean_gap": statistics.fmean(gaps) if gaps else None,
+                               "p90_gap": statistics.quantiles(gaps, n=10)[-1] if len(gaps) >= 2 else (gaps[0] if gaps else None)})
+    return out
+
+
 def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = None,
                      probe: Callable[[], tuple[float, list[dict[str, Any]]]] | None = None,
                      sleep: Callable[[float], None] = time.sleep,

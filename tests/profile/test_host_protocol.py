@@ -100,6 +100,46 @@ def test_timing_noise_is_the_spread_of_the_bursts_lower_quartiles():
     assert (noise["bursts"], noise["samples"]) == (4, 4) and slept == [1.0, 1.0, 1.0]  # between the bursts
 
 
+def test_alternation_gaps_show_a_drift_that_long_turns_split_unevenly_and_short_turns_share():
+    # The host's speed steps between two levels every 40 samples (about a second of a tiny model's steps)
+    drifting = [1.0 if (i // 40) % 2 == 0 else 1.25 for i in range(800)]
+    # turns of 40 samples in step with the drift: in a window that starts with a phase, one side gets every fast
+    # phase and the other every slow one (20% or 25% apart, as A is the fast side or the slow one); the windows
+    # overlap by three quarters (start every 100 samples), and one that starts mid-phase splits every phase
+    long_turns = host.alternation_gaps(drifting, per_turn=40, turns=5)
+    assert long_turns == pytest.approx([0.2, 0.0, 0.25, 0.0, 0.2])
+    # turns of 10 samples: each side meets both phases alike
+    assert max(host.alternation_gaps(drifting, per_turn=10, turns=20)) == pytest.approx(0.0)
+    # a steady host: no gap whatever the turns; windows overlap by three quarters
+    assert host.alternation_gaps([0.02] * 800, per_turn=40, turns=5) == [0.0] * 5
+    assert host.alternation_gaps([0.02] * 10, per_turn=40, turns=5) == []  # too few samples for one window
+    with pytest.raises(ArenaError, match="at least one turn"):
+        host.alternation_gaps(drifting, per_turn=0, turns=5)
+
+
+def test_alternation_floor_times_the_fixed_computation_back_to_back_and_scores_each_scheme():
+    # A fake clock: each run of the work takes 10 ms on a fast phase of 50 runs, 12 ms on the slow one after it
+    now, runs = [0.0], [0]
+
+    def work():
+        runs[0] += 1
+        now[0] += 0.010 if (runs[0] // 50) % 2 == 0 else 0.012
+
+    floor = host.alternation_floor([(0.5, 2), (0.05, 20)], duration_s=4.0, work=work, clock=lambda: now[0])
+    assert floor["samples"] == runs[0] - 1 >= 300 and floor["sample_s"] in (pytest.approx(0.010), pytest.approx(0.012))
+    coarse, fine = floor["schemes"]
+    # half-second turns hold a phase each (about 50 runs): the sides' lower quartiles land about 20% apart;
+    # turns of 5 runs share the phases out evenly
+    assert coarse["samples_per_turn"] in (42, 50) and coarse["mean_gap"] > 0.1
+    assert fine["samples_per_turn"] in (4, 5) and fine["mean_gap"] < 0.02 and fine["windows"] >= 1
+    # the real fixed computation on this host, pinned to a core (the affinity restored after)
+    before = os.sched_getaffinity(0)
+    real = host.alternation_floor([(0.05, 5)], duration_s=1.0, core=host.usable_cores()[0])
+    assert real["samples"] > 20 and 0 <= real["schemes"][0]["mean_gap"] < 1.0 and os.sched_getaffinity(0) == before
+    with pytest.raises(ArenaError, match="positive duration"):
+        host.alternation_floor([(0.0, 5)], duration_s=1.0)
+
+
 def test_timing_noise_of_this_host_is_a_finite_spread_of_a_real_fixed_computation():
     noise = host.timing_noise(bursts=4, samples=4, interval_s=0.0)
     assert 0 < noise["sample_s"] < 1.0 and noise["level"] == max(noise["spread"], noise["within"]) < 10

@@ -152,11 +152,18 @@ def test_benchmark_times_many_samples_of_short_steps_and_few_of_long_ones():
     from bench import bench_profile
 
     per_turn = bench_profile.samples_per_turn
-    assert per_turn(0.02) == per_turn(0.001) == bench_profile.MAX_CHUNK  # a tiny model's 20 ms step
+    assert per_turn(0.02) == 12  # a tiny model's 20 ms step: a quarter of a second of them
+    assert per_turn(0.01) == per_turn(0.001) == bench_profile.MAX_CHUNK
     assert per_turn(bench_profile.TURN_S / 10) == 10
     assert per_turn(2.0) == per_turn(60.0) == bench_profile.MIN_CHUNK  # a small model's 2 s step
     assert per_turn(0.0) == per_turn(float("nan")) == bench_profile.MAX_CHUNK  # no steady step timed: the most
     assert all(per_turn(a) >= per_turn(b) for a, b in zip([0.01 * k for k in range(1, 200)], [0.01 * k for k in range(2, 201)]))
+    # many short turns of a tiny model's steps, the fewest of a small model's: about SIDE_S of timed steps a side
+    turns = bench_profile.turns_for
+    assert turns(0.02, per_turn(0.02)) == bench_profile.MAX_TURNS  # 20 ms steps: 12 a turn, 21 turns' worth
+    assert turns(0.09, per_turn(0.09)) == round(bench_profile.SIDE_S / (3 * 0.09))  # wide_resnet__tiny: 3 a turn, 19 turns
+    assert turns(2.0, per_turn(2.0)) == turns(60.0, 3) == bench_profile.MIN_TURNS
+    assert turns(0.0, 5) == bench_profile.MAX_TURNS
 
 
 def test_benchmark_refuses_a_missing_results_directory_before_timing_and_judges_a_host_that_turned_noisy(tmp_path, monkeypatch):
