@@ -77,11 +77,11 @@ WARMUP, TURN_WARMUP = 3, 1
 #: about 17%) a lower quartile whose bootstrap standard error was 2-4.5% on the measured side alone
 #: (profile-pinned-probe.json), while a small model's 1-2 s steps need fewer (IQR/median 3-10%, standard error
 #: 1-2%) and are the dearest to time.
-#: Short turns, many of them: this host's speed moves by 10-15% over a second or two (a fixed computation's
-#: medians over half-second windows ranged 0.84-1.16 of the whole run's), so two sides that alternate every
-#: second see different hosts. Split alternately into two "sides", a fixed computation's samples gave lower
-#: quartiles a mean 4.0% apart in 5 turns of 1 s per side, 1.7% apart in 20 turns of 0.25 s (same timed seconds;
-#: README, "Short turns").
+#: Short turns, many of them: a shared host's speed can drift over a second or two, and two sides that take
+#: turns of a second then see different hosts. A fixed computation timed back to back and split alternately
+#: into two sides (host.alternation_floor, at the start of profile-tiny-short-turns.json) gave lower quartiles a
+#: mean 4.4% apart in 5 turns of 1 s per side, 2.0% in 20 turns of 0.25 s (the same timed seconds; README,
+#: "Short turns").
 TURN_S, MIN_CHUNK, MAX_CHUNK = 0.25, 3, 20
 #: Turns per side: as many as make about SIDE_S of timed steps per side, MIN_TURNS to MAX_TURNS (a small
 #: model's 1-2 s steps keep MIN_TURNS turns of MIN_CHUNK steps).
