@@ -557,7 +557,9 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
 
 
 def _floor_text(floor: dict[str, Any]) -> str:
-    return ", ".join(f"{s['turns']} turns of {s['turn_s']:g} s: {s['mean_gap']:.1%}" for s in floor["schemes"] if s["mean_gap"] is not None)
+    """One log line of an alternation floor: each scheme's mean gap."""
+    return ", ".join(f"{scheme['turns']} turns of {scheme['turn_s']:g} s: {scheme['mean_gap']:.1%}"
+                     for scheme in floor["schemes"] if scheme["mean_gap"] is not None)
 
 
 def judge_completeness(summary: dict[str, Any], models: tuple[str, ...], out: dict[str, Any], stopped: str | None) -> None:
