@@ -20,6 +20,7 @@ A layout is applied to a child process's environment and cores (:func:`child_lay
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from libarena.errors import ArenaError
+from libarena.profile.timers import lower_quartile
 from libarena.registry import Registry
 
 #: /proc/stat's first line: cpu user nice system idle iowait irq softirq steal ...
@@ -223,31 +225,28 @@ def timing_noise(bursts: int = 10, samples: int = 15, interval_s: float = 1.0, w
         raise ArenaError(f"timing noise: cores {cores} are not among this process's usable cores {usable}")
     work = work or _fixed_computation()
     placements = [None] if cores is None else list(cores)
-    original = usable if cores is not None else None
     cpu_s = wall_s = 0.0
     quartiles: dict[int | None, list[float]] = {core: [] for core in placements}
     within: dict[int | None, list[float]] = {core: [] for core in placements}
-    try:
-        with threadpool_limits(limits=1):  # the BLAS on this thread alone (the probe times one thread)
-            for burst in range(bursts):
-                if burst and interval_s > 0:
-                    sleep(interval_s)
-                for core in placements:
-                    if core is not None:
-                        pin_cores([core])
-                    work()  # first-touch and caches (on this core)
-                    times = []
-                    cpu0 = time.process_time()
-                    for _ in range(samples):
-                        t0 = clock()
-                        work()
-                        times.append(clock() - t0)
-                    cpu_s += time.process_time() - cpu0
-                    wall_s += sum(times)
-                    quartiles[core].append(statistics.quantiles(times, n=4)[0])
-                    within[core].append(relative_iqr(times))
-    finally:
-        pin_cores(original)
+    # the BLAS on this thread alone (the probe times one thread)
+    with _affinity_restored(cores is not None), threadpool_limits(limits=1):
+        for burst in range(bursts):
+            if burst and interval_s > 0:
+                sleep(interval_s)
+            for core in placements:
+                if core is not None:
+                    pin_cores([core])
+                work()  # first-touch and caches (on this core)
+                times = []
+                cpu0 = time.process_time()
+                for _ in range(samples):
+                    t0 = clock()
+                    work()
+                    times.append(clock() - t0)
+                cpu_s += time.process_time() - cpu0
+                wall_s += sum(times)
+                quartiles[core].append(lower_quartile(times))
+                within[core].append(relative_iqr(times))
     per_core = {core: _noise_of(quartiles[core], within[core]) for core in placements}
     noisiest = max(per_core.values(), key=lambda n: n["level"])
     out: dict[str, Any] = {**noisiest, "bursts": bursts, "samples": samples, "interval_s": interval_s, "cores": cores,
@@ -296,7 +295,7 @@ def alternation_gaps(samples: list[float], per_turn: int, turns: int) -> list[fl
         sides: tuple[list[float], list[float]] = ([], [])
         for i, t in enumerate(chunk):
             sides[(i // per_turn) % 2].append(t)
-        a, b = (statistics.quantiles(side, n=4)[0] if len(side) >= 2 else side[0] for side in sides)
+        a, b = (lower_quartile(side) for side in sides)  # the benchmark's statistic of each side
         gaps.append(abs(a / b - 1.0))
     return gaps
 
@@ -312,20 +311,16 @@ def alternation_floor(schemes: list[tuple[float, int]], duration_s: float = 60.0
     if duration_s <= 0 or not schemes or any(turn_s <= 0 or turns < 1 for turn_s, turns in schemes):
         raise ArenaError("alternation floor: a positive duration and schemes of a positive turn length and at least one turn")
     work = work or _fixed_computation()
-    original = usable_cores() if core is not None else None
     samples: list[float] = []
-    try:
-        with threadpool_limits(limits=1):
-            if core is not None:
-                pin_cores([core])
-            work()  # first-touch and caches
-            began = clock()
-            while clock() - began < duration_s:
-                t0 = clock()
-                work()
-                samples.append(clock() - t0)
-    finally:
-        pin_cores(original)
+    with _affinity_restored(core is not None), threadpool_limits(limits=1):
+        if core is not None:
+            pin_cores([core])
+        work()  # first-touch and caches
+        began = clock()
+        while clock() - began < duration_s:
+            t0 = clock()
+            work()
+            samples.append(clock() - t0)
     sample_s = statistics.median(samples)
     out: dict[str, Any] = {"duration_s": duration_s, "core": core, "samples": len(samples), "sample_s": sample_s, "schemes": []}
     for turn_s, turns in schemes:
@@ -449,6 +444,17 @@ def pin_cores(cores: list[int] | None) -> None:
     """Pin this process (and the children it starts later) to ``cores`` (None: leave it)."""
     if cores is not None:
         os.sched_setaffinity(0, set(cores))
+
+
+@contextlib.contextmanager
+def _affinity_restored(restore: bool) -> Any:
+    """This process's affinity as it was before the block, restored after it (``restore`` False: nothing done),
+    for probes that pin this thread to one core at a time."""
+    original = usable_cores() if restore else None
+    try:
+        yield
+    finally:
+        pin_cores(original)
 
 
 def apply_threading(layout: XlaThreading, num_devices: int = 1) -> dict[str, Any]:
