@@ -260,6 +260,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "breakdown": est.iteration.to_dict(),
                     "stages": [{**{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
                                                      "optimizer_s", "setup_s", "cores", "optimizer_cores", "alone_s", "together_s",
+                                                     "dispatch_s", "send_dispatch_s", "optimizer_dispatch_s", "timed_dispatch_s",
                                                      "timed_as_spmd")},
                                 "compute_iqr_over_median": relative_iqr(rec["microbatch"]["samples_s"])}
                                for st, rec in zip(est.stages, records, strict=True)],

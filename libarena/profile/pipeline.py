@@ -29,8 +29,9 @@ down. Three models of it:
   device is. A single-worker stage passes the first micro-batch at its alone time (a multi-worker one keeps
   all its devices busy: together); in the steady state the bottleneck b works the whole period, beside the
   others for o = max_{j != b} together_j and alone for the rest: P = o + alone_b (1 - o / together_b), with
-  o lengthened by the dispatching thread's work beside b that b's own timing did not have beside it (every
-  stage's calls and sends as the runtime issues them, less b's own calls as issued while b was timed).
+  o lengthened by the dispatching thread's work beside b that b's own timings did not have beside them (every
+  stage's calls and sends as the runtime issues them, less b's own calls as issued while b was timed, alone
+  and, over the overlapped part, for each partner device of its all-busy timing).
   The optimizer step and setup follow the CPU-time model below. A stage whose workers hold every device is
   timed as the runtime's SPMD executable instead (libarena.profile.corun.SpmdStage): alone = together = that
   time, its collectives, gradient reduction (in the optimizer step) and setup measured with it.
@@ -182,11 +183,16 @@ def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple
     stage's per-micro-batch time without P2P when it works alone (a_j).
 
     The runtime's one dispatching thread is busy beside b too: per micro-batch it issues every stage's calls and
-    every send between stages (``dispatch_s`` + ``send_dispatch_s``, timed as the runtime issues them), of which
-    only b's own calls, as they were issued while b was timed (``timed_dispatch_s``), are in a_b and c_b. The
-    rest keeps a core b does not hold busy, so b is overlapped for o + that (at most the whole period, c_b): a
-    tiny model's stages, whose calls cost the CPU a good part of their kernels' time, otherwise looked less
-    contended than the runtime's step makes them (bench/results/profile.json: the pipelined plans from about -9% to +1.6% signed).
+    every send between stages (``dispatch_s`` + ``send_dispatch_s``, timed as the runtime issues them). Part of
+    that is in b's timings already: b's own calls as they were issued while b was timed (``timed_dispatch_s``,
+    d), once in a_b, and in c_b once for every device of the all-busy timing, whose thread issued b on each of
+    them. Over a period b runs at c_b for o and at a_b for the rest, so its timings hold d (1 + (N - 1) o / c_b)
+    of issuing (N: the plan's devices, one worker each where c_b was timed so). The rest keeps a core b does not
+    hold busy, so b is overlapped for o + that (at most the whole period, c_b): a tiny model's stages, whose
+    calls cost the CPU a good part of their kernels' time, otherwise looked less contended than the runtime's
+    step makes them (bench/results/profile.json: the pipelined plans from about -9% to +1.6% signed). Counting
+    the partner devices' issuing twice put the plans whose calls are dearest, wide_resnet's (d about 3 ms of a
+    5-7 ms micro-batch), 5-11% over their steps in most runs (README "The partner devices' issuing").
     """
     busy = [float(st.together_s) + st.comm_s for st in stages]  # type: ignore[arg-type]
     b = max(range(len(stages)), key=lambda j: busy[j])
@@ -196,6 +202,10 @@ def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple
     beside = 0.0
     if len(stages) > 1:
         own = stages[b].dispatch_s if stages[b].timed_dispatch_s is None else stages[b].timed_dispatch_s
-        beside = max(0.0, sum(st.dispatch_s + st.send_dispatch_s for st in stages) - own)
+        # a one-worker stage's all-busy timing ran it on every device of the plan's layout, each issued by the
+        # timing thread; a multi-worker stage's is its SPMD executable, issued once (and c_b = a_b there)
+        partners = sum(max(1, st.workers) for st in stages) - 1 if max(1, stages[b].workers) == 1 else 0
+        in_timings = own * (1.0 + partners * min(1.0, others / busy[b]))
+        beside = max(0.0, sum(st.dispatch_s + st.send_dispatch_s for st in stages) - in_timings)
     overlapped = min(busy[b], others + beside)
     return overlapped + alone[b] * (1.0 - overlapped / busy[b]), b

@@ -35,12 +35,13 @@ def test_pipeline_period_interpolates_between_alone_and_all_busy():
 
 def test_the_dispatching_thread_keeps_the_bottlenecks_partner_core_busy():
     # the runtime's one thread issues every stage's calls and the sends beside the bottleneck; what it issued
-    # while the bottleneck was timed (its own calls, 0.006 s) is in the bottleneck's times already
+    # while the bottleneck was timed (its own calls, 0.006 s) is in the bottleneck's times already: once alone,
+    # and in the all-busy time (issued for the partner device too) over the part of the period overlapped
     stages = [StageTimes(0.019, alone_s=0.015, together_s=0.020, dispatch_s=0.004, send_dispatch_s=0.001),
               StageTimes(0.077, alone_s=0.055, together_s=0.080, dispatch_s=0.009, send_dispatch_s=0.001,
                          timed_dispatch_s=0.006)]
     est = one_f_one_b(stages, 5, host_cores=2)
-    overlapped = 0.020 + (0.004 + 0.001 + 0.009 + 0.001 - 0.006)
+    overlapped = 0.020 + (0.004 + 0.001 + 0.009 + 0.001 - 0.006 * (1 + 0.020 / 0.080))
     assert est.steady_state_s == pytest.approx(4 * (overlapped + 0.055 * (1 - overlapped / 0.080)))
     quiet = [StageTimes(0.019, alone_s=0.015, together_s=0.020), StageTimes(0.077, alone_s=0.055, together_s=0.080)]
     assert est.steady_state_s > one_f_one_b(quiet, 5, host_cores=2).steady_state_s
@@ -49,7 +50,7 @@ def test_the_dispatching_thread_keeps_the_bottlenecks_partner_core_busy():
     assert one_f_one_b(busy, 5, host_cores=2).steady_state_s == pytest.approx(4 * 0.080)
     # without a record of what was issued beside it, its own calls stand in; never less than no dispatch at all
     untracked = [stages[0], StageTimes(0.077, alone_s=0.055, together_s=0.080, dispatch_s=0.009, send_dispatch_s=0.001)]
-    overlapped = 0.020 + (0.004 + 0.001 + 0.001)
+    overlapped = 0.020 + (0.004 + 0.001 + 0.009 + 0.001 - 0.009 * (1 + 0.020 / 0.080))
     assert one_f_one_b(untracked, 5, host_cores=2).steady_state_s == pytest.approx(4 * (overlapped + 0.055 * (1 - overlapped / 0.080)))
     cheap = [stages[0], StageTimes(0.077, alone_s=0.055, together_s=0.080, timed_dispatch_s=0.5)]
     assert one_f_one_b(cheap, 5, host_cores=2).steady_state_s == pytest.approx(one_f_one_b(quiet, 5, host_cores=2).steady_state_s)
@@ -57,6 +58,24 @@ def test_the_dispatching_thread_keeps_the_bottlenecks_partner_core_busy():
     lone = [StageTimes(0.05, alone_s=0.04, together_s=0.06, dispatch_s=0.01)]
     assert one_f_one_b(lone, 3).steady_state_s == pytest.approx(2 * 0.04)
     assert est.dispatch_s == pytest.approx(5 * (0.004 + 0.001 + 0.009 + 0.001))
+
+
+def test_issuing_the_bottlenecks_timings_already_held_is_not_counted_again():
+    # the all-busy timing's thread issued the bottleneck on every device; a step that issues no more than the
+    # timings held (its calls alone, and its partner's copy over the overlapped part) adds nothing beside it
+    quiet = [StageTimes(0.019, alone_s=0.015, together_s=0.020), StageTimes(0.077, alone_s=0.055, together_s=0.080)]
+    held = 0.006 * (1 + 0.020 / 0.080)
+    matched = [StageTimes(0.019, alone_s=0.015, together_s=0.020, dispatch_s=held / 2),
+               StageTimes(0.077, alone_s=0.055, together_s=0.080, dispatch_s=held / 2, timed_dispatch_s=0.006)]
+    assert one_f_one_b(matched, 5, host_cores=2).steady_state_s == pytest.approx(one_f_one_b(quiet, 5, host_cores=2).steady_state_s)
+    more = [matched[0], StageTimes(0.077, alone_s=0.055, together_s=0.080, dispatch_s=held / 2 + 0.002, timed_dispatch_s=0.006)]
+    overlapped = 0.020 + 0.002
+    assert one_f_one_b(more, 5, host_cores=2).steady_state_s == pytest.approx(4 * (overlapped + 0.055 * (1 - overlapped / 0.080)))
+    # three devices (a two-worker stage beside it): its all-busy timing ran it on all three, two partners
+    wide = [StageTimes(0.019, workers=2, alone_s=0.020, together_s=0.020, dispatch_s=0.010),
+            StageTimes(0.077, alone_s=0.055, together_s=0.080, dispatch_s=0.005, timed_dispatch_s=0.004)]
+    overlapped = 0.020 + (0.015 - 0.004 * (1 + 2 * 0.020 / 0.080))
+    assert one_f_one_b(wide, 5, host_cores=3).steady_state_s == pytest.approx(4 * (overlapped + 0.055 * (1 - overlapped / 0.080)))
 
 
 def test_stages_without_corun_times_keep_the_cpu_time_model():
