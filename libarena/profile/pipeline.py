@@ -187,7 +187,7 @@ def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple
     that is in b's timings already: b's own calls as they were issued while b was timed (``timed_dispatch_s``,
     d), once in a_b, and in c_b once for every device of the all-busy timing, whose thread issued b on each of
     them. Over a period b runs at c_b for o and at a_b for the rest, so its timings hold d (1 + (N - 1) o / c_b)
-    of issuing (N: the plan's devices, one worker each where c_b was timed so). The rest keeps a core b does not
+    of issuing (N: the plan's devices, on each of which a one-worker b's all-busy timing ran it). The rest keeps a core b does not
     hold busy, so b is overlapped for o + that (at most the whole period, c_b): a tiny model's stages, whose
     calls cost the CPU a good part of their kernels' time, otherwise looked less contended than the runtime's
     step makes them (bench/results/profile.json: the pipelined plans from about -9% to +1.6% signed). Counting
