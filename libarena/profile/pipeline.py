@@ -185,14 +185,14 @@ def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple
     The runtime's one dispatching thread is busy beside b too: per micro-batch it issues every stage's calls and
     every send between stages (``dispatch_s`` + ``send_dispatch_s``, timed as the runtime issues them). Part of
     that is in b's timings already: b's own calls as they were issued while b was timed (``timed_dispatch_s``,
-    d), once in a_b, and in c_b once for every device of the all-busy timing, whose thread issued b on each of
-    them. Over a period b runs at c_b for o and at a_b for the rest, so its timings hold d (1 + (N - 1) o / c_b)
-    of issuing (N: the plan's devices, on each of which a one-worker b's all-busy timing ran it). The rest keeps a core b does not
-    hold busy, so b is overlapped for o + that (at most the whole period, c_b): a tiny model's stages, whose
-    calls cost the CPU a good part of their kernels' time, otherwise looked less contended than the runtime's
-    step makes them (bench/results/profile.json: the pipelined plans from about -9% to +1.6% signed). Counting
-    the partner devices' issuing twice put the plans whose calls are dearest, wide_resnet's (d about 3 ms of a
-    5-7 ms micro-batch), 5-11% over their steps in most runs (README "The partner devices' issuing").
+    d), once in a_b, and in c_b once for every device of the all-busy timing, whose thread issued a one-worker b
+    on each of the plan's N devices. Over a period b runs at c_b for o and at a_b for the rest, so its timings
+    hold d (1 + (N - 1) o / c_b) of issuing. The rest keeps a core b does not hold busy, so b is overlapped for
+    o + that (at most the whole period, c_b): a tiny model's stages, whose calls cost the CPU a good part of
+    their kernels' time, otherwise looked less contended than the runtime's step makes them
+    (bench/results/profile.json: the pipelined plans from about -9% to +1.6% signed). Counting the partner
+    devices' issuing twice put the plans whose calls are dearest, wide_resnet's, over their steps in most
+    earlier runs (README "The partner devices' issuing", which also gives a run that went the other way).
     """
     busy = [float(st.together_s) + st.comm_s for st in stages]  # type: ignore[arg-type]
     b = max(range(len(stages)), key=lambda j: busy[j])
