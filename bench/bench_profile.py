@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -498,6 +499,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it still writes the models it
     finished, marked incomplete."""
     from libarena.profile.host import XLA_THREADING, QuietPolicy, alternation_floor, timing_noise, wait_until_quiet
+    from libarena.run.heap import huge_page_heap_env
 
     from bench.child import run_child
 
@@ -523,8 +525,9 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
                    "max_wait_s": policy.max_wait_s, "cores": cores}
         request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s, "isolation": isolation,
                                        "between_models": between}))
+        # its heap on huge pages, as every child it starts (libarena.run.heap): it times stages itself with isolation "process"
         out, stopped = run_child([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)], result,
-                                 what="bench_profile: the measuring interpreter")
+                                 env=huge_page_heap_env(os.environ), what="bench_profile: the measuring interpreter")
     summary = aggregate(out["rows"], out["costs"])
     judge_completeness(summary, models, out, stopped)
     noise_after = timing_noise(cores=cores)

@@ -55,8 +55,9 @@ from libarena.run.heap import frozen_heap
 #: 4: an SpmdStage's update timed as the runtime's step runs it, right behind its micro-batches;
 #: 5: a one-device worker's stage also issued as the runtime issues it (its dispatching thread's CPU per micro-batch
 #: and for its sends to the pipeline neighbours); 6: an SpmdStage's update timed behind as many micro-batches as its step
-#: runs (SpmdStage.step_microbatches), not behind a burst of the session's size
-CORUN_VERSION = 6
+#: runs (SpmdStage.step_microbatches), not behind a burst of the session's size; 7: the child's C heap on huge pages
+#: (libarena.run.heap.huge_page_heap_env)
+CORUN_VERSION = 7
 
 
 @dataclass(frozen=True)

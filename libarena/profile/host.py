@@ -33,6 +33,7 @@ from typing import Any
 from libarena.errors import ArenaError
 from libarena.profile.timers import lower_quartile
 from libarena.registry import Registry
+from libarena.run.heap import heap_pages, huge_page_heap_env
 
 #: /proc/stat's first line: cpu user nice system idle iowait irq softirq steal ...
 _STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -96,6 +97,8 @@ def host_window(before: HostSnapshot, after: HostSnapshot) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "cores": usable_cores(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        # whether this process's C heap is on huge pages (its children's is: child_layout)
+        "heap": heap_pages(),
     }
     if before.ticks and after.ticks:
         delta = {k: after.ticks[k] - before.ticks[k] for k in _STAT_FIELDS}
@@ -492,7 +495,9 @@ class ChildLayout:
 
 
 def child_layout(layout: XlaThreading | None, num_devices: int, env: Mapping[str, str]) -> ChildLayout:
+    """A child's environment and cores under ``layout`` (None: ``env`` as it is), its C heap on huge pages
+    either way (libarena.run.heap: which pages back a heap is fixed at the start and moved a child's stage times)."""
     if layout is None:
-        return ChildLayout(dict(env))
+        return ChildLayout(huge_page_heap_env(env))
     # A pinned parent would hand its own (fewer) cores down: choose from those it started with.
-    return ChildLayout(threading_env(layout, env), layout.cores(num_devices, STARTING_CORES))
+    return ChildLayout(huge_page_heap_env(threading_env(layout, env)), layout.cores(num_devices, STARTING_CORES))

@@ -57,8 +57,9 @@ CONCURRENCY_MODELS = ("co-run", "cpu-time", "measured", "independent")
 #: host work is done as the runtime does it; the forward returns its residuals stacked as the runtime's does;
 #: 5: the gradient reset is the update's zero-fill on the device (it was zeros placed from the host);
 #: 6: timed with the C heap's thresholds fixed (libarena.run.heap.steady_malloc);
-#: 7: timings carry the calling thread's CPU to issue them (dispatch_cpu_s: the 1F1B model's dispatch bound)
-STAGE_RECORD_VERSION = 7
+#: 7: timings carry the calling thread's CPU to issue them (dispatch_cpu_s: the 1F1B model's dispatch bound);
+#: 8: a stage child's C heap is on huge pages (libarena.run.heap.huge_page_heap_env)
+STAGE_RECORD_VERSION = 8
 #: Record key of each statistic.
 _STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
 

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from libarena.checks import Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
+from libarena.run.heap import heap_pages, huge_page_heap_env
 from libarena.run.plan import RunPlan
 
 
@@ -160,7 +161,8 @@ class HostWorker:
             global_batch=s.global_batch, steps=target_step, seed=s.seed, data_seed=s.data_seed, dtype=s.dtype,
             optimizer=s.optimizer, checkpoint_dir=s.checkpoint_dir, checkpoint_every=s.checkpoint_every,
         )
-        return train(get_model(s.model), s.plan, config).to_dict()
+        # with what its process's heap runs on (started with huge_page_heap_env: see run_job)
+        return {**train(get_model(s.model), s.plan, config).to_dict(), "heap": heap_pages()}
 
 
 _WORKER_CLASS: Any = None
@@ -292,6 +294,8 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, li
     flags = f"--xla_force_host_platform_device_count={d} {spec.extra_xla_flags}".strip()
     env = {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"} if spec.cpu_devices else {}
     env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
+    # the workers' heaps on huge pages, as the profiler's and the measurement's children (libarena.run.heap)
+    env = huge_page_heap_env(env)
 
     store = CheckpointStore(spec.checkpoint_dir)
     hosts: _HostGroup | None = None
@@ -328,7 +332,7 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, li
             for step, loss in result["losses"]:
                 history[int(step)] = float(loss)
             chunks.append({k: result[k] for k in ("start_step", "end_step", "resumed_from", "skipped_checkpoints", "steady_step_time_s", "stage_time_s",
-                                                   "stage_peak_memory_bytes", "checkpoints", "wall_s")})
+                                                   "stage_peak_memory_bytes", "checkpoints", "wall_s", "heap")})
             done = int(result["end_step"])
     finally:
         if hosts is not None:

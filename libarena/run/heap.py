@@ -15,14 +15,27 @@ page faults per call when a 4-sample stage had run first -- steady within the pr
 its samples shows it. :func:`steady_malloc` fixes both thresholds for the rest of the process; the loops that
 run stages or steps (the timers, the co-run and measurement children, the runtime's training and measurement
 loops, and the communication and host-sharing micro-benchmarks of libarena.profile.comm_bench and
-libarena.profile.concurrency) enter it through ``frozen_heap()``."""
+libarena.profile.concurrency) enter it through ``frozen_heap()``.
+
+Which physical pages back a process's heap is a third such state, fixed when the process starts. On the 2-core
+development host (THP in ``madvise`` mode) four measuring children of wide_resnet__small's one-device 4-micro-batch
+plan, alive together and timed in rotating turns, differed by up to 11-13% in two of three probes (one child
+slower than the other three for its whole life, steady within it), and by 1-3% with their heaps on transparent
+huge pages (probes, not a benchmark file; README "The heap's pages"). So every process that times or runs stages
+-- the profiler's and the measurement's children, the runtime's workers -- is started with glibc's
+``glibc.malloc.hugetlb=1`` (:func:`huge_page_heap_env`), which makes malloc advise huge pages for the heap and
+its mmap'd chunks; a tunable glibc reads once, when the process starts, so it is set for the children, not in
+a running process."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 _depth = 0
 
@@ -33,6 +46,37 @@ MMAP_THRESHOLD_BYTES = 32 << 20
 #: free memory the heap's top keeps instead of returning it to the system (and faulting it in again)
 TRIM_THRESHOLD_BYTES = 1 << 30
 _malloc_steady: bool | None = None
+
+#: glibc's tunable (2.35 and later) that makes malloc advise transparent huge pages for what it maps
+HUGE_PAGE_TUNABLE = ("glibc.malloc.hugetlb", "1")
+#: the kernel's transparent huge page mode ("always", "madvise" or "never"; absent without THP)
+THP_MODE_PATH = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_page_heap_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a process to start with its C heap on transparent huge pages: GLIBC_TUNABLES with
+    glibc.malloc.hugetlb=1, any other tunable kept and an earlier hugetlb value replaced."""
+    name, value = HUGE_PAGE_TUNABLE
+    kept = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t.split("=", 1)[0] != name]
+    return {**env, "GLIBC_TUNABLES": ":".join([*kept, f"{name}={value}"])}
+
+
+def heap_pages(env: Mapping[str, str] | None = None, thp_mode_path: Path = THP_MODE_PATH) -> dict[str, Any]:
+    """For a results file: the glibc tunables a process has (``env``: this one's) and the kernel's THP mode
+    (None where the kernel has no THP), i.e. whether its heap can be on huge pages."""
+    env = os.environ if env is None else env
+    try:
+        text = thp_mode_path.read_text()
+    except OSError:
+        mode = None
+    else:
+        chosen = [w.strip("[]") for w in text.split() if w.startswith("[")]
+        mode = chosen[0] if chosen else None
+    tunables = env.get("GLIBC_TUNABLES", "")
+    name, value = HUGE_PAGE_TUNABLE
+    advised = f"{name}={value}" in tunables.split(":")
+    return {"glibc_tunables": tunables, "thp_mode": mode,
+            "huge_pages": mode == "always" or (mode == "madvise" and advised)}
 
 
 def steady_malloc() -> bool:

@@ -215,11 +215,14 @@ def test_a_pinned_child_runs_on_one_core_per_device_with_the_layout_flags():
     from libarena.profile.subprocess_devices import device_env
 
     layout = device_env("cpu", 1, host.XLA_THREADING.get("pinned"))
-    code = "import os, json; print(json.dumps([sorted(os.sched_getaffinity(0)), os.environ['XLA_FLAGS']]))"
+    code = "import os, json; print(json.dumps([sorted(os.sched_getaffinity(0)), os.environ['XLA_FLAGS'], os.environ['GLIBC_TUNABLES']]))"
     out = subprocess.run(layout.command([sys.executable, "-c", code]), env=layout.env, capture_output=True, text=True, check=True)
-    cores, flags = json.loads(out.stdout)
+    cores, flags, tunables = json.loads(out.stdout)
     assert cores == host.STARTING_CORES[:1]
     assert "--xla_cpu_multi_thread_eigen=false" in flags and "--xla_force_host_platform_device_count=1" in flags
+    # its C heap on huge pages (libarena.run.heap), with or without a threading layout
+    assert "glibc.malloc.hugetlb=1" in tunables.split(":")
+    assert "glibc.malloc.hugetlb=1" in device_env("cpu", 2).env["GLIBC_TUNABLES"].split(":")
 
 
 def test_threading_cannot_be_applied_once_jax_has_started():

@@ -69,3 +69,61 @@ def test_steady_malloc_keeps_repeated_temporaries_from_being_faulted_in_on_every
     # time on the development host
     assert dynamic > 1000
     assert with_fixed < 50
+
+
+def test_huge_page_heap_env_sets_the_tunable_and_keeps_the_others():
+    from libarena.run.heap import huge_page_heap_env
+
+    assert huge_page_heap_env({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    env = huge_page_heap_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0", "PATH": "/bin"})
+    assert env == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "PATH": "/bin"}
+
+
+def test_heap_pages_says_whether_a_heap_can_be_on_huge_pages(tmp_path):
+    from libarena.run.heap import heap_pages
+
+    thp = tmp_path / "enabled"
+    advised = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    thp.write_text("always [madvise] never\n")
+    assert heap_pages(advised, thp) == {"glibc_tunables": "glibc.malloc.hugetlb=1", "thp_mode": "madvise", "huge_pages": True}
+    assert heap_pages({}, thp)["huge_pages"] is False
+    thp.write_text("[always] madvise never\n")
+    assert heap_pages({}, thp)["huge_pages"] is True
+    thp.write_text("always madvise [never]\n")
+    assert heap_pages(advised, thp)["huge_pages"] is False
+    assert heap_pages(advised, tmp_path / "missing") == {"glibc_tunables": "glibc.malloc.hugetlb=1", "thp_mode": None, "huge_pages": False}
+
+
+_ADVICE_PROBE = """
+import numpy as np
+array = np.ones(64 << 20, dtype=np.uint8)  # a 64 MiB chunk glibc maps for it
+address, inside, flags = array.ctypes.data, False, None
+for line in open("/proc/self/smaps"):
+    head = line.split()
+    if "-" in head[0] and ":" not in head[0]:
+        low, high = (int(x, 16) for x in head[0].split("-"))
+        inside = low <= address < high
+    elif line.startswith("VmFlags") and inside:
+        flags = head[1:]
+print("hg" in flags)  # madvise(MADV_HUGEPAGE) was called on the array's mapping
+"""
+
+
+def test_a_process_started_with_huge_page_heap_env_advises_huge_pages_for_its_heap():
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    from libarena.run.heap import THP_MODE_PATH, huge_page_heap_env
+
+    libc, version = platform.libc_ver()
+    if libc != "glibc" or tuple(int(x) for x in version.split(".")[:2]) < (2, 35) or not THP_MODE_PATH.exists():
+        pytest.skip("needs glibc 2.35 or later and a kernel with transparent huge pages")
+    plain = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+
+    def advised(env):
+        return subprocess.run([sys.executable, "-c", _ADVICE_PROBE], env=env, capture_output=True, text=True, check=True).stdout.split()
+
+    assert advised(huge_page_heap_env(plain)) == ["True"]
+    assert advised(plain) == ["False"]

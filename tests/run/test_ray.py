@@ -63,6 +63,8 @@ def test_two_host_job_survives_a_killed_coordinator(tmp_path: Path, local_ray) -
     assert [b["gpu_type:a100"] for b in report.placement["bundles"]] == [2, 2]
     # Every stage was measured, including the ones living on host 1 only.
     assert all(m > 0 for m in report.chunks[0]["stage_peak_memory_bytes"]) and len(report.chunks[0]["stage_time_s"]) == 3
+    # the workers were started with their C heap on huge pages (libarena.run.heap), as the profiler's children
+    assert "glibc.malloc.hugetlb=1" in report.chunks[0]["heap"]["glibc_tunables"].split(":")
 
     reference = train(model, simple_plan(model, 8, [0], [1], [1], 2), TrainConfig(8, 4, profile_step=0))
     for (step, loss), (ref_step, ref_loss) in zip(report.losses, reference.losses):
