@@ -13,7 +13,6 @@ from libarena.checks import MAX_BATCH, MAX_SEED, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
 from libarena.run.cluster import JobSpec, LocalClusterConfig
-from libarena.run.heap import huge_page_heap_env
 from libarena.run.plan import RunPlan
 from libarena.run.search import SearchConfig, SearchSpace
 
@@ -244,11 +243,10 @@ def _search_on_ray(request: RunRequest, gpu_type: str, num_gpus: int) -> Any:
     """Run the search inside one actor holding the allocated devices."""
     import ray
 
-    from libarena.run.cluster import gpu_type_resource
+    from libarena.run.cluster import gpu_type_resource, ray_worker_env
 
-    # the searcher times candidate plans: its heap on huge pages, as the profiler's children (libarena.run.heap)
-    env = huge_page_heap_env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={num_gpus}", "JAX_PLATFORMS": "cpu",
-                              "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+    # the searcher times candidate plans on host devices, started as the job's workers are
+    env = ray_worker_env(num_gpus)
     searcher = ray.remote(_search_task).options(
         num_cpus=1, num_gpus=num_gpus, resources={gpu_type_resource(gpu_type): num_gpus}, runtime_env={"env_vars": env}, max_retries=0,
     )

@@ -165,6 +165,17 @@ class HostWorker:
         return {**train(get_model(s.model), s.plan, config).to_dict(), "heap": heap_pages()}
 
 
+def ray_worker_env(cpu_devices: int | None, extra_xla_flags: str = "") -> dict[str, str]:
+    """The environment a Ray worker of the job's (or the plan search's) is started with: ``cpu_devices`` host
+    devices (None: the machine's accelerators, no XLA flags), this process's Ray auth mode, and its C heap on huge
+    pages, as the profiler's and the measurement's children (libarena.run.heap)."""
+    env: dict[str, str] = {}
+    if cpu_devices is not None:
+        env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={cpu_devices} {extra_xla_flags}".strip(), "JAX_PLATFORMS": "cpu"}
+    env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
+    return huge_page_heap_env(env)
+
+
 _WORKER_CLASS: Any = None
 
 
@@ -291,11 +302,7 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, li
     except GetTimeoutError:
         remove_placement_group(group)
         raise ArenaError(f"the Ray cluster could not place {spec.num_hosts} x {bundle} ({strategy}) within {start_timeout_s:.0f} s") from None
-    flags = f"--xla_force_host_platform_device_count={d} {spec.extra_xla_flags}".strip()
-    env = {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"} if spec.cpu_devices else {}
-    env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
-    # the workers' heaps on huge pages, as the profiler's and the measurement's children (libarena.run.heap)
-    env = huge_page_heap_env(env)
+    env = ray_worker_env(d if spec.cpu_devices else None, spec.extra_xla_flags)
 
     store = CheckpointStore(spec.checkpoint_dir)
     hosts: _HostGroup | None = None
