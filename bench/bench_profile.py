@@ -31,7 +31,15 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   (``summary.conclusive`` false, ``models_started_noisy``, targets not met);
 * the measuring interpreter rewrites its results after every model: a run stopped midway (Ctrl-C, SIGTERM) or
   given ``--time-budget`` still writes the models it finished, marked incomplete (``summary.complete`` false,
-  ``models_not_done``, targets not met).
+  ``models_not_done``, targets not met);
+* the file records the code it measured with (``protocol.code``: a digest of libarena's and its own modules' source, and
+  the git commit; bench.provenance), taken at the start and checked at the end: code edited while the run went
+  on makes its figures inconclusive (``summary.code_changed_during_run``);
+* ``--resume FILE`` goes on from an incomplete run: its finished models' rows are kept and only the rest are
+  measured, in a new run with its own quiet check, calibration and noise probes, written to another file with
+  every part's protocol (``protocol.earlier_parts``). It is refused unless FILE was measured with the same code
+  (source digest), setup, thread layout and stage isolation; a part judged inconclusive keeps the whole file
+  inconclusive. Each model's rows come from one part: its estimate and measurement always take turns in one run.
 
 Cost is device-seconds as the paper counts them (devices held x wall time, compilation included on both
 sides): profiling is one ordinary ``profile_plans`` run with an empty cache (one device); a direct
@@ -43,6 +51,7 @@ measurement holds the whole grid for compilation plus the same timed steps), lab
 Targets: mean absolute error <= 5% per device count; profiling >= 10x cheaper than direct measurement.
 
     .venv/bin/python -m bench.bench_profile          # alone on a quiet machine; results in bench/results/profile.json
+    .venv/bin/python -m bench.bench_profile --resume bench/results/profile-part.json --name profile   # the rest
 """
 
 from __future__ import annotations
@@ -93,6 +102,8 @@ FLOOR_SCHEMES, FLOOR_S = ((1.0, 5), (0.5, 10), (TURN_S, round(SIDE_S / TURN_S)))
 #: Profiler settings of the cost run (as users run it: the profiler's default statistic, the median) and the
 #: statistic of the interleaved runs.
 PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
+#: The bench modules this benchmark runs, beside the library (bench.provenance.code_identity)
+MEASURING_MODULES = ("bench/__init__.py", "bench/bench_profile.py", "bench/stats.py", "bench/child.py", "bench/provenance.py")
 STATISTIC = "q1"
 #: Grid sizes of the paper's clusters the cost ratio is derived for.
 DERIVED_GRIDS = (4, 8, 16)
@@ -494,10 +505,12 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
 
 
 def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profile", threading: str | None = None,
-        quiet: Any = None, time_budget_s: float | None = None, isolation: str = "process") -> bool:
+        quiet: Any = None, time_budget_s: float | None = None, isolation: str = "process",
+        resume: Path | None = None) -> bool:
     """Time ``models`` and write RESULTS/NAME.json. ``time_budget_s``: start no model after that many seconds of
     measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it still writes the models it
-    finished, marked incomplete."""
+    finished, marked incomplete. ``resume``: an incomplete earlier run of the same code and setup, whose finished
+    models are kept (``earlier_part``); only the rest of ``models`` are timed."""
     from libarena.profile.host import XLA_THREADING, QuietPolicy, alternation_floor, timing_noise, wait_until_quiet
     from libarena.run.heap import huge_page_heap_env
 
@@ -505,6 +518,15 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
 
     if not Path(results_dir).is_dir():  # found out now, not after an hour of timing
         raise ArenaError(f"bench_profile: results directory {results_dir} does not exist")
+    identity = measuring_code()
+    earlier = None
+    if resume is not None:
+        if Path(resume).resolve() == (Path(results_dir) / f"{name}.json").resolve():
+            raise ArenaError(f"bench_profile: --resume {resume} is the file this run would write: give it another --name")
+        earlier = earlier_part(Path(resume), models, identity, threading, isolation)
+        threading = earlier["layout"]
+        _log(f"resuming {resume}: keeping {', '.join(earlier['done'])}; timing {', '.join(earlier['todo'])}")
+        models_all, models = models, tuple(earlier["todo"])
     policy = quiet or QuietPolicy()
     layout = XLA_THREADING.canonical(threading or steadiest_layout(results_dir))
     # the noise probe times one thread on each core the measurements run on (None: where they may run)
@@ -528,8 +550,12 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         # its heap on huge pages, as every child it starts (libarena.run.heap): it times stages itself with isolation "process"
         out, stopped = run_child([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)], result,
                                  env=huge_page_heap_env(os.environ), what="bench_profile: the measuring interpreter")
-    summary = aggregate(out["rows"], out["costs"])
-    judge_completeness(summary, models, out, stopped)
+    rows, costs, done = out["rows"], out["costs"], out["models_done"]
+    if earlier is not None:  # every model's rows from the one part that timed it
+        rows, costs = earlier["payload"]["plans"] + rows, earlier["payload"]["costs"] + costs
+        done, models = earlier["done"] + done, models_all
+    summary = aggregate(rows, costs)
+    judge_completeness(summary, models, {**out, "models_done": done}, stopped)
     noise_after = timing_noise(cores=cores)
     floor_after = alternation_floor(list(FLOOR_SCHEMES), FLOOR_S, core=floor_core)
     _log(f"alternation floor at the end: {_floor_text(floor_after)}")
@@ -537,11 +563,16 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     summary["alternation_floor_mean_gap"] = {f"{before['turns']}x{before['turn_s']:g}s": [before["mean_gap"], after["mean_gap"]]
                                              for before, after in zip(floor_before["schemes"], floor_after["schemes"], strict=True)}
     judge_noise(summary, noise_after, policy.max_noise, {c["model"]: c.get("quiet_check") for c in out["costs"]})
+    if earlier is not None:
+        judge_earlier_part(summary, earlier["payload"]["summary"])
+    judge_code(summary, identity, measuring_code())
     payload = {
         "summary": summary,
-        "plans": out["rows"],
-        "costs": out["costs"],
+        "plans": rows,
+        "costs": costs,
         "protocol": {
+            "code": identity, "layout": layout, "models": list(out["models_done"]),
+            **({"earlier_parts": earlier["parts"]} if earlier is not None else {}),
             "quiet_check": quiet_record, "timing_noise_after": noise_after,
             "alternation_floor": {"before": floor_before, "after": floor_after}, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
             "calibration_s": out["calibration_s"], "host_sharing": out["host_sharing"],
@@ -579,6 +610,83 @@ def judge_completeness(summary: dict[str, Any], models: tuple[str, ...], out: di
         summary["met"] = False
         _log(f"{stopped or 'out of time'}: kept {', '.join(m for m in models if m in done) or 'nothing'}; not done: "
              f"{', '.join(summary['models_not_done'])}")
+
+
+def measuring_code() -> dict[str, Any]:
+    """The code this benchmark measures with (bench.provenance): the library and the bench modules it runs."""
+    from bench.provenance import code_identity
+
+    return code_identity(MEASURING_MODULES)
+
+
+def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], threading: str | None,
+                 isolation: str) -> dict[str, Any]:
+    """What ``--resume path`` keeps: the earlier run's payload, its finished models (``done``), the models of
+    ``models`` left to time (``todo``), its thread layout and its protocol as a part (``parts``: the earlier
+    parts first). One-line ArenaError unless it is an incomplete run of this benchmark measured with the same
+    code (``identity``), setup, layout (``threading``, when given) and stage ``isolation``."""
+    def refuse(why: str) -> ArenaError:
+        return ArenaError(f"bench_profile: cannot resume {path}: {why}")
+
+    try:
+        payload = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise refuse("no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise refuse(f"not a readable JSON file ({type(exc).__name__})") from None
+    if not isinstance(payload, dict) or not all(isinstance(payload.get(k), t) for k, t in
+                                                (("summary", dict), ("plans", list), ("costs", list), ("protocol", dict), ("setup", dict))):
+        raise refuse("not a results file of this benchmark (summary, plans, costs, protocol and setup expected)")
+    protocol, setup, summary = payload["protocol"], payload["setup"], payload["summary"]
+    code = protocol.get("code")
+    if not isinstance(code, dict) or "source_sha256" not in code:
+        raise refuse("it does not record the code it was measured with (written before results did)")
+    if code["source_sha256"] != identity["source_sha256"]:
+        raise refuse(f"it was measured with other code (source {code['source_sha256'][:12]}, this checkout's "
+                     f"{identity['source_sha256'][:12]})")
+    here = {"global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS), "warmup": WARMUP,
+            "profile_cost_run": {"warmup": PROFILE_WARMUP, "repeats": PROFILE_REPEATS}}
+    other = sorted(k for k, v in here.items() if setup.get(k) != v)
+    if other:
+        raise refuse(f"its setup differs ({', '.join(other)})")
+    layout = protocol.get("layout")
+    if threading is not None and threading != layout:
+        raise refuse(f"it ran with XLA threading {layout!r}, not {threading!r}")
+    if protocol.get("stage_isolation") != isolation:
+        raise refuse(f"its stages were timed with isolation {protocol.get('stage_isolation')!r}, not {isolation!r}")
+    not_done = summary.get("models_not_done")
+    if not isinstance(not_done, list) or not isinstance(setup.get("models"), list):
+        raise refuse("it does not list its models and the ones it did not do")
+    done = [m for m in setup["models"] if m not in not_done]
+    stray = [m for m in done if m not in models]
+    if stray:
+        raise refuse(f"it holds models not asked for ({', '.join(stray)})")
+    todo = [m for m in models if m not in done]
+    if not todo:
+        raise refuse("every model asked for is done in it: nothing to resume")
+    part = {**{k: v for k, v in protocol.items() if k != "earlier_parts"}, "file": Path(path).name}
+    return {"payload": payload, "done": done, "todo": todo, "layout": layout,
+            "parts": list(protocol.get("earlier_parts", [])) + [part]}
+
+
+def judge_earlier_part(summary: dict[str, Any], earlier: dict[str, Any]) -> None:
+    """A resumed run is conclusive only when the part it resumed was: the models that part started on a noisy
+    host are listed with this part's, and a part noisy at its end leaves the whole run inconclusive."""
+    summary["models_started_noisy"] = list(earlier.get("models_started_noisy", [])) + list(summary.get("models_started_noisy", []))
+    if not earlier.get("conclusive", False):
+        summary["conclusive"] = False
+        summary["met"] = False
+        _log("the resumed part's figures were inconclusive: so are this run's")
+
+
+def judge_code(summary: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
+    """Code edited while the run went on (its children import it as they start) leaves the run measured with
+    no one version of it: inconclusive."""
+    summary["code_changed_during_run"] = before["source_sha256"] != after["source_sha256"]
+    if summary["code_changed_during_run"]:
+        summary["conclusive"] = False
+        summary["met"] = False
+        _log("the measuring code changed while the run went on: its figures are inconclusive")
 
 
 def judge_noise(summary: dict[str, Any], noise_after: dict[str, float], max_noise: float | None,
@@ -619,11 +727,14 @@ if __name__ == "__main__":
                         help="where the profiler builds and times each stage (ProfileConfig.isolation)")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="seconds of measuring after which no further model is started (the rest are listed as not done)")
+    parser.add_argument("--resume", type=Path, default=None,
+                        help="an incomplete earlier run (same code, setup, layout and --isolation): keep its finished "
+                             "models, time the rest, write the whole to --name (another file)")
     args = parser.parse_args()
     try:
         ok = run(Path(args.results), tuple(args.models), args.name, args.threading,
                  QuietPolicy(max_load=args.max_load, max_noise=args.max_noise, max_wait_s=args.max_wait,
-                             refuse=not args.allow_busy), args.time_budget, args.isolation)
+                             refuse=not args.allow_busy), args.time_budget, args.isolation, args.resume)
     except ArenaError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None

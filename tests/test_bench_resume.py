@@ -1,0 +1,278 @@
+"""A benchmark's record of the code it measured with (bench.provenance), and bench_profile's --resume: an
+incomplete run's finished models kept, only when the same code, setup, layout and isolation timed them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from libarena.errors import ArenaError
+
+
+def _tree(root):
+    (root / "libarena" / "sub").mkdir(parents=True)
+    (root / "bench").mkdir()
+    (root / "libarena" / "a.py").write_text("A = 1\n")
+    (root / "libarena" / "sub" / "b.py").write_text("B = 2\n")
+    (root / "bench" / "c.py").write_text("C = 3\n")
+    return root
+
+
+def test_the_source_digest_follows_every_measuring_file_and_nothing_else(tmp_path):
+    from bench.provenance import source_digest
+
+    root = _tree(tmp_path)
+    source = ("libarena", "bench/c.py")
+
+    def digest():
+        return source_digest(root, source)
+
+    first = digest()
+    assert len(first) == 64 and digest() == first
+    # caches and non-Python files are not source
+    (root / "libarena" / "__pycache__").mkdir()
+    (root / "libarena" / "__pycache__" / "a.cpython-311.py").write_text("cached\n")
+    (root / "bench" / "results.json").write_text("{}\n")
+    assert digest() == first
+    # an edit, a new file, a file renamed, bytes moved from one file to the next: each another digest
+    (root / "libarena" / "a.py").write_text("A = 10\n")
+    edited = digest()
+    assert edited != first
+    (root / "libarena" / "a.py").write_text("A = 1\n")
+    assert digest() == first
+    (root / "libarena" / "d.py").write_text("")
+    assert digest() not in (first, edited)
+    (root / "libarena" / "d.py").unlink()
+    (root / "libarena" / "sub" / "b.py").rename(root / "libarena" / "sub" / "e.py")
+    assert digest() != first
+    (root / "libarena" / "sub" / "e.py").rename(root / "libarena" / "sub" / "b.py")
+    assert digest() == first
+    # another benchmark's module is not this one's source
+    (root / "bench" / "other.py").write_text("X = 1\n")
+    assert digest() == first
+    (root / "bench" / "c.py").write_text("C = 4\n")
+    assert digest() != first
+    (root / "bench" / "c.py").write_text("C = 3\n")
+    (root / "libarena" / "a.py").write_text("A = 1\nB")
+    (root / "libarena" / "sub" / "b.py").write_text(" = 2\n")
+    assert digest() != first
+
+
+def test_the_code_identity_names_the_commit_and_whether_the_source_differs_from_it(tmp_path):
+    from bench.provenance import code_identity
+
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    root = _tree(tmp_path)
+    modules = ("bench/c.py",)
+    assert code_identity(modules, root)["git"] is None  # not a checkout
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(git + ["init", "-q"], cwd=root, check=True)
+    subprocess.run(git + ["add", "."], cwd=root, check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "c"], cwd=root, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    clean = code_identity(modules, root)
+    assert clean["git"] == {"commit": head, "dirty": False} and clean["source"] == ["libarena", "bench/c.py"]
+    # a results file written beside, another benchmark's edit: not an edit of this source
+    (root / "libarena" / "results.json").write_text("{}\n")
+    (root / "bench" / "other.py").write_text("X = 1\n")
+    assert code_identity(modules, root)["git"]["dirty"] is False
+    (root / "libarena" / "sub" / "b.py").write_text("B = 3\n")
+    edited = code_identity(modules, root)
+    assert edited["git"] == {"commit": head, "dirty": True} and edited["source_sha256"] != clean["source_sha256"]
+
+
+# --------------------------------------------------------------------------------------------------
+# --resume
+
+
+def _row(model, n, est, meas):
+    return {"model": model, "num_gpus": n, "plan_id": f"{model}-{n}-{est}", "error": est / meas - 1, "measured_s": meas,
+            "measured_median_s": meas, "estimate_plain_s": est, "measured_iqr_over_median": 0.02,
+            "estimate_other_concurrency_models_s": {"independent": meas}, "measurement_compile_device_s": 10.0 * n,
+            "measurement_device_s": 12.0 * n, "measured_samples_s": [meas] * 10}
+
+
+def _cost(model):
+    return {"model": model, "profiling_device_s": 4.0, "co_run_device_s": 0.0, "stages_profiled": 2,
+            "measurement_device_s": 36.0, "measurement_compile_device_s": 30.0,
+            "paper_grids": [{"num_gpus": 4, "plans": 2, "distinct_stages": 2}], "quiet_check": None}
+
+
+def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done=("gpt__tiny",), conclusive=True,
+                 layout="pinned", isolation="child"):
+    from bench import bench_profile as bp
+
+    rows = [r for m in done for r in (_row(m, 1, 1.01, 1.0), _row(m, 2, 0.98, 1.0))]
+    return {"summary": {"models_not_done": [m for m in models if m not in done], "conclusive": conclusive, "met": False,
+                        "models_started_noisy": [] if conclusive else [done[0]]},
+            "plans": rows, "costs": [_cost(m) for m in done],
+            "protocol": {"code": identity, "layout": layout, "stage_isolation": isolation, "models": list(done),
+                         "quiet_check": {"quiet": True}},
+            "setup": {"models": list(models), "global_batch": bp.GLOBAL_BATCH, "clusters": bp.NUM_CLUSTERS,
+                      "device_counts": list(bp.DEVICE_COUNTS), "warmup": bp.WARMUP,
+                      "profile_cost_run": {"warmup": bp.PROFILE_WARMUP, "repeats": bp.PROFILE_REPEATS}}}
+
+
+IDENTITY = {"source_sha256": "a" * 64, "source": ["libarena", "bench"], "git": None}
+
+
+def test_an_incomplete_run_of_the_same_code_and_setup_is_resumed_with_its_finished_models_kept(tmp_path):
+    from bench.bench_profile import earlier_part
+
+    path = tmp_path / "part.json"
+    path.write_text(json.dumps(_earlier_run(IDENTITY)))
+    part = earlier_part(path, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, None, "child")
+    assert part["done"] == ["gpt__tiny"] and part["todo"] == ["bert__tiny", "moe__tiny"] and part["layout"] == "pinned"
+    assert [p["file"] for p in part["parts"]] == ["part.json"] and part["parts"][0]["models"] == ["gpt__tiny"]
+    # a part that was itself resumed hands on its earlier parts first
+    resumed = _earlier_run(IDENTITY, done=("gpt__tiny", "bert__tiny"))
+    resumed["protocol"] = {**resumed["protocol"], "models": ["bert__tiny"], "earlier_parts": part["parts"]}
+    path2 = tmp_path / "part2.json"
+    path2.write_text(json.dumps(resumed))
+    chained = earlier_part(path2, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, "pinned", "child")
+    assert chained["todo"] == ["moe__tiny"]
+    assert [(p["file"], p["models"]) for p in chained["parts"]] == [("part.json", ["gpt__tiny"]), ("part2.json", ["bert__tiny"])]
+
+
+def _without_code(payload):
+    del payload["protocol"]["code"]
+
+
+def _other_code(payload):
+    payload["protocol"]["code"] = {**IDENTITY, "source_sha256": "b" * 64}
+
+
+def _other_batch(payload):
+    payload["setup"]["global_batch"] = 8
+
+
+@pytest.mark.parametrize("content, change, args, why", [
+    (None, None, {}, "no such file"),
+    ("not json", None, {}, "not a readable JSON file"),
+    ("[1, 2]", None, {}, "not a results file of this benchmark"),
+    ("", _without_code, {}, "does not record the code"),
+    ("", _other_code, {}, "measured with other code \\(source bbbbbbbbbbbb, this checkout's aaaaaaaaaaaa\\)"),
+    ("", _other_batch, {}, "its setup differs \\(global_batch\\)"),
+    ("", None, {"threading": "default"}, "ran with XLA threading 'pinned', not 'default'"),
+    ("", None, {"isolation": "process"}, "timed with isolation 'child', not 'process'"),
+    ("", None, {"models": ("bert__tiny", "moe__tiny")}, "holds models not asked for \\(gpt__tiny\\)"),
+    ("", None, {"models": ("gpt__tiny",)}, "nothing to resume"),
+])
+def test_a_resume_is_refused_in_one_line_naming_why(tmp_path, content, change, args, why):
+    import re
+
+    from bench.bench_profile import earlier_part
+
+    path = tmp_path / "part.json"
+    if content == "":  # a run of this benchmark, changed
+        payload = _earlier_run(IDENTITY)
+        if change is not None:
+            change(payload)
+        path.write_text(json.dumps(payload))
+    elif content is not None:
+        path.write_text(content)
+    asked = {"models": ("gpt__tiny", "bert__tiny", "moe__tiny"), "threading": None, "isolation": "child", **args}
+    with pytest.raises(ArenaError) as caught:
+        earlier_part(path, asked["models"], IDENTITY, asked["threading"], asked["isolation"])
+    message = str(caught.value)
+    assert message.startswith(f"bench_profile: cannot resume {path}: ") and "\n" not in message
+    assert re.search(why, message), message
+
+
+def _fake_host(monkeypatch, child_models_done, noise=0.02):
+    """The host's probes and the measuring child replaced: what run() does with their results is under test."""
+    from bench import child
+    from libarena.profile import host
+
+    floor = {"schemes": [{"turns": 5, "turn_s": 1.0, "mean_gap": 0.001}]}
+    monkeypatch.setattr(host, "wait_until_quiet", lambda *a, **k: {"quiet": True, "load_average": 0.1, "timing_noise": {"level": noise}})
+    monkeypatch.setattr(host, "timing_noise", lambda *a, **k: {"level": noise})
+    monkeypatch.setattr(host, "alternation_floor", lambda *a, **k: floor)
+    asked = []
+
+    def fake_child(command, out, *a, **k):
+        request = json.loads(open(command[-2]).read())
+        asked.append(request)
+        rows = [r for m in child_models_done for r in (_row(m, 1, 1.03, 1.0), _row(m, 2, 1.0, 1.0))]
+        return {"rows": rows, "costs": [_cost(m) for m in child_models_done], "models_done": list(child_models_done),
+                "models_skipped_for_time": [], "threading": {"name": request["threading"]}, "host": {}, "calibration_s": 1.0,
+                "host_sharing": {}}, None
+
+    monkeypatch.setattr(child, "run_child", fake_child)
+    return asked
+
+
+def test_a_resumed_run_times_only_the_rest_and_writes_every_models_rows_to_another_file(tmp_path, monkeypatch):
+    from bench import bench_profile
+
+    identity = bench_profile.measuring_code()
+    models = ("gpt__tiny", "bert__tiny", "moe__tiny")
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps(_earlier_run(identity, models, layout="default")))
+    before = part.read_bytes()
+    asked = _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"])
+    # the resumed file cannot be the one written: that would overwrite an input
+    with pytest.raises(ArenaError, match="is the file this run would write"):
+        bench_profile.run(tmp_path, models, "part", isolation="child", resume=part)
+    assert not asked
+    bench_profile.run(tmp_path, models, "whole", isolation="child", resume=part)
+    assert part.read_bytes() == before
+    # the child was asked for the rest only, with the earlier part's layout
+    assert [(a["models"], a["threading"], a["isolation"]) for a in asked] == [(["bert__tiny", "moe__tiny"], "default", "child")]
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    assert whole["setup"]["models"] == list(models)
+    assert sorted({r["model"] for r in whole["plans"]}) == sorted(models) and len(whole["plans"]) == 6
+    assert [c["model"] for c in whole["costs"]] == list(models)
+    summary = whole["summary"]
+    assert summary["complete"] and summary["conclusive"] and not summary["code_changed_during_run"]
+    assert summary["plans_1_devices"] == 3 and summary["mae_1_devices"] == pytest.approx((0.01 + 0.03 + 0.03) / 3)
+    protocol = whole["protocol"]
+    assert protocol["code"] == identity and protocol["models"] == ["bert__tiny", "moe__tiny"]
+    assert [(p["file"], p["models"]) for p in protocol["earlier_parts"]] == [("part.json", ["gpt__tiny"])]
+
+
+def test_a_resumed_part_that_was_inconclusive_leaves_the_whole_run_inconclusive(tmp_path, monkeypatch):
+    from bench import bench_profile
+
+    identity = bench_profile.measuring_code()
+    models = ("gpt__tiny", "bert__tiny")
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps(_earlier_run(identity, models, conclusive=False, layout="default")))
+    _fake_host(monkeypatch, ["bert__tiny"])
+    assert not bench_profile.run(tmp_path, models, "whole", isolation="child", resume=part)
+    summary = json.loads((tmp_path / "whole.json").read_text())["summary"]
+    assert summary["complete"] and not summary["conclusive"] and not summary["met"]
+    assert summary["models_started_noisy"] == ["gpt__tiny"]
+
+
+def test_the_profile_benchmarks_code_is_the_library_and_every_bench_module_it_imports(repo_root):
+    """What the digest covers (MEASURING_MODULES) follows the benchmark's imports, through the bench modules."""
+    import ast
+
+    from bench.bench_profile import MEASURING_MODULES
+
+    seen, todo = set(), ["bench/bench_profile.py"]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for node in ast.walk(ast.parse((repo_root / module).read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            todo += [n.replace(".", "/") + ".py" for n in names if n.startswith("bench.")]
+    assert seen | {"bench/__init__.py"} <= set(MEASURING_MODULES)
+
+
+def test_code_edited_while_a_run_goes_on_makes_it_inconclusive():
+    from bench.bench_profile import judge_code
+
+    summary = {"met": True, "conclusive": True}
+    judge_code(summary, IDENTITY, dict(IDENTITY))
+    assert summary == {"met": True, "conclusive": True, "code_changed_during_run": False}
+    judge_code(summary, IDENTITY, {**IDENTITY, "source_sha256": "c" * 64})
+    assert summary == {"met": False, "conclusive": False, "code_changed_during_run": True}
