@@ -65,6 +65,9 @@ class GpuCheckError(Exception):
 #: Printed alone by ``python -m bench`` (exit status 2), never as a traceback.
 REFUSALS = (GpuCheckError,)
 
+#: The bench modules this benchmark runs, beside the library (bench.provenance.code_identity)
+MEASURING_MODULES = ("bench/__init__.py", "bench/bench_gpu.py", "bench/child.py", "bench/provenance.py")
+
 
 def nvidia_gpus(run: Any = subprocess.run) -> list[str]:
     """The NVIDIA GPUs the driver shows (``nvidia-smi -L`` lines); empty without a driver or a GPU."""
@@ -174,6 +177,10 @@ def run(results_dir: Path, time_budget_s: float = TIME_BUDGET_S, autotune_level:
                                   time_budget_s + CHILD_GRACE_S)
     payload["machine"].update(gpus=gpus, cuda_extra=extra)
     from libarena.artifacts import write_json
+
+    from bench.provenance import code_identity
+
+    payload["code"] = code_identity(MEASURING_MODULES)
 
     write_json(results_dir / "gpu.json", payload)
     s = payload["summary"]

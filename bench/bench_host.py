@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import code_identity
 from bench.stats import relative_iqr
 from libarena.artifacts import write_json
 from libarena.errors import ArenaError
@@ -40,6 +41,9 @@ PLAN_MODEL, GLOBAL_BATCH, NUM_CLUSTERS = "gpt__tiny", 16, 3
 PLANS = ((1, "s1-b0-g1-1x1"), (2, "s2-b0.1-g1.1-1x1.1x1"))
 TARGET = 0.03
 REFUSALS = (ArenaError,)
+
+#: The bench modules this benchmark runs, beside the library (bench.provenance.code_identity)
+MEASURING_MODULES = ("bench/__init__.py", "bench/bench_host.py", "bench/stats.py", "bench/provenance.py")
 
 
 def _log(message: str) -> None:
@@ -161,6 +165,7 @@ def run(results_dir: Path, quiet: Any = None, layouts: tuple[str, ...] | None = 
         "quiet_check": quiet_record,
         "wall_s": time.perf_counter() - started,
         "machine": {"cpus": os.cpu_count(), "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "code": code_identity(MEASURING_MODULES),
     }
     write_json(results_dir / f"{name}.json", payload)
     _log(f"steadiest layout {steadiest}: worst across-run IQR/median {rounds[steadiest]['worst_across_runs_iqr_over_median']:.1%} "

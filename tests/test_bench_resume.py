@@ -249,13 +249,14 @@ def test_a_resumed_part_that_was_inconclusive_leaves_the_whole_run_inconclusive(
     assert summary["models_started_noisy"] == ["gpt__tiny"]
 
 
-def test_the_profile_benchmarks_code_is_the_library_and_every_bench_module_it_imports(repo_root):
+@pytest.mark.parametrize("benchmark", ["bench_profile", "bench_host", "bench_gpu"])
+def test_a_benchmarks_code_is_the_library_and_every_bench_module_it_imports(repo_root, benchmark):
     """What the digest covers (MEASURING_MODULES) follows the benchmark's imports, through the bench modules."""
     import ast
+    import importlib
 
-    from bench.bench_profile import MEASURING_MODULES
-
-    seen, todo = set(), ["bench/bench_profile.py"]
+    modules = importlib.import_module(f"bench.{benchmark}").MEASURING_MODULES
+    seen, todo = set(), [f"bench/{benchmark}.py"]
     while todo:
         module = todo.pop()
         if module in seen:
@@ -265,7 +266,7 @@ def test_the_profile_benchmarks_code_is_the_library_and_every_bench_module_it_im
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             todo += [n.replace(".", "/") + ".py" for n in names if n.startswith("bench.")]
-    assert seen | {"bench/__init__.py"} <= set(MEASURING_MODULES)
+    assert seen | {"bench/__init__.py"} <= set(modules)
 
 
 def test_code_edited_while_a_run_goes_on_makes_it_inconclusive():
