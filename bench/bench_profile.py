@@ -102,11 +102,11 @@ FLOOR_SCHEMES, FLOOR_S = ((1.0, 5), (0.5, 10), (TURN_S, round(SIDE_S / TURN_S)))
 #: Profiler settings of the cost run (as users run it: the profiler's default statistic, the median) and the
 #: statistic of the interleaved runs.
 PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
-#: The bench modules this benchmark runs, beside the library (bench.provenance.code_identity)
-MEASURING_MODULES = ("bench/__init__.py", "bench/bench_profile.py", "bench/stats.py", "bench/child.py", "bench/provenance.py")
 STATISTIC = "q1"
 #: Grid sizes of the paper's clusters the cost ratio is derived for.
 DERIVED_GRIDS = (4, 8, 16)
+#: The bench modules this benchmark runs, beside the library (bench.provenance.code_identity)
+MEASURING_MODULES = ("bench/__init__.py", "bench/bench_profile.py", "bench/stats.py", "bench/child.py", "bench/provenance.py")
 #: Refusals printed as one line by ``python -m bench``.
 REFUSALS = (ArenaError,)
 
@@ -671,7 +671,8 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
 
 def judge_earlier_part(summary: dict[str, Any], earlier: dict[str, Any]) -> None:
     """A resumed run is conclusive only when the part it resumed was: the models that part started on a noisy
-    host are listed with this part's, and a part noisy at its end leaves the whole run inconclusive."""
+    host are listed with this part's, and a part judged inconclusive (noisy before a model or at its end, or its
+    code edited while it ran) leaves the whole run inconclusive."""
     summary["models_started_noisy"] = list(earlier.get("models_started_noisy", [])) + list(summary.get("models_started_noisy", []))
     if not earlier.get("conclusive", False):
         summary["conclusive"] = False
