@@ -583,8 +583,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
             "stage_isolation": isolation,
         },
-        "setup": {"models": list(models), "global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS),
-                  "warmup": WARMUP, "profile_cost_run": {"warmup": PROFILE_WARMUP, "repeats": PROFILE_REPEATS}},
+        "setup": {"models": list(models), **run_setup()},
     }
     write_json(results_dir / f"{name}.json", payload)
     _log(f"summary: {({k: v for k, v in summary.items() if k not in ('cost_per_model', 'mae_per_model_and_devices')})}")
@@ -610,6 +609,13 @@ def judge_completeness(summary: dict[str, Any], models: tuple[str, ...], out: di
         summary["met"] = False
         _log(f"{stopped or 'out of time'}: kept {', '.join(m for m in models if m in done) or 'nothing'}; not done: "
              f"{', '.join(summary['models_not_done'])}")
+
+
+def run_setup() -> dict[str, Any]:
+    """What every run of this code measures the models with (a results file's ``setup``, beside its models);
+    two parts of one run must share it (``earlier_part``)."""
+    return {"global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS), "warmup": WARMUP,
+            "profile_cost_run": {"warmup": PROFILE_WARMUP, "repeats": PROFILE_REPEATS}}
 
 
 def measuring_code() -> dict[str, Any]:
@@ -644,9 +650,7 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
     if code["source_sha256"] != identity["source_sha256"]:
         raise refuse(f"it was measured with other code (source {code['source_sha256'][:12]}, this checkout's "
                      f"{identity['source_sha256'][:12]})")
-    here = {"global_batch": GLOBAL_BATCH, "clusters": NUM_CLUSTERS, "device_counts": list(DEVICE_COUNTS), "warmup": WARMUP,
-            "profile_cost_run": {"warmup": PROFILE_WARMUP, "repeats": PROFILE_REPEATS}}
-    other = sorted(k for k, v in here.items() if setup.get(k) != v)
+    other = sorted(k for k, v in run_setup().items() if setup.get(k) != v)
     if other:
         raise refuse(f"its setup differs ({', '.join(other)})")
     layout = protocol.get("layout")
@@ -675,9 +679,7 @@ def judge_earlier_part(summary: dict[str, Any], earlier: dict[str, Any]) -> None
     code edited while it ran) leaves the whole run inconclusive."""
     summary["models_started_noisy"] = list(earlier.get("models_started_noisy", [])) + list(summary.get("models_started_noisy", []))
     if not earlier.get("conclusive", False):
-        summary["conclusive"] = False
-        summary["met"] = False
-        _log("the resumed part's figures were inconclusive: so are this run's")
+        _inconclusive(summary, "the resumed part's figures were inconclusive: so are this run's")
 
 
 def judge_code(summary: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
@@ -685,9 +687,14 @@ def judge_code(summary: dict[str, Any], before: dict[str, Any], after: dict[str,
     no one version of it: inconclusive."""
     summary["code_changed_during_run"] = before["source_sha256"] != after["source_sha256"]
     if summary["code_changed_during_run"]:
-        summary["conclusive"] = False
-        summary["met"] = False
-        _log("the measuring code changed while the run went on: its figures are inconclusive")
+        _inconclusive(summary, "the measuring code changed while the run went on: its figures are inconclusive")
+
+
+def _inconclusive(summary: dict[str, Any], why: str) -> None:
+    """Figures that cannot judge the targets: neither met nor missed (a target is not shown met by them)."""
+    summary["conclusive"] = False
+    summary["met"] = False
+    _log(why)
 
 
 def judge_noise(summary: dict[str, Any], noise_after: dict[str, float], max_noise: float | None,
