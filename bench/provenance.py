@@ -10,37 +10,16 @@ tell it. Other benchmarks' modules are left out, so that editing one does not pa
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from libarena.artifacts.source import source_digest
 
 #: The library: every Python file under it is measuring code for every benchmark.
 LIBRARY = ("libarena",)
 #: The repository root: bench/ is one of its folders.
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def source_files(root: Path, source: tuple[str, ...]) -> list[str]:
-    """The ``*.py`` files of ``source`` (folders, searched through, and files; relative to ``root``), as sorted
-    relative POSIX paths. Caches (``__pycache__``) and results files are not source."""
-    found: set[str] = set()
-    for entry in source:
-        path = root / entry
-        candidates = path.rglob("*.py") if path.is_dir() else [path] if path.is_file() else []
-        found.update(p.relative_to(root).as_posix() for p in candidates if "__pycache__" not in p.parts)
-    return sorted(found)
-
-
-def source_digest(root: Path, source: tuple[str, ...]) -> str:
-    """sha256 over the files of ``source`` under ``root``: each file's relative path and contents, in path order."""
-    digest = hashlib.sha256()
-    for relative in source_files(root, source):
-        data = (root / relative).read_bytes()
-        # length-prefixed, so that no two different trees hash alike by shifting bytes between files
-        digest.update(f"{relative}\0{len(data)}\0".encode())
-        digest.update(data)
-    return digest.hexdigest()
 
 
 def git_commit(root: Path, source: tuple[str, ...]) -> dict[str, Any] | None:

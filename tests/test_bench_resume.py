@@ -22,7 +22,7 @@ def _tree(root):
 
 
 def test_the_source_digest_follows_every_measuring_file_and_nothing_else(tmp_path):
-    from bench.provenance import source_digest
+    from libarena.artifacts.source import source_digest
 
     root = _tree(tmp_path)
     source = ("libarena", "bench/c.py")

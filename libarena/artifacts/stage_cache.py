@@ -46,6 +46,7 @@ from libarena.artifacts.io import (
     STDIO, TableArtifact, atomic_directory, atomic_output, content_digest, describe, input_ref, is_stream,
     remove_stale_temps,
 )
+from libarena.artifacts.source import source_digest
 from libarena.errors import ArenaError
 
 #: Bump when the key recipe or the entry layout changes: older entries then simply stop matching.
@@ -75,28 +76,16 @@ def library_versions(*names: str) -> dict[str, str]:
 
 
 @lru_cache(maxsize=None)
-def _source_digest(paths: tuple[str, ...]) -> str:
-    h = hashlib.sha256()
-    for root in paths:
-        base = Path(root)
-        files = sorted(base.rglob("*.py")) if base.is_dir() else [base]
-        for path in files:
-            with contextlib.suppress(OSError):
-                data = path.read_bytes()
-                h.update(str(path.relative_to(base.parent) if base.is_dir() else path.name).encode())
-                h.update(hashlib.sha256(data).digest())
-    return h.hexdigest()
-
-
-def code_digest(*extra: str | os.PathLike[str]) -> str:
-    """sha256 over Arena's own source (the libarena package and ``extra`` files, e.g. the tool's main.py).
+def code_digest() -> str:
+    """sha256 over Arena's own source (the libarena package).
 
     Arena's version number does not change with every edit; the source digest does, so an entry made by
-    other code is never served (a few milliseconds per run).
+    other code is never served (a few milliseconds, once per process).
     """
     import libarena
 
-    return _source_digest((str(Path(libarena.__file__).parent), *(str(Path(p)) for p in extra)))
+    package = Path(libarena.__file__).resolve().parent
+    return source_digest(package.parent, (package.name,))
 
 
 def table_digest(artifact: TableArtifact) -> str:
@@ -166,8 +155,8 @@ class StageCache:
 
     # -- keys ----------------------------------------------------------------------------------------
     def key(self, parameters: Mapping[str, Any], inputs: Iterable[Mapping[str, Any]] = (),
-            versions: Mapping[str, str] | None = None, code: Iterable[str | os.PathLike[str]] = ()) -> str:
-        return content_digest("arena-stage-cache", CACHE_FORMAT, self.stage, __version__, code_digest(*code),
+            versions: Mapping[str, str] | None = None) -> str:
+        return content_digest("arena-stage-cache", CACHE_FORMAT, self.stage, __version__, code_digest(),
                               dict(versions or library_versions()), dict(parameters), [dict(i) for i in inputs])
 
     def entry_path(self, key: str) -> Path:

@@ -69,6 +69,33 @@ def test_keys_follow_parameters_inputs_versions_and_paths(tmp_path):
     assert base != cache.key({"p": 1}, [cache_input(a)])
 
 
+def test_keys_follow_the_library_source_and_the_benchmarks_share_its_digest(tmp_path, monkeypatch):
+    import libarena
+    from libarena.artifacts import stage_cache
+    from libarena.artifacts.source import source_digest
+
+    # the key's code part is the digest the benchmarks record (one recipe), over the installed package
+    package = os.path.dirname(os.path.abspath(libarena.__file__))
+    assert stage_cache.code_digest() == source_digest(stage_cache.Path(package).parent, ("libarena",))
+    base = StageCache(tmp_path, "s").key({"p": 1})
+    # another tree of Arena's source (an edit) is another key: an entry made by other code is never served
+    fake = tmp_path / "site" / "libarena"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '0'\n")
+    monkeypatch.setattr(libarena, "__file__", str(fake / "__init__.py"))
+    stage_cache.code_digest.cache_clear()
+    try:
+        edited = StageCache(tmp_path, "s").key({"p": 1})
+        assert edited != base
+        (fake / "__init__.py").write_text("__version__ = '1'\n")
+        stage_cache.code_digest.cache_clear()
+        assert StageCache(tmp_path, "s").key({"p": 1}) not in (base, edited)
+    finally:
+        monkeypatch.undo()
+        stage_cache.code_digest.cache_clear()
+    assert StageCache(tmp_path, "s").key({"p": 1}) == base
+
+
 def test_stdin_inputs_are_keyed_by_their_decoded_content(tmp_path):
     write_table(tmp_path / "t.parquet", KIND, _table(), Provenance("test"))
     art = read_table(tmp_path / "t.parquet", KIND)
