@@ -45,8 +45,10 @@ Cost is device-seconds as the paper counts them (devices held x wall time, compi
 sides): profiling is one ordinary ``profile_plans`` run with an empty cache (one device); a direct
 measurement holds the plan's devices while it builds, compiles, warms up and times the same number of
 steps. From the same measured per-stage and per-plan costs, the ratio for every plan of the 4-, 8- and
-16-device grids of each model is *derived* (profiling holds one device per distinct stage; a direct
-measurement holds the whole grid for compilation plus the same timed steps), labelled as such.
+16-device grids of each model is *derived* (profiling holds one device per distinct stage: its compilation and
+fixed cost as measured here, its timed runs scaled by the stage's share of the work; a direct measurement holds
+the whole grid for compilation plus as many timed steps as profiling times a stage, each at the 1-device step
+time / G), labelled as such.
 
 Targets: mean absolute error <= 5% per device count; profiling >= 10x cheaper than direct measurement.
 
@@ -307,9 +309,10 @@ def turns_for(step_s: float, chunk: int) -> int:
     return max(MIN_TURNS, min(MAX_TURNS, round(SIDE_S / (chunk * step_s))))
 
 
-def grid_stage_counts(model: str, layout: Any) -> list[dict[str, int]]:
+def grid_stage_counts(model: str, layout: Any) -> list[dict[str, Any]]:
     """Plans and distinct stages (one profile each) of every plan of the model's 4-16-device grids (and their
-    pure data-parallel plans), with the benchmark's stage layout."""
+    pure data-parallel plans), with the benchmark's stage layout; each distinct stage's shape (its units, worker
+    micro-batch and shardings: what its profiling's timed runs scale with) and the model's unit count."""
     from libarena.models import get_model
     from libarena.plan import data_parallel_plan
     from libarena.profile.local_plans import enumerate_grid_plans
@@ -322,23 +325,69 @@ def grid_stage_counts(model: str, layout: Any) -> list[dict[str, int]]:
         if plans:
             plans.append(data_parallel_plan(replace(plans[0].grid, pipeline_degree=1), NUM_CLUSTERS))
         distinct = {spec for plan in plans for spec in plan_stage_specs(m, layout, plan, "fp32", None)}
-        out.append({"num_gpus": g, "plans": len(plans), "distinct_stages": len(distinct)})
+        out.append({"num_gpus": g, "plans": len(plans), "distinct_stages": len(distinct), "num_units": len(m.units),
+                    "stages": [_stage_shape(spec) for spec in sorted(distinct, key=_stage_order)]})
     return out
 
 
-def derived_cost(grids: list[dict[str, int]], profiling_per_stage_s: float, measurement_compile_s: float, iter_time_1_s: float,
+def _stage_order(spec: Any) -> tuple[int, ...]:
+    return spec.start, spec.stop, spec.micro_batch, spec.tp, spec.ep, spec.zero_shards
+
+
+def _stage_shape(spec: Any) -> dict[str, int]:
+    return {"start": spec.start, "stop": spec.stop, "micro_batch": spec.micro_batch, "tp": spec.tp, "ep": spec.ep,
+            "zero_shards": spec.zero_shards}
+
+
+def _microbatch_work(stage: dict[str, Any], num_units: int) -> float:
+    """A worker's share of the model's work for one micro-batch: its units' share (by count) times its
+    batch-equivalent rows (the micro-batch over the tensor-parallel degree)."""
+    return (stage["stop"] - stage["start"]) / num_units * stage["micro_batch"] / stage["tp"]
+
+
+def _optimizer_work(stage: dict[str, Any], num_units: int) -> float:
+    """A worker's share of the optimizer update: its units' share of the parameters over its shardings."""
+    return (stage["stop"] - stage["start"]) / num_units / (stage["tp"] * stage.get("zero_shards", 1))
+
+
+def stage_cost_model(stage_costs: list[dict[str, Any]], num_units: int) -> dict[str, float]:
+    """Per-stage profiling cost from the stages a run profiled (``profile_plans``' ``stage_costs``): compiling
+    (the mean), the fixed rest of building a stage (the mean; tracing, inputs, a child's start), and the timed runs'
+    device-seconds per unit of work (micro-batch and optimizer separately: they scale differently)."""
+    if not stage_costs:
+        raise ValueError("no profiled stages: nothing to derive a stage's cost from")
+    compile_s = statistics.fmean(c["compile_s"] for c in stage_costs)
+    fixed = statistics.fmean(max(0.0, c["device_s"] - c["compile_s"] - c["timed_microbatch_s"] - c["timed_optimizer_s"])
+                             for c in stage_costs)
+    microbatch_rate = (sum(c["timed_microbatch_s"] for c in stage_costs)
+                       / sum(_microbatch_work(c, num_units) for c in stage_costs))
+    # a stage whose optimizer profile came from another stage's (the same shard shapes) paid nothing for it
+    paid = [c for c in stage_costs if c["timed_optimizer_s"] > 0]
+    optimizer_rate = (sum(c["timed_optimizer_s"] for c in paid) / sum(_optimizer_work(c, num_units) for c in paid)) if paid else 0.0
+    return {"compile_s_per_stage": compile_s, "fixed_s_per_stage": fixed, "timed_microbatch_s_per_work": microbatch_rate,
+            "timed_optimizer_s_per_work": optimizer_rate}
+
+
+def derived_cost(grids: list[dict[str, Any]], stage_model: dict[str, float], measurement_compile_s: float, iter_time_1_s: float,
                  timed_steps: int) -> list[dict[str, Any]]:
     """The profiling / measurement cost of every plan of larger grids, derived from measured per-stage and
-    per-plan costs: profiling holds one device per distinct stage (``profiling_per_stage_s`` each: compile and
-    time it); measuring a plan holds its G devices for its compilation (``measurement_compile_s``) and
-    ``timed_steps`` steps of ``iter_time_1_s / G`` each (perfect scaling: the cheapest a measurement could be)."""
+    per-plan costs. Profiling holds one device per distinct stage: its compilation and fixed cost as measured here
+    (not made smaller for a smaller stage), and its timed runs at the rate measured here times the stage's share
+    of the work (``stage_cost_model``; an optimizer profile once per distinct shard shape). Measuring a plan holds
+    its G devices for its compilation (``measurement_compile_s`` each) and ``timed_steps`` steps of
+    ``iter_time_1_s / G`` each (perfect scaling: the cheapest a measurement could be, as a stage's share of the
+    work is for profiling)."""
     out = []
     for grid in grids:
-        g, plans = grid["num_gpus"], grid["plans"]
-        profiling = grid["distinct_stages"] * profiling_per_stage_s
+        g, plans, units = grid["num_gpus"], grid["plans"], grid["num_units"]
+        stages = grid["stages"]
+        optimizers = {(s["start"], s["stop"], s["tp"], s["ep"], s.get("zero_shards", 1)): s for s in stages}
+        profiling = (len(stages) * (stage_model["compile_s_per_stage"] + stage_model["fixed_s_per_stage"])
+                     + stage_model["timed_microbatch_s_per_work"] * sum(_microbatch_work(s, units) for s in stages)
+                     + stage_model["timed_optimizer_s_per_work"] * sum(_optimizer_work(s, units) for s in optimizers.values()))
         measuring = plans * (g * measurement_compile_s + timed_steps * iter_time_1_s)
-        out.append({**grid, "profiling_device_s": profiling, "measurement_device_s": measuring,
-                    "ratio": measuring / profiling if profiling > 0 else None})
+        out.append({"num_gpus": g, "plans": plans, "distinct_stages": grid["distinct_stages"], "profiling_device_s": profiling,
+                    "measurement_device_s": measuring, "ratio": measuring / profiling if profiling > 0 else None})
     return out
 
 
@@ -419,7 +468,8 @@ def _child(request: dict[str, Any], out_path: str) -> None:
             rows += model_rows
             summary = cost["summary"]
             costs.append({"model": model, "profiling_device_s": cost["device_s"], "co_run_device_s": cost["co_run_device_s"],
-                          "stages_profiled": summary["stages_profiled"],
+                          "stages_profiled": summary["stages_profiled"], "stage_costs": summary["stage_costs"],
+                          "profiling_timed_iterations": PROFILE_WARMUP + PROFILE_REPEATS,
                           "paper_grids": grid_stage_counts(model, planset.layout),
                           "measurement_device_s": sum(r["measurement_device_s"] for r in model_rows),
                           "measurement_compile_device_s": sum(r["measurement_compile_device_s"] for r in model_rows),
@@ -472,22 +522,26 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
     for c in costs:
         model_rows = [r for r in rows if r["model"] == c["model"]]
         ones = [r for r in model_rows if r["num_gpus"] == 1]
-        # Accelerators are separate chips: profiling them needs no co-run timing (host devices only)
-        per_stage = (c["profiling_device_s"] - c.get("co_run_device_s", 0.0)) / max(1, c["stages_profiled"])
+        # Accelerators are separate chips: profiling them needs no co-run timing (host devices only), so the
+        # per-stage model is made from the stage profiles alone
+        units = c["paper_grids"][0]["num_units"]
+        stage_model = stage_cost_model(c["stage_costs"], units)
         per_plan_compile = statistics.fmean(r["measurement_compile_device_s"] / r["num_gpus"] for r in model_rows)
         iter_1 = statistics.fmean(r["measured_s"] for r in ones) if ones else 0.0
-        # a direct measurement of the larger grids times as many steps as this run timed per plan (the median)
-        steps = statistics.median(len(r["measured_samples_s"]) for r in model_rows)
+        # a direct measurement times as many iterations as profiling times a stage (its warm-up included)
+        steps = c["profiling_timed_iterations"]
         cost_rows[c["model"]] = {
             "profiling_device_s": c["profiling_device_s"], "measurement_device_s": c["measurement_device_s"],
             "ratio": c["measurement_device_s"] / c["profiling_device_s"] if c["profiling_device_s"] > 0 else None,
             "measured_on": "1- and 2-device CPU grids (every plan); compilation included on both sides",
             "derived_paper_grids": {
                 "note": "DERIVED, not measured: every plan of the model's 4/8/16-device grids, from the measured cost of profiling "
-                        "one stage on one device (without the host-only co-run timing: GPUs are separate chips) and of "
-                        "compiling one plan here, and timed steps at the 1-device iteration time / G",
-                "profiling_device_s_per_stage": per_stage, "measurement_compile_s_per_plan": per_plan_compile,
-                "grids": derived_cost(c["paper_grids"], per_stage, per_plan_compile, iter_1, steps),
+                        "a stage on one device here (compilation and fixed cost as measured; its timed runs scaled by the stage's "
+                        "share of the work, by unit count and batch rows; without the host-only co-run timing: GPUs are separate "
+                        "chips) and of compiling one plan here, and as many timed steps as profiling times a stage, at the "
+                        "1-device iteration time / G",
+                "stage_cost_model": stage_model, "measurement_compile_s_per_plan": per_plan_compile, "timed_steps": steps,
+                "grids": derived_cost(c["paper_grids"], stage_model, per_plan_compile, iter_1, steps),
             },
         }
     summary["cost_per_model"] = cost_rows

@@ -99,7 +99,12 @@ def _row(model, n, est, meas):
 def _cost(model):
     return {"model": model, "profiling_device_s": 4.0, "co_run_device_s": 0.0, "stages_profiled": 2,
             "measurement_device_s": 36.0, "measurement_compile_device_s": 30.0,
-            "paper_grids": [{"num_gpus": 4, "plans": 2, "distinct_stages": 2}], "quiet_check": None}
+            "paper_grids": [{"num_gpus": 4, "plans": 2, "distinct_stages": 2, "num_units": 2,
+                             "stages": [{"start": 0, "stop": 1, "micro_batch": 2, "tp": 1, "ep": 1, "zero_shards": 1},
+                                        {"start": 1, "stop": 2, "micro_batch": 2, "tp": 1, "ep": 1, "zero_shards": 1}]}],
+            "stage_costs": [{"start": 0, "stop": 2, "micro_batch": 4, "tp": 1, "zero_shards": 1,
+                             "device_s": 2.0, "compile_s": 1.0, "timed_microbatch_s": 0.5, "timed_optimizer_s": 0.1}],
+            "profiling_timed_iterations": 18, "quiet_check": None}
 
 
 def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done=("gpt__tiny",), conclusive=True,

@@ -226,14 +226,19 @@ def profile_stage(
     if compiled is not None and opt_record is None and compiled.optimizer is None:
         compiled = None  # compiled ahead without the optimizer, whose profile is not there after all
     execs = build_stage_executables(spec, device=local.device, seed=seed, with_optimizer=opt_record is None, compiled=compiled)
+    timed = {"microbatch": 0.0, "optimizer": 0.0}
+    t1 = time.perf_counter()
     microbatch = _time_burst(timer, execs.run_microbatch, warmup, repeats, burst, budget_s)
+    timed["microbatch"] = time.perf_counter() - t1
     if opt_record is None:
+        t1 = time.perf_counter()
         opt_record = {
             "optimizer": timer.time(execs.run_optimizer, warmup, repeats, budget_s).to_dict(),
             "cost": execs.cost["optimizer"],
             "memory": execs.memory["optimizer"],
             "state_bytes": execs.optimizer_state_bytes(),
         }
+        timed["optimizer"] = time.perf_counter() - t1
         if cache is not None:
             cache.put(opt_key, opt_record)
     setup = _time_step_setup(execs, local.device, repeats)
@@ -242,7 +247,7 @@ def profile_stage(
     if compiled is not None and compile_device_s is not None:
         wall += compile_device_s  # compiled before t0, in parallel with other stages
         compile_wall = compile_device_s
-    record = _stage_record(spec, execs, key, local, timer.name, microbatch, opt_key, opt_record, setup, wall, compile_wall)
+    record = _stage_record(spec, execs, key, local, timer.name, microbatch, opt_key, opt_record, setup, wall, compile_wall, timed)
     if cache is not None:
         cache.put(key, record)
     return record, False
@@ -270,8 +275,11 @@ def profile_stage_in_child(spec: StageSpec, local: LocalDevice, timer: Timer, ca
 
 
 def _stage_record(spec: StageSpec, execs: Any, key: str, local: LocalDevice, timer_name: str, microbatch: Timing, opt_key: str,
-                  opt_record: dict[str, Any], setup: dict[str, float], wall: float, compile_wall: float) -> dict[str, Any]:
-    """A stage's profile record from its executables and timings (what the cache keeps, estimate_plan reads)."""
+                  opt_record: dict[str, Any], setup: dict[str, float], wall: float, compile_wall: float,
+                  timed: dict[str, float]) -> dict[str, Any]:
+    """A stage's profile record from its executables and timings (what the cache keeps, estimate_plan reads).
+    ``timed``: wall seconds spent in the timed runs (warm-up included) of the micro-batch and the optimizer step:
+    the part of ``wall`` that grows with the stage's work (a benchmark derives larger grids' cost from it)."""
     import jax
 
     view = execs.view
@@ -296,6 +304,7 @@ def _stage_record(spec: StageSpec, execs: Any, key: str, local: LocalDevice, tim
         #: this stage's part of the profiling run's wall time spent compiling (compile_s on one thread)
         "compile_device_s": compile_wall,
         "device_s": wall,
+        "timed_device_s": {name: float(v) for name, v in timed.items()},
         "cost": {**execs.cost, "optimizer": opt_record["cost"]},
         "memory": {**execs.memory, "optimizer": opt_record["memory"]},
         "state_bytes": execs.weight_bytes() + opt_record["state_bytes"],
@@ -324,7 +333,8 @@ class StageSession:
             execs = build_stage_executables(spec, device=self.local.device, seed=self.seed, with_optimizer=True)
             setup = _time_step_setup(execs, self.local.device, repeats)
             self._execs[key] = execs
-            self._state[key] = {"spec": spec, "microbatch": [], "optimizer": [], "setup": setup, "device_s": time.perf_counter() - t0}
+            self._state[key] = {"spec": spec, "microbatch": [], "optimizer": [], "setup": setup, "device_s": time.perf_counter() - t0,
+                                "timed": {"microbatch": 0.0, "optimizer": 0.0}}
         return key
 
     def time(self, spec: StageSpec, warmup: int, repeats: int) -> None:
@@ -333,8 +343,12 @@ class StageSession:
         execs, state = self._execs[key], self._state[key]
         t0 = time.perf_counter()
         state["microbatch"].append(_time_burst(self.timer, execs.run_microbatch, warmup, repeats, self.burst))
+        t1 = time.perf_counter()
         state["optimizer"].append(self.timer.time(execs.run_optimizer, warmup, repeats))
-        state["device_s"] += time.perf_counter() - t0
+        t2 = time.perf_counter()
+        state["timed"]["microbatch"] += t1 - t0
+        state["timed"]["optimizer"] += t2 - t1
+        state["device_s"] += t2 - t0
 
     def device_s(self, spec: StageSpec) -> float:
         return self._state[stage_cache_key(spec, self.local, self.timer.name)]["device_s"]
@@ -355,7 +369,7 @@ class StageSession:
                       "state_bytes": execs.optimizer_state_bytes()}
         return _stage_record(spec, execs, key, self.local, self.timer.name, _pooled(state["microbatch"][picked]),
                              optimizer_cache_key(spec, self.local, self.timer.name), opt_record, state["setup"], state["device_s"],
-                             execs.compile_s)
+                             execs.compile_s, state["timed"])
 
     def release(self, spec: StageSpec) -> None:
         self._execs.pop(stage_cache_key(spec, self.local, self.timer.name), None)
@@ -505,6 +519,8 @@ def combine_unit_records(records: list[dict[str, Any]], spec: StageSpec, overhea
         "input_put_q1_s": float(records[0].get("input_put_q1_s", records[0]["input_put_s"])),
         "compile_s": float(sum(r["compile_s"] for r in records)),
         "device_s": float(sum(r["device_s"] for r in records)),
+        "timed_device_s": {name: float(sum(r.get("timed_device_s", {}).get(name, 0.0) for r in records))
+                           for name in ("microbatch", "optimizer")},
         "cost": cost,
         "memory": memory,
         "state_bytes": float(sum(r["state_bytes"] for r in records)),
@@ -837,6 +853,7 @@ def profile_plans(
     work = [(p, False) for p in selected] + [(p, True) for p in dp_plans.values()]
 
     stages_needed = stages_cached = stages_profiled = 0
+    stage_costs: list[dict[str, Any]] = []
     seen_this_run: set[str] = set()
     estimates: list[PlanEstimate] = []
     dp_estimates: dict[Resources, PlanEstimate] = {}
@@ -910,6 +927,7 @@ def profile_plans(
                 else:
                     stages_profiled += 1
                     new_cost += record["device_s"]
+                    stage_costs.append(_stage_cost(spec, record))
                     log(
                         f"profiled {spec.model} units [{spec.start}, {spec.stop}) mb {spec.micro_batch} tp {spec.tp}: "
                         f"{record['microbatch']['median_s'] * 1e3:.2f} ms/micro-batch ({record['device_s']:.1f} device-s)"
@@ -965,7 +983,18 @@ def profile_plans(
         "operator_table_sha256": planset.operator_table_sha256,
         "plans": [e.to_dict() for e in [*estimates, *dp_estimates.values()]],
     }
+    # where this run's profiling time went, stage by stage (the result's summary only: not an artifact's metadata)
+    summary["stage_costs"] = stage_costs
     return ProfileResult(table, [*estimates, *dp_estimates.values()], summary, metadata)
+
+
+def _stage_cost(spec: StageSpec, record: dict[str, Any]) -> dict[str, Any]:
+    """A profiled stage's shape and its device-seconds: all of them, compiling, and in the timed runs (the part
+    that grows with the stage's work; the rest is the fixed cost of building it: tracing, inputs, a child's start)."""
+    timed = record.get("timed_device_s") or {}
+    return {"start": spec.start, "stop": spec.stop, "micro_batch": spec.micro_batch, "tp": spec.tp, "zero_shards": spec.zero_shards,
+            "device_s": float(record["device_s"]), "compile_s": float(record.get("compile_device_s", record["compile_s"])),
+            "timed_microbatch_s": float(timed.get("microbatch", 0.0)), "timed_optimizer_s": float(timed.get("optimizer", 0.0))}
 
 
 def write_perf_table(path: str, result: ProfileResult, provenance: Provenance) -> None:

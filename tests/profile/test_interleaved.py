@@ -4,6 +4,8 @@ and the accuracy benchmark's aggregation and derived cost, on real models."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from libarena.errors import ArenaError
@@ -115,9 +117,22 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
     rows = [row("gpt__tiny", 1, 1.02, 1.0), row("gpt__tiny", 1, 0.96, 1.0), row("gpt__tiny", 2, 0.6, 0.5)]
     for r, error_median, error_paired in zip(rows, (0.01, -0.05, 0.1), (0.02, -0.04, None)):
         r["error_median"], r["error_paired"] = error_median, error_paired
-    grids = [{"num_gpus": 4, "plans": 6, "distinct_stages": 5}, {"num_gpus": 16, "plans": 3, "distinct_stages": 4}]
+    def stage(start, stop, micro_batch, tp=1, zero_shards=1):
+        return {"start": start, "stop": stop, "micro_batch": micro_batch, "tp": tp, "ep": 1, "zero_shards": zero_shards}
+
+    # 4 units; the 4-device grid: 2 plans' stages (a half at micro-batch 4, the same half as another plan's, one quarter
+    # tensor-parallel at micro-batch 2); the 16-device one: a quarter at micro-batch 1
+    grids = [{"num_gpus": 4, "plans": 6, "distinct_stages": 3, "num_units": 4,
+              "stages": [stage(0, 2, 4), stage(0, 2, 2), stage(2, 3, 2, tp=2)]},
+             {"num_gpus": 16, "plans": 3, "distinct_stages": 1, "num_units": 4, "stages": [stage(3, 4, 1)]}]
+    # profiled here: the whole model at micro-batch 8 (8 s of timed micro-batches, 2 s of optimizer), a half at
+    # micro-batch 8 whose optimizer profile came from elsewhere; each 3 s compiling, 1 s fixed
+    stage_costs = [{"start": 0, "stop": 4, "micro_batch": 8, "tp": 1, "zero_shards": 1, "device_s": 14.0, "compile_s": 3.0,
+                    "timed_microbatch_s": 8.0, "timed_optimizer_s": 2.0},
+                   {"start": 0, "stop": 2, "micro_batch": 8, "tp": 1, "zero_shards": 1, "device_s": 8.0, "compile_s": 3.0,
+                    "timed_microbatch_s": 4.0, "timed_optimizer_s": 0.0}]
     costs = [{"model": "gpt__tiny", "profiling_device_s": 6.0, "stages_profiled": 3, "measurement_device_s": 48.0,
-              "measurement_compile_device_s": 40.0, "paper_grids": grids}]
+              "measurement_compile_device_s": 40.0, "paper_grids": grids, "stage_costs": stage_costs, "profiling_timed_iterations": 18}]
     summary = bench_profile.aggregate(rows, costs)
     assert summary["mae_1_devices"] == pytest.approx(0.03) and summary["mae_2_devices"] == pytest.approx(0.2)
     assert summary["mae_1_devices_independent_model"] == 0.0
@@ -133,10 +148,18 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
     derived = summary["cost_per_model"]["gpt__tiny"]["derived_paper_grids"]
     assert "DERIVED" in derived["note"]
     g4, g16 = derived["grids"]
-    # profiling: 2 device-s per distinct stage; measuring: per plan G x 10 s of compilation + the timed steps of 1 s / G... x G
-    steps = 12  # the steps timed per plan, the median over the model's plans (12, 12, 20)
-    assert g4["profiling_device_s"] == pytest.approx(10.0) and g4["measurement_device_s"] == pytest.approx(6 * (4 * 10.0 + steps * 1.0))
-    assert g16["ratio"] == pytest.approx(3 * (16 * 10.0 + steps) / 8.0)
+    # the stage model: 3 s compiling and 1 s fixed a stage; micro-batch runs 12 s over 8 + 4 rows of the whole model
+    # (1 s per row of it); the optimizer 2 s over the one stage that paid for it (the whole model's parameters)
+    model = derived["stage_cost_model"]
+    assert model == pytest.approx({"compile_s_per_stage": 3.0, "fixed_s_per_stage": 1.0, "timed_microbatch_s_per_work": 1.0,
+                                   "timed_optimizer_s_per_work": 2.0})
+    # profiling the 4-device grid: 3 stages x 4 s, micro-batch work 2 + 1 + 0.25, optimizer shards (0,2) once and
+    # (2,3)/tp 2 once: (0.5 + 0.125) x 2 s. Measuring: per plan G x 10 s of compilation + 18 steps (as many as
+    # profiling times a stage) of 1 s / G, on G devices
+    assert g4["profiling_device_s"] == pytest.approx(12.0 + 3.25 + 1.25)
+    assert g4["measurement_device_s"] == pytest.approx(6 * (4 * 10.0 + 18 * 1.0))
+    assert g16["ratio"] == pytest.approx(3 * (16 * 10.0 + 18) / (4.0 + 0.25 + 0.5))
+    assert derived["timed_steps"] == 18
     assert not summary["met"]  # 2 devices: 20% off
     # within the error target on both counts: the cost is judged on the paper's grids (derived), not on 1-2
     # devices, where a direct measurement holds at most twice what profiling holds
@@ -144,7 +167,8 @@ def test_benchmark_aggregates_errors_per_device_count_and_derives_larger_grids()
     summary = bench_profile.aggregate(close, costs)
     assert summary["cost_ratio_mean"] < bench_profile.COST_TARGET <= summary["cost_ratio_derived_4_16_gpus_mean"]
     assert summary["met"]
-    costly = [{**costs[0], "stages_profiled": 1, "profiling_device_s": 200.0}]  # profiling 200 device-s a stage
+    # profiling that compiles for 200 s a stage
+    costly = [{**costs[0], "stage_costs": [{**c, "compile_s": 200.0, "device_s": c["device_s"] + 197.0} for c in stage_costs]}]
     assert not bench_profile.aggregate(close, costly)["met"]
 
 
@@ -218,6 +242,13 @@ def test_benchmark_counts_the_distinct_stages_of_larger_grids():
     counts = bench_profile.grid_stage_counts("gpt__tiny", layout)
     assert [c["num_gpus"] for c in counts] == list(bench_profile.DERIVED_GRIDS)
     assert all(0 < c["distinct_stages"] <= 3 * c["plans"] for c in counts if c["plans"])
+    # each distinct stage's shape, for its share of the work: units within the model's, shardings that divide the grid
+    for c in counts:
+        assert len(c["stages"]) == c["distinct_stages"] and c["num_units"] > 0
+        assert all(0 <= s["start"] < s["stop"] <= c["num_units"] and c["num_gpus"] % s["tp"] == 0 for s in c["stages"])
+    # larger grids split the work finer: the mean micro-batch work of a stage shrinks from 4 to 16 devices
+    work = [statistics.fmean(bench_profile._microbatch_work(s, c["num_units"]) for s in c["stages"]) for c in counts]
+    assert work[-1] < work[0]
 
 
 def test_host_benchmark_spreads_are_across_runs_of_per_run_lower_quartiles():

@@ -12,6 +12,8 @@ from libarena.artifacts import read_table
 from libarena.plan import read_plans
 from libarena.errors import ArenaError
 
+from tests.profile.stage_costs import check_stage_costs
+
 MODEL = "gpt__tiny"
 BATCH = 8
 
@@ -77,6 +79,9 @@ def test_identical_stages_across_grids_are_profiled_once(first_run):
     # ... and only those 6 were compiled (ahead of timing, on threads): identical layers not again.
     compiled = [int(m.split()[1]) for m in first_run.log_messages if m.startswith("compiled ")]
     assert sum(compiled) == 6
+    # where the profiling time went, one entry per profiled unit: compiling, timed runs, the rest fixed
+    check_stage_costs(s)
+
 
 
 def test_other_gpu_types_are_roofline_scaled_estimates(first_run):

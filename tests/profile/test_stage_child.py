@@ -8,6 +8,8 @@ import pytest
 from libarena.errors import ArenaError
 from libarena.plan import read_plans
 
+from tests.profile.stage_costs import check_stage_costs
+
 MODEL = "gpt__tiny"
 BATCH = 8
 
@@ -62,6 +64,7 @@ def test_profiling_with_child_isolation_caches_apart_from_the_in_process_profile
     first = run("child")
     s = first.summary
     assert s["stages_profiled"] >= 1 and s["stages_skipped"] == s["stages_needed"] - s["stages_profiled"]
+    check_stage_costs(s)  # the child's timed runs are counted as in process; its start is in the fixed rest
     rows = first.table.to_pylist()
     assert sorted(r["view"] for r in rows) == ["ap", "arena", "dp"]
     assert all(r["iter_time_s"] > 0 and r["profiling_cost_device_s"] >= 0 for r in rows)
