@@ -316,6 +316,7 @@ def grid_stage_counts(model: str, layout: Any) -> list[dict[str, Any]]:
     from libarena.models import get_model
     from libarena.plan import data_parallel_plan
     from libarena.profile.local_plans import enumerate_grid_plans
+    from libarena.profile.profiler import stage_shape
     from libarena.profile.stage import plan_stage_specs
 
     m = get_model(model)
@@ -326,17 +327,8 @@ def grid_stage_counts(model: str, layout: Any) -> list[dict[str, Any]]:
             plans.append(data_parallel_plan(replace(plans[0].grid, pipeline_degree=1), NUM_CLUSTERS))
         distinct = {spec for plan in plans for spec in plan_stage_specs(m, layout, plan, "fp32", None)}
         out.append({"num_gpus": g, "plans": len(plans), "distinct_stages": len(distinct), "num_units": len(m.units),
-                    "stages": [_stage_shape(spec) for spec in sorted(distinct, key=_stage_order)]})
+                    "stages": sorted(map(stage_shape, distinct), key=lambda shape: tuple(shape.values()))})
     return out
-
-
-def _stage_order(spec: Any) -> tuple[int, ...]:
-    return spec.start, spec.stop, spec.micro_batch, spec.tp, spec.ep, spec.zero_shards
-
-
-def _stage_shape(spec: Any) -> dict[str, int]:
-    return {"start": spec.start, "stop": spec.stop, "micro_batch": spec.micro_batch, "tp": spec.tp, "ep": spec.ep,
-            "zero_shards": spec.zero_shards}
 
 
 def _microbatch_work(stage: dict[str, Any], num_units: int) -> float:

@@ -988,12 +988,17 @@ def profile_plans(
     return ProfileResult(table, [*estimates, *dp_estimates.values()], summary, metadata)
 
 
+def stage_shape(spec: StageSpec) -> dict[str, int]:
+    """A stage's units and its worker's micro-batch and shardings: what the work of its timed runs scales with."""
+    return {"start": spec.start, "stop": spec.stop, "micro_batch": spec.micro_batch, "tp": spec.tp, "ep": spec.ep,
+            "zero_shards": spec.zero_shards}
+
+
 def _stage_cost(spec: StageSpec, record: dict[str, Any]) -> dict[str, Any]:
     """A profiled stage's shape and its device-seconds: all of them, compiling, and in the timed runs (the part
     that grows with the stage's work; the rest is the fixed cost of building it: tracing, inputs, a child's start)."""
     timed = record.get("timed_device_s") or {}
-    return {"start": spec.start, "stop": spec.stop, "micro_batch": spec.micro_batch, "tp": spec.tp, "zero_shards": spec.zero_shards,
-            "device_s": float(record["device_s"]), "compile_s": float(record.get("compile_device_s", record["compile_s"])),
+    return {**stage_shape(spec), "device_s": float(record["device_s"]), "compile_s": float(record.get("compile_device_s", record["compile_s"])),
             "timed_microbatch_s": float(timed.get("microbatch", 0.0)), "timed_optimizer_s": float(timed.get("optimizer", 0.0))}
 
 
