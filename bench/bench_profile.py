@@ -26,20 +26,23 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   that drift between turns makes shrinks when paired, a systematic one does not;
 * before each model after the first it waits again (bounded, ``--max-wait``) until no other process is busy
   and the timing noise is under the limit (not the load average, which its own last model keeps up), and
-  records what it saw with the model (``costs[].quiet_check``); the noise is probed again at the end: a model
-  started on a host that stayed noisy, or a host noisy at the end, makes the figures inconclusive
-  (``summary.conclusive`` false, ``models_started_noisy``, targets not met);
+  records what it saw with the model (``costs[].quiet_check``: the first look, before any waiting, and the
+  last); the noise is probed again at the end. Each model is judged by the two looks that bracket it
+  (``summary.noise_brackets``): the last look before it (the run's own quiet check for the first model) and
+  the first look after it, before any waiting (the end probe for the last model). A model with either look
+  noisy makes the figures inconclusive (``summary.conclusive`` false, ``models_noisy``, targets not met);
 * the measuring interpreter rewrites its results after every model: a run stopped midway (Ctrl-C, SIGTERM) or
   given ``--time-budget`` still writes the models it finished, marked incomplete (``summary.complete`` false,
   ``models_not_done``, targets not met);
 * the file records the code it measured with (``protocol.code``: a digest of libarena's and its own modules' source, and
   the git commit; bench.provenance), taken at the start and checked at the end: code edited while the run went
   on makes its figures inconclusive (``summary.code_changed_during_run``);
-* ``--resume FILE`` goes on from an incomplete run: its finished models' rows are kept and only the rest are
-  measured, in a new run with its own quiet check, calibration and noise probes, written to another file with
-  every part's protocol (``protocol.earlier_parts``). It is refused unless FILE was measured with the same code
-  (source digest), setup, thread layout and stage isolation; a part judged inconclusive keeps the whole file
-  inconclusive. Each model's rows come from one part: its estimate and measurement always take turns in one run.
+* ``--resume FILE`` goes on from an earlier run: the rows of its models finished between quiet looks are kept
+  and only the rest (not done, or bracketed by a noisy look) are measured, in a new run with its own quiet
+  check, calibration and noise probes, written to another file with every part's protocol
+  (``protocol.earlier_parts``). It is refused unless FILE was measured with the same code (source digest, not
+  edited while it ran), setup, thread layout, stage isolation and noise limit. Each model's rows come from one
+  part: its estimate and measurement always take turns in one run.
 
 Cost is device-seconds as the paper counts them (devices held x wall time, compilation included on both
 sides): profiling is one ordinary ``profile_plans`` run with an empty cache (one device); a direct
@@ -569,15 +572,19 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     if resume is not None:
         if Path(resume).resolve() == (Path(results_dir) / f"{name}.json").resolve():
             raise ArenaError(f"bench_profile: --resume {resume} is the file this run would write: give it another --name")
-        earlier = earlier_part(Path(resume), models, identity, threading, isolation)
+        earlier = earlier_part(Path(resume), models, identity, threading, isolation, (quiet or QuietPolicy()).max_noise)
         threading = earlier["layout"]
-        _log(f"resuming {resume}: keeping {', '.join(earlier['done'])}; timing {', '.join(earlier['todo'])}")
+        again = f" ({', '.join(earlier['timed_again'])} again: noisy there)" if earlier["timed_again"] else ""
+        _log(f"resuming {resume}: keeping {', '.join(earlier['done']) or 'nothing'}; timing {', '.join(earlier['todo'])}{again}")
         models_all, models = models, tuple(earlier["todo"])
     policy = quiet or QuietPolicy()
     layout = XLA_THREADING.canonical(threading or steadiest_layout(results_dir))
     # the noise probe times one thread on each core the measurements run on (None: where they may run)
     cores = XLA_THREADING.get(layout).cores(max(DEVICE_COUNTS))
     quiet_record = wait_until_quiet(policy, _log, noise_probe=lambda: timing_noise(cores=cores))
+    if quiet_record["timing_noise"] is None and not quiet_record["busy_processes"]:
+        # only the load average kept the noise from being timed (--allow-busy): time it, the first model's bracket
+        quiet_record = {**quiet_record, "timing_noise": timing_noise(cores=cores)}
     noise = quiet_record["timing_noise"]
     noise_text = "" if noise is None else f", timing noise {noise['level']:.1%}"
     _log(f"host {'quiet' if quiet_record['quiet'] else 'BUSY (going on: --allow-busy)'} (load {quiet_record['load_average']:.2f}{noise_text}); "
@@ -597,20 +604,22 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         out, stopped = run_child([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)], result,
                                  env=huge_page_heap_env(os.environ), what="bench_profile: the measuring interpreter")
     rows, costs, done = out["rows"], out["costs"], out["models_done"]
-    if earlier is not None:  # every model's rows from the one part that timed it
-        rows, costs = earlier["payload"]["plans"] + rows, earlier["payload"]["costs"] + costs
+    noise_after = timing_noise(cores=cores)
+    brackets = noise_brackets(done, quiet_record, {c["model"]: c.get("quiet_check") for c in costs}, noise_after, policy.max_noise)
+    if earlier is not None:  # every model's rows from the one part that timed it (between quiet looks, where one did)
+        kept = set(earlier["done"])
+        rows = [r for r in earlier["payload"]["plans"] if r["model"] in kept] + rows
+        costs = [c for c in earlier["payload"]["costs"] if c["model"] in kept] + costs
         done, models = earlier["done"] + done, models_all
+        brackets = {**earlier["noise_brackets"], **brackets}
     summary = aggregate(rows, costs)
     judge_completeness(summary, models, {**out, "models_done": done}, stopped)
-    noise_after = timing_noise(cores=cores)
     floor_after = alternation_floor(list(FLOOR_SCHEMES), FLOOR_S, core=floor_core)
     _log(f"alternation floor at the end: {_floor_text(floor_after)}")
     # per scheme, the mean gap at the start and at the end
     summary["alternation_floor_mean_gap"] = {f"{before['turns']}x{before['turn_s']:g}s": [before["mean_gap"], after["mean_gap"]]
                                              for before, after in zip(floor_before["schemes"], floor_after["schemes"], strict=True)}
-    judge_noise(summary, noise_after, policy.max_noise, {c["model"]: c.get("quiet_check") for c in out["costs"]})
-    if earlier is not None:
-        judge_earlier_part(summary, earlier["payload"]["summary"])
+    judge_noise(summary, brackets, policy.max_noise)
     judge_code(summary, identity, measuring_code())
     payload = {
         "summary": summary,
@@ -672,11 +681,13 @@ def measuring_code() -> dict[str, Any]:
 
 
 def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], threading: str | None,
-                 isolation: str) -> dict[str, Any]:
-    """What ``--resume path`` keeps: the earlier run's payload, its finished models (``done``), the models of
-    ``models`` left to time (``todo``), its thread layout and its protocol as a part (``parts``: the earlier
-    parts first). One-line ArenaError unless it is an incomplete run of this benchmark measured with the same
-    code (``identity``), setup, layout (``threading``, when given) and stage ``isolation``."""
+                 isolation: str, max_noise: float | None) -> dict[str, Any]:
+    """What ``--resume path`` keeps: the earlier run's payload, its models finished between quiet looks
+    (``done``, with their ``noise_brackets``), the ones it finished between noisy ones (``timed_again``), the models
+    of ``models`` left to time (``todo``), its thread layout and its protocol as a part (``parts``: the earlier
+    parts first). One-line ArenaError unless it is a run of this benchmark measured with the same code
+    (``identity``, not edited while it ran), setup, layout (``threading``, when given), stage ``isolation`` and
+    noise limit (``max_noise``), with something left to time."""
     def refuse(why: str) -> ArenaError:
         return ArenaError(f"bench_profile: cannot resume {path}: {why}")
 
@@ -704,28 +715,27 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
         raise refuse(f"it ran with XLA threading {layout!r}, not {threading!r}")
     if protocol.get("stage_isolation") != isolation:
         raise refuse(f"its stages were timed with isolation {protocol.get('stage_isolation')!r}, not {isolation!r}")
-    not_done = summary.get("models_not_done")
+    if summary.get("code_changed_during_run") is not False:
+        raise refuse("its code was edited while it ran (or it does not say): none of its figures can be kept")
+    if summary.get("noise_limit") != max_noise:
+        raise refuse(f"its models were judged with another noise limit ({summary.get('noise_limit')!r}, not {max_noise!r})")
+    not_done, brackets = summary.get("models_not_done"), summary.get("noise_brackets")
     if not isinstance(not_done, list) or not isinstance(setup.get("models"), list):
         raise refuse("it does not list its models and the ones it did not do")
-    done = [m for m in setup["models"] if m not in not_done]
-    stray = [m for m in done if m not in models]
+    if not isinstance(brackets, dict):
+        raise refuse("it does not record the host's noise around each model (written before noise_brackets were)")
+    finished = [m for m in setup["models"] if m not in not_done]
+    stray = [m for m in finished if m not in models]
     if stray:
         raise refuse(f"it holds models not asked for ({', '.join(stray)})")
+    done = [m for m in finished if isinstance(brackets.get(m), dict) and brackets[m].get("quiet") is True]
     todo = [m for m in models if m not in done]
     if not todo:
-        raise refuse("every model asked for is done in it: nothing to resume")
-    part = {**{k: v for k, v in protocol.items() if k != "earlier_parts"}, "file": Path(path).name}
-    return {"payload": payload, "done": done, "todo": todo, "layout": layout,
-            "parts": list(protocol.get("earlier_parts", [])) + [part]}
-
-
-def judge_earlier_part(summary: dict[str, Any], earlier: dict[str, Any]) -> None:
-    """A resumed run is conclusive only when the part it resumed was: the models that part started on a noisy
-    host are listed with this part's, and a part judged inconclusive (noisy before a model or at its end, or its
-    code edited while it ran) leaves the whole run inconclusive."""
-    summary["models_started_noisy"] = list(earlier.get("models_started_noisy", [])) + list(summary.get("models_started_noisy", []))
-    if not earlier.get("conclusive", False):
-        _inconclusive(summary, "the resumed part's figures were inconclusive: so are this run's")
+        raise refuse("every model asked for is done between quiet looks in it: nothing to resume")
+    timed_again = [m for m in finished if m not in done]
+    part = {**{k: v for k, v in protocol.items() if k != "earlier_parts"}, "file": Path(path).name, "models_timed_again": timed_again}
+    return {"payload": payload, "done": done, "todo": todo, "timed_again": timed_again, "layout": layout,
+            "noise_brackets": {m: brackets[m] for m in done}, "parts": list(protocol.get("earlier_parts", [])) + [part]}
 
 
 def judge_code(summary: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
@@ -743,18 +753,49 @@ def _inconclusive(summary: dict[str, Any], why: str) -> None:
     _log(why)
 
 
-def judge_noise(summary: dict[str, Any], noise_after: dict[str, float], max_noise: float | None,
-                quiet_checks: dict[str, dict[str, Any] | None] | None = None) -> None:
-    """The host may have turned noisy while it was timed: at the end, or before a model and stayed so for the
-    whole wait (``quiet_checks``: model -> :func:`quiet_before_model`'s record). Then its figures show the targets
-    neither met nor missed (``conclusive`` False, and ``met`` False: a target is not shown met at noise level)."""
-    noisy = [model for model, check in (quiet_checks or {}).items() if check is not None and not check["quiet"]]
-    summary["models_started_noisy"] = noisy
-    summary["conclusive"] = max_noise is None or (noise_after["level"] <= max_noise and not noisy)
-    if not summary["conclusive"]:
+def _look(look: dict[str, Any] | None, max_noise: float | None) -> tuple[bool, float | None]:
+    """One look at the host (a quiet check's record or its ``first_look``): whether it showed no other busy
+    process and timing noise within ``max_noise`` (None: not judged), and the noise level it timed (None: not
+    timed, another process was busy)."""
+    noise = (look or {}).get("timing_noise")
+    level = None if noise is None else noise["level"]
+    if max_noise is None:
+        return True, level
+    return look is not None and not look.get("busy_processes") and level is not None and level <= max_noise, level
+
+
+def noise_brackets(models_done: list[str], start_check: dict[str, Any], quiet_checks: dict[str, dict[str, Any] | None],
+                   noise_after: dict[str, float], max_noise: float | None) -> dict[str, dict[str, Any]]:
+    """Each model of one run (``models_done``, in the order timed) between the two looks at the host that
+    bracket it: ``before``, the last look before it started (``start_check``, the run's own quiet check, for the
+    first; then :func:`quiet_before_model`'s record, after any waiting), and ``after``, the first look once it
+    ended, before any waiting (the next model's ``first_look``; ``noise_after``, the end probe, for the last).
+    ``quiet``: both looks showed no other busy process and timing noise within ``max_noise``."""
+    out = {}
+    for k, model in enumerate(models_done):
+        before = start_check if k == 0 else quiet_checks.get(model)
+        after = (quiet_checks.get(models_done[k + 1]) or {}).get("first_look") if k + 1 < len(models_done) else \
+            {"busy_processes": [], "timing_noise": noise_after}
+        (quiet_before, level_before), (quiet_after, level_after) = _look(before, max_noise), _look(after, max_noise)
+        out[model] = {"before": level_before, "after": level_after, "quiet": quiet_before and quiet_after}
+    return out
+
+
+def judge_noise(summary: dict[str, Any], brackets: dict[str, dict[str, Any]], max_noise: float | None) -> None:
+    """The host may have turned noisy while a model was timed (``brackets``: :func:`noise_brackets`). Then the
+    figures show the targets neither met nor missed (``conclusive`` False, and ``met`` False: a target is not
+    shown met at noise level); ``--resume`` times those models again."""
+    noisy = [model for model, bracket in brackets.items() if not bracket["quiet"]]
+    summary.update(noise_limit=max_noise, noise_brackets=brackets, models_noisy=noisy, conclusive=not noisy)
+    if noisy:
         summary["met"] = False
-        _log(f"the host was noisy during the run (timing noise {noise_after['level']:.1%} at the end, limit {max_noise:.0%}; "
-             f"models started on a noisy host: {', '.join(noisy) or 'none'}): its figures are inconclusive")
+        _log("the host was noisy around " + ", ".join(
+            f"{m} ({_level(brackets[m]['before'])} before, {_level(brackets[m]['after'])} after)" for m in noisy)
+            + f" (limit {max_noise:.0%}): the figures are inconclusive; --resume times those models again")
+
+
+def _level(level: float | None) -> str:
+    return "another process busy" if level is None else f"{level:.1%}"
 
 
 if __name__ == "__main__":

@@ -107,13 +107,15 @@ def _cost(model):
             "profiling_timed_iterations": 18, "quiet_check": None}
 
 
-def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done=("gpt__tiny",), conclusive=True,
+def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done=("gpt__tiny",), noisy=(),
                  layout="pinned", isolation="child"):
     from bench import bench_profile as bp
 
     rows = [r for m in done for r in (_row(m, 1, 1.01, 1.0), _row(m, 2, 0.98, 1.0))]
-    return {"summary": {"models_not_done": [m for m in models if m not in done], "conclusive": conclusive, "met": False,
-                        "models_started_noisy": [] if conclusive else [done[0]]},
+    brackets = {m: {"before": 0.02, "after": 0.09 if m in noisy else 0.02, "quiet": m not in noisy} for m in done}
+    return {"summary": {"models_not_done": [m for m in models if m not in done], "conclusive": not noisy, "met": False,
+                        "noise_limit": 0.05, "noise_brackets": brackets, "models_noisy": list(noisy),
+                        "code_changed_during_run": False},
             "plans": rows, "costs": [_cost(m) for m in done],
             "protocol": {"code": identity, "layout": layout, "stage_isolation": isolation, "models": list(done),
                          "quiet_check": {"quiet": True}},
@@ -130,15 +132,16 @@ def test_an_incomplete_run_of_the_same_code_and_setup_is_resumed_with_its_finish
 
     path = tmp_path / "part.json"
     path.write_text(json.dumps(_earlier_run(IDENTITY)))
-    part = earlier_part(path, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, None, "child")
+    part = earlier_part(path, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, None, "child", 0.05)
     assert part["done"] == ["gpt__tiny"] and part["todo"] == ["bert__tiny", "moe__tiny"] and part["layout"] == "pinned"
+    assert part["timed_again"] == [] and part["noise_brackets"] == {"gpt__tiny": {"before": 0.02, "after": 0.02, "quiet": True}}
     assert [p["file"] for p in part["parts"]] == ["part.json"] and part["parts"][0]["models"] == ["gpt__tiny"]
     # a part that was itself resumed hands on its earlier parts first
     resumed = _earlier_run(IDENTITY, done=("gpt__tiny", "bert__tiny"))
     resumed["protocol"] = {**resumed["protocol"], "models": ["bert__tiny"], "earlier_parts": part["parts"]}
     path2 = tmp_path / "part2.json"
     path2.write_text(json.dumps(resumed))
-    chained = earlier_part(path2, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, "pinned", "child")
+    chained = earlier_part(path2, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, "pinned", "child", 0.05)
     assert chained["todo"] == ["moe__tiny"]
     assert [(p["file"], p["models"]) for p in chained["parts"]] == [("part.json", ["gpt__tiny"]), ("part2.json", ["bert__tiny"])]
 
@@ -155,6 +158,23 @@ def _other_batch(payload):
     payload["setup"]["global_batch"] = 8
 
 
+def _edited_while_running(payload):
+    payload["summary"]["code_changed_during_run"] = True
+
+
+def _without_brackets(payload):
+    del payload["summary"]["noise_brackets"]
+
+
+def _other_noise_limit(payload):
+    payload["summary"]["noise_limit"] = 0.1
+
+
+def _all_quiet(payload):  # every model asked for done between quiet looks
+    done = ("gpt__tiny", "bert__tiny", "moe__tiny")
+    payload.update(_earlier_run(IDENTITY, done=done))
+
+
 @pytest.mark.parametrize("content, change, args, why", [
     (None, None, {}, "no such file"),
     ("not json", None, {}, "not a readable JSON file"),
@@ -166,6 +186,10 @@ def _other_batch(payload):
     ("", None, {"isolation": "process"}, "timed with isolation 'child', not 'process'"),
     ("", None, {"models": ("bert__tiny", "moe__tiny")}, "holds models not asked for \\(gpt__tiny\\)"),
     ("", None, {"models": ("gpt__tiny",)}, "nothing to resume"),
+    ("", _all_quiet, {}, "every model asked for is done between quiet looks in it: nothing to resume"),
+    ("", _edited_while_running, {}, "its code was edited while it ran"),
+    ("", _without_brackets, {}, "does not record the host's noise around each model"),
+    ("", _other_noise_limit, {}, "another noise limit \\(0.1, not 0.05\\)"),
 ])
 def test_a_resume_is_refused_in_one_line_naming_why(tmp_path, content, change, args, why):
     import re
@@ -182,19 +206,22 @@ def test_a_resume_is_refused_in_one_line_naming_why(tmp_path, content, change, a
         path.write_text(content)
     asked = {"models": ("gpt__tiny", "bert__tiny", "moe__tiny"), "threading": None, "isolation": "child", **args}
     with pytest.raises(ArenaError) as caught:
-        earlier_part(path, asked["models"], IDENTITY, asked["threading"], asked["isolation"])
+        earlier_part(path, asked["models"], IDENTITY, asked["threading"], asked["isolation"], 0.05)
     message = str(caught.value)
     assert message.startswith(f"bench_profile: cannot resume {path}: ") and "\n" not in message
     assert re.search(why, message), message
 
 
-def _fake_host(monkeypatch, child_models_done, noise=0.02):
-    """The host's probes and the measuring child replaced: what run() does with their results is under test."""
+def _fake_host(monkeypatch, child_models_done, noise=0.02, start_load=0.1):
+    """The host's probes and the measuring child replaced: what run() does with their results is under test.
+    ``start_load`` above the start policy's limit: the start check gives up on the load (--allow-busy) untimed."""
     from bench import child
     from libarena.profile import host
 
     floor = {"schemes": [{"turns": 5, "turn_s": 1.0, "mean_gap": 0.001}]}
-    monkeypatch.setattr(host, "wait_until_quiet", lambda *a, **k: {"quiet": True, "load_average": 0.1, "timing_noise": {"level": noise}})
+    started_busy = start_load > host.QuietPolicy().max_load
+    monkeypatch.setattr(host, "wait_until_quiet", lambda *a, **k: {"quiet": not started_busy, "load_average": start_load, "busy_processes": [],
+                                                                    "timing_noise": None if started_busy else {"level": noise}})
     monkeypatch.setattr(host, "timing_noise", lambda *a, **k: {"level": noise})
     monkeypatch.setattr(host, "alternation_floor", lambda *a, **k: floor)
     asked = []
@@ -203,7 +230,11 @@ def _fake_host(monkeypatch, child_models_done, noise=0.02):
         request = json.loads(open(command[-2]).read())
         asked.append(request)
         rows = [r for m in child_models_done for r in (_row(m, 1, 1.03, 1.0), _row(m, 2, 1.0, 1.0))]
-        return {"rows": rows, "costs": [_cost(m) for m in child_models_done], "models_done": list(child_models_done),
+        costs = [_cost(m) for m in child_models_done]
+        for c in costs[1:]:  # the quiet check before each model after the first: quiet at both looks
+            look = {"quiet": True, "busy_processes": [], "timing_noise": {"level": noise}}
+            c["quiet_check"] = {**look, "first_look": dict(look)}
+        return {"rows": rows, "costs": costs, "models_done": list(child_models_done),
                 "models_skipped_for_time": [], "threading": {"name": request["threading"]}, "host": {}, "calibration_s": 1.0,
                 "host_sharing": {}}, None
 
@@ -240,18 +271,43 @@ def test_a_resumed_run_times_only_the_rest_and_writes_every_models_rows_to_anoth
     assert [(p["file"], p["models"]) for p in protocol["earlier_parts"]] == [("part.json", ["gpt__tiny"])]
 
 
-def test_a_resumed_part_that_was_inconclusive_leaves_the_whole_run_inconclusive(tmp_path, monkeypatch):
+def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_between_noisy_looks(tmp_path, monkeypatch):
     from bench import bench_profile
 
     identity = bench_profile.measuring_code()
-    models = ("gpt__tiny", "bert__tiny")
+    models = ("gpt__tiny", "bert__tiny", "moe__tiny")
     part = tmp_path / "part.json"
-    part.write_text(json.dumps(_earlier_run(identity, models, conclusive=False, layout="default")))
-    _fake_host(monkeypatch, ["bert__tiny"])
-    assert not bench_profile.run(tmp_path, models, "whole", isolation="child", resume=part)
-    summary = json.loads((tmp_path / "whole.json").read_text())["summary"]
-    assert summary["complete"] and not summary["conclusive"] and not summary["met"]
-    assert summary["models_started_noisy"] == ["gpt__tiny"]
+    part.write_text(json.dumps(_earlier_run(identity, models, done=("gpt__tiny", "bert__tiny"), noisy=("bert__tiny",), layout="default")))
+    asked = _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"])
+    assert bench_profile.run(tmp_path, models, "whole", isolation="child", resume=part)
+    assert [a["models"] for a in asked] == [["bert__tiny", "moe__tiny"]]
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    # bert__tiny's rows and cost from this run only: the earlier part's (noisy) ones are dropped
+    assert sorted(r["model"] for r in whole["plans"]) == sorted(models * 2)
+    assert [c["model"] for c in whole["costs"]] == list(models)
+    summary = whole["summary"]
+    assert summary["complete"] and summary["conclusive"] and summary["models_noisy"] == []
+    assert sorted(summary["noise_brackets"]) == sorted(models) and all(b["quiet"] for b in summary["noise_brackets"].values())
+    assert [(p["file"], p["models"], p["models_timed_again"]) for p in whole["protocol"]["earlier_parts"]] == \
+        [("part.json", ["gpt__tiny", "bert__tiny"], ["bert__tiny"])]
+    # a part timed on a noisy host is judged so, its models (the earlier part's quiet one kept) to be timed again
+    _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"], noise=0.09)
+    assert not bench_profile.run(tmp_path, models, "noisy", isolation="child", resume=part)
+    summary = json.loads((tmp_path / "noisy.json").read_text())["summary"]
+    assert not summary["conclusive"] and not summary["met"] and summary["models_noisy"] == ["bert__tiny", "moe__tiny"]
+    assert earlier_todo(tmp_path / "noisy.json", models, identity) == ["bert__tiny", "moe__tiny"]
+    # a start given up on for the load average alone: the noise is timed for the first model's bracket
+    _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"], start_load=5.0)
+    assert bench_profile.run(tmp_path, models, "loaded", isolation="child", resume=part)
+    loaded = json.loads((tmp_path / "loaded.json").read_text())
+    assert loaded["summary"]["noise_brackets"]["bert__tiny"]["before"] == 0.02
+    assert loaded["protocol"]["quiet_check"]["load_average"] == 5.0 and not loaded["protocol"]["quiet_check"]["quiet"]
+
+
+def earlier_todo(path, models, identity):
+    from bench.bench_profile import earlier_part
+
+    return earlier_part(path, models, identity, None, "child", 0.05)["todo"]
 
 
 @pytest.mark.parametrize("benchmark", ["bench_profile", "bench_host", "bench_gpu"])

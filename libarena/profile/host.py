@@ -341,7 +341,7 @@ def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = No
                      noise_probe: Callable[[], dict[str, float]] | None = None) -> dict[str, Any]:
     """Wait (at most ``policy.max_wait_s``) until the load average, every other process and the timing noise
     are under the policy's limits. Returns what was seen (``quiet``, ``waited_s``, the load, the busy
-    processes and the timing noise at the end); raises a one-line ArenaError when the host stays busy or
+    processes and the timing noise at the end, and the same at the first look, ``first_look``); raises a one-line ArenaError when the host stays busy or
     noisy and the policy refuses.
 
     ``probe`` (tests): returns (one-minute load average, busy processes) instead of looking at the host;
@@ -354,6 +354,7 @@ def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = No
     probe = probe or look
     noise_probe = noise_probe or timing_noise
     waited = 0.0
+    first_look = None
     while True:
         load, busy = probe()
         noise = None
@@ -361,12 +362,15 @@ def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = No
         if quiet:  # timed only on a host that looks idle (the probe is work of its own)
             noise = noise_probe()
             quiet = policy.max_noise is None or noise["level"] <= policy.max_noise
+        if first_look is None:  # the host as found, before any waiting (what the work just before it ran on)
+            first_look = {"quiet": quiet, "load_average": load, "busy_processes": busy, "timing_noise": noise}
         if quiet or waited >= policy.max_wait_s:
             break
         log(f"host {_condition(load, busy, noise, policy)}: waiting {policy.poll_s:.0f} s ({waited:.0f} of at most {policy.max_wait_s:.0f} s)")
         sleep(policy.poll_s)
         waited += policy.poll_s
     record = {"quiet": quiet, "waited_s": waited, "load_average": load, "busy_processes": busy, "timing_noise": noise,
+              "first_look": first_look,
               "policy": {"max_load": policy.max_load, "max_process_percent": policy.max_process_percent,
                          "max_noise": policy.max_noise, "max_wait_s": policy.max_wait_s}}
     if not quiet and policy.refuse:

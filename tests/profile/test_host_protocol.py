@@ -25,6 +25,7 @@ def _steady() -> dict[str, float]:
 def test_quiet_host_starts_at_once():
     record = host.wait_until_quiet(host.QuietPolicy(max_load=0.5), probe=lambda: (0.1, []), sleep=pytest.fail, noise_probe=_steady)
     assert record["quiet"] and record["waited_s"] == 0 and record["timing_noise"]["spread"] == 0.01
+    assert record["first_look"] == {"quiet": True, "load_average": 0.1, "busy_processes": [], "timing_noise": _steady()}
 
 
 def test_busy_host_is_waited_for_then_used():
@@ -35,6 +36,9 @@ def test_busy_host_is_waited_for_then_used():
                                    noise_probe=lambda: probed.append(1) or _steady())
     assert record["quiet"] and record["waited_s"] == 20 and slept == [10, 10]
     assert probed == [1]  # the noise is timed only once the host looks idle
+    # the host as first found is kept beside (a benchmark judges the work just before the wait by it)
+    first = record["first_look"]
+    assert not first["quiet"] and first["load_average"] == 3.0 and first["busy_processes"][0]["pid"] == 9 and first["timing_noise"] is None
 
 
 def test_host_that_stays_busy_is_refused_in_one_line_naming_the_load_and_the_process():
@@ -71,6 +75,7 @@ def test_noisy_host_is_waited_for_then_refused_in_one_line_naming_the_noise():
     record = host.wait_until_quiet(host.QuietPolicy(max_noise=0.05, max_wait_s=30, poll_s=10), probe=lambda: (0.1, []),
                                    sleep=lambda s: None, noise_probe=lambda: next(calms))
     assert record["quiet"] and record["waited_s"] == 10 and record["policy"]["max_noise"] == 0.05
+    assert not record["first_look"]["quiet"] and record["first_look"]["timing_noise"] == noisy
     # without a limit the probe is only recorded (bench_host measures that noise itself)
     record = host.wait_until_quiet(host.QuietPolicy(max_noise=None), probe=lambda: (0.1, []), sleep=pytest.fail, noise_probe=lambda: noisy)
     assert record["quiet"] and record["timing_noise"]["level"] == 0.124

@@ -200,18 +200,43 @@ def test_benchmark_refuses_a_missing_results_directory_before_timing_and_judges_
     with pytest.raises(ArenaError, match="results directory .* does not exist"):
         bench_profile.run(tmp_path / "missing", models=("gpt__tiny",))
     steady, noisy = {"level": 0.02}, {"level": 0.09}
+
+    def look(level, busy=()):
+        return {"busy_processes": list(busy), "timing_noise": None if level is None else {"level": level}}
+
+    def check(first, last):  # a quiet check before a model: the host as first found, and after any waiting
+        return {**look(last), "first_look": look(first)}
+
+    start = look(0.01)
+    models = ["gpt__tiny", "bert__tiny", "moe__tiny"]
+    # every look quiet: each model bracketed by the look before it and the first look after it
+    checks = {"gpt__tiny": None, "bert__tiny": check(0.03, 0.03), "moe__tiny": check(0.04, 0.04)}
+    brackets = bench_profile.noise_brackets(models, start, checks, steady, 0.05)
+    assert brackets == {"gpt__tiny": {"before": 0.01, "after": 0.03, "quiet": True},
+                        "bert__tiny": {"before": 0.03, "after": 0.04, "quiet": True},
+                        "moe__tiny": {"before": 0.04, "after": 0.02, "quiet": True}}
     summary = {"met": True}
-    bench_profile.judge_noise(summary, steady, 0.05)
-    assert summary == {"met": True, "conclusive": True, "models_started_noisy": []}
-    bench_profile.judge_noise(summary, noisy, 0.05)
-    assert summary == {"met": False, "conclusive": False, "models_started_noisy": []}
+    bench_profile.judge_noise(summary, brackets, 0.05)
+    assert summary == {"met": True, "conclusive": True, "models_noisy": [], "noise_brackets": brackets, "noise_limit": 0.05}
+    # noisy at the end: only the last model is in doubt
+    brackets = bench_profile.noise_brackets(models, start, checks, noisy, 0.05)
+    assert [m for m, b in brackets.items() if not b["quiet"]] == ["moe__tiny"] and brackets["moe__tiny"]["after"] == 0.09
     summary = {"met": True}
-    bench_profile.judge_noise(summary, noisy, None)  # no limit: recorded, not judged
-    assert summary == {"met": True, "conclusive": True, "models_started_noisy": []}
-    # a model started on a host that stayed noisy through the wait before it, though the end was steady
+    bench_profile.judge_noise(summary, brackets, 0.05)
+    assert not summary["met"] and not summary["conclusive"] and summary["models_noisy"] == ["moe__tiny"]
+    # noisy when bert__tiny's check first looked (the wait then found it quiet): gpt__tiny ended on a noisy host,
+    # bert__tiny started on a quiet one; another busy process at a look is as bad as noise
+    checks_noisy = {**checks, "bert__tiny": check(0.09, 0.02), "moe__tiny": {**look(None, [{"pid": 3}]), "first_look": look(0.01)}}
+    brackets = bench_profile.noise_brackets(models, start, checks_noisy, steady, 0.05)
+    assert {m: b["quiet"] for m, b in brackets.items()} == {"gpt__tiny": False, "bert__tiny": True, "moe__tiny": False}
+    assert brackets["moe__tiny"]["before"] is None and brackets["gpt__tiny"]["after"] == 0.09
+    # the run's own start check brackets the first model
+    assert not bench_profile.noise_brackets(models, look(0.2), checks, steady, 0.05)["gpt__tiny"]["quiet"]
+    # no limit: recorded, not judged
+    brackets = bench_profile.noise_brackets(models, start, checks_noisy, noisy, None)
     summary = {"met": True}
-    bench_profile.judge_noise(summary, steady, 0.05, {"gpt__tiny": None, "bert__tiny": {"quiet": False}, "moe__tiny": {"quiet": True}})
-    assert summary == {"met": False, "conclusive": False, "models_started_noisy": ["bert__tiny"]}
+    bench_profile.judge_noise(summary, brackets, None)
+    assert summary["met"] and summary["conclusive"] and brackets["moe__tiny"]["after"] == 0.09
 
 
 def test_the_benchmark_waits_before_each_model_for_the_noise_to_pass_and_records_what_it_saw():
@@ -223,6 +248,7 @@ def test_the_benchmark_waits_before_each_model_for_the_noise_to_pass_and_records
     # the load average is left out: the benchmark's own work keeps it high
     record = bench_profile.quiet_before_model(settings, probe=lambda: (1.8, []), noise_probe=lambda: next(levels), sleep=slept.append)
     assert record["quiet"] and record["waited_s"] == 30 and slept == [15.0, 15.0] and record["timing_noise"] == steady
+    assert record["first_look"]["timing_noise"] == noisy  # the host the model before ended on (noise_brackets)
     # a host that stays noisy is recorded, not refused (the run's figures are judged inconclusive instead)
     record = bench_profile.quiet_before_model({**settings, "max_wait_s": 15.0}, probe=lambda: (0.1, []), noise_probe=lambda: noisy,
                                               sleep=lambda s: None)
