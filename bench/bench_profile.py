@@ -569,15 +569,15 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         raise ArenaError(f"bench_profile: results directory {results_dir} does not exist")
     identity = measuring_code()
     earlier = None
+    policy = quiet or QuietPolicy()
     if resume is not None:
         if Path(resume).resolve() == (Path(results_dir) / f"{name}.json").resolve():
             raise ArenaError(f"bench_profile: --resume {resume} is the file this run would write: give it another --name")
-        earlier = earlier_part(Path(resume), models, identity, threading, isolation, (quiet or QuietPolicy()).max_noise)
+        earlier = earlier_part(Path(resume), models, identity, threading, isolation, policy.max_noise)
         threading = earlier["layout"]
         again = f" ({', '.join(earlier['timed_again'])} again: noisy there)" if earlier["timed_again"] else ""
         _log(f"resuming {resume}: keeping {', '.join(earlier['done']) or 'nothing'}; timing {', '.join(earlier['todo'])}{again}")
         models_all, models = models, tuple(earlier["todo"])
-    policy = quiet or QuietPolicy()
     layout = XLA_THREADING.canonical(threading or steadiest_layout(results_dir))
     # the noise probe times one thread on each core the measurements run on (None: where they may run)
     cores = XLA_THREADING.get(layout).cores(max(DEVICE_COUNTS))
@@ -786,10 +786,9 @@ def judge_noise(summary: dict[str, Any], brackets: dict[str, dict[str, Any]], ma
     figures show the targets neither met nor missed (``conclusive`` False, and ``met`` False: a target is not
     shown met at noise level); ``--resume`` times those models again."""
     noisy = [model for model, bracket in brackets.items() if not bracket["quiet"]]
-    summary.update(noise_limit=max_noise, noise_brackets=brackets, models_noisy=noisy, conclusive=not noisy)
+    summary.update(noise_limit=max_noise, noise_brackets=brackets, models_noisy=noisy, conclusive=True)
     if noisy:
-        summary["met"] = False
-        _log("the host was noisy around " + ", ".join(
+        _inconclusive(summary, "the host was noisy around " + ", ".join(
             f"{m} ({_level(brackets[m]['before'])} before, {_level(brackets[m]['after'])} after)" for m in noisy)
             + f" (limit {max_noise:.0%}): the figures are inconclusive; --resume times those models again")
 

@@ -341,8 +341,8 @@ def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = No
                      noise_probe: Callable[[], dict[str, float]] | None = None) -> dict[str, Any]:
     """Wait (at most ``policy.max_wait_s``) until the load average, every other process and the timing noise
     are under the policy's limits. Returns what was seen (``quiet``, ``waited_s``, the load, the busy
-    processes and the timing noise at the end, and the same at the first look, ``first_look``); raises a one-line ArenaError when the host stays busy or
-    noisy and the policy refuses.
+    processes and the timing noise at the end, and the same at the first look, ``first_look``); raises a
+    one-line ArenaError when the host stays busy or noisy and the policy refuses.
 
     ``probe`` (tests): returns (one-minute load average, busy processes) instead of looking at the host;
     ``noise_probe`` (tests): returns :func:`timing_noise`'s record instead of timing."""
