@@ -34,8 +34,8 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
 * the measuring interpreter rewrites its results after every model: a run stopped midway (Ctrl-C, SIGTERM) or
   given ``--time-budget`` still writes the models it finished, marked incomplete (``summary.complete`` false,
   ``models_not_done``, targets not met);
-* the file records the code it measured with (``protocol.code``: a digest of libarena's and its own modules' source, and
-  the git commit; bench.provenance), taken at the start and checked at the end: code edited while the run went
+* the file records the code it measured with (``protocol.code``: a digest of the library and bench source it can run,
+  and the git commit; bench.provenance), taken at the start and checked at the end: code edited while the run went
   on makes its figures inconclusive (``summary.code_changed_during_run``);
 * ``--resume FILE`` goes on from an earlier run: the rows of its models finished between quiet looks are kept
   and only the rest (not done, or bracketed by a noisy look) are measured, in a new run with its own quiet
@@ -110,8 +110,9 @@ PROFILE_WARMUP, PROFILE_REPEATS = 3, 15
 STATISTIC = "q1"
 #: Grid sizes of the paper's clusters the cost ratio is derived for.
 DERIVED_GRIDS = (4, 8, 16)
-#: The bench modules this benchmark runs, beside the library (bench.provenance.code_identity)
-MEASURING_MODULES = ("bench/__init__.py", "bench/bench_profile.py", "bench/stats.py", "bench/child.py", "bench/provenance.py")
+#: Where this benchmark's code starts: it measures with every library and bench file this can run
+#: (bench.provenance.code_identity follows the imports)
+MEASURING_MODULES = ("bench/bench_profile.py",)
 #: Refusals printed as one line by ``python -m bench``.
 REFUSALS = (ArenaError,)
 

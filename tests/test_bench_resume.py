@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ def _tree(root):
     (root / "bench").mkdir()
     (root / "libarena" / "a.py").write_text("A = 1\n")
     (root / "libarena" / "sub" / "b.py").write_text("B = 2\n")
-    (root / "bench" / "c.py").write_text("C = 3\n")
+    (root / "bench" / "c.py").write_text("import libarena.sub.b\n\nC = 3\n")
     return root
 
 
@@ -53,9 +54,9 @@ def test_the_source_digest_follows_every_measuring_file_and_nothing_else(tmp_pat
     # another benchmark's module is not this one's source
     (root / "bench" / "other.py").write_text("X = 1\n")
     assert digest() == first
-    (root / "bench" / "c.py").write_text("C = 4\n")
+    (root / "bench" / "c.py").write_text("import libarena.sub.b\n\nC = 4\n")
     assert digest() != first
-    (root / "bench" / "c.py").write_text("C = 3\n")
+    (root / "bench" / "c.py").write_text("import libarena.sub.b\n\nC = 3\n")
     (root / "libarena" / "a.py").write_text("A = 1\nB")
     (root / "libarena" / "sub" / "b.py").write_text(" = 2\n")
     assert digest() != first
@@ -75,11 +76,14 @@ def test_the_code_identity_names_the_commit_and_whether_the_source_differs_from_
     subprocess.run(git + ["commit", "-q", "-m", "c"], cwd=root, check=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     clean = code_identity(modules, root)
-    assert clean["git"] == {"commit": head, "dirty": False} and clean["source"] == ["libarena", "bench/c.py"]
-    # a results file written beside, another benchmark's edit: not an edit of this source
+    assert clean["git"] == {"commit": head, "dirty": False} and clean["source"] == ["bench/c.py", "libarena/sub/b.py"]
+    # a results file written beside, another benchmark's edit, library code the benchmark cannot run: not an edit
+    # of this source
     (root / "libarena" / "results.json").write_text("{}\n")
     (root / "bench" / "other.py").write_text("X = 1\n")
+    (root / "libarena" / "a.py").write_text("A = 2\n")
     assert code_identity(modules, root)["git"]["dirty"] is False
+    assert code_identity(modules, root)["source_sha256"] == clean["source_sha256"]
     (root / "libarena" / "sub" / "b.py").write_text("B = 3\n")
     edited = code_identity(modules, root)
     assert edited["git"] == {"commit": head, "dirty": True} and edited["source_sha256"] != clean["source_sha256"]
@@ -310,24 +314,70 @@ def earlier_todo(path, models, identity):
     return earlier_part(path, models, identity, None, "child", 0.05)["todo"]
 
 
+def test_the_source_a_benchmark_can_run_follows_imports_strings_and_built_names(tmp_path):
+    from bench.provenance import reachable_source
+
+    files = {
+        "bench/__init__.py": "",
+        "bench/entry.py": "from bench.helper import H\n\ndef later():\n    from libarena.a import x  # deferred\n",
+        "bench/helper.py": "H = 1\n",
+        "bench/other.py": "import libarena.unused\n",
+        "libarena/__init__.py": "",
+        "libarena/a/__init__.py": "",
+        "libarena/a/x.py": "from ..b import y\nfrom . import z\nCHILD = ['python', '-m', 'libarena.served']\n",
+        "libarena/a/z.py": "import libarena.kinds\n",
+        "libarena/b/__init__.py": "",
+        "libarena/b/y.py": "import numpy\n",
+        "libarena/served.py": "",
+        "libarena/kinds/__init__.py": "import importlib\nfor m in ('k1',):\n    importlib.import_module(f'{__name__}.{m}')\n",
+        "libarena/kinds/k1.py": "",
+        "libarena/unused.py": "import libarena.served\n",
+        "libarena/mentions.py": '"""importlib.import_module is only named here"""\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    reached = reachable_source(("bench/entry.py",), tmp_path)
+    assert reached == sorted(["bench/__init__.py", "bench/entry.py", "bench/helper.py", "libarena/__init__.py",
+                              "libarena/a/__init__.py", "libarena/a/x.py", "libarena/a/z.py", "libarena/b/__init__.py",
+                              "libarena/b/y.py", "libarena/served.py", "libarena/kinds/__init__.py", "libarena/kinds/k1.py"])
+    # a file that only mentions import_module does not bring its package
+    assert reachable_source(("libarena/mentions.py",), tmp_path) == ["libarena/mentions.py"]
+
+
 @pytest.mark.parametrize("benchmark", ["bench_profile", "bench_host", "bench_gpu"])
-def test_a_benchmarks_code_is_the_library_and_every_bench_module_it_imports(repo_root, benchmark):
-    """What the digest covers (MEASURING_MODULES) follows the benchmark's imports, through the bench modules."""
+def test_a_benchmarks_code_holds_every_file_it_loads_and_not_the_scheduler(repo_root, benchmark):
+    """The digest covers what a fresh interpreter loads when it runs every import of the benchmark (its functions'
+    deferred ones too) and of the modules its children run; the scheduler, which none of these benchmarks can
+    run, is outside it (so editing the scheduler does not part two runs' rows)."""
     import ast
     import importlib
+    import sys
 
-    modules = importlib.import_module(f"bench.{benchmark}").MEASURING_MODULES
-    seen, todo = set(), [f"bench/{benchmark}.py"]
-    while todo:
-        module = todo.pop()
-        if module in seen:
-            continue
-        seen.add(module)
-        for node in ast.walk(ast.parse((repo_root / module).read_text())):
-            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
-                [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            todo += [n.replace(".", "/") + ".py" for n in names if n.startswith("bench.")]
-    assert seen | {"bench/__init__.py"} <= set(modules)
+    from bench.provenance import code_identity
+
+    source = set(code_identity(importlib.import_module(f"bench.{benchmark}").MEASURING_MODULES, repo_root)["source"])
+    assert {f"bench/{benchmark}.py", "bench/provenance.py", "libarena/errors.py"} <= source
+    assert not any(f.startswith("libarena/schedule/") for f in source)
+    imported = set()
+    for node in ast.walk(ast.parse((repo_root / "bench" / f"{benchmark}.py").read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            imported.add(node.module)
+    if benchmark == "bench_profile":  # what its children run with -m
+        imported |= {"libarena.profile.corun", "libarena.profile.measure", "libarena.profile.stage_child",
+                     "libarena.profile.comm_bench", "libarena.profile.concurrency"}
+    code = ("import json, sys\n"
+            f"for name in {sorted(imported)!r}:\n"
+            "    __import__(name)\n"
+            "print(json.dumps(sorted({getattr(m, '__file__', None) or '' for m in list(sys.modules.values())})))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, timeout=300, check=True)
+    root = repo_root.resolve()
+    loaded = {Path(f).resolve().relative_to(root).as_posix() for f in json.loads(done.stdout.splitlines()[-1])
+              if f and Path(f).resolve().is_relative_to(root)}
+    ours = {f for f in loaded if f.split("/", 1)[0] in ("libarena", "bench")}
+    assert f"bench/{benchmark}.py" in ours and ours <= source
 
 
 def test_code_edited_while_a_run_goes_on_makes_it_inconclusive():
