@@ -24,13 +24,16 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   region's median against the steps' median (lower quartiles do not add up), and, as a diagnostic, each turn's
   estimate against the measurement's turn beside it (``turn_errors``; their median ``error_paired``): an error
   that drift between turns makes shrinks when paired, a systematic one does not;
-* before each model after the first it waits again (bounded, ``--max-wait``) until no other process is busy
-  and the timing noise is under the limit (not the load average, which its own last model keeps up), and
-  records what it saw with the model (``costs[].quiet_check``: the first look, before any waiting, and the
-  last); the noise is probed again at the end. Each model is judged by the two looks that bracket it
-  (``summary.noise_brackets``): the last look before it (the run's own quiet check for the first model) and
-  the first look after it, before any waiting (the end probe for the last model). A model with either look
-  noisy makes the figures inconclusive (``summary.conclusive`` false, ``models_noisy``, targets not met);
+* every plan is timed between two looks at the host (``PlanLooks``): before it, the look right after the plan
+  before where that was quiet, or else a wait (bounded, ``--max-wait``) until no other process is busy and the
+  timing noise is under the limit (not the load average, which its own work keeps up); after it, one look at
+  once. A plan with a noisy look beside it is timed again once the host is quiet (at most ``PLAN_ATTEMPTS`` in
+  all; the discarded timings are kept in ``plans_timed_again``, and which plan is redone follows the looks, never
+  the figures); its row records both looks (``host_looks``). A model with a plan still noisy after that makes the
+  figures inconclusive (``summary.noise_brackets``, ``models_noisy``; ``conclusive`` false, targets not met). The
+  host noise changes in phases of a minute or so, so one look per model at its ends says little about the tens
+  of minutes between them. Before each model it also waits for quiet before its cost run
+  (``costs[].quiet_check``), and probes the noise at the start and the end of the run (records);
 * the measuring interpreter rewrites its results after every model: a run stopped midway (Ctrl-C, SIGTERM) or
   given ``--time-budget`` still writes the models it finished, marked incomplete (``summary.complete`` false,
   ``models_not_done``, targets not met);
@@ -62,6 +65,7 @@ Targets: mean absolute error <= 5% per device count; profiling >= 10x cheaper th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -167,11 +171,13 @@ def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str, isolation: str = 
 
 
 def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing: Any, alternatives: dict[str, Any],
-                 isolation: str = "process") -> list[dict[str, Any]]:
+                 isolation: str = "process", looks: PlanLooks | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every plan estimated and measured ABAB; one row each (estimated with the profiler's concurrency model
     ``sharing``, and with the ``alternatives`` from the same stage records, for comparison). ``isolation``: where
     the estimate side's stages are built and timed, as ``ProfileConfig.isolation`` (child: a fresh child per
-    stage and plan, ended with the plan's row, so each record holds that plan's turns only)."""
+    stage and plan, ended with the plan's row, so each record holds that plan's turns only). Each plan is timed
+    between two looks at the host (``looks``; :func:`timed_between_quiet_looks`): returns the rows and the rows of
+    timings done again because a look beside them was noisy."""
     from libarena.plan import DP_PLAN_ID, data_parallel_plan
     from libarena.profile import ProfileConfig, resolve_device
     from libarena.profile.host import XLA_THREADING
@@ -190,13 +196,16 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     plans = list(planset.plans())
     grids = {g.grid.resources: g.grid for g in planset.grids}
     plans += [data_parallel_plan(replace(grid, pipeline_degree=1), job.layout.num_clusters) for grid in grids.values()]
-    rows = []
+    looks = looks or PlanLooks(None)
+    rows: list[dict[str, Any]] = []
+    timed_again: list[dict[str, Any]] = []
     for n in DEVICE_COUNTS:
         # The profiler's co-run timings (its default model on a host; a one-device plan's stage as the runtime runs
         # it): one child for the device count, or with child isolation a fresh one per plan (as profile_corun's)
         shared = CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if isolation == "process" else None
         with shared or contextlib.nullcontext():
-            for plan in [p for p in plans if p.grid.num_gpus == n]:
+
+            def time_plan(plan: Any) -> dict[str, Any]:
                 corun = shared or CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst)
                 grid = plan.resources.to_dict()
                 specs = job.stage_specs(plan)
@@ -258,7 +267,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 # the other models from the one-device records alone
                 others = {name: estimate(plain, STATISTIC, model).iter_time_s for name, model in alternatives.items()}
                 measured, measured_median = lower_quartile(samples), statistics.median(samples)
-                rows.append({
+                row = {
                     "model": planset.model_name, "num_gpus": n, "plan_id": plan.plan_id, "is_dp": plan.plan_id == DP_PLAN_ID,
                     "pipeline_degree": plan.pipeline_degree, "num_microbatches": plan.num_microbatches,
                     "dp_per_stage": list(plan.dp_per_stage), "tp_per_stage": list(plan.tp_per_stage),
@@ -285,15 +294,21 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     # direct measurement's device time: build + compile + warm-up + the timed steps, all devices held
                     "measurement_device_s": n * (prepared["wall_s"] + sum(samples)),
                     "measurement_compile_device_s": n * prepared["wall_s"],
-                })
+                }
                 _log(f"{planset.model_name} {n} dev {plan.plan_id}: estimate {est.iter_time_s * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
-                     f"({rows[-1]['error']:+.1%}; medians {rows[-1]['error_median']:+.1%}; measured IQR/median {rows[-1]['measured_iqr_over_median']:.1%})")
+                     f"({row['error']:+.1%}; medians {row['error_median']:+.1%}; measured IQR/median {row['measured_iqr_over_median']:.1%})")
                 for spec, item in zip(specs, items, strict=True):
                     stages.release(spec)
                     corun.release(item)
                 if corun is not shared:
                     corun.close()
-    return rows
+                return row
+
+            for plan in [p for p in plans if p.grid.num_gpus == n]:
+                row, noisy = timed_between_quiet_looks(functools.partial(time_plan, plan), looks)
+                rows.append(row)
+                timed_again += noisy
+    return rows, timed_again
 
 
 def samples_per_turn(step_s: float) -> int:
@@ -388,21 +403,74 @@ def derived_cost(grids: list[dict[str, Any]], stage_model: dict[str, float], mea
 
 
 def quiet_before_model(settings: dict[str, Any] | None, probe: Any = None, noise_probe: Any = None,
-                       sleep: Any = time.sleep) -> dict[str, Any] | None:
-    """Before each model after the first: wait (up to ``max_wait_s``) until no other process is busy and the
-    timing noise on the measurement's cores is under ``max_noise`` again (a shared host turns noisy for minutes at a
-    time). The load average is not checked: the benchmark's own last model keeps it up for minutes. Never
-    refuses: what it saw is recorded with the model (and judged, :func:`judge_noise`). None: no limits given."""
+                       sleep: Any = time.sleep, wait: bool = True) -> dict[str, Any] | None:
+    """Before each model after the first and each plan: wait (up to ``max_wait_s``; not at all with ``wait``
+    False, one look) until no other process is busy and the timing noise on the measurement's cores is under
+    ``max_noise`` again (a shared host turns noisy for minutes at a time). The load average is not checked: the
+    benchmark's own work keeps it up for minutes. Never refuses: what it saw is recorded (and judged,
+    :func:`judge_noise`). None: no limits given."""
     from libarena.profile.host import QuietPolicy, timing_noise_on, wait_until_quiet
 
     if not settings or settings.get("max_noise") is None:
         return None
     policy = QuietPolicy(max_load=None, max_process_percent=settings["max_process_percent"], max_noise=settings["max_noise"],
-                         max_wait_s=settings["max_wait_s"], refuse=False)
+                         max_wait_s=settings["max_wait_s"] if wait else 0.0, refuse=False)
     cores = settings.get("cores")
     return wait_until_quiet(policy, _log, probe=probe, sleep=sleep,
                             # from a fresh process: this one is pinned to its own layout's cores
                             noise_probe=noise_probe or (lambda: timing_noise_on(cores)))
+
+
+#: Times one plan is timed at most while a look at the host beside its timings is noisy (the last one is kept)
+PLAN_ATTEMPTS = 3
+
+
+class PlanLooks:
+    """Looks at the host around each plan's timings (one instance per model): before a plan, the look right after
+    the plan before it where that was quiet, or else a wait (bounded) for quiet; after a plan, one look at once,
+    before any waiting. ``look(wait)``: :func:`quiet_before_model` with the run's limits (``settings``; None or no
+    noise limit: no looks, nothing judged)."""
+
+    def __init__(self, settings: dict[str, Any] | None, look: Any = None) -> None:
+        self.max_noise = settings.get("max_noise") if settings else None
+        self._check = look or (lambda wait: quiet_before_model(settings, wait=wait))
+        self._last: dict[str, Any] | None = None
+
+    def before(self) -> dict[str, Any] | None:
+        if self.max_noise is None:
+            return None
+        if self._last is not None and _look(self._last, self.max_noise)[0]:
+            return self._last
+        return self._check(True)
+
+    def after(self) -> dict[str, Any] | None:
+        if self.max_noise is None:
+            return None
+        self._last = self._check(False)
+        return self._last
+
+
+def timed_between_quiet_looks(time_plan: Any, looks: PlanLooks, attempts: int = PLAN_ATTEMPTS) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One plan's row (``time_plan()``), timed between a look at the host before it and one right after it
+    (``looks``); its ``host_looks``: both looks' noise levels (None: another process was busy), whether both were
+    quiet, and the attempt. A timing with a noisy look beside it is done again, once the host is quiet again (at
+    most ``attempts`` in all; the last is kept, marked noisy, which makes the model's figures inconclusive):
+    noise the look sees may have been there while the plan was timed. The choice follows the host only, never
+    the figures. Returns the row and the rows of the attempts done again."""
+    again: list[dict[str, Any]] = []
+    attempt = 0
+    while True:
+        attempt += 1
+        before = looks.before()
+        row = time_plan()
+        after = looks.after()
+        (quiet_before, level_before), (quiet_after, level_after) = _look(before, looks.max_noise), _look(after, looks.max_noise)
+        row["host_looks"] = {"before": level_before, "after": level_after, "quiet": quiet_before and quiet_after, "attempt": attempt}
+        if row["host_looks"]["quiet"] or attempt >= attempts:
+            return row, again
+        _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: the host was noisy around its timings ({_level(level_before)} "
+             f"before, {_level(level_after)} after, limit {looks.max_noise:.0%}): timing it again")
+        again.append({k: v for k, v in row.items() if k not in ("measured_samples_s", "stages", "breakdown")})
 
 
 def _child(request: dict[str, Any], out_path: str) -> None:
@@ -423,12 +491,13 @@ def _child(request: dict[str, Any], out_path: str) -> None:
     started = time.perf_counter()
     budget = request.get("time_budget_s")
     rows: list[dict[str, Any]] = []
+    timed_again: list[dict[str, Any]] = []  # timings done again: a look beside them was noisy
     costs: list[dict[str, Any]] = []
     done: list[str] = []
     skipped: list[str] = []
 
     def result(finished: bool) -> dict[str, Any]:
-        return {"rows": rows, "costs": costs, "calibration_s": calibration_s, "threading": applied, "host_sharing": sharing.to_dict(),
+        return {"rows": rows, "rows_timed_again": timed_again, "costs": costs, "calibration_s": calibration_s, "threading": applied, "host_sharing": sharing.to_dict(),
                 "host": host_window(before, snapshot()), "models_done": list(done), "models_skipped_for_time": list(skipped),
                 "finished": finished}
 
@@ -458,7 +527,9 @@ def _child(request: dict[str, Any], out_path: str) -> None:
             model_before = snapshot()
             isolation = request.get("isolation", "process")
             cost = _cost_run(tmp, planset, comm, layout, isolation)
-            model_rows = _interleaved(planset, plans_path, comm, layout, sharing, alternatives, isolation)
+            model_rows, again = _interleaved(planset, plans_path, comm, layout, sharing, alternatives, isolation,
+                                             PlanLooks(request.get("between_models")))
+            timed_again += again
             for r in model_rows:
                 r["estimate_plain_s"] = cost["estimates"].get((r["num_gpus"], r["plan_id"]))
             rows += model_rows
@@ -584,7 +655,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     cores = XLA_THREADING.get(layout).cores(max(DEVICE_COUNTS))
     quiet_record = wait_until_quiet(policy, _log, noise_probe=lambda: timing_noise(cores=cores))
     if quiet_record["timing_noise"] is None and not quiet_record["busy_processes"]:
-        # only the load average kept the noise from being timed (--allow-busy): time it, the first model's bracket
+        # only the load average kept the noise from being timed (--allow-busy): time it, for the record
         quiet_record = {**quiet_record, "timing_noise": timing_noise(cores=cores)}
     noise = quiet_record["timing_noise"]
     noise_text = "" if noise is None else f", timing noise {noise['level']:.1%}"
@@ -605,11 +676,13 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         out, stopped = run_child([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)], result,
                                  env=huge_page_heap_env(os.environ), what="bench_profile: the measuring interpreter")
     rows, costs, done = out["rows"], out["costs"], out["models_done"]
-    noise_after = timing_noise(cores=cores)
-    brackets = noise_brackets(done, quiet_record, {c["model"]: c.get("quiet_check") for c in costs}, noise_after, policy.max_noise)
+    noise_after = timing_noise(cores=cores)  # a record: the last plan's own look after it is what judges it
+    brackets = noise_brackets(rows, done, policy.max_noise)
+    timed_again = out.get("rows_timed_again", [])
     if earlier is not None:  # every model's rows from the one part that timed it (between quiet looks, where one did)
         kept = set(earlier["done"])
         rows = [r for r in earlier["payload"]["plans"] if r["model"] in kept] + rows
+        timed_again = [r for r in earlier["payload"].get("plans_timed_again", []) if r["model"] in kept] + timed_again
         costs = [c for c in earlier["payload"]["costs"] if c["model"] in kept] + costs
         done, models = earlier["done"] + done, models_all
         brackets = {**earlier["noise_brackets"], **brackets}
@@ -620,11 +693,14 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     # per scheme, the mean gap at the start and at the end
     summary["alternation_floor_mean_gap"] = {f"{before['turns']}x{before['turn_s']:g}s": [before["mean_gap"], after["mean_gap"]]
                                              for before, after in zip(floor_before["schemes"], floor_after["schemes"], strict=True)}
+    summary["plans_timed_again"] = len(timed_again)
     judge_noise(summary, brackets, policy.max_noise)
     judge_code(summary, identity, measuring_code())
     payload = {
         "summary": summary,
         "plans": rows,
+        # the timings done again because a look at the host beside them was noisy (their samples left out)
+        "plans_timed_again": timed_again,
         "costs": costs,
         "protocol": {
             "code": identity, "layout": layout, "models": list(out["models_done"]),
@@ -755,9 +831,9 @@ def _inconclusive(summary: dict[str, Any], why: str) -> None:
 
 
 def _look(look: dict[str, Any] | None, max_noise: float | None) -> tuple[bool, float | None]:
-    """One look at the host (a quiet check's record or its ``first_look``): whether it showed no other busy
-    process and timing noise within ``max_noise`` (None: not judged), and the noise level it timed (None: not
-    timed, another process was busy)."""
+    """One look at the host (:func:`quiet_before_model`'s record: the host as the check left it): whether it showed
+    no other busy process and timing noise within ``max_noise`` (None: not judged), and the noise level it timed
+    (None: not timed, another process was busy)."""
     noise = (look or {}).get("timing_noise")
     level = None if noise is None else noise["level"]
     if max_noise is None:
@@ -765,21 +841,26 @@ def _look(look: dict[str, Any] | None, max_noise: float | None) -> tuple[bool, f
     return look is not None and not look.get("busy_processes") and level is not None and level <= max_noise, level
 
 
-def noise_brackets(models_done: list[str], start_check: dict[str, Any], quiet_checks: dict[str, dict[str, Any] | None],
-                   noise_after: dict[str, float], max_noise: float | None) -> dict[str, dict[str, Any]]:
-    """Each model of one run (``models_done``, in the order timed) between the two looks at the host that
-    bracket it: ``before``, the last look before it started (``start_check``, the run's own quiet check, for the
-    first; then :func:`quiet_before_model`'s record, after any waiting), and ``after``, the first look once it
-    ended, before any waiting (the next model's ``first_look``; ``noise_after``, the end probe, for the last).
-    ``quiet``: both looks showed no other busy process and timing noise within ``max_noise``."""
+def noise_brackets(rows: list[dict[str, Any]], models_done: list[str], max_noise: float | None) -> dict[str, dict[str, Any]]:
+    """Each model of one run (``models_done``) judged by the looks at the host around its plans' timings (each
+    row's ``host_looks``: :func:`timed_between_quiet_looks`). ``quiet``: every plan was timed between two quiet
+    looks (a row without looks counts as noisy where there is a limit); ``before`` / ``after``: the noisiest look
+    before / after one of its plans (None: another process was busy at one, or no look was taken); ``plans_noisy``:
+    the plans (``devices/plan_id``) timed with a noisy look beside them."""
+    unjudged = {"before": None, "after": None, "quiet": max_noise is None}
     out = {}
-    for k, model in enumerate(models_done):
-        before = start_check if k == 0 else quiet_checks.get(model)
-        after = (quiet_checks.get(models_done[k + 1]) or {}).get("first_look") if k + 1 < len(models_done) else \
-            {"busy_processes": [], "timing_noise": noise_after}
-        (quiet_before, level_before), (quiet_after, level_after) = _look(before, max_noise), _look(after, max_noise)
-        out[model] = {"before": level_before, "after": level_after, "quiet": quiet_before and quiet_after}
+    for model in models_done:
+        own = [r for r in rows if r["model"] == model]
+        looks = [r.get("host_looks") or unjudged for r in own]
+        out[model] = {"before": _noisiest([look["before"] for look in looks]), "after": _noisiest([look["after"] for look in looks]),
+                      "quiet": bool(own) and all(look["quiet"] for look in looks), "plans": len(own),
+                      "plans_noisy": [f"{r['num_gpus']}/{r['plan_id']}" for r, look in zip(own, looks, strict=True) if not look["quiet"]]}
     return out
+
+
+def _noisiest(levels: list[float | None]) -> float | None:
+    """The highest noise level of some looks; None when one timed none (another process was busy) or there are none."""
+    return None if not levels or any(level is None for level in levels) else max(levels)
 
 
 def judge_noise(summary: dict[str, Any], brackets: dict[str, dict[str, Any]], max_noise: float | None) -> None:

@@ -219,7 +219,7 @@ def test_a_resume_is_refused_in_one_line_naming_why(tmp_path, content, change, a
 def _fake_host(monkeypatch, child_models_done, noise=0.02, start_load=0.1):
     """The host's probes and the measuring child replaced: what run() does with their results is under test.
     ``start_load`` above the start policy's limit: the start check gives up on the load (--allow-busy) untimed."""
-    from bench import child
+    from bench import bench_profile, child
     from libarena.profile import host
 
     floor = {"schemes": [{"turns": 5, "turn_s": 1.0, "mean_gap": 0.001}]}
@@ -234,11 +234,15 @@ def _fake_host(monkeypatch, child_models_done, noise=0.02, start_load=0.1):
         request = json.loads(open(command[-2]).read())
         asked.append(request)
         rows = [r for m in child_models_done for r in (_row(m, 1, 1.03, 1.0), _row(m, 2, 1.0, 1.0))]
+        for r in rows:  # each plan timed between two looks at the host (timed_between_quiet_looks)
+            r["host_looks"] = {"before": noise, "after": noise, "quiet": noise <= 0.05, "attempt": bench_profile.PLAN_ATTEMPTS if noise > 0.05 else 1}
         costs = [_cost(m) for m in child_models_done]
-        for c in costs[1:]:  # the quiet check before each model after the first: quiet at both looks
+        for c in costs[1:]:  # the quiet check before each model's cost run (a record)
             look = {"quiet": True, "busy_processes": [], "timing_noise": {"level": noise}}
             c["quiet_check"] = {**look, "first_look": dict(look)}
-        return {"rows": rows, "costs": costs, "models_done": list(child_models_done),
+        again = [{"model": child_models_done[0], "num_gpus": 1, "plan_id": "noisy-once", "error": 0.2,
+                  "host_looks": {"before": noise, "after": 0.3, "quiet": False, "attempt": 1}}]
+        return {"rows": rows, "rows_timed_again": again, "costs": costs, "models_done": list(child_models_done),
                 "models_skipped_for_time": [], "threading": {"name": request["threading"]}, "host": {}, "calibration_s": 1.0,
                 "host_sharing": {}}, None
 
@@ -270,6 +274,8 @@ def test_a_resumed_run_times_only_the_rest_and_writes_every_models_rows_to_anoth
     summary = whole["summary"]
     assert summary["complete"] and summary["conclusive"] and not summary["code_changed_during_run"]
     assert summary["plans_1_devices"] == 3 and summary["mae_1_devices"] == pytest.approx((0.01 + 0.03 + 0.03) / 3)
+    # a timing done again (a noisy look beside it) is kept apart, out of the figures
+    assert [r["plan_id"] for r in whole["plans_timed_again"]] == ["noisy-once"] and summary["plans_timed_again"] == 1
     protocol = whole["protocol"]
     assert protocol["code"] == identity and protocol["models"] == ["bert__tiny", "moe__tiny"]
     assert [(p["file"], p["models"]) for p in protocol["earlier_parts"]] == [("part.json", ["gpt__tiny"])]
@@ -300,12 +306,14 @@ def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_between_nois
     summary = json.loads((tmp_path / "noisy.json").read_text())["summary"]
     assert not summary["conclusive"] and not summary["met"] and summary["models_noisy"] == ["bert__tiny", "moe__tiny"]
     assert earlier_todo(tmp_path / "noisy.json", models, identity) == ["bert__tiny", "moe__tiny"]
-    # a start given up on for the load average alone: the noise is timed for the first model's bracket
+    # a start given up on for the load average alone: the noise is timed all the same, for the record; the plans'
+    # own looks judge them
     _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"], start_load=5.0)
     assert bench_profile.run(tmp_path, models, "loaded", isolation="child", resume=part)
     loaded = json.loads((tmp_path / "loaded.json").read_text())
-    assert loaded["summary"]["noise_brackets"]["bert__tiny"]["before"] == 0.02
-    assert loaded["protocol"]["quiet_check"]["load_average"] == 5.0 and not loaded["protocol"]["quiet_check"]["quiet"]
+    assert loaded["summary"]["noise_brackets"]["bert__tiny"] == {"before": 0.02, "after": 0.02, "quiet": True, "plans": 2, "plans_noisy": []}
+    check = loaded["protocol"]["quiet_check"]
+    assert check["load_average"] == 5.0 and not check["quiet"] and check["timing_noise"] == {"level": 0.02}
 
 
 def earlier_todo(path, models, identity):
@@ -359,7 +367,7 @@ def test_a_benchmarks_code_holds_every_file_it_loads_and_not_the_scheduler(repo_
     source = set(code_identity(importlib.import_module(f"bench.{benchmark}").MEASURING_MODULES, repo_root)["source"])
     assert {f"bench/{benchmark}.py", "bench/provenance.py", "libarena/errors.py"} <= source
     assert not any(f.startswith("libarena/schedule/") for f in source)
-    imported = set()
+    imported = {f"bench.{benchmark}"}
     for node in ast.walk(ast.parse((repo_root / "bench" / f"{benchmark}.py").read_text())):
         if isinstance(node, ast.Import):
             imported.update(a.name for a in node.names)

@@ -190,7 +190,7 @@ def test_benchmark_times_many_samples_of_short_steps_and_few_of_long_ones():
     assert turns(0.0, 5) == bench_profile.MAX_TURNS
 
 
-def test_benchmark_refuses_a_missing_results_directory_before_timing_and_judges_a_host_that_turned_noisy(tmp_path, monkeypatch):
+def test_benchmark_refuses_a_missing_results_directory_before_timing(tmp_path, monkeypatch):
     from bench import bench_profile
     from libarena.errors import ArenaError
     from libarena.profile import host
@@ -199,44 +199,79 @@ def test_benchmark_refuses_a_missing_results_directory_before_timing_and_judges_
     monkeypatch.setattr(host, "wait_until_quiet", lambda *a, **k: pytest.fail("the quiet check ran"))
     with pytest.raises(ArenaError, match="results directory .* does not exist"):
         bench_profile.run(tmp_path / "missing", models=("gpt__tiny",))
-    steady, noisy = {"level": 0.02}, {"level": 0.09}
 
-    def look(level, busy=()):
-        return {"busy_processes": list(busy), "timing_noise": None if level is None else {"level": level}}
 
-    def check(first, last):  # a quiet check before a model: the host as first found, and after any waiting
-        return {**look(last), "first_look": look(first)}
+def _look_record(level, busy=()):
+    """A look at the host as quiet_before_model records it (None: another process busy, the noise not timed)."""
+    return {"busy_processes": list(busy), "timing_noise": None if level is None else {"level": level}}
 
-    start = look(0.01)
+
+def test_each_plan_is_timed_between_two_quiet_looks_and_timed_again_after_a_noisy_one():
+    from bench import bench_profile
+
+    levels, waits = [], []
+
+    def check(wait):  # the host's noise, look by look, as scripted in ``levels``
+        waits.append(wait)
+        level = levels.pop(0)
+        return _look_record(None, [{"pid": 7}]) if level == "busy" else _look_record(level)
+
+    looks = bench_profile.PlanLooks({"max_noise": 0.05}, look=check)
+    timed = []
+
+    def time_plan(plan_id):
+        timed.append(plan_id)
+        return {"model": "gpt__tiny", "num_gpus": 2, "plan_id": plan_id, "error": 0.01}
+
+    # quiet before and after: timed once; the look after it is the next plan's look before (no second look)
+    levels[:] = [0.02, 0.03]
+    row, again = bench_profile.timed_between_quiet_looks(lambda: time_plan("a"), looks)
+    assert row["host_looks"] == {"before": 0.02, "after": 0.03, "quiet": True, "attempt": 1} and again == []
+    assert waits == [True, False]
+    # noisy right after: timed again once the host is quiet (a waiting look), the noisy timing kept apart
+    levels[:] = [0.09, 0.02, 0.01]
+    row, again = bench_profile.timed_between_quiet_looks(lambda: time_plan("b"), looks)
+    assert timed == ["a", "b", "b"] and waits == [True, False, False, True, False]
+    assert row["host_looks"] == {"before": 0.02, "after": 0.01, "quiet": True, "attempt": 2}
+    assert [(r["plan_id"], r["host_looks"]["after"]) for r in again] == [("b", 0.09)]
+    # another busy process is as bad as noise; a host that stays noisy: the last timing kept, marked noisy
+    levels[:] = ["busy", 0.02, 0.2, 0.02, 0.2]
+    row, again = bench_profile.timed_between_quiet_looks(lambda: time_plan("c"), looks, attempts=3)
+    assert timed[-3:] == ["c", "c", "c"] and len(again) == 2 and not levels
+    assert row["host_looks"] == {"before": 0.02, "after": 0.2, "quiet": False, "attempt": 3}
+    assert again[0]["host_looks"]["after"] is None
+    # no noise limit: no look taken, nothing judged
+    waits.clear()
+    row, again = bench_profile.timed_between_quiet_looks(lambda: time_plan("d"), bench_profile.PlanLooks(None, look=check))
+    assert row["host_looks"]["quiet"] and again == [] and waits == []
+
+
+def test_a_model_is_judged_by_the_looks_around_every_one_of_its_plans():
+    from bench import bench_profile
+
+    def row(model, plan_id, before, after, quiet):
+        return {"model": model, "num_gpus": 1, "plan_id": plan_id,
+                "host_looks": {"before": before, "after": after, "quiet": quiet, "attempt": 1}}
+
+    rows = [row("gpt__tiny", "p1", 0.02, 0.03, True), row("gpt__tiny", "p2", 0.03, 0.01, True),
+            row("bert__tiny", "p1", 0.02, 0.09, False), row("bert__tiny", "p2", None, 0.02, False),
+            {"model": "moe__tiny", "num_gpus": 1, "plan_id": "p1"}]  # no looks recorded
     models = ["gpt__tiny", "bert__tiny", "moe__tiny"]
-    # every look quiet: each model bracketed by the look before it and the first look after it
-    checks = {"gpt__tiny": None, "bert__tiny": check(0.03, 0.03), "moe__tiny": check(0.04, 0.04)}
-    brackets = bench_profile.noise_brackets(models, start, checks, steady, 0.05)
-    assert brackets == {"gpt__tiny": {"before": 0.01, "after": 0.03, "quiet": True},
-                        "bert__tiny": {"before": 0.03, "after": 0.04, "quiet": True},
-                        "moe__tiny": {"before": 0.04, "after": 0.02, "quiet": True}}
+    brackets = bench_profile.noise_brackets(rows, models, 0.05)
+    assert brackets == {"gpt__tiny": {"before": 0.03, "after": 0.03, "quiet": True, "plans": 2, "plans_noisy": []},
+                        "bert__tiny": {"before": None, "after": 0.09, "quiet": False, "plans": 2, "plans_noisy": ["1/p1", "1/p2"]},
+                        "moe__tiny": {"before": None, "after": None, "quiet": False, "plans": 1, "plans_noisy": ["1/p1"]}}
     summary = {"met": True}
     bench_profile.judge_noise(summary, brackets, 0.05)
-    assert summary == {"met": True, "conclusive": True, "models_noisy": [], "noise_brackets": brackets, "noise_limit": 0.05}
-    # noisy at the end: only the last model is in doubt
-    brackets = bench_profile.noise_brackets(models, start, checks, noisy, 0.05)
-    assert [m for m, b in brackets.items() if not b["quiet"]] == ["moe__tiny"] and brackets["moe__tiny"]["after"] == 0.09
+    assert not summary["met"] and not summary["conclusive"] and summary["models_noisy"] == ["bert__tiny", "moe__tiny"]
     summary = {"met": True}
-    bench_profile.judge_noise(summary, brackets, 0.05)
-    assert not summary["met"] and not summary["conclusive"] and summary["models_noisy"] == ["moe__tiny"]
-    # noisy when bert__tiny's check first looked (the wait then found it quiet): gpt__tiny ended on a noisy host,
-    # bert__tiny started on a quiet one; another busy process at a look is as bad as noise
-    checks_noisy = {**checks, "bert__tiny": check(0.09, 0.02), "moe__tiny": {**look(None, [{"pid": 3}]), "first_look": look(0.01)}}
-    brackets = bench_profile.noise_brackets(models, start, checks_noisy, steady, 0.05)
-    assert {m: b["quiet"] for m, b in brackets.items()} == {"gpt__tiny": False, "bert__tiny": True, "moe__tiny": False}
-    assert brackets["moe__tiny"]["before"] is None and brackets["gpt__tiny"]["after"] == 0.09
-    # the run's own start check brackets the first model
-    assert not bench_profile.noise_brackets(models, look(0.2), checks, steady, 0.05)["gpt__tiny"]["quiet"]
+    quiet = bench_profile.noise_brackets(rows[:2], models[:1], 0.05)
+    bench_profile.judge_noise(summary, quiet, 0.05)
+    assert summary == {"met": True, "conclusive": True, "models_noisy": [], "noise_brackets": quiet, "noise_limit": 0.05}
     # no limit: recorded, not judged
-    brackets = bench_profile.noise_brackets(models, start, checks_noisy, noisy, None)
     summary = {"met": True}
-    bench_profile.judge_noise(summary, brackets, None)
-    assert summary["met"] and summary["conclusive"] and brackets["moe__tiny"]["after"] == 0.09
+    bench_profile.judge_noise(summary, bench_profile.noise_brackets(rows[4:], ["moe__tiny"], None), None)
+    assert summary["met"] and summary["conclusive"]
 
 
 def test_the_benchmark_waits_before_each_model_for_the_noise_to_pass_and_records_what_it_saw():
@@ -253,6 +288,9 @@ def test_the_benchmark_waits_before_each_model_for_the_noise_to_pass_and_records
     record = bench_profile.quiet_before_model({**settings, "max_wait_s": 15.0}, probe=lambda: (0.1, []), noise_probe=lambda: noisy,
                                               sleep=lambda s: None)
     assert not record["quiet"] and record["timing_noise"] == noisy
+    # the look right after a plan: one look, no waiting
+    record = bench_profile.quiet_before_model(settings, probe=lambda: (0.1, []), noise_probe=lambda: noisy, sleep=pytest.fail, wait=False)
+    assert not record["quiet"] and record["waited_s"] == 0 and record["first_look"]["timing_noise"] == noisy
     assert bench_profile.quiet_before_model(None) is None and bench_profile.quiet_before_model({**settings, "max_noise": None}) is None
 
 
