@@ -1,12 +1,13 @@
 """Which code a benchmark measured with.
 
 A results file says what it measured, and also with which code, so that a figure can be traced to a commit and
-two runs' rows are only put together when the same code produced them (``bench_profile --resume``). The
-identity is a digest of the source that does the measuring (the benchmark's own modules and every Python file of
-``libarena`` and ``bench`` they can run: :func:`reachable_source`), not the git commit alone: a run from a checkout with
-uncommitted edits is told apart, and a checkout without git (an unpacked archive) still has one. The commit is
-recorded beside it where git can tell it. Other benchmarks' modules, and library code the benchmark cannot reach
-(the scheduler, for the profiler's benchmark), are left out, so that editing them does not part two runs of it.
+two runs' rows are only put together when the same code produced them (``bench_profile --resume``). The identity
+is a digest of the source that does the measuring (the benchmark's own modules and every Python file of
+``libarena`` and ``bench`` they can run: :func:`reachable_source`), not the git commit alone: a run from a
+checkout with uncommitted edits is told apart, and a checkout without git (an unpacked archive) still has one.
+The commit is recorded beside it where git can tell it. Other benchmarks' modules, and library code the
+benchmark cannot reach (the scheduler, for the profiler's benchmark), are left out, so that editing them does
+not part two runs of it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts.source import source_digest
+from libarena.artifacts.source import source_digest, source_files
 
 #: The packages whose Python files a benchmark's modules can run (and so measure with): the library and bench.
 PACKAGES = ("libarena", "bench")
@@ -81,15 +82,19 @@ def reachable_source(entries: tuple[str, ...], root: Path = REPO_ROOT) -> list[s
     """The Python files of :data:`PACKAGES` that the files ``entries`` (relative to ``root``) can run: ``entries``
     themselves, the modules they import or name, the packages above those, what those import in turn, and so on.
     A file that imports modules by a name it builds (``importlib.import_module``) brings every module of its own
-    package. Sorted relative POSIX paths."""
-    todo = [e for e in entries if (root / e).is_file()]
+    package. Sorted relative POSIX paths. A missing entry is refused (``FileNotFoundError`` naming it): an identity
+    without the benchmark's own module would not tell its runs apart."""
+    missing = [e for e in entries if not (root / e).is_file()]
+    if missing:
+        raise FileNotFoundError(f"benchmark module not found under {root}: {', '.join(missing)}")
+    todo = list(entries)
     reached = set(todo)
     while todo:
         relative = todo.pop()
         names, builds_names = _named_modules(root, relative)
         found = {f for name in names for f in _module_files(root, name)}
         if builds_names:
-            found.update(p.relative_to(root).as_posix() for p in (root / relative).parent.rglob("*.py") if "__pycache__" not in p.parts)
+            found.update(source_files(root, (Path(relative).parent.as_posix(),)))
         for f in sorted(found - reached):
             if f.split("/", 1)[0] in PACKAGES:
                 reached.add(f)

@@ -353,6 +353,16 @@ def test_the_source_a_benchmark_can_run_follows_imports_strings_and_built_names(
     assert reachable_source(("libarena/mentions.py",), tmp_path) == ["libarena/mentions.py"]
 
 
+def test_the_source_of_a_missing_benchmark_module_is_refused_by_name(tmp_path):
+    """An identity that silently left out a module it was asked for would not tell two runs' code apart."""
+    from bench.provenance import reachable_source
+
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench/__init__.py").write_text("")
+    with pytest.raises(FileNotFoundError, match="bench/gone.py"):
+        reachable_source(("bench/__init__.py", "bench/gone.py"), tmp_path)
+
+
 @pytest.mark.parametrize("benchmark", ["bench_profile", "bench_host", "bench_gpu"])
 def test_a_benchmarks_code_holds_every_file_it_loads_and_not_the_scheduler(repo_root, benchmark):
     """The digest covers what a fresh interpreter loads when it runs every import of the benchmark (its functions'

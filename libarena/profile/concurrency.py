@@ -6,7 +6,7 @@ CPU time over wall time) -- a stage that keeps one core busy runs beside another
 speed, one that keeps both busy does not. ``HostConcurrency``: one slowdown factor for every stage, measured
 once by a micro-benchmark, described below. The micro-benchmark's MLP keeps about 1.6 of 2 cores busy, so its
 factor (1.7-2.0 on 2 cores) said that two devices never run faster than one, for the tiny models' stages too,
-which keep one core busy: 2-device estimates were biased upwards (bench/results/profile.json before this model).
+which keep one core busy: 2-device estimates were biased upwards (bench/results/profile.json before commit f2a8e84).
 
 XLA host devices (``--xla_force_host_platform_device_count=N``) are not separate processors: they run on
 the same CPU cores, and one device's computation already uses the cores' intra-op threads. So k devices

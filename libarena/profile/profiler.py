@@ -80,9 +80,9 @@ class ProfileConfig:
     seed: int = 0
     #: stage: one executable per distinct stage (what the executor runs); unit: one per distinct layer,
     #: summed (identical layers profiled once: cheaper). Mean error against direct measurement on 1 / 2 CPU
-    #: devices: stage 4.7% / 7.0% (bench/results/profile.json, the timing protocol); unit 27.3% / 12.6% on the
-    #: gpt and moe tiny models (profile-unit.json, before that protocol, on a host whose repeated measurements
-    #: differed by 17-19%)
+    #: devices: stage 4.7% / 7.0% (bench/results/profile.json of commit de3485e, the timing protocol);
+    #: unit 27.3% / 12.6% on the gpt and moe tiny models (profile-unit.json, before that protocol, on a host
+    #: whose repeated measurements differed by 17-19%)
     granularity: str = "stage"
     statistic: str = "median"
     #: co-run: for plans of several host devices (XLA devices on one CPU), every stage is also timed in a
