@@ -7,10 +7,10 @@ count and dtype.
 
 The timing protocol (libarena.profile.host), for a host that other work may share:
 
-* it starts only when the host is quiet (load average, other processes' CPU and the timing noise of a fixed
-  computation on one thread, pinned in turn to each core the measurements use, as their devices run; waited
-  for, bounded; refused with one line otherwise) and records the load average before and after, the CPU time stolen by
-  the hypervisor, the process CPU time beside the wall time and the XLA flags and cores it ran with;
+* it starts only when the host is quiet (load average and other processes' CPU; waited for, bounded; refused
+  with one line otherwise; the timing noise of a fixed computation in bursts on the measurement's cores is
+  recorded, and limited only with ``--max-noise``) and records the load average before and after, the CPU time
+  stolen by the hypervisor, the process CPU time beside the wall time and the XLA flags and cores it ran with;
 * XLA:CPU's threads follow one layout (``--threading``; by default the steadiest in bench/results/host.json,
   written by bench_host), applied before JAX starts: the work runs in a fresh interpreter;
 * estimate side and measurement side are interleaved, ABAB: per plan, the profiler's stage executables
@@ -24,27 +24,30 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   region's median against the steps' median (lower quartiles do not add up), and, as a diagnostic, each turn's
   estimate against the measurement's turn beside it (``turn_errors``; their median ``error_paired``): an error
   that drift between turns makes shrinks when paired, a systematic one does not;
-* every plan is timed between two looks at the host (``PlanLooks``): before it, the look right after the plan
-  before where that was quiet, or else a wait (bounded, ``--max-wait``) until no other process is busy and the
-  timing noise is under the limit (not the load average, which its own work keeps up); after it, one look at
-  once. A plan with a noisy look beside it is timed again once the host is quiet (at most ``PLAN_ATTEMPTS`` in
-  all; the discarded timings are kept in ``plans_timed_again``, and which plan is redone follows the looks, never
-  the figures); its row records both looks (``host_looks``). A model with a plan still noisy after that makes the
-  figures inconclusive (``summary.noise_brackets``, ``models_noisy``; ``conclusive`` false, targets not met). The
-  host noise changes in phases of a minute or so, so one look per model at its ends says little about the tens
-  of minutes between them. Before each model it also waits for quiet before its cost run
-  (``costs[].quiet_check``), and probes the noise at the start and the end of the run (records);
+* after each side's turn, a fixed computation is timed for ``CONTROL_S`` on one of the plan's cores
+  (host.TurnControl, the cores taken turn by turn): the plan's ``control`` gap, |its lower quartile beside the
+  estimate's turns / beside the measurement's - 1|, is how far the host's speed drifted between the two sides
+  while this plan was timed. A plan is steady when that gap is at most ``MAX_CONTROL_GAP`` and no other process
+  was busy in a look right after it; an unsteady one is timed again (at most ``PLAN_ATTEMPTS`` in all; the
+  discarded timings are kept in ``plans_timed_again``, and which plan is redone follows the control and the
+  host, never the plan's error); its row records the judgement (``steadiness``). A model with a plan still
+  unsteady after that makes the figures inconclusive (``summary.model_steadiness``, ``models_unsteady``;
+  ``conclusive`` false, targets not met). Looks at the host between plans judged earlier runs, and missed what
+  happened inside a plan, while a probe of bursts with idle seconds between them read noise for hours that
+  back-to-back work, as the timings run, did not show (README, "A control inside every plan"). Before each
+  model it also waits until no other process is busy before its cost run (``costs[].quiet_check``, with the
+  burst noise recorded), and probes the burst noise and the alternation floor at the start and the end (records);
 * the measuring interpreter rewrites its results after every model: a run stopped midway (Ctrl-C, SIGTERM) or
   given ``--time-budget`` still writes the models it finished, marked incomplete (``summary.complete`` false,
   ``models_not_done``, targets not met);
 * the file records the code it measured with (``protocol.code``: a digest of the library and bench source it can run,
   and the git commit; bench.provenance), taken at the start and checked at the end: code edited while the run went
   on makes its figures inconclusive (``summary.code_changed_during_run``);
-* ``--resume FILE`` goes on from an earlier run: the rows of its models finished between quiet looks are kept
-  and only the rest (not done, or bracketed by a noisy look) are measured, in a new run with its own quiet
+* ``--resume FILE`` goes on from an earlier run: the rows of its models finished steadily are kept
+  and only the rest (not done, or with an unsteady plan) are measured, in a new run with its own quiet
   check, calibration and noise probes, written to another file with every part's protocol
   (``protocol.earlier_parts``). It is refused unless FILE was measured with the same code (source digest, not
-  edited while it ran), setup, thread layout, stage isolation and noise limit. Each model's rows come from one
+  edited while it ran), setup, thread layout, stage isolation and control-gap limit. Each model's rows come from one
   part: its estimate and measurement always take turns in one run.
 
 Cost is device-seconds as the paper counts them (devices held x wall time, compilation included on both
@@ -73,7 +76,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.stats import relative_iqr
@@ -171,16 +174,17 @@ def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str, isolation: str = 
 
 
 def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing: Any, alternatives: dict[str, Any],
-                 isolation: str = "process", looks: PlanLooks | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                 isolation: str = "process", gate: PlanGate | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every plan estimated and measured ABAB; one row each (estimated with the profiler's concurrency model
     ``sharing``, and with the ``alternatives`` from the same stage records, for comparison). ``isolation``: where
     the estimate side's stages are built and timed, as ``ProfileConfig.isolation`` (child: a fresh child per
-    stage and plan, ended with the plan's row, so each record holds that plan's turns only). Each plan is timed
-    between two looks at the host (``looks``; :func:`timed_between_quiet_looks`): returns the rows and the rows of
-    timings done again because a look beside them was noisy."""
+    stage and plan, ended with the plan's row, so each record holds that plan's turns only). A fixed computation
+    is timed after each side's turn (host.TurnControl, on the plan's cores: the row's ``control``), and each plan
+    is judged by ``gate`` (:func:`timed_until_steady`): returns the rows and the rows of timings done again
+    because they were unsteady."""
     from libarena.plan import DP_PLAN_ID, data_parallel_plan
     from libarena.profile import ProfileConfig, resolve_device
-    from libarena.profile.host import XLA_THREADING
+    from libarena.profile.host import XLA_THREADING, TurnControl
     from libarena.profile.corun import CoRunSession
     from libarena.profile.measure import MeasureSession
     from libarena.profile.profiler import ProfiledJob, StageSession, corun_item, estimate_plan
@@ -196,7 +200,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     plans = list(planset.plans())
     grids = {g.grid.resources: g.grid for g in planset.grids}
     plans += [data_parallel_plan(replace(grid, pipeline_degree=1), job.layout.num_clusters) for grid in grids.values()]
-    looks = looks or PlanLooks(None)
+    gate = gate or PlanGate.of(None)
     rows: list[dict[str, Any]] = []
     timed_again: list[dict[str, Any]] = []
     for n in DEVICE_COUNTS:
@@ -223,6 +227,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     cpu: list[float] = []
                     dispatch: list[float] = []
                     dispatch_wait: list[float | None] = []
+                    control = TurnControl(("estimate", "measurement"), gate.control_cores(n), CONTROL_S)
                     for turn in range(turns):
 
                         def estimate_side() -> None:
@@ -237,8 +242,10 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                             dispatch.extend(out["dispatch_cpu_s"])
                             dispatch_wait.extend(out["dispatch_wait_s"])
 
-                        for side in ((estimate_side, measure_side) if turn % 2 == 0 else (measure_side, estimate_side)):
+                        sides = (("estimate", estimate_side), ("measurement", measure_side))
+                        for name, side in (sides if turn % 2 == 0 else sides[::-1]):
                             side()
+                            control.after(name, turn)
                 samples = [s for taken in turn_samples for s in taken]
                 plain = [stages.record(spec) for spec in specs]
 
@@ -277,6 +284,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "error_median": est_median.iter_time_s / measured_median - 1.0,
                     "estimate_other_concurrency_models_s": others,
                     "turn_errors": paired, "error_paired": statistics.median(paired) if paired else None,
+                    # the host's drift between the two sides' turns, measured beside them (what judges the plan)
+                    "control": control.summary(),
                     "measured_median_s": measured_median, "measured_iqr_over_median": relative_iqr(samples),
                     "samples_per_turn": chunk, "turns": turns,
                     "measured_samples_s": samples, "measured_cpu_per_wall": sum(cpu) / sum(samples),
@@ -296,7 +305,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "measurement_compile_device_s": n * prepared["wall_s"],
                 }
                 _log(f"{planset.model_name} {n} dev {plan.plan_id}: estimate {est.iter_time_s * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
-                     f"({row['error']:+.1%}; medians {row['error_median']:+.1%}; measured IQR/median {row['measured_iqr_over_median']:.1%})")
+                     f"({row['error']:+.1%}; medians {row['error_median']:+.1%}; measured IQR/median {row['measured_iqr_over_median']:.1%}; "
+                     f"control gap {_gap(row['control']['gap'])})")
                 for spec, item in zip(specs, items, strict=True):
                     stages.release(spec)
                     corun.release(item)
@@ -305,9 +315,9 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 return row
 
             for plan in [p for p in plans if p.grid.num_gpus == n]:
-                row, noisy = timed_between_quiet_looks(functools.partial(time_plan, plan), looks)
+                row, unsteady = timed_until_steady(functools.partial(time_plan, plan), gate)
                 rows.append(row)
-                timed_again += noisy
+                timed_again += unsteady
     return rows, timed_again
 
 
@@ -403,74 +413,102 @@ def derived_cost(grids: list[dict[str, Any]], stage_model: dict[str, float], mea
 
 
 def quiet_before_model(settings: dict[str, Any] | None, probe: Any = None, noise_probe: Any = None,
-                       sleep: Any = time.sleep, wait: bool = True) -> dict[str, Any] | None:
-    """Before each model after the first and each plan: wait (up to ``max_wait_s``; not at all with ``wait``
-    False, one look) until no other process is busy and the timing noise on the measurement's cores is under
-    ``max_noise`` again (a shared host turns noisy for minutes at a time). The load average is not checked: the
-    benchmark's own work keeps it up for minutes. Never refuses: what it saw is recorded (and judged,
-    :func:`judge_noise`). None: no limits given."""
+                       sleep: Any = time.sleep) -> dict[str, Any] | None:
+    """Before each model after the first: wait (up to ``max_wait_s``) until no other process is busy, and record
+    the timing noise of bursts on the measurement's cores (a record: each plan is judged by its own control,
+    :class:`PlanGate`). The load average is not checked: the benchmark's own work keeps it up for minutes.
+    Never refuses: what it saw is recorded. None: no settings given."""
     from libarena.profile.host import QuietPolicy, timing_noise_on, wait_until_quiet
 
-    if not settings or settings.get("max_noise") is None:
+    if not settings:
         return None
-    policy = QuietPolicy(max_load=None, max_process_percent=settings["max_process_percent"], max_noise=settings["max_noise"],
-                         max_wait_s=settings["max_wait_s"] if wait else 0.0, refuse=False)
+    policy = QuietPolicy(max_load=None, max_process_percent=settings["max_process_percent"], max_noise=None,
+                         max_wait_s=settings["max_wait_s"], refuse=False)
     cores = settings.get("cores")
     return wait_until_quiet(policy, _log, probe=probe, sleep=sleep,
                             # from a fresh process: this one is pinned to its own layout's cores
                             noise_probe=noise_probe or (lambda: timing_noise_on(cores)))
 
 
-#: Times one plan is timed at most while a look at the host beside its timings is noisy (the last one is kept)
-PLAN_ATTEMPTS = 3
+#: Times one plan is timed at most while it is unsteady (the last one is kept, marked unsteady)
+PLAN_ATTEMPTS = 4
+#: A plan counts as steady when its control's gap (host.TurnControl: the fixed computation's lower quartiles
+#: beside the estimate's turns and beside the measurement's) is at most this: the host's drift between the
+#: two sides' turns then moved the plan's error by about this much at most, well inside the 5% target
+MAX_CONTROL_GAP = 0.02
+#: Seconds of the fixed computation timed after each side's turn (about 23 samples of 4.3 ms on this host)
+CONTROL_S = 0.1
 
 
-class PlanLooks:
-    """Looks at the host around each plan's timings (one instance per model): before a plan, the look right after
-    the plan before it where that was quiet, or else a wait (bounded) for quiet; after a plan, one look at once,
-    before any waiting. ``look(wait)``: :func:`quiet_before_model` with the run's limits (``settings``; None or no
-    noise limit: no looks, nothing judged)."""
+@dataclass(frozen=True)
+class PlanGate:
+    """How each plan is judged, from what was measured while it was timed: steady when its control's gap is
+    at most ``max_control_gap`` (None: recorded, not judged) and no other process was busy (more than
+    ``max_process_percent`` of a core) in a look right after it; an unsteady plan is timed again (at most
+    ``attempts`` in all), after waiting (at most ``max_wait_s``) for the other busy processes to end.
+    ``cores``: the cores of the largest grid's measurement (a plan of N devices runs its control on the
+    first N). ``busy`` (tests): returns the other busy processes instead of looking."""
 
-    def __init__(self, settings: dict[str, Any] | None, look: Any = None) -> None:
-        self.max_noise = settings.get("max_noise") if settings else None
-        self._check = look or (lambda wait: quiet_before_model(settings, wait=wait))
-        self._last: dict[str, Any] | None = None
+    max_control_gap: float | None = MAX_CONTROL_GAP
+    cores: list[int] | None = None
+    max_process_percent: float = 25.0
+    max_wait_s: float = 600.0
+    attempts: int = PLAN_ATTEMPTS
+    busy: Any = None
 
-    def before(self) -> dict[str, Any] | None:
-        if self.max_noise is None:
-            return None
-        if self._last is not None and _look(self._last, self.max_noise)[0]:
-            return self._last
-        return self._check(True)
+    @classmethod
+    def of(cls, settings: dict[str, Any] | None) -> PlanGate:
+        """The gate of a request's settings (None: nothing judged)."""
+        if not settings:
+            return cls(max_control_gap=None, attempts=1, busy=lambda: [])
+        return cls(settings["max_control_gap"], settings.get("cores"), settings["max_process_percent"], settings["max_wait_s"])
 
-    def after(self) -> dict[str, Any] | None:
-        if self.max_noise is None:
-            return None
-        self._last = self._check(False)
-        return self._last
+    def control_cores(self, num_devices: int) -> list[int] | None:
+        return None if self.cores is None else list(self.cores[:num_devices])
+
+    def others_busy(self) -> list[dict[str, Any]]:
+        from libarena.profile.host import busy_processes
+
+        return self.busy() if self.busy is not None else busy_processes(self.max_process_percent)
+
+    def judge(self, row: dict[str, Any], busy: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
+        gap = (row.get("control") or {}).get("gap")
+        steady = not busy and (self.max_control_gap is None or (gap is not None and gap <= self.max_control_gap))
+        return {"control_gap": gap, "busy_processes": busy, "steady": steady, "attempt": attempt}
+
+    def wait_for_no_busy(self, sleep: Any = time.sleep, poll_s: float = 15.0) -> None:
+        waited = 0.0
+        while waited < self.max_wait_s and (busy := self.others_busy()):
+            _log(f"other processes busy ({', '.join(b['name'] for b in busy[:3])}): waiting {poll_s:.0f} s")
+            sleep(poll_s)
+            waited += poll_s
 
 
-def timed_between_quiet_looks(time_plan: Any, looks: PlanLooks, attempts: int = PLAN_ATTEMPTS) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One plan's row (``time_plan()``), timed between a look at the host before it and one right after it
-    (``looks``); its ``host_looks``: both looks' noise levels (None: another process was busy), whether both were
-    quiet, and the attempt. A timing with a noisy look beside it is done again, once the host is quiet again (at
-    most ``attempts`` in all; the last is kept, marked noisy, which makes the model's figures inconclusive):
-    noise the look sees may have been there while the plan was timed. The choice follows the host only, never
-    the figures. Returns the row and the rows of the attempts done again."""
+def timed_until_steady(time_plan: Any, gate: PlanGate, sleep: Any = time.sleep) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One plan's row (``time_plan()``), judged by ``gate`` from its control's gap and a look for other busy
+    processes right after it (its ``steadiness``). An unsteady timing is done again (at most ``gate.attempts``
+    in all; the last is kept, marked unsteady, which makes the model's figures inconclusive). The choice
+    follows the control and the host only, never the plan's error. Returns the row and the rows of the
+    attempts done again."""
     again: list[dict[str, Any]] = []
     attempt = 0
     while True:
         attempt += 1
-        before = looks.before()
         row = time_plan()
-        after = looks.after()
-        (quiet_before, level_before), (quiet_after, level_after) = _look(before, looks.max_noise), _look(after, looks.max_noise)
-        row["host_looks"] = {"before": level_before, "after": level_after, "quiet": quiet_before and quiet_after, "attempt": attempt}
-        if row["host_looks"]["quiet"] or attempt >= attempts:
+        busy = gate.others_busy()
+        row["steadiness"] = gate.judge(row, busy, attempt)
+        if row["steadiness"]["steady"] or attempt >= gate.attempts:
             return row, again
-        _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: the host was noisy around its timings ({_level(level_before)} "
-             f"before, {_level(level_after)} after, limit {looks.max_noise:.0%}): timing it again")
+        gap = row["steadiness"]["control_gap"]
+        _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: unsteady (control gap {_gap(gap)}, limit "
+             f"{_gap(gate.max_control_gap)}{'; other processes busy' if busy else ''}): timing it again")
         again.append({k: v for k, v in row.items() if k not in ("measured_samples_s", "stages", "breakdown")})
+        if busy:
+            gate.wait_for_no_busy(sleep)
+
+
+def _gap(gap: float | None) -> str:
+    return "not timed" if gap is None else f"{gap:.2%}"
 
 
 def _child(request: dict[str, Any], out_path: str) -> None:
@@ -491,7 +529,7 @@ def _child(request: dict[str, Any], out_path: str) -> None:
     started = time.perf_counter()
     budget = request.get("time_budget_s")
     rows: list[dict[str, Any]] = []
-    timed_again: list[dict[str, Any]] = []  # timings done again: a look beside them was noisy
+    timed_again: list[dict[str, Any]] = []  # timings done again: they were unsteady
     costs: list[dict[str, Any]] = []
     done: list[str] = []
     skipped: list[str] = []
@@ -520,15 +558,15 @@ def _child(request: dict[str, Any], out_path: str) -> None:
             if budget is not None and time.perf_counter() - started > budget:
                 skipped.append(model)
                 continue
-            # the host was found quiet before the first model; it may have turned noisy since
-            quiet_check = quiet_before_model(request.get("between_models")) if k else None
+            # the host was found quiet before the first model; another process may have started since
+            quiet_check = quiet_before_model(request.get("gate")) if k else None
             plans_path = _plans(tmp, model)
             planset = read_plans(plans_path, require_costs=False)
             model_before = snapshot()
             isolation = request.get("isolation", "process")
             cost = _cost_run(tmp, planset, comm, layout, isolation)
             model_rows, again = _interleaved(planset, plans_path, comm, layout, sharing, alternatives, isolation,
-                                             PlanLooks(request.get("between_models")))
+                                             PlanGate.of(request.get("gate")))
             timed_again += again
             for r in model_rows:
                 r["estimate_plain_s"] = cost["estimates"].get((r["num_gpus"], r["plan_id"]))
@@ -627,11 +665,13 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
 
 def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profile", threading: str | None = None,
         quiet: Any = None, time_budget_s: float | None = None, isolation: str = "process",
-        resume: Path | None = None) -> bool:
-    """Time ``models`` and write RESULTS/NAME.json. ``time_budget_s``: start no model after that many seconds of
-    measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it still writes the models it
-    finished, marked incomplete. ``resume``: an incomplete earlier run of the same code and setup, whose finished
-    models are kept (``earlier_part``); only the rest of ``models`` are timed."""
+        resume: Path | None = None, max_control_gap: float | None = MAX_CONTROL_GAP) -> bool:
+    """Time ``models`` and write RESULTS/NAME.json. ``quiet``: the start check (host.QuietPolicy; by default the
+    load average and other processes, the burst noise recorded, not limited). ``time_budget_s``: start no model
+    after that many seconds of measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it
+    still writes the models it finished, marked incomplete. ``resume``: an incomplete earlier run of the same
+    code and setup, whose finished models are kept (``earlier_part``); only the rest of ``models`` are timed.
+    ``max_control_gap``: the limit each plan is judged by (:class:`PlanGate`; None: recorded, not judged)."""
     from libarena.profile.host import XLA_THREADING, QuietPolicy, alternation_floor, timing_noise, wait_until_quiet
     from libarena.run.heap import huge_page_heap_env
 
@@ -641,13 +681,13 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         raise ArenaError(f"bench_profile: results directory {results_dir} does not exist")
     identity = measuring_code()
     earlier = None
-    policy = quiet or QuietPolicy()
+    policy = quiet or QuietPolicy(max_noise=None)
     if resume is not None:
         if Path(resume).resolve() == (Path(results_dir) / f"{name}.json").resolve():
             raise ArenaError(f"bench_profile: --resume {resume} is the file this run would write: give it another --name")
-        earlier = earlier_part(Path(resume), models, identity, threading, isolation, policy.max_noise)
+        earlier = earlier_part(Path(resume), models, identity, threading, isolation, max_control_gap)
         threading = earlier["layout"]
-        again = f" ({', '.join(earlier['timed_again'])} again: noisy there)" if earlier["timed_again"] else ""
+        again = f" ({', '.join(earlier['timed_again'])} again: unsteady there)" if earlier["timed_again"] else ""
         _log(f"resuming {resume}: keeping {', '.join(earlier['done']) or 'nothing'}; timing {', '.join(earlier['todo'])}{again}")
         models_all, models = models, tuple(earlier["todo"])
     layout = XLA_THREADING.canonical(threading or steadiest_layout(results_dir))
@@ -668,24 +708,24 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-profile-run-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        between = {"max_noise": policy.max_noise, "max_process_percent": policy.max_process_percent,
-                   "max_wait_s": policy.max_wait_s, "cores": cores}
+        gate = {"max_control_gap": max_control_gap, "max_process_percent": policy.max_process_percent,
+                "max_wait_s": policy.max_wait_s, "cores": cores}
         request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s, "isolation": isolation,
-                                       "between_models": between}))
+                                       "gate": gate}))
         # its heap on huge pages, as every child it starts (libarena.run.heap): it times stages itself with isolation "process"
         out, stopped = run_child([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)], result,
                                  env=huge_page_heap_env(os.environ), what="bench_profile: the measuring interpreter")
     rows, costs, done = out["rows"], out["costs"], out["models_done"]
-    noise_after = timing_noise(cores=cores)  # a record: the last plan's own look after it is what judges it
-    brackets = noise_brackets(rows, done, policy.max_noise)
+    noise_after = timing_noise(cores=cores)  # a record: each plan's own control is what judges it
+    steadiness = model_steadiness(rows, done, max_control_gap)
     timed_again = out.get("rows_timed_again", [])
-    if earlier is not None:  # every model's rows from the one part that timed it (between quiet looks, where one did)
+    if earlier is not None:  # every model's rows from the one part that timed it (steadily, where one did)
         kept = set(earlier["done"])
         rows = [r for r in earlier["payload"]["plans"] if r["model"] in kept] + rows
         timed_again = [r for r in earlier["payload"].get("plans_timed_again", []) if r["model"] in kept] + timed_again
         costs = [c for c in earlier["payload"]["costs"] if c["model"] in kept] + costs
         done, models = earlier["done"] + done, models_all
-        brackets = {**earlier["noise_brackets"], **brackets}
+        steadiness = {**earlier["model_steadiness"], **steadiness}
     summary = aggregate(rows, costs)
     judge_completeness(summary, models, {**out, "models_done": done}, stopped)
     floor_after = alternation_floor(list(FLOOR_SCHEMES), FLOOR_S, core=floor_core)
@@ -694,12 +734,12 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     summary["alternation_floor_mean_gap"] = {f"{before['turns']}x{before['turn_s']:g}s": [before["mean_gap"], after["mean_gap"]]
                                              for before, after in zip(floor_before["schemes"], floor_after["schemes"], strict=True)}
     summary["plans_timed_again"] = len(timed_again)
-    judge_noise(summary, brackets, policy.max_noise)
+    judge_steadiness(summary, steadiness, max_control_gap)
     judge_code(summary, identity, measuring_code())
     payload = {
         "summary": summary,
         "plans": rows,
-        # the timings done again because a look at the host beside them was noisy (their samples left out)
+        # the timings done again because they were unsteady (their samples left out)
         "plans_timed_again": timed_again,
         "costs": costs,
         "protocol": {
@@ -713,6 +753,9 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
                             f"({MIN_TURNS}-{MAX_TURNS}; turns per row), alternating which side goes first (ABAB); "
                             f"each turn starts with {TURN_WARMUP} untimed run(s) per side (the estimate side's first with {WARMUP})",
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
+            "control": f"after each side's turn, {CONTROL_S:g} s of a fixed computation on one of the plan's cores (turn by turn); "
+                       f"a plan is steady when |its lower quartile after the estimate's turns / after the measurement's - 1| "
+                       f"<= {max_control_gap} and no other process was busy right after it (at most {PLAN_ATTEMPTS} attempts)",
             "stage_isolation": isolation,
         },
         "setup": {"models": list(models), **run_setup()},
@@ -758,13 +801,13 @@ def measuring_code() -> dict[str, Any]:
 
 
 def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], threading: str | None,
-                 isolation: str, max_noise: float | None) -> dict[str, Any]:
-    """What ``--resume path`` keeps: the earlier run's payload, its models finished between quiet looks
-    (``done``, with their ``noise_brackets``), the ones it finished between noisy ones (``timed_again``), the models
-    of ``models`` left to time (``todo``), its thread layout and its protocol as a part (``parts``: the earlier
-    parts first). One-line ArenaError unless it is a run of this benchmark measured with the same code
-    (``identity``, not edited while it ran), setup, layout (``threading``, when given), stage ``isolation`` and
-    noise limit (``max_noise``), with something left to time."""
+                 isolation: str, max_control_gap: float | None) -> dict[str, Any]:
+    """What ``--resume path`` keeps: the earlier run's payload, its models finished steadily (``done``, with
+    their ``model_steadiness``), the ones it finished with an unsteady plan (``timed_again``), the models of
+    ``models`` left to time (``todo``), its thread layout and its protocol as a part (``parts``: the earlier parts
+    first). One-line ArenaError unless it is a run of this benchmark measured with the same code (``identity``,
+    not edited while it ran), setup, layout (``threading``, when given), stage ``isolation`` and control-gap
+    limit (``max_control_gap``), with something left to time."""
     def refuse(why: str) -> ArenaError:
         return ArenaError(f"bench_profile: cannot resume {path}: {why}")
 
@@ -794,25 +837,25 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
         raise refuse(f"its stages were timed with isolation {protocol.get('stage_isolation')!r}, not {isolation!r}")
     if summary.get("code_changed_during_run") is not False:
         raise refuse("its code was edited while it ran (or it does not say): none of its figures can be kept")
-    if summary.get("noise_limit") != max_noise:
-        raise refuse(f"its models were judged with another noise limit ({summary.get('noise_limit')!r}, not {max_noise!r})")
-    not_done, brackets = summary.get("models_not_done"), summary.get("noise_brackets")
+    if summary.get("control_gap_limit") != max_control_gap:
+        raise refuse(f"its plans were judged with another control-gap limit ({summary.get('control_gap_limit')!r}, not {max_control_gap!r})")
+    not_done, steadiness = summary.get("models_not_done"), summary.get("model_steadiness")
     if not isinstance(not_done, list) or not isinstance(setup.get("models"), list):
         raise refuse("it does not list its models and the ones it did not do")
-    if not isinstance(brackets, dict):
-        raise refuse("it does not record the host's noise around each model (written before noise_brackets were)")
+    if not isinstance(steadiness, dict):
+        raise refuse("it does not record how steadily each model was timed (written before model_steadiness was)")
     finished = [m for m in setup["models"] if m not in not_done]
     stray = [m for m in finished if m not in models]
     if stray:
         raise refuse(f"it holds models not asked for ({', '.join(stray)})")
-    done = [m for m in finished if isinstance(brackets.get(m), dict) and brackets[m].get("quiet") is True]
+    done = [m for m in finished if isinstance(steadiness.get(m), dict) and steadiness[m].get("steady") is True]
     todo = [m for m in models if m not in done]
     if not todo:
-        raise refuse("every model asked for is done between quiet looks in it: nothing to resume")
+        raise refuse("every model asked for is done steadily in it: nothing to resume")
     timed_again = [m for m in finished if m not in done]
     part = {**{k: v for k, v in protocol.items() if k != "earlier_parts"}, "file": Path(path).name, "models_timed_again": timed_again}
     return {"payload": payload, "done": done, "todo": todo, "timed_again": timed_again, "layout": layout,
-            "noise_brackets": {m: brackets[m] for m in done}, "parts": list(protocol.get("earlier_parts", [])) + [part]}
+            "model_steadiness": {m: steadiness[m] for m in done}, "parts": list(protocol.get("earlier_parts", [])) + [part]}
 
 
 def judge_code(summary: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
@@ -830,53 +873,32 @@ def _inconclusive(summary: dict[str, Any], why: str) -> None:
     _log(why)
 
 
-def _look(look: dict[str, Any] | None, max_noise: float | None) -> tuple[bool, float | None]:
-    """One look at the host (:func:`quiet_before_model`'s record: the host as the check left it): whether it showed
-    no other busy process and timing noise within ``max_noise`` (None: not judged), and the noise level it timed
-    (None: not timed, another process was busy)."""
-    noise = (look or {}).get("timing_noise")
-    level = None if noise is None else noise["level"]
-    if max_noise is None:
-        return True, level
-    return look is not None and not look.get("busy_processes") and level is not None and level <= max_noise, level
-
-
-def noise_brackets(rows: list[dict[str, Any]], models_done: list[str], max_noise: float | None) -> dict[str, dict[str, Any]]:
-    """Each model of one run (``models_done``) judged by the looks at the host around its plans' timings (each
-    row's ``host_looks``: :func:`timed_between_quiet_looks`). ``quiet``: every plan was timed between two quiet
-    looks (a row without looks counts as noisy where there is a limit); ``before`` / ``after``: the noisiest look
-    before / after one of its plans (None: another process was busy at one, or no look was taken); ``plans_noisy``:
-    the plans (``devices/plan_id``) timed with a noisy look beside them."""
-    unjudged = {"before": None, "after": None, "quiet": max_noise is None}
+def model_steadiness(rows: list[dict[str, Any]], models_done: list[str], max_control_gap: float | None) -> dict[str, dict[str, Any]]:
+    """Each model of one run (``models_done``) judged by its plans' ``steadiness`` (:func:`timed_until_steady`).
+    ``steady``: every plan was (a row without a judgement counts as unsteady where there is a limit);
+    ``largest_control_gap``: the largest of its plans' control gaps (None: one was not timed); ``plans_unsteady``:
+    the plans (``devices/plan_id``) kept unsteady."""
+    unjudged = {"control_gap": None, "steady": max_control_gap is None}
     out = {}
     for model in models_done:
         own = [r for r in rows if r["model"] == model]
-        looks = [r.get("host_looks") or unjudged for r in own]
-        out[model] = {"before": _noisiest([look["before"] for look in looks]), "after": _noisiest([look["after"] for look in looks]),
-                      "quiet": bool(own) and all(look["quiet"] for look in looks), "plans": len(own),
-                      "plans_noisy": [f"{r['num_gpus']}/{r['plan_id']}" for r, look in zip(own, looks, strict=True) if not look["quiet"]]}
+        judged = [r.get("steadiness") or unjudged for r in own]
+        gaps = [j["control_gap"] for j in judged]
+        out[model] = {"steady": bool(own) and all(j["steady"] for j in judged), "plans": len(own),
+                      "largest_control_gap": None if not gaps or None in gaps else max(gaps),
+                      "plans_unsteady": [f"{r['num_gpus']}/{r['plan_id']}" for r, j in zip(own, judged, strict=True) if not j["steady"]]}
     return out
 
 
-def _noisiest(levels: list[float | None]) -> float | None:
-    """The highest noise level of some looks; None when one timed none (another process was busy) or there are none."""
-    return None if not levels or any(level is None for level in levels) else max(levels)
-
-
-def judge_noise(summary: dict[str, Any], brackets: dict[str, dict[str, Any]], max_noise: float | None) -> None:
-    """The host may have turned noisy while a model was timed (``brackets``: :func:`noise_brackets`). Then the
-    figures show the targets neither met nor missed (``conclusive`` False, and ``met`` False: a target is not
+def judge_steadiness(summary: dict[str, Any], steadiness: dict[str, dict[str, Any]], max_control_gap: float | None) -> None:
+    """A model with a plan still unsteady after its attempts (``steadiness``: :func:`model_steadiness`) leaves the
+    figures showing the targets neither met nor missed (``conclusive`` False, and ``met`` False: a target is not
     shown met at noise level); ``--resume`` times those models again."""
-    noisy = [model for model, bracket in brackets.items() if not bracket["quiet"]]
-    summary.update(noise_limit=max_noise, noise_brackets=brackets, models_noisy=noisy, conclusive=True)
-    if noisy:
-        _inconclusive(summary, "the host was noisy around " + ", ".join(
-            f"{m} ({_level(brackets[m]['before'])} before, {_level(brackets[m]['after'])} after)" for m in noisy)
-            + f" (limit {max_noise:.0%}): the figures are inconclusive; --resume times those models again")
-
-
-def _level(level: float | None) -> str:
-    return "another process busy" if level is None else f"{level:.1%}"
+    unsteady = [model for model, judged in steadiness.items() if not judged["steady"]]
+    summary.update(control_gap_limit=max_control_gap, model_steadiness=steadiness, models_unsteady=unsteady, conclusive=True)
+    if unsteady:
+        _inconclusive(summary, "unsteady plans in " + ", ".join(f"{m} ({', '.join(steadiness[m]['plans_unsteady'])})" for m in unsteady)
+                      + f" (control-gap limit {_gap(max_control_gap)}): the figures are inconclusive; --resume times those models again")
 
 
 if __name__ == "__main__":
@@ -895,8 +917,12 @@ if __name__ == "__main__":
     parser.add_argument("--threading", choices=XLA_THREADING.names(), default=None,
                         help="XLA:CPU thread layout (default: the steadiest in RESULTS/host.json)")
     parser.add_argument("--max-load", type=float, default=QuietPolicy.max_load, help="load average the host must be under to start")
-    parser.add_argument("--max-noise", type=float, default=QuietPolicy.max_noise,
-                        help="timing noise (IQR/median of a fixed computation's bursts) the host must be under to start")
+    parser.add_argument("--max-noise", type=float, default=None,
+                        help="timing noise (IQR/median of a fixed computation's bursts) the host must be under to start "
+                             "(default: recorded, not limited; each plan is judged by its control gap)")
+    parser.add_argument("--max-control-gap", type=float, default=MAX_CONTROL_GAP,
+                        help="the largest control gap a plan counts as steady with (the fixed computation's lower quartiles "
+                             "beside the estimate's turns and beside the measurement's)")
     parser.add_argument("--max-wait", type=float, default=QuietPolicy.max_wait_s, help="seconds to wait for a quiet host")
     parser.add_argument("--allow-busy", action="store_true", help="go on (recording it) when the host stays busy")
     parser.add_argument("--isolation", choices=ISOLATIONS, default="process",
@@ -910,7 +936,7 @@ if __name__ == "__main__":
     try:
         ok = run(Path(args.results), tuple(args.models), args.name, args.threading,
                  QuietPolicy(max_load=args.max_load, max_noise=args.max_noise, max_wait_s=args.max_wait,
-                             refuse=not args.allow_busy), args.time_budget, args.isolation, args.resume)
+                             refuse=not args.allow_busy), args.time_budget, args.isolation, args.resume, args.max_control_gap)
     except ArenaError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None

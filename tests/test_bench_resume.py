@@ -111,14 +111,15 @@ def _cost(model):
             "profiling_timed_iterations": 18, "quiet_check": None}
 
 
-def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done=("gpt__tiny",), noisy=(),
+def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done=("gpt__tiny",), unsteady=(),
                  layout="pinned", isolation="child"):
     from bench import bench_profile as bp
 
     rows = [r for m in done for r in (_row(m, 1, 1.01, 1.0), _row(m, 2, 0.98, 1.0))]
-    brackets = {m: {"before": 0.02, "after": 0.09 if m in noisy else 0.02, "quiet": m not in noisy} for m in done}
-    return {"summary": {"models_not_done": [m for m in models if m not in done], "conclusive": not noisy, "met": False,
-                        "noise_limit": 0.05, "noise_brackets": brackets, "models_noisy": list(noisy),
+    steadiness = {m: {"steady": m not in unsteady, "plans": 2, "largest_control_gap": 0.03 if m in unsteady else 0.005,
+                      "plans_unsteady": ["1/p"] if m in unsteady else []} for m in done}
+    return {"summary": {"models_not_done": [m for m in models if m not in done], "conclusive": not unsteady, "met": False,
+                        "control_gap_limit": 0.02, "model_steadiness": steadiness, "models_unsteady": list(unsteady),
                         "code_changed_during_run": False},
             "plans": rows, "costs": [_cost(m) for m in done],
             "protocol": {"code": identity, "layout": layout, "stage_isolation": isolation, "models": list(done),
@@ -136,16 +137,17 @@ def test_an_incomplete_run_of_the_same_code_and_setup_is_resumed_with_its_finish
 
     path = tmp_path / "part.json"
     path.write_text(json.dumps(_earlier_run(IDENTITY)))
-    part = earlier_part(path, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, None, "child", 0.05)
+    part = earlier_part(path, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, None, "child", 0.02)
     assert part["done"] == ["gpt__tiny"] and part["todo"] == ["bert__tiny", "moe__tiny"] and part["layout"] == "pinned"
-    assert part["timed_again"] == [] and part["noise_brackets"] == {"gpt__tiny": {"before": 0.02, "after": 0.02, "quiet": True}}
+    assert part["timed_again"] == []
+    assert part["model_steadiness"] == {"gpt__tiny": {"steady": True, "plans": 2, "largest_control_gap": 0.005, "plans_unsteady": []}}
     assert [p["file"] for p in part["parts"]] == ["part.json"] and part["parts"][0]["models"] == ["gpt__tiny"]
     # a part that was itself resumed hands on its earlier parts first
     resumed = _earlier_run(IDENTITY, done=("gpt__tiny", "bert__tiny"))
     resumed["protocol"] = {**resumed["protocol"], "models": ["bert__tiny"], "earlier_parts": part["parts"]}
     path2 = tmp_path / "part2.json"
     path2.write_text(json.dumps(resumed))
-    chained = earlier_part(path2, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, "pinned", "child", 0.05)
+    chained = earlier_part(path2, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, "pinned", "child", 0.02)
     assert chained["todo"] == ["moe__tiny"]
     assert [(p["file"], p["models"]) for p in chained["parts"]] == [("part.json", ["gpt__tiny"]), ("part2.json", ["bert__tiny"])]
 
@@ -166,15 +168,21 @@ def _edited_while_running(payload):
     payload["summary"]["code_changed_during_run"] = True
 
 
-def _without_brackets(payload):
-    del payload["summary"]["noise_brackets"]
+def _without_steadiness(payload):
+    del payload["summary"]["model_steadiness"]
 
 
-def _other_noise_limit(payload):
-    payload["summary"]["noise_limit"] = 0.1
+def _other_gap_limit(payload):
+    payload["summary"]["control_gap_limit"] = 0.05
 
 
-def _all_quiet(payload):  # every model asked for done between quiet looks
+def _earlier_look_judged(payload):  # a part of the protocol before each plan had a control (looks at the host judged)
+    summary = payload["summary"]
+    summary["noise_limit"], summary["noise_brackets"] = 0.05, summary.pop("model_steadiness")
+    del summary["control_gap_limit"]
+
+
+def _all_steady(payload):  # every model asked for done steadily
     done = ("gpt__tiny", "bert__tiny", "moe__tiny")
     payload.update(_earlier_run(IDENTITY, done=done))
 
@@ -190,10 +198,11 @@ def _all_quiet(payload):  # every model asked for done between quiet looks
     ("", None, {"isolation": "process"}, "timed with isolation 'child', not 'process'"),
     ("", None, {"models": ("bert__tiny", "moe__tiny")}, "holds models not asked for \\(gpt__tiny\\)"),
     ("", None, {"models": ("gpt__tiny",)}, "nothing to resume"),
-    ("", _all_quiet, {}, "every model asked for is done between quiet looks in it: nothing to resume"),
+    ("", _all_steady, {}, "every model asked for is done steadily in it: nothing to resume"),
     ("", _edited_while_running, {}, "its code was edited while it ran"),
-    ("", _without_brackets, {}, "does not record the host's noise around each model"),
-    ("", _other_noise_limit, {}, "another noise limit \\(0.1, not 0.05\\)"),
+    ("", _without_steadiness, {}, "does not record how steadily each model was timed"),
+    ("", _other_gap_limit, {}, "another control-gap limit \\(0.05, not 0.02\\)"),
+    ("", _earlier_look_judged, {}, "another control-gap limit \\(None, not 0.02\\)"),
 ])
 def test_a_resume_is_refused_in_one_line_naming_why(tmp_path, content, change, args, why):
     import re
@@ -210,15 +219,16 @@ def test_a_resume_is_refused_in_one_line_naming_why(tmp_path, content, change, a
         path.write_text(content)
     asked = {"models": ("gpt__tiny", "bert__tiny", "moe__tiny"), "threading": None, "isolation": "child", **args}
     with pytest.raises(ArenaError) as caught:
-        earlier_part(path, asked["models"], IDENTITY, asked["threading"], asked["isolation"], 0.05)
+        earlier_part(path, asked["models"], IDENTITY, asked["threading"], asked["isolation"], 0.02)
     message = str(caught.value)
     assert message.startswith(f"bench_profile: cannot resume {path}: ") and "\n" not in message
     assert re.search(why, message), message
 
 
-def _fake_host(monkeypatch, child_models_done, noise=0.02, start_load=0.1):
+def _fake_host(monkeypatch, child_models_done, gap=0.005, start_load=0.1, noise=0.09):
     """The host's probes and the measuring child replaced: what run() does with their results is under test.
-    ``start_load`` above the start policy's limit: the start check gives up on the load (--allow-busy) untimed."""
+    ``gap``: every plan's control gap; ``noise``: what the burst probe reads (a record); ``start_load`` above the
+    start policy's limit: the start check gives up on the load (--allow-busy) untimed."""
     from bench import bench_profile, child
     from libarena.profile import host
 
@@ -234,14 +244,16 @@ def _fake_host(monkeypatch, child_models_done, noise=0.02, start_load=0.1):
         request = json.loads(open(command[-2]).read())
         asked.append(request)
         rows = [r for m in child_models_done for r in (_row(m, 1, 1.03, 1.0), _row(m, 2, 1.0, 1.0))]
-        for r in rows:  # each plan timed between two looks at the host (timed_between_quiet_looks)
-            r["host_looks"] = {"before": noise, "after": noise, "quiet": noise <= 0.05, "attempt": bench_profile.PLAN_ATTEMPTS if noise > 0.05 else 1}
+        for r in rows:  # each plan judged by its control (timed_until_steady)
+            steady = gap <= request["gate"]["max_control_gap"]
+            r["steadiness"] = {"control_gap": gap, "busy_processes": [], "steady": steady,
+                               "attempt": 1 if steady else bench_profile.PLAN_ATTEMPTS}
         costs = [_cost(m) for m in child_models_done]
         for c in costs[1:]:  # the quiet check before each model's cost run (a record)
             look = {"quiet": True, "busy_processes": [], "timing_noise": {"level": noise}}
             c["quiet_check"] = {**look, "first_look": dict(look)}
-        again = [{"model": child_models_done[0], "num_gpus": 1, "plan_id": "noisy-once", "error": 0.2,
-                  "host_looks": {"before": noise, "after": 0.3, "quiet": False, "attempt": 1}}]
+        again = [{"model": child_models_done[0], "num_gpus": 1, "plan_id": "unsteady-once", "error": 0.2,
+                  "steadiness": {"control_gap": 0.04, "busy_processes": [], "steady": False, "attempt": 1}}]
         return {"rows": rows, "rows_timed_again": again, "costs": costs, "models_done": list(child_models_done),
                 "models_skipped_for_time": [], "threading": {"name": request["threading"]}, "host": {}, "calibration_s": 1.0,
                 "host_sharing": {}}, None
@@ -274,44 +286,48 @@ def test_a_resumed_run_times_only_the_rest_and_writes_every_models_rows_to_anoth
     summary = whole["summary"]
     assert summary["complete"] and summary["conclusive"] and not summary["code_changed_during_run"]
     assert summary["plans_1_devices"] == 3 and summary["mae_1_devices"] == pytest.approx((0.01 + 0.03 + 0.03) / 3)
-    # a timing done again (a noisy look beside it) is kept apart, out of the figures
-    assert [r["plan_id"] for r in whole["plans_timed_again"]] == ["noisy-once"] and summary["plans_timed_again"] == 1
+    # a timing done again (unsteady) is kept apart, out of the figures
+    assert [r["plan_id"] for r in whole["plans_timed_again"]] == ["unsteady-once"] and summary["plans_timed_again"] == 1
     protocol = whole["protocol"]
     assert protocol["code"] == identity and protocol["models"] == ["bert__tiny", "moe__tiny"]
     assert [(p["file"], p["models"]) for p in protocol["earlier_parts"]] == [("part.json", ["gpt__tiny"])]
 
 
-def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_between_noisy_looks(tmp_path, monkeypatch):
+def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_unsteadily(tmp_path, monkeypatch):
     from bench import bench_profile
 
     identity = bench_profile.measuring_code()
     models = ("gpt__tiny", "bert__tiny", "moe__tiny")
     part = tmp_path / "part.json"
-    part.write_text(json.dumps(_earlier_run(identity, models, done=("gpt__tiny", "bert__tiny"), noisy=("bert__tiny",), layout="default")))
+    part.write_text(json.dumps(_earlier_run(identity, models, done=("gpt__tiny", "bert__tiny"), unsteady=("bert__tiny",), layout="default")))
     asked = _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"])
     assert bench_profile.run(tmp_path, models, "whole", isolation="child", resume=part)
     assert [a["models"] for a in asked] == [["bert__tiny", "moe__tiny"]]
+    assert asked[0]["gate"]["max_control_gap"] == bench_profile.MAX_CONTROL_GAP
     whole = json.loads((tmp_path / "whole.json").read_text())
-    # bert__tiny's rows and cost from this run only: the earlier part's (noisy) ones are dropped
+    # bert__tiny's rows and cost from this run only: the earlier part's (unsteady) ones are dropped
     assert sorted(r["model"] for r in whole["plans"]) == sorted(models * 2)
     assert [c["model"] for c in whole["costs"]] == list(models)
     summary = whole["summary"]
-    assert summary["complete"] and summary["conclusive"] and summary["models_noisy"] == []
-    assert sorted(summary["noise_brackets"]) == sorted(models) and all(b["quiet"] for b in summary["noise_brackets"].values())
+    # the burst probe read noisy throughout (0.09): a record, not a judge; each plan's own control judges it
+    assert summary["complete"] and summary["conclusive"] and summary["models_unsteady"] == []
+    assert sorted(summary["model_steadiness"]) == sorted(models) and all(b["steady"] for b in summary["model_steadiness"].values())
+    assert whole["protocol"]["timing_noise_after"] == {"level": 0.09}
     assert [(p["file"], p["models"], p["models_timed_again"]) for p in whole["protocol"]["earlier_parts"]] == \
         [("part.json", ["gpt__tiny", "bert__tiny"], ["bert__tiny"])]
-    # a part timed on a noisy host is judged so, its models (the earlier part's quiet one kept) to be timed again
-    _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"], noise=0.09)
-    assert not bench_profile.run(tmp_path, models, "noisy", isolation="child", resume=part)
-    summary = json.loads((tmp_path / "noisy.json").read_text())["summary"]
-    assert not summary["conclusive"] and not summary["met"] and summary["models_noisy"] == ["bert__tiny", "moe__tiny"]
-    assert earlier_todo(tmp_path / "noisy.json", models, identity) == ["bert__tiny", "moe__tiny"]
+    # a part whose plans drifted is judged so, its models (the earlier part's steady one kept) to be timed again
+    _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"], gap=0.03, noise=0.01)
+    assert not bench_profile.run(tmp_path, models, "unsteady", isolation="child", resume=part)
+    summary = json.loads((tmp_path / "unsteady.json").read_text())["summary"]
+    assert not summary["conclusive"] and not summary["met"] and summary["models_unsteady"] == ["bert__tiny", "moe__tiny"]
+    assert earlier_todo(tmp_path / "unsteady.json", models, identity) == ["bert__tiny", "moe__tiny"]
     # a start given up on for the load average alone: the noise is timed all the same, for the record; the plans'
-    # own looks judge them
-    _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"], start_load=5.0)
+    # own controls judge them
+    _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"], start_load=5.0, noise=0.02)
     assert bench_profile.run(tmp_path, models, "loaded", isolation="child", resume=part)
     loaded = json.loads((tmp_path / "loaded.json").read_text())
-    assert loaded["summary"]["noise_brackets"]["bert__tiny"] == {"before": 0.02, "after": 0.02, "quiet": True, "plans": 2, "plans_noisy": []}
+    assert loaded["summary"]["model_steadiness"]["bert__tiny"] == {"steady": True, "plans": 2, "largest_control_gap": 0.005,
+                                                                   "plans_unsteady": []}
     check = loaded["protocol"]["quiet_check"]
     assert check["load_average"] == 5.0 and not check["quiet"] and check["timing_noise"] == {"level": 0.02}
 
@@ -319,7 +335,7 @@ def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_between_nois
 def earlier_todo(path, models, identity):
     from bench.bench_profile import earlier_part
 
-    return earlier_part(path, models, identity, None, "child", 0.05)["todo"]
+    return earlier_part(path, models, identity, None, "child", 0.02)["todo"]
 
 
 def test_the_source_a_benchmark_can_run_follows_imports_strings_and_built_names(tmp_path):

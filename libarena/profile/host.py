@@ -335,6 +335,55 @@ def alternation_floor(schemes: list[tuple[float, int]], duration_s: float = 60.0
     return out
 
 
+class TurnControl:
+    """A fixed computation timed in a short chunk right after each turn of an interleaved (ABAB) comparison of
+    two ``sides``: how fast the host ran beside side A's turns against beside side B's, measured while the
+    comparison runs. Their ``gap`` (|lower quartile after A / lower quartile after B - 1|) is the drift between
+    the two sides' turns, which the comparison cannot tell from an error of its own; a steady host gives about
+    0. Looks at the host before and after a timing miss noise inside it, and a probe in bursts with idle
+    seconds between them measures a host that the timing, back-to-back work, never sees.
+
+    ``cores``: the cores the compared work runs on; a turn's chunks (one after each side) run on
+    ``cores[turn % len(cores)]``, this thread pinned there (its affinity restored after), so both sides get
+    the same cores. None: where this thread may run. Each chunk starts with one untimed run (the side before
+    left its own data in the caches)."""
+
+    def __init__(self, sides: tuple[str, str], cores: list[int] | None = None, chunk_s: float = 0.1,
+                 work: Callable[[], Any] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        if len(sides) != 2 or sides[0] == sides[1] or chunk_s <= 0 or (cores is not None and not cores):
+            raise ArenaError("turn control: two distinct sides, a positive chunk and some cores (or None)")
+        self.sides, self.cores, self.chunk_s = sides, (None if cores is None else list(cores)), chunk_s
+        self._work, self._clock = work or _fixed_computation(), clock
+        self._samples: dict[str, list[float]] = {side: [] for side in sides}
+
+    def after(self, side: str, turn: int) -> None:
+        """Time one chunk right after ``side``'s turn number ``turn``."""
+        from threadpoolctl import threadpool_limits
+
+        if side not in self._samples:
+            raise ArenaError(f"turn control: unknown side {side!r} (sides {', '.join(self.sides)})")
+        core = None if self.cores is None else self.cores[turn % len(self.cores)]
+        samples = self._samples[side]
+        with _affinity_restored(core is not None), threadpool_limits(limits=1):
+            pin_cores(None if core is None else [core])
+            self._work()
+            began = self._clock()
+            while self._clock() - began < self.chunk_s:
+                t0 = self._clock()
+                self._work()
+                samples.append(self._clock() - t0)
+
+    def summary(self) -> dict[str, Any]:
+        """The gap and each side's figures (None where a side has no chunk yet)."""
+        first, second = self.sides
+        quartiles = {side: lower_quartile(s) if s else None for side, s in self._samples.items()}
+        gap = None if None in quartiles.values() else abs(quartiles[first] / quartiles[second] - 1.0)
+        return {"gap": gap, "sides": list(self.sides), "lower_quartile_s": quartiles,
+                "samples": {side: len(s) for side, s in self._samples.items()},
+                "iqr_over_median": {side: relative_iqr(s) if s else None for side, s in self._samples.items()},
+                "chunk_s": self.chunk_s, "cores": self.cores}
+
+
 def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = None,
                      probe: Callable[[], tuple[float, list[dict[str, Any]]]] | None = None,
                      sleep: Callable[[float], None] = time.sleep,

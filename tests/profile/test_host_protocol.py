@@ -145,6 +145,47 @@ def test_alternation_floor_times_the_fixed_computation_back_to_back_and_scores_e
         host.alternation_floor([(0.0, 5)], duration_s=1.0)
 
 
+def test_turn_control_times_the_fixed_computation_after_each_sides_turn_and_shows_a_drift_between_them():
+    # A fake clock and work: 10 ms a run, 12 ms while the host is slow (``slow`` set by the "side" just timed)
+    now, slow, cores_seen = [0.0], [False], []
+
+    def work():
+        cores_seen.append(sorted(os.sched_getaffinity(0)))
+        now[0] += 0.012 if slow[0] else 0.010
+
+    cores = host.usable_cores()[:2]
+    control = host.TurnControl(("estimate", "measurement"), cores=cores, chunk_s=0.095, work=work, clock=lambda: now[0])
+    assert control.summary()["gap"] is None  # nothing timed yet
+    before = os.sched_getaffinity(0)
+    for turn in range(4):
+        for side in ("estimate", "measurement") if turn % 2 == 0 else ("measurement", "estimate"):
+            slow[0] = False
+            control.after(side, turn)
+    steady = control.summary()
+    # one untimed run, then 0.095 s of 10 ms runs (ten) per chunk; both sides alike: no gap
+    assert steady["gap"] == pytest.approx(0.0, abs=1e-12) and steady["samples"] == {"estimate": 40, "measurement": 40}
+    assert steady["lower_quartile_s"] == {"estimate": pytest.approx(0.010), "measurement": pytest.approx(0.010)}
+    # each turn's chunks ran on one of the cores, turn by turn, and this thread's affinity came back after
+    assert cores_seen[0] == [cores[0]] and cores_seen[-1] == [cores[3 % len(cores)]] and os.sched_getaffinity(0) == before
+    # a host 20% slower beside the measurement's turns than beside the estimate's: a 1/1.2 - 1 gap
+    drifting = host.TurnControl(("estimate", "measurement"), chunk_s=0.095, work=work, clock=lambda: now[0])
+    for turn in range(4):
+        for side in ("estimate", "measurement"):
+            slow[0] = side == "measurement"
+            drifting.after(side, turn)
+    assert drifting.summary()["gap"] == pytest.approx(1 - 1 / 1.2)
+    with pytest.raises(ArenaError, match="unknown side 'other'"):
+        drifting.after("other", 0)
+    with pytest.raises(ArenaError, match="two distinct sides"):
+        host.TurnControl(("a", "a"))
+    # the real fixed computation on this host: a finite gap between two sides that time the same thing
+    real = host.TurnControl(("a", "b"), cores=cores[:1], chunk_s=0.05)
+    for turn in range(3):
+        real.after("a", turn)
+        real.after("b", turn)
+    assert 0 <= real.summary()["gap"] < 1.0 and min(real.summary()["samples"].values()) >= 3
+
+
 def test_timing_noise_of_this_host_is_a_finite_spread_of_a_real_fixed_computation():
     noise = host.timing_noise(bursts=4, samples=4, interval_s=0.0)
     assert 0 < noise["sample_s"] < 1.0 and noise["level"] == max(noise["spread"], noise["within"]) < 10

@@ -201,97 +201,90 @@ def test_benchmark_refuses_a_missing_results_directory_before_timing(tmp_path, m
         bench_profile.run(tmp_path / "missing", models=("gpt__tiny",))
 
 
-def _look_record(level, busy=()):
-    """A look at the host as quiet_before_model records it (None: another process busy, the noise not timed)."""
-    return {"busy_processes": list(busy), "timing_noise": None if level is None else {"level": level}}
-
-
-def test_each_plan_is_timed_between_two_quiet_looks_and_timed_again_after_a_noisy_one():
+def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady():
     from bench import bench_profile
 
-    levels, waits = [], []
-
-    def check(wait):  # the host's noise, look by look, as scripted in ``levels``
-        waits.append(wait)
-        level = levels.pop(0)
-        return _look_record(None, [{"pid": 7}]) if level == "busy" else _look_record(level)
-
-    looks = bench_profile.PlanLooks({"max_noise": 0.05}, look=check)
+    gaps, busy_looks, slept = [], [], []
+    busy_pid = [{"pid": 7, "name": "other", "cpu_percent": 90.0}]
+    gate = bench_profile.PlanGate(max_control_gap=0.02, cores=[0, 1], max_wait_s=60.0, attempts=3,
+                                  busy=lambda: busy_looks.pop(0))
     timed = []
 
-    def time_plan(plan_id):
+    def time_plan(plan_id):  # a plan's row with the control gap measured beside its turns, as scripted in ``gaps``
         timed.append(plan_id)
-        return {"model": "gpt__tiny", "num_gpus": 2, "plan_id": plan_id, "error": 0.01}
+        return {"model": "gpt__tiny", "num_gpus": 2, "plan_id": plan_id, "error": 0.01, "control": {"gap": gaps.pop(0)},
+                "measured_samples_s": [0.1], "stages": [], "breakdown": {}}
 
-    # quiet before and after: timed once; the look after it is the next plan's look before (no second look)
-    levels[:] = [0.02, 0.03]
-    row, again = bench_profile.timed_between_quiet_looks(lambda: time_plan("a"), looks)
-    assert row["host_looks"] == {"before": 0.02, "after": 0.03, "quiet": True, "attempt": 1} and again == []
-    assert waits == [True, False]
-    # noisy right after: timed again once the host is quiet (a waiting look), the noisy timing kept apart
-    levels[:] = [0.09, 0.02, 0.01]
-    row, again = bench_profile.timed_between_quiet_looks(lambda: time_plan("b"), looks)
-    assert timed == ["a", "b", "b"] and waits == [True, False, False, True, False]
-    assert row["host_looks"] == {"before": 0.02, "after": 0.01, "quiet": True, "attempt": 2}
-    assert [(r["plan_id"], r["host_looks"]["after"]) for r in again] == [("b", 0.09)]
-    # another busy process is as bad as noise; a host that stays noisy: the last timing kept, marked noisy
-    levels[:] = ["busy", 0.02, 0.2, 0.02, 0.2]
-    row, again = bench_profile.timed_between_quiet_looks(lambda: time_plan("c"), looks, attempts=3)
-    assert timed[-3:] == ["c", "c", "c"] and len(again) == 2 and not levels
-    assert row["host_looks"] == {"before": 0.02, "after": 0.2, "quiet": False, "attempt": 3}
-    assert again[0]["host_looks"]["after"] is None
-    # no noise limit: no look taken, nothing judged
-    waits.clear()
-    row, again = bench_profile.timed_between_quiet_looks(lambda: time_plan("d"), bench_profile.PlanLooks(None, look=check))
-    assert row["host_looks"]["quiet"] and again == [] and waits == []
+    # a small gap and nobody else busy: timed once
+    gaps[:], busy_looks[:] = [0.004], [[]]
+    row, again = bench_profile.timed_until_steady(lambda: time_plan("a"), gate, sleep=pytest.fail)
+    assert row["steadiness"] == {"control_gap": 0.004, "busy_processes": [], "steady": True, "attempt": 1} and again == []
+    # a drift between the sides' turns: timed again at once, the unsteady timing kept apart without its samples
+    gaps[:], busy_looks[:] = [0.035, 0.01], [[], []]
+    row, again = bench_profile.timed_until_steady(lambda: time_plan("b"), gate, sleep=pytest.fail)
+    assert timed == ["a", "b", "b"] and row["steadiness"]["attempt"] == 2 and row["steadiness"]["steady"]
+    assert [(r["plan_id"], r["steadiness"]["control_gap"]) for r in again] == [("b", 0.035)]
+    assert "measured_samples_s" not in again[0] and "control" in again[0]
+    # another busy process is as bad as a drift, however small the gap: waited for (bounded) before the next try;
+    # a host that stays unsteady: the last timing kept, marked unsteady
+    gaps[:] = [0.001, 0.05, 0.03]
+    busy_looks[:] = [busy_pid, busy_pid, [], [], []]
+    row, again = bench_profile.timed_until_steady(lambda: time_plan("c"), gate, sleep=slept.append)
+    assert timed[-3:] == ["c", "c", "c"] and len(again) == 2 and not busy_looks and slept == [15.0]
+    assert again[0]["steadiness"]["busy_processes"] == busy_pid
+    assert row["steadiness"] == {"control_gap": 0.03, "busy_processes": [], "steady": False, "attempt": 3}
+    # a control that timed nothing is not steady under a limit; no limit: recorded, not judged
+    gaps[:], busy_looks[:] = [None], [[]]
+    row, _ = bench_profile.timed_until_steady(lambda: time_plan("d"), bench_profile.PlanGate(None, busy=lambda: busy_looks.pop(0)))
+    assert row["steadiness"]["steady"] and row["steadiness"]["control_gap"] is None
+    assert bench_profile.PlanGate(0.02, busy=lambda: []).judge({"control": {"gap": None}}, [], 1)["steady"] is False
+    # the control of a plan of N devices runs on the first N of the gate's cores
+    assert gate.control_cores(1) == [0] and gate.control_cores(2) == [0, 1] and bench_profile.PlanGate().control_cores(2) is None
 
 
-def test_a_model_is_judged_by_the_looks_around_every_one_of_its_plans():
+def test_a_model_is_judged_by_the_steadiness_of_every_one_of_its_plans():
     from bench import bench_profile
 
-    def row(model, plan_id, before, after, quiet):
+    def row(model, plan_id, gap, steady):
         return {"model": model, "num_gpus": 1, "plan_id": plan_id,
-                "host_looks": {"before": before, "after": after, "quiet": quiet, "attempt": 1}}
+                "steadiness": {"control_gap": gap, "busy_processes": [], "steady": steady, "attempt": 1}}
 
-    rows = [row("gpt__tiny", "p1", 0.02, 0.03, True), row("gpt__tiny", "p2", 0.03, 0.01, True),
-            row("bert__tiny", "p1", 0.02, 0.09, False), row("bert__tiny", "p2", None, 0.02, False),
-            {"model": "moe__tiny", "num_gpus": 1, "plan_id": "p1"}]  # no looks recorded
+    rows = [row("gpt__tiny", "p1", 0.004, True), row("gpt__tiny", "p2", 0.011, True),
+            row("bert__tiny", "p1", 0.03, False), row("bert__tiny", "p2", None, False),
+            {"model": "moe__tiny", "num_gpus": 1, "plan_id": "p1"}]  # not judged
     models = ["gpt__tiny", "bert__tiny", "moe__tiny"]
-    brackets = bench_profile.noise_brackets(rows, models, 0.05)
-    assert brackets == {"gpt__tiny": {"before": 0.03, "after": 0.03, "quiet": True, "plans": 2, "plans_noisy": []},
-                        "bert__tiny": {"before": None, "after": 0.09, "quiet": False, "plans": 2, "plans_noisy": ["1/p1", "1/p2"]},
-                        "moe__tiny": {"before": None, "after": None, "quiet": False, "plans": 1, "plans_noisy": ["1/p1"]}}
+    steadiness = bench_profile.model_steadiness(rows, models, 0.02)
+    assert steadiness == {"gpt__tiny": {"steady": True, "plans": 2, "largest_control_gap": 0.011, "plans_unsteady": []},
+                          "bert__tiny": {"steady": False, "plans": 2, "largest_control_gap": None, "plans_unsteady": ["1/p1", "1/p2"]},
+                          "moe__tiny": {"steady": False, "plans": 1, "largest_control_gap": None, "plans_unsteady": ["1/p1"]}}
     summary = {"met": True}
-    bench_profile.judge_noise(summary, brackets, 0.05)
-    assert not summary["met"] and not summary["conclusive"] and summary["models_noisy"] == ["bert__tiny", "moe__tiny"]
+    bench_profile.judge_steadiness(summary, steadiness, 0.02)
+    assert not summary["met"] and not summary["conclusive"] and summary["models_unsteady"] == ["bert__tiny", "moe__tiny"]
     summary = {"met": True}
-    quiet = bench_profile.noise_brackets(rows[:2], models[:1], 0.05)
-    bench_profile.judge_noise(summary, quiet, 0.05)
-    assert summary == {"met": True, "conclusive": True, "models_noisy": [], "noise_brackets": quiet, "noise_limit": 0.05}
+    steady = bench_profile.model_steadiness(rows[:2], models[:1], 0.02)
+    bench_profile.judge_steadiness(summary, steady, 0.02)
+    assert summary == {"met": True, "conclusive": True, "models_unsteady": [], "model_steadiness": steady, "control_gap_limit": 0.02}
     # no limit: recorded, not judged
     summary = {"met": True}
-    bench_profile.judge_noise(summary, bench_profile.noise_brackets(rows[4:], ["moe__tiny"], None), None)
+    bench_profile.judge_steadiness(summary, bench_profile.model_steadiness(rows[4:], ["moe__tiny"], None), None)
     assert summary["met"] and summary["conclusive"]
 
 
-def test_the_benchmark_waits_before_each_model_for_the_noise_to_pass_and_records_what_it_saw():
+def test_the_benchmark_waits_before_each_model_for_other_processes_and_records_the_noise():
     from bench import bench_profile
 
-    settings = {"max_noise": 0.05, "max_process_percent": 25.0, "max_wait_s": 60.0, "cores": [0]}
-    noisy, steady = {"level": 0.31}, {"level": 0.02}
-    levels, slept = iter([noisy, noisy, steady]), []
-    # the load average is left out: the benchmark's own work keeps it high
-    record = bench_profile.quiet_before_model(settings, probe=lambda: (1.8, []), noise_probe=lambda: next(levels), sleep=slept.append)
-    assert record["quiet"] and record["waited_s"] == 30 and slept == [15.0, 15.0] and record["timing_noise"] == steady
-    assert record["first_look"]["timing_noise"] == noisy  # the host the model before ended on (noise_brackets)
-    # a host that stays noisy is recorded, not refused (the run's figures are judged inconclusive instead)
-    record = bench_profile.quiet_before_model({**settings, "max_wait_s": 15.0}, probe=lambda: (0.1, []), noise_probe=lambda: noisy,
-                                              sleep=lambda s: None)
-    assert not record["quiet"] and record["timing_noise"] == noisy
-    # the look right after a plan: one look, no waiting
-    record = bench_profile.quiet_before_model(settings, probe=lambda: (0.1, []), noise_probe=lambda: noisy, sleep=pytest.fail, wait=False)
-    assert not record["quiet"] and record["waited_s"] == 0 and record["first_look"]["timing_noise"] == noisy
-    assert bench_profile.quiet_before_model(None) is None and bench_profile.quiet_before_model({**settings, "max_noise": None}) is None
+    settings = {"max_control_gap": 0.02, "max_process_percent": 25.0, "max_wait_s": 60.0, "cores": [0]}
+    noisy = {"level": 0.31}
+    looks, slept = iter([(1.8, [{"pid": 7, "name": "other", "cpu_percent": 90.0}]), (1.8, [])]), []
+    # the load average is left out (the benchmark's own work keeps it high); the burst noise is recorded, not limited
+    record = bench_profile.quiet_before_model(settings, probe=lambda: next(looks), noise_probe=lambda: noisy, sleep=slept.append)
+    assert record["quiet"] and record["waited_s"] == 15 and slept == [15.0] and record["timing_noise"] == noisy
+    assert record["policy"]["max_noise"] is None and record["policy"]["max_load"] is None
+    # a process that stays busy is recorded, not refused (the plans' own judgement decides)
+    record = bench_profile.quiet_before_model({**settings, "max_wait_s": 15.0}, probe=lambda: (0.1, [{"pid": 7, "name": "other", "cpu_percent": 90.0}]),
+                                              noise_probe=pytest.fail, sleep=lambda s: None)
+    assert not record["quiet"] and record["timing_noise"] is None
+    assert bench_profile.quiet_before_model(None) is None
 
 
 def test_benchmark_counts_the_distinct_stages_of_larger_grids():
