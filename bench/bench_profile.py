@@ -27,10 +27,11 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
 * after each side's turn, a fixed computation is timed for ``CONTROL_S`` on one of the plan's cores
   (host.TurnControl, the cores taken turn by turn): the plan's ``control`` gap, |its lower quartile beside the
   estimate's turns / beside the measurement's - 1|, is how far the host's speed drifted between the two sides
-  while this plan was timed. A plan is steady when that gap is at most ``MAX_CONTROL_GAP`` and no other process
-  was busy in a look right after it; an unsteady one is timed again (at most ``PLAN_ATTEMPTS`` in all; the
-  discarded timings are kept in ``plans_timed_again``, and which plan is redone follows the control and the
-  host, never the plan's error); its row records the judgement (``steadiness``). A model with a plan still
+  while this plan was timed. A plan is steady when that gap is at most ``MAX_CONTROL_GAP``, the standard error of
+  its error over its paired turns (``error_se``) at most ``MAX_ERROR_SE`` and no other process was busy in a look
+  right after it; an unsteady one is timed again (at most ``PLAN_ATTEMPTS`` in all; the
+  discarded timings are kept in ``plans_timed_again``, and which plan is redone follows the control, the
+  turns' spread and the host, never the value of the plan's error); its row records the judgement (``steadiness``). A model with a plan still
   unsteady after that makes the figures inconclusive (``summary.model_steadiness``, ``models_unsteady``;
   ``conclusive`` false, targets not met). Looks at the host between plans judged earlier runs, and missed what
   happened inside a plan, while a probe of bursts with idle seconds between them read noise for hours that
@@ -284,6 +285,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     "error_median": est_median.iter_time_s / measured_median - 1.0,
                     "estimate_other_concurrency_models_s": others,
                     "turn_errors": paired, "error_paired": statistics.median(paired) if paired else None,
+                    # how precisely the turns pin the error down (None: fewer than two paired turns)
+                    "error_se": statistics.stdev(paired) / len(paired) ** 0.5 if len(paired) >= 2 else None,
                     # the host's drift between the two sides' turns, measured beside them (what judges the plan)
                     "control": control.summary(),
                     "measured_median_s": measured_median, "measured_iqr_over_median": relative_iqr(samples),
@@ -306,7 +309,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 }
                 _log(f"{planset.model_name} {n} dev {plan.plan_id}: estimate {est.iter_time_s * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
                      f"({row['error']:+.1%}; medians {row['error_median']:+.1%}; measured IQR/median {row['measured_iqr_over_median']:.1%}; "
-                     f"control gap {_gap(row['control']['gap'])})")
+                     f"control gap {_gap(row['control']['gap'])}; standard error {_gap(row['error_se'])})")
                 for spec, item in zip(specs, items, strict=True):
                     stages.release(spec)
                     corun.release(item)
@@ -436,6 +439,12 @@ PLAN_ATTEMPTS = 4
 #: beside the estimate's turns and beside the measurement's) is at most this: the host's drift between the
 #: two sides' turns then moved the plan's error by about this much at most, well inside the 5% target
 MAX_CONTROL_GAP = 0.02
+#: ... and the standard error of its error is at most this (the paired turns' errors, each turn's estimate against
+#: the measurement's turn beside it: their standard deviation / sqrt(turns)). A drift the control cannot see --
+#: the two sides reacting differently to a noisy host -- shows here: on a host twice as slow as usual, with
+#: steps 20-40% apart, gpt__tiny's 2x1 plan read +12.7% at a control gap of 1.0%, its turns' errors -19% to +45%
+#: (standard error 3.9%); on the quiet host of profile-part6.json 47 of 49 plans were within 3%
+MAX_ERROR_SE = 0.03
 #: Seconds of the fixed computation timed after each side's turn (about 23 samples of 4.3 ms on this host)
 CONTROL_S = 0.1
 
@@ -443,13 +452,17 @@ CONTROL_S = 0.1
 @dataclass(frozen=True)
 class PlanGate:
     """How each plan is judged, from what was measured while it was timed: steady when its control's gap is
-    at most ``max_control_gap`` (None: recorded, not judged) and no other process was busy (more than
-    ``max_process_percent`` of a core) in a look right after it; an unsteady plan is timed again (at most
+    at most ``max_control_gap``, the standard error of its error (``error_se``: the paired turns') at most
+    ``max_error_se`` (either None: recorded, not judged; a plan without paired turns is judged by the control
+    alone) and no other process was busy (more than ``max_process_percent`` of a core) in a look right after
+    it. Neither figure is the plan's error itself: which plan is redone never follows its value. An unsteady
+    plan is timed again (at most
     ``attempts`` in all), after waiting (at most ``max_wait_s``) for the other busy processes to end.
     ``cores``: the cores of the largest grid's measurement (a plan of N devices runs its control on the
     first N). ``busy`` (tests): returns the other busy processes instead of looking."""
 
     max_control_gap: float | None = MAX_CONTROL_GAP
+    max_error_se: float | None = MAX_ERROR_SE
     cores: list[int] | None = None
     max_process_percent: float = 25.0
     max_wait_s: float = 600.0
@@ -460,8 +473,9 @@ class PlanGate:
     def of(cls, settings: dict[str, Any] | None) -> PlanGate:
         """The gate of a request's settings (None: nothing judged)."""
         if not settings:
-            return cls(max_control_gap=None, attempts=1, busy=lambda: [])
-        return cls(settings["max_control_gap"], settings.get("cores"), settings["max_process_percent"], settings["max_wait_s"])
+            return cls(max_control_gap=None, max_error_se=None, attempts=1, busy=lambda: [])
+        return cls(settings["max_control_gap"], settings["max_error_se"], settings.get("cores"), settings["max_process_percent"],
+                   settings["max_wait_s"])
 
     def control_cores(self, num_devices: int) -> list[int] | None:
         return None if self.cores is None else list(self.cores[:num_devices])
@@ -472,9 +486,10 @@ class PlanGate:
         return self.busy() if self.busy is not None else busy_processes(self.max_process_percent)
 
     def judge(self, row: dict[str, Any], busy: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
-        gap = (row.get("control") or {}).get("gap")
-        steady = not busy and (self.max_control_gap is None or (gap is not None and gap <= self.max_control_gap))
-        return {"control_gap": gap, "busy_processes": busy, "steady": steady, "attempt": attempt}
+        gap, error_se = (row.get("control") or {}).get("gap"), row.get("error_se")
+        steady = (not busy and (self.max_control_gap is None or (gap is not None and gap <= self.max_control_gap))
+                  and (self.max_error_se is None or error_se is None or error_se <= self.max_error_se))
+        return {"control_gap": gap, "error_se": error_se, "busy_processes": busy, "steady": steady, "attempt": attempt}
 
     def wait_for_no_busy(self, sleep: Any = time.sleep, poll_s: float = 15.0) -> None:
         waited = 0.0
@@ -499,9 +514,10 @@ def timed_until_steady(time_plan: Any, gate: PlanGate, sleep: Any = time.sleep) 
         row["steadiness"] = gate.judge(row, busy, attempt)
         if row["steadiness"]["steady"] or attempt >= gate.attempts:
             return row, again
-        gap = row["steadiness"]["control_gap"]
-        _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: unsteady (control gap {_gap(gap)}, limit "
-             f"{_gap(gate.max_control_gap)}{'; other processes busy' if busy else ''}): timing it again")
+        judged = row["steadiness"]
+        _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: unsteady (control gap {_gap(judged['control_gap'])}, limit "
+             f"{_gap(gate.max_control_gap)}; error's standard error {_gap(judged['error_se'])}, limit {_gap(gate.max_error_se)}"
+             f"{'; other processes busy' if busy else ''}): timing it again")
         again.append({k: v for k, v in row.items() if k not in ("measured_samples_s", "stages", "breakdown")})
         if busy:
             gate.wait_for_no_busy(sleep)
@@ -665,13 +681,14 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
 
 def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profile", threading: str | None = None,
         quiet: Any = None, time_budget_s: float | None = None, isolation: str = "process",
-        resume: Path | None = None, max_control_gap: float | None = MAX_CONTROL_GAP) -> bool:
+        resume: Path | None = None, max_control_gap: float | None = MAX_CONTROL_GAP, max_error_se: float | None = MAX_ERROR_SE) -> bool:
     """Time ``models`` and write RESULTS/NAME.json. ``quiet``: the start check (host.QuietPolicy; by default the
     load average and other processes, the burst noise recorded, not limited). ``time_budget_s``: start no model
     after that many seconds of measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it
     still writes the models it finished, marked incomplete. ``resume``: an incomplete earlier run of the same
     code and setup, whose finished models are kept (``earlier_part``); only the rest of ``models`` are timed.
-    ``max_control_gap``: the limit each plan is judged by (:class:`PlanGate`; None: recorded, not judged)."""
+    ``max_control_gap``, ``max_error_se``: the limits each plan is judged by (:class:`PlanGate`; None: recorded, not
+    judged)."""
     from libarena.profile.host import XLA_THREADING, QuietPolicy, alternation_floor, timing_noise, wait_until_quiet
     from libarena.run.heap import huge_page_heap_env
 
@@ -685,7 +702,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     if resume is not None:
         if Path(resume).resolve() == (Path(results_dir) / f"{name}.json").resolve():
             raise ArenaError(f"bench_profile: --resume {resume} is the file this run would write: give it another --name")
-        earlier = earlier_part(Path(resume), models, identity, threading, isolation, max_control_gap)
+        earlier = earlier_part(Path(resume), models, identity, threading, isolation, max_control_gap, max_error_se)
         threading = earlier["layout"]
         again = f" ({', '.join(earlier['timed_again'])} again: unsteady there)" if earlier["timed_again"] else ""
         _log(f"resuming {resume}: keeping {', '.join(earlier['done']) or 'nothing'}; timing {', '.join(earlier['todo'])}{again}")
@@ -708,7 +725,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-profile-run-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        gate = {"max_control_gap": max_control_gap, "max_process_percent": policy.max_process_percent,
+        gate = {"max_control_gap": max_control_gap, "max_error_se": max_error_se, "max_process_percent": policy.max_process_percent,
                 "max_wait_s": policy.max_wait_s, "cores": cores}
         request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s, "isolation": isolation,
                                        "gate": gate}))
@@ -734,7 +751,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     summary["alternation_floor_mean_gap"] = {f"{before['turns']}x{before['turn_s']:g}s": [before["mean_gap"], after["mean_gap"]]
                                              for before, after in zip(floor_before["schemes"], floor_after["schemes"], strict=True)}
     summary["plans_timed_again"] = len(timed_again)
-    judge_steadiness(summary, steadiness, max_control_gap)
+    judge_steadiness(summary, steadiness, max_control_gap, max_error_se)
     judge_code(summary, identity, measuring_code())
     payload = {
         "summary": summary,
@@ -755,7 +772,8 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
             "control": f"after each side's turn, {CONTROL_S:g} s of a fixed computation on one of the plan's cores (turn by turn); "
                        f"a plan is steady when |its lower quartile after the estimate's turns / after the measurement's - 1| "
-                       f"<= {max_control_gap} and no other process was busy right after it (at most {PLAN_ATTEMPTS} attempts)",
+                       f"<= {max_control_gap}, the standard error of its paired turns' errors <= {max_error_se} and no other "
+                       f"process was busy right after it (at most {PLAN_ATTEMPTS} attempts)",
             "stage_isolation": isolation,
         },
         "setup": {"models": list(models), **run_setup()},
@@ -801,13 +819,13 @@ def measuring_code() -> dict[str, Any]:
 
 
 def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], threading: str | None,
-                 isolation: str, max_control_gap: float | None) -> dict[str, Any]:
+                 isolation: str, max_control_gap: float | None, max_error_se: float | None = MAX_ERROR_SE) -> dict[str, Any]:
     """What ``--resume path`` keeps: the earlier run's payload, its models finished steadily (``done``, with
     their ``model_steadiness``), the ones it finished with an unsteady plan (``timed_again``), the models of
     ``models`` left to time (``todo``), its thread layout and its protocol as a part (``parts``: the earlier parts
     first). One-line ArenaError unless it is a run of this benchmark measured with the same code (``identity``,
-    not edited while it ran), setup, layout (``threading``, when given), stage ``isolation`` and control-gap
-    limit (``max_control_gap``), with something left to time."""
+    not edited while it ran), setup, layout (``threading``, when given), stage ``isolation`` and limits
+    (``max_control_gap``, ``max_error_se``), with something left to time."""
     def refuse(why: str) -> ArenaError:
         return ArenaError(f"bench_profile: cannot resume {path}: {why}")
 
@@ -839,6 +857,8 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
         raise refuse("its code was edited while it ran (or it does not say): none of its figures can be kept")
     if summary.get("control_gap_limit") != max_control_gap:
         raise refuse(f"its plans were judged with another control-gap limit ({summary.get('control_gap_limit')!r}, not {max_control_gap!r})")
+    if summary.get("error_se_limit") != max_error_se:
+        raise refuse(f"its plans were judged with another standard-error limit ({summary.get('error_se_limit')!r}, not {max_error_se!r})")
     not_done, steadiness = summary.get("models_not_done"), summary.get("model_steadiness")
     if not isinstance(not_done, list) or not isinstance(setup.get("models"), list):
         raise refuse("it does not list its models and the ones it did not do")
@@ -890,15 +910,18 @@ def model_steadiness(rows: list[dict[str, Any]], models_done: list[str], max_con
     return out
 
 
-def judge_steadiness(summary: dict[str, Any], steadiness: dict[str, dict[str, Any]], max_control_gap: float | None) -> None:
+def judge_steadiness(summary: dict[str, Any], steadiness: dict[str, dict[str, Any]], max_control_gap: float | None,
+                     max_error_se: float | None = None) -> None:
     """A model with a plan still unsteady after its attempts (``steadiness``: :func:`model_steadiness`) leaves the
     figures showing the targets neither met nor missed (``conclusive`` False, and ``met`` False: a target is not
     shown met at noise level); ``--resume`` times those models again."""
     unsteady = [model for model, judged in steadiness.items() if not judged["steady"]]
-    summary.update(control_gap_limit=max_control_gap, model_steadiness=steadiness, models_unsteady=unsteady, conclusive=True)
+    summary.update(control_gap_limit=max_control_gap, error_se_limit=max_error_se, model_steadiness=steadiness, models_unsteady=unsteady,
+                   conclusive=True)
     if unsteady:
         _inconclusive(summary, "unsteady plans in " + ", ".join(f"{m} ({', '.join(steadiness[m]['plans_unsteady'])})" for m in unsteady)
-                      + f" (control-gap limit {_gap(max_control_gap)}): the figures are inconclusive; --resume times those models again")
+                      + f" (limits: control gap {_gap(max_control_gap)}, standard error {_gap(max_error_se)}): the figures are "
+                      "inconclusive; --resume times those models again")
 
 
 if __name__ == "__main__":
@@ -923,6 +946,8 @@ if __name__ == "__main__":
     parser.add_argument("--max-control-gap", type=float, default=MAX_CONTROL_GAP,
                         help="the largest control gap a plan counts as steady with (the fixed computation's lower quartiles "
                              "beside the estimate's turns and beside the measurement's)")
+    parser.add_argument("--max-error-se", type=float, default=MAX_ERROR_SE,
+                        help="the largest standard error of its error a plan counts as steady with (its paired turns' errors)")
     parser.add_argument("--max-wait", type=float, default=QuietPolicy.max_wait_s, help="seconds to wait for a quiet host")
     parser.add_argument("--allow-busy", action="store_true", help="go on (recording it) when the host stays busy")
     parser.add_argument("--isolation", choices=ISOLATIONS, default="process",
@@ -936,7 +961,8 @@ if __name__ == "__main__":
     try:
         ok = run(Path(args.results), tuple(args.models), args.name, args.threading,
                  QuietPolicy(max_load=args.max_load, max_noise=args.max_noise, max_wait_s=args.max_wait,
-                             refuse=not args.allow_busy), args.time_budget, args.isolation, args.resume, args.max_control_gap)
+                             refuse=not args.allow_busy), args.time_budget, args.isolation, args.resume, args.max_control_gap,
+                 args.max_error_se)
     except ArenaError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None

@@ -119,7 +119,7 @@ def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done
     steadiness = {m: {"steady": m not in unsteady, "plans": 2, "largest_control_gap": 0.03 if m in unsteady else 0.005,
                       "plans_unsteady": ["1/p"] if m in unsteady else []} for m in done}
     return {"summary": {"models_not_done": [m for m in models if m not in done], "conclusive": not unsteady, "met": False,
-                        "control_gap_limit": 0.02, "model_steadiness": steadiness, "models_unsteady": list(unsteady),
+                        "control_gap_limit": 0.02, "error_se_limit": 0.03, "model_steadiness": steadiness, "models_unsteady": list(unsteady),
                         "code_changed_during_run": False},
             "plans": rows, "costs": [_cost(m) for m in done],
             "protocol": {"code": identity, "layout": layout, "stage_isolation": isolation, "models": list(done),
@@ -176,6 +176,10 @@ def _other_gap_limit(payload):
     payload["summary"]["control_gap_limit"] = 0.05
 
 
+def _other_se_limit(payload):
+    payload["summary"]["error_se_limit"] = None
+
+
 def _earlier_look_judged(payload):  # a part of the protocol before each plan had a control (looks at the host judged)
     summary = payload["summary"]
     summary["noise_limit"], summary["noise_brackets"] = 0.05, summary.pop("model_steadiness")
@@ -203,6 +207,7 @@ def _all_steady(payload):  # every model asked for done steadily
     ("", _without_steadiness, {}, "does not record how steadily each model was timed"),
     ("", _other_gap_limit, {}, "another control-gap limit \\(0.05, not 0.02\\)"),
     ("", _earlier_look_judged, {}, "another control-gap limit \\(None, not 0.02\\)"),
+    ("", _other_se_limit, {}, "another standard-error limit \\(None, not 0.03\\)"),
 ])
 def test_a_resume_is_refused_in_one_line_naming_why(tmp_path, content, change, args, why):
     import re
@@ -246,14 +251,14 @@ def _fake_host(monkeypatch, child_models_done, gap=0.005, start_load=0.1, noise=
         rows = [r for m in child_models_done for r in (_row(m, 1, 1.03, 1.0), _row(m, 2, 1.0, 1.0))]
         for r in rows:  # each plan judged by its control (timed_until_steady)
             steady = gap <= request["gate"]["max_control_gap"]
-            r["steadiness"] = {"control_gap": gap, "busy_processes": [], "steady": steady,
+            r["steadiness"] = {"control_gap": gap, "error_se": 0.01, "busy_processes": [], "steady": steady,
                                "attempt": 1 if steady else bench_profile.PLAN_ATTEMPTS}
         costs = [_cost(m) for m in child_models_done]
         for c in costs[1:]:  # the quiet check before each model's cost run (a record)
             look = {"quiet": True, "busy_processes": [], "timing_noise": {"level": noise}}
             c["quiet_check"] = {**look, "first_look": dict(look)}
         again = [{"model": child_models_done[0], "num_gpus": 1, "plan_id": "unsteady-once", "error": 0.2,
-                  "steadiness": {"control_gap": 0.04, "busy_processes": [], "steady": False, "attempt": 1}}]
+                  "steadiness": {"control_gap": 0.04, "error_se": 0.01, "busy_processes": [], "steady": False, "attempt": 1}}]
         return {"rows": rows, "rows_timed_again": again, "costs": costs, "models_done": list(child_models_done),
                 "models_skipped_for_time": [], "threading": {"name": request["threading"]}, "host": {}, "calibration_s": 1.0,
                 "host_sharing": {}}, None
@@ -303,7 +308,7 @@ def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_unsteadily(t
     asked = _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"])
     assert bench_profile.run(tmp_path, models, "whole", isolation="child", resume=part)
     assert [a["models"] for a in asked] == [["bert__tiny", "moe__tiny"]]
-    assert asked[0]["gate"]["max_control_gap"] == bench_profile.MAX_CONTROL_GAP
+    assert asked[0]["gate"]["max_control_gap"] == bench_profile.MAX_CONTROL_GAP and asked[0]["gate"]["max_error_se"] == bench_profile.MAX_ERROR_SE
     whole = json.loads((tmp_path / "whole.json").read_text())
     # bert__tiny's rows and cost from this run only: the earlier part's (unsteady) ones are dropped
     assert sorted(r["model"] for r in whole["plans"]) == sorted(models * 2)

@@ -206,19 +206,20 @@ def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady()
 
     gaps, busy_looks, slept = [], [], []
     busy_pid = [{"pid": 7, "name": "other", "cpu_percent": 90.0}]
-    gate = bench_profile.PlanGate(max_control_gap=0.02, cores=[0, 1], max_wait_s=60.0, attempts=3,
+    gate = bench_profile.PlanGate(max_control_gap=0.02, max_error_se=0.03, cores=[0, 1], max_wait_s=60.0, attempts=3,
                                   busy=lambda: busy_looks.pop(0))
     timed = []
 
     def time_plan(plan_id):  # a plan's row with the control gap measured beside its turns, as scripted in ``gaps``
         timed.append(plan_id)
-        return {"model": "gpt__tiny", "num_gpus": 2, "plan_id": plan_id, "error": 0.01, "control": {"gap": gaps.pop(0)},
+        gap, error_se = gaps.pop(0) if isinstance(gaps[0], tuple) else (gaps.pop(0), 0.01)
+        return {"model": "gpt__tiny", "num_gpus": 2, "plan_id": plan_id, "error": 0.01, "control": {"gap": gap}, "error_se": error_se,
                 "measured_samples_s": [0.1], "stages": [], "breakdown": {}}
 
     # a small gap and nobody else busy: timed once
     gaps[:], busy_looks[:] = [0.004], [[]]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("a"), gate, sleep=pytest.fail)
-    assert row["steadiness"] == {"control_gap": 0.004, "busy_processes": [], "steady": True, "attempt": 1} and again == []
+    assert row["steadiness"] == {"control_gap": 0.004, "error_se": 0.01, "busy_processes": [], "steady": True, "attempt": 1} and again == []
     # a drift between the sides' turns: timed again at once, the unsteady timing kept apart without its samples
     gaps[:], busy_looks[:] = [0.035, 0.01], [[], []]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("b"), gate, sleep=pytest.fail)
@@ -232,10 +233,16 @@ def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady()
     row, again = bench_profile.timed_until_steady(lambda: time_plan("c"), gate, sleep=slept.append)
     assert timed[-3:] == ["c", "c", "c"] and len(again) == 2 and not busy_looks and slept == [15.0]
     assert again[0]["steadiness"]["busy_processes"] == busy_pid
-    assert row["steadiness"] == {"control_gap": 0.03, "busy_processes": [], "steady": False, "attempt": 3}
+    assert row["steadiness"] == {"control_gap": 0.03, "error_se": 0.01, "busy_processes": [], "steady": False, "attempt": 3}
+    # turns whose errors scatter (a drift the control cannot see, the sides reacting differently to a noisy host):
+    # timed again however small the gap; a plan without paired turns is judged by its control alone
+    gaps[:], busy_looks[:] = [(0.004, 0.039), (0.004, 0.012)], [[], []]
+    row, again = bench_profile.timed_until_steady(lambda: time_plan("e"), gate, sleep=pytest.fail)
+    assert [r["steadiness"]["error_se"] for r in again] == [0.039] and row["steadiness"]["steady"] and row["steadiness"]["attempt"] == 2
+    assert gate.judge({"control": {"gap": 0.004}, "error_se": None}, [], 1)["steady"]
     # a control that timed nothing is not steady under a limit; no limit: recorded, not judged
     gaps[:], busy_looks[:] = [None], [[]]
-    row, _ = bench_profile.timed_until_steady(lambda: time_plan("d"), bench_profile.PlanGate(None, busy=lambda: busy_looks.pop(0)))
+    row, _ = bench_profile.timed_until_steady(lambda: time_plan("d"), bench_profile.PlanGate(None, None, busy=lambda: busy_looks.pop(0)))
     assert row["steadiness"]["steady"] and row["steadiness"]["control_gap"] is None
     assert bench_profile.PlanGate(0.02, busy=lambda: []).judge({"control": {"gap": None}}, [], 1)["steady"] is False
     # the control of a plan of N devices runs on the first N of the gate's cores
@@ -262,8 +269,9 @@ def test_a_model_is_judged_by_the_steadiness_of_every_one_of_its_plans():
     assert not summary["met"] and not summary["conclusive"] and summary["models_unsteady"] == ["bert__tiny", "moe__tiny"]
     summary = {"met": True}
     steady = bench_profile.model_steadiness(rows[:2], models[:1], 0.02)
-    bench_profile.judge_steadiness(summary, steady, 0.02)
-    assert summary == {"met": True, "conclusive": True, "models_unsteady": [], "model_steadiness": steady, "control_gap_limit": 0.02}
+    bench_profile.judge_steadiness(summary, steady, 0.02, 0.03)
+    assert summary == {"met": True, "conclusive": True, "models_unsteady": [], "model_steadiness": steady, "control_gap_limit": 0.02,
+                       "error_se_limit": 0.03}
     # no limit: recorded, not judged
     summary = {"met": True}
     bench_profile.judge_steadiness(summary, bench_profile.model_steadiness(rows[4:], ["moe__tiny"], None), None)
@@ -273,7 +281,7 @@ def test_a_model_is_judged_by_the_steadiness_of_every_one_of_its_plans():
 def test_the_benchmark_waits_before_each_model_for_other_processes_and_records_the_noise():
     from bench import bench_profile
 
-    settings = {"max_control_gap": 0.02, "max_process_percent": 25.0, "max_wait_s": 60.0, "cores": [0]}
+    settings = {"max_control_gap": 0.02, "max_error_se": 0.03, "max_process_percent": 25.0, "max_wait_s": 60.0, "cores": [0]}
     noisy = {"level": 0.31}
     looks, slept = iter([(1.8, [{"pid": 7, "name": "other", "cpu_percent": 90.0}]), (1.8, [])]), []
     # the load average is left out (the benchmark's own work keeps it high); the burst noise is recorded, not limited
