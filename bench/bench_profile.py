@@ -27,9 +27,11 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
 * after each side's turn, a fixed computation is timed for ``CONTROL_S`` on one of the plan's cores
   (host.TurnControl, the cores taken turn by turn): the plan's ``control`` gap, |its lower quartile beside the
   estimate's turns / beside the measurement's - 1|, is how far the host's speed drifted between the two sides
-  while this plan was timed. A plan is steady when that gap is at most ``MAX_CONTROL_GAP``, the standard error of
-  its error over its paired turns (``error_se``) at most ``MAX_ERROR_SE`` and no other process was busy in a look
-  right after it; an unsteady one is timed again (at most ``PLAN_ATTEMPTS`` in all; the
+  while this plan was timed, and its spread on each side (IQR/median) how noisy the host was meanwhile. A plan is
+  steady when that gap is at most ``MAX_CONTROL_GAP``, that spread at most ``MAX_CONTROL_NOISE``, the standard
+  error of its error over its paired turns (``error_se``) at most ``MAX_ERROR_SE`` and no other process was busy
+  in a look right after it (``PlanLimits``, ``PlanGate``); an unsteady one is timed again once the fixed
+  computation back to back is within the noise limit again (waited for, bounded; at most ``PLAN_ATTEMPTS`` in all; the
   discarded timings are kept in ``plans_timed_again``, and which plan is redone follows the control, the
   turns' spread and the host, never the value of the plan's error); its row records the judgement (``steadiness``). A model with a plan still
   unsteady after that makes the figures inconclusive (``summary.model_steadiness``, ``models_unsteady``;
@@ -48,7 +50,7 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   and only the rest (not done, or with an unsteady plan) are measured, in a new run with its own quiet
   check, calibration and noise probes, written to another file with every part's protocol
   (``protocol.earlier_parts``). It is refused unless FILE was measured with the same code (source digest, not
-  edited while it ran), setup, thread layout, stage isolation and control-gap limit. Each model's rows come from one
+  edited while it ran), setup, thread layout, stage isolation and plan limits. Each model's rows come from one
   part: its estimate and measurement always take turns in one run.
 
 Cost is device-seconds as the paper counts them (devices held x wall time, compilation included on both
@@ -318,7 +320,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 return row
 
             for plan in [p for p in plans if p.grid.num_gpus == n]:
-                row, unsteady = timed_until_steady(functools.partial(time_plan, plan), gate)
+                row, unsteady = timed_until_steady(functools.partial(time_plan, plan), gate, gate.control_cores(n))
                 rows.append(row)
                 timed_again += unsteady
     return rows, timed_again
@@ -439,43 +441,81 @@ PLAN_ATTEMPTS = 4
 #: beside the estimate's turns and beside the measurement's) is at most this: the host's drift between the
 #: two sides' turns then moved the plan's error by about this much at most, well inside the 5% target
 MAX_CONTROL_GAP = 0.02
+#: ... and the control's own spread on each side (IQR / median of its samples: how noisy the host was while the
+#: plan ran, measured back to back) is at most this, the error an accuracy target allows. A noisy host biases a
+#: plan's error however evenly it drifts: the lower quartile of short stage timings lies further below their
+#: undisturbed time than that of a long step. With the control's spread at 6-17% (profile-control-part1.json),
+#: the one-device plans read -2% to -9%, -1% to -4% on the quiet host of profile-part6.json; the burst probe's
+#: within-burst spread, the same figure, read 0.9-3.6% on the hosts of profile-part4/5/6.json
+MAX_CONTROL_NOISE = 0.05
 #: ... and the standard error of its error is at most this (the paired turns' errors, each turn's estimate against
-#: the measurement's turn beside it: their standard deviation / sqrt(turns)). A drift the control cannot see --
-#: the two sides reacting differently to a noisy host -- shows here: on a host twice as slow as usual, with
-#: steps 20-40% apart, gpt__tiny's 2x1 plan read +12.7% at a control gap of 1.0%, its turns' errors -19% to +45%
-#: (standard error 3.9%); on the quiet host of profile-part6.json 47 of 49 plans were within 3%
+#: the measurement's turn beside it: their standard deviation / sqrt(turns)). The two sides reacting differently
+#: to a noisy host shows here: gpt__tiny's 2x1 plan read +12.7% at a control gap of 1.0%, its turns' errors -19%
+#: to +45% (standard error 3.9%; profile-control-part1.json); on the quiet host of profile-part6.json 47 of 49
+#: plans were within 3%
 MAX_ERROR_SE = 0.03
 #: Seconds of the fixed computation timed after each side's turn (about 23 samples of 4.3 ms on this host)
 CONTROL_S = 0.1
+#: Before timing an unsteady plan again: the fixed computation back to back for this long on each of the plan's
+#: cores (host.continuous_noise) until its spread is within the control-noise limit (bounded by the wait)
+QUIET_PROBE_S = 2.0
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    """What a steady plan stays within, all measured while it was timed (None: recorded, not judged):
+    ``control_gap`` and ``control_noise``, its control's gap and each side's spread (host.TurnControl), and
+    ``error_se``, the standard error of its error over its paired turns (a plan without paired turns is judged
+    without it). None of them is the plan's error itself: which plan is redone never follows its value."""
+
+    control_gap: float | None = MAX_CONTROL_GAP
+    control_noise: float | None = MAX_CONTROL_NOISE
+    error_se: float | None = MAX_ERROR_SE
+
+    @classmethod
+    def none(cls) -> PlanLimits:
+        return cls(None, None, None)
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"control_gap": self.control_gap, "control_noise": self.control_noise, "error_se": self.error_se}
+
+    def judge(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The row's figures and whether each is within its limit (a figure not timed is not, under a limit)."""
+        control = row.get("control") or {}
+        spreads = [v for v in (control.get("iqr_over_median") or {}).values()]
+        noise = None if not spreads or None in spreads else max(spreads)
+        figures = {"control_gap": control.get("gap"), "control_noise": noise, "error_se": row.get("error_se")}
+        within = {}
+        for name, limit in self.to_dict().items():
+            value = figures[name]
+            within[name] = limit is None or (value is None and name == "error_se") or (value is not None and value <= limit)
+        return {**figures, "within": within}
 
 
 @dataclass(frozen=True)
 class PlanGate:
-    """How each plan is judged, from what was measured while it was timed: steady when its control's gap is
-    at most ``max_control_gap``, the standard error of its error (``error_se``: the paired turns') at most
-    ``max_error_se`` (either None: recorded, not judged; a plan without paired turns is judged by the control
-    alone) and no other process was busy (more than ``max_process_percent`` of a core) in a look right after
-    it. Neither figure is the plan's error itself: which plan is redone never follows its value. An unsteady
-    plan is timed again (at most
-    ``attempts`` in all), after waiting (at most ``max_wait_s``) for the other busy processes to end.
-    ``cores``: the cores of the largest grid's measurement (a plan of N devices runs its control on the
-    first N). ``busy`` (tests): returns the other busy processes instead of looking."""
+    """How each plan is judged: steady when its figures are within ``limits`` (:class:`PlanLimits`) and no
+    other process was busy (more than ``max_process_percent`` of a core) in a look right after it. An unsteady
+    plan is timed again (at most ``attempts`` in all), once no other process is busy and the fixed computation
+    back to back on its cores is within the control-noise limit again (waited for at most ``max_wait_s``).
+    ``cores``: the cores of the largest grid's measurement (a plan of N devices runs its control on the first N).
+    ``busy`` and ``noise`` (tests): return the other busy processes and the host's continuous noise (given the
+    cores) instead of looking."""
 
-    max_control_gap: float | None = MAX_CONTROL_GAP
-    max_error_se: float | None = MAX_ERROR_SE
+    limits: PlanLimits = PlanLimits()
     cores: list[int] | None = None
     max_process_percent: float = 25.0
     max_wait_s: float = 600.0
     attempts: int = PLAN_ATTEMPTS
     busy: Any = None
+    noise: Any = None
 
     @classmethod
     def of(cls, settings: dict[str, Any] | None) -> PlanGate:
         """The gate of a request's settings (None: nothing judged)."""
         if not settings:
-            return cls(max_control_gap=None, max_error_se=None, attempts=1, busy=lambda: [])
-        return cls(settings["max_control_gap"], settings["max_error_se"], settings.get("cores"), settings["max_process_percent"],
-                   settings["max_wait_s"])
+            return cls(PlanLimits.none(), attempts=1, busy=lambda: [])
+        return cls(PlanLimits(**settings["limits"]), settings.get("cores"), settings["max_process_percent"], settings["max_wait_s"])
 
     def control_cores(self, num_devices: int) -> list[int] | None:
         return None if self.cores is None else list(self.cores[:num_devices])
@@ -485,42 +525,55 @@ class PlanGate:
 
         return self.busy() if self.busy is not None else busy_processes(self.max_process_percent)
 
-    def judge(self, row: dict[str, Any], busy: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
-        gap, error_se = (row.get("control") or {}).get("gap"), row.get("error_se")
-        steady = (not busy and (self.max_control_gap is None or (gap is not None and gap <= self.max_control_gap))
-                  and (self.max_error_se is None or error_se is None or error_se <= self.max_error_se))
-        return {"control_gap": gap, "error_se": error_se, "busy_processes": busy, "steady": steady, "attempt": attempt}
+    def host_noise(self, cores: list[int] | None) -> float:
+        from libarena.profile.host import continuous_noise
 
-    def wait_for_no_busy(self, sleep: Any = time.sleep, poll_s: float = 15.0) -> None:
+        return self.noise(cores) if self.noise is not None else continuous_noise(QUIET_PROBE_S, cores)["level"]
+
+    def judge(self, row: dict[str, Any], busy: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
+        judged = self.limits.judge(row)
+        return {**judged, "busy_processes": busy, "steady": not busy and all(judged["within"].values()), "attempt": attempt}
+
+    def wait_for_quiet(self, cores: list[int] | None, sleep: Any = time.sleep, poll_s: float = 15.0) -> dict[str, Any]:
+        """Wait (at most ``max_wait_s``) until no other process is busy and the host's continuous noise on
+        ``cores`` is within the control-noise limit; returns what the last look saw and how long it waited."""
         waited = 0.0
-        while waited < self.max_wait_s and (busy := self.others_busy()):
-            _log(f"other processes busy ({', '.join(b['name'] for b in busy[:3])}): waiting {poll_s:.0f} s")
+        while True:
+            busy = self.others_busy()
+            noise = None if busy else self.host_noise(cores)
+            limit = self.limits.control_noise
+            quiet = not busy and (limit is None or noise <= limit)
+            if quiet or waited >= self.max_wait_s:
+                return {"quiet": quiet, "waited_s": waited, "busy_processes": busy, "continuous_noise": noise}
+            why = f"other processes busy ({', '.join(b['name'] for b in busy[:3])})" if busy else f"continuous noise {noise:.1%}"
+            _log(f"{why}: waiting {poll_s:.0f} s before timing it again ({waited:.0f} of at most {self.max_wait_s:.0f} s)")
             sleep(poll_s)
             waited += poll_s
 
 
-def timed_until_steady(time_plan: Any, gate: PlanGate, sleep: Any = time.sleep) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One plan's row (``time_plan()``), judged by ``gate`` from its control's gap and a look for other busy
-    processes right after it (its ``steadiness``). An unsteady timing is done again (at most ``gate.attempts``
-    in all; the last is kept, marked unsteady, which makes the model's figures inconclusive). The choice
-    follows the control and the host only, never the plan's error. Returns the row and the rows of the
-    attempts done again."""
+def timed_until_steady(time_plan: Any, gate: PlanGate, cores: list[int] | None = None,
+                       sleep: Any = time.sleep) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One plan's row (``time_plan()``, on ``cores``), judged by ``gate`` (its ``steadiness``): from its
+    control's gap and spread, the standard error of its error and a look for other busy processes right after
+    it. An unsteady timing is done again once the host is quiet (at most ``gate.attempts`` in all; the last is
+    kept, marked unsteady, which makes the model's figures inconclusive; the wait before it is recorded). The
+    choice follows the control, the turns' spread and the host, never the value of the plan's error. Returns the
+    row and the rows of the attempts done again."""
     again: list[dict[str, Any]] = []
-    attempt = 0
+    attempt, waited = 0, None
     while True:
         attempt += 1
         row = time_plan()
         busy = gate.others_busy()
-        row["steadiness"] = gate.judge(row, busy, attempt)
+        row["steadiness"] = {**gate.judge(row, busy, attempt), "wait_before": waited}
         if row["steadiness"]["steady"] or attempt >= gate.attempts:
             return row, again
         judged = row["steadiness"]
-        _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: unsteady (control gap {_gap(judged['control_gap'])}, limit "
-             f"{_gap(gate.max_control_gap)}; error's standard error {_gap(judged['error_se'])}, limit {_gap(gate.max_error_se)}"
-             f"{'; other processes busy' if busy else ''}): timing it again")
+        outside = [f"{name.replace('_', ' ')} {_gap(judged[name])}" for name, ok in judged["within"].items() if not ok]
+        _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: unsteady ({', '.join(outside + (['other processes busy'] if busy else []))}; "
+             f"limits {gate.limits.to_dict()}): timing it again")
         again.append({k: v for k, v in row.items() if k not in ("measured_samples_s", "stages", "breakdown")})
-        if busy:
-            gate.wait_for_no_busy(sleep)
+        waited = gate.wait_for_quiet(cores, sleep)
 
 
 def _gap(gap: float | None) -> str:
@@ -681,14 +734,13 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
 
 def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profile", threading: str | None = None,
         quiet: Any = None, time_budget_s: float | None = None, isolation: str = "process",
-        resume: Path | None = None, max_control_gap: float | None = MAX_CONTROL_GAP, max_error_se: float | None = MAX_ERROR_SE) -> bool:
+        resume: Path | None = None, limits: PlanLimits = PlanLimits()) -> bool:
     """Time ``models`` and write RESULTS/NAME.json. ``quiet``: the start check (host.QuietPolicy; by default the
     load average and other processes, the burst noise recorded, not limited). ``time_budget_s``: start no model
     after that many seconds of measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it
     still writes the models it finished, marked incomplete. ``resume``: an incomplete earlier run of the same
     code and setup, whose finished models are kept (``earlier_part``); only the rest of ``models`` are timed.
-    ``max_control_gap``, ``max_error_se``: the limits each plan is judged by (:class:`PlanGate`; None: recorded, not
-    judged)."""
+    ``limits``: what each plan is judged by (:class:`PlanLimits`)."""
     from libarena.profile.host import XLA_THREADING, QuietPolicy, alternation_floor, timing_noise, wait_until_quiet
     from libarena.run.heap import huge_page_heap_env
 
@@ -702,7 +754,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     if resume is not None:
         if Path(resume).resolve() == (Path(results_dir) / f"{name}.json").resolve():
             raise ArenaError(f"bench_profile: --resume {resume} is the file this run would write: give it another --name")
-        earlier = earlier_part(Path(resume), models, identity, threading, isolation, max_control_gap, max_error_se)
+        earlier = earlier_part(Path(resume), models, identity, threading, isolation, limits)
         threading = earlier["layout"]
         again = f" ({', '.join(earlier['timed_again'])} again: unsteady there)" if earlier["timed_again"] else ""
         _log(f"resuming {resume}: keeping {', '.join(earlier['done']) or 'nothing'}; timing {', '.join(earlier['todo'])}{again}")
@@ -725,7 +777,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-profile-run-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        gate = {"max_control_gap": max_control_gap, "max_error_se": max_error_se, "max_process_percent": policy.max_process_percent,
+        gate = {"limits": limits.to_dict(), "max_process_percent": policy.max_process_percent,
                 "max_wait_s": policy.max_wait_s, "cores": cores}
         request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s, "isolation": isolation,
                                        "gate": gate}))
@@ -734,7 +786,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
                                  env=huge_page_heap_env(os.environ), what="bench_profile: the measuring interpreter")
     rows, costs, done = out["rows"], out["costs"], out["models_done"]
     noise_after = timing_noise(cores=cores)  # a record: each plan's own control is what judges it
-    steadiness = model_steadiness(rows, done, max_control_gap)
+    steadiness = model_steadiness(rows, done, limits)
     timed_again = out.get("rows_timed_again", [])
     if earlier is not None:  # every model's rows from the one part that timed it (steadily, where one did)
         kept = set(earlier["done"])
@@ -751,7 +803,7 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     summary["alternation_floor_mean_gap"] = {f"{before['turns']}x{before['turn_s']:g}s": [before["mean_gap"], after["mean_gap"]]
                                              for before, after in zip(floor_before["schemes"], floor_after["schemes"], strict=True)}
     summary["plans_timed_again"] = len(timed_again)
-    judge_steadiness(summary, steadiness, max_control_gap, max_error_se)
+    judge_steadiness(summary, steadiness, limits)
     judge_code(summary, identity, measuring_code())
     payload = {
         "summary": summary,
@@ -772,8 +824,10 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
             "statistic": "lower quartile of each side's samples (stage by stage; step by step)",
             "control": f"after each side's turn, {CONTROL_S:g} s of a fixed computation on one of the plan's cores (turn by turn); "
                        f"a plan is steady when |its lower quartile after the estimate's turns / after the measurement's - 1| "
-                       f"<= {max_control_gap}, the standard error of its paired turns' errors <= {max_error_se} and no other "
-                       f"process was busy right after it (at most {PLAN_ATTEMPTS} attempts)",
+                       f"<= {limits.control_gap}, its IQR/median on each side <= {limits.control_noise}, the standard error of "
+                       f"its paired turns' errors <= {limits.error_se} and no other process was busy right after it (at most "
+                       f"{PLAN_ATTEMPTS} attempts, each after waiting for {QUIET_PROBE_S:g} s of the fixed computation back to back "
+                       "within the control-noise limit)",
             "stage_isolation": isolation,
         },
         "setup": {"models": list(models), **run_setup()},
@@ -819,13 +873,13 @@ def measuring_code() -> dict[str, Any]:
 
 
 def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], threading: str | None,
-                 isolation: str, max_control_gap: float | None, max_error_se: float | None = MAX_ERROR_SE) -> dict[str, Any]:
+                 isolation: str, limits: PlanLimits) -> dict[str, Any]:
     """What ``--resume path`` keeps: the earlier run's payload, its models finished steadily (``done``, with
     their ``model_steadiness``), the ones it finished with an unsteady plan (``timed_again``), the models of
     ``models`` left to time (``todo``), its thread layout and its protocol as a part (``parts``: the earlier parts
     first). One-line ArenaError unless it is a run of this benchmark measured with the same code (``identity``,
-    not edited while it ran), setup, layout (``threading``, when given), stage ``isolation`` and limits
-    (``max_control_gap``, ``max_error_se``), with something left to time."""
+    not edited while it ran), setup, layout (``threading``, when given), stage ``isolation`` and plan
+    ``limits``, with something left to time."""
     def refuse(why: str) -> ArenaError:
         return ArenaError(f"bench_profile: cannot resume {path}: {why}")
 
@@ -855,10 +909,8 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
         raise refuse(f"its stages were timed with isolation {protocol.get('stage_isolation')!r}, not {isolation!r}")
     if summary.get("code_changed_during_run") is not False:
         raise refuse("its code was edited while it ran (or it does not say): none of its figures can be kept")
-    if summary.get("control_gap_limit") != max_control_gap:
-        raise refuse(f"its plans were judged with another control-gap limit ({summary.get('control_gap_limit')!r}, not {max_control_gap!r})")
-    if summary.get("error_se_limit") != max_error_se:
-        raise refuse(f"its plans were judged with another standard-error limit ({summary.get('error_se_limit')!r}, not {max_error_se!r})")
+    if summary.get("plan_limits") != limits.to_dict():
+        raise refuse(f"its plans were judged with other limits ({summary.get('plan_limits')!r}, not {limits.to_dict()!r})")
     not_done, steadiness = summary.get("models_not_done"), summary.get("model_steadiness")
     if not isinstance(not_done, list) or not isinstance(setup.get("models"), list):
         raise refuse("it does not list its models and the ones it did not do")
@@ -893,35 +945,34 @@ def _inconclusive(summary: dict[str, Any], why: str) -> None:
     _log(why)
 
 
-def model_steadiness(rows: list[dict[str, Any]], models_done: list[str], max_control_gap: float | None) -> dict[str, dict[str, Any]]:
+def model_steadiness(rows: list[dict[str, Any]], models_done: list[str], limits: PlanLimits) -> dict[str, dict[str, Any]]:
     """Each model of one run (``models_done``) judged by its plans' ``steadiness`` (:func:`timed_until_steady`).
-    ``steady``: every plan was (a row without a judgement counts as unsteady where there is a limit);
-    ``largest_control_gap``: the largest of its plans' control gaps (None: one was not timed); ``plans_unsteady``:
-    the plans (``devices/plan_id``) kept unsteady."""
-    unjudged = {"control_gap": None, "steady": max_control_gap is None}
+    ``steady``: every plan was (a row without a judgement counts as unsteady where there is a limit); ``largest``:
+    the largest of its plans' figures (None: one was not timed); ``plans_unsteady``: the plans
+    (``devices/plan_id``) kept unsteady."""
+    judged_nothing = limits == PlanLimits.none()
     out = {}
     for model in models_done:
         own = [r for r in rows if r["model"] == model]
-        judged = [r.get("steadiness") or unjudged for r in own]
-        gaps = [j["control_gap"] for j in judged]
-        out[model] = {"steady": bool(own) and all(j["steady"] for j in judged), "plans": len(own),
-                      "largest_control_gap": None if not gaps or None in gaps else max(gaps),
+        judged = [r.get("steadiness") or {"steady": judged_nothing} for r in own]
+        largest = {}
+        for name in PlanLimits().to_dict():
+            values = [j.get(name) for j in judged]
+            largest[name] = None if not values or None in values else max(values)
+        out[model] = {"steady": bool(own) and all(j["steady"] for j in judged), "plans": len(own), "largest": largest,
                       "plans_unsteady": [f"{r['num_gpus']}/{r['plan_id']}" for r, j in zip(own, judged, strict=True) if not j["steady"]]}
     return out
 
 
-def judge_steadiness(summary: dict[str, Any], steadiness: dict[str, dict[str, Any]], max_control_gap: float | None,
-                     max_error_se: float | None = None) -> None:
+def judge_steadiness(summary: dict[str, Any], steadiness: dict[str, dict[str, Any]], limits: PlanLimits) -> None:
     """A model with a plan still unsteady after its attempts (``steadiness``: :func:`model_steadiness`) leaves the
     figures showing the targets neither met nor missed (``conclusive`` False, and ``met`` False: a target is not
     shown met at noise level); ``--resume`` times those models again."""
     unsteady = [model for model, judged in steadiness.items() if not judged["steady"]]
-    summary.update(control_gap_limit=max_control_gap, error_se_limit=max_error_se, model_steadiness=steadiness, models_unsteady=unsteady,
-                   conclusive=True)
+    summary.update(plan_limits=limits.to_dict(), model_steadiness=steadiness, models_unsteady=unsteady, conclusive=True)
     if unsteady:
         _inconclusive(summary, "unsteady plans in " + ", ".join(f"{m} ({', '.join(steadiness[m]['plans_unsteady'])})" for m in unsteady)
-                      + f" (limits: control gap {_gap(max_control_gap)}, standard error {_gap(max_error_se)}): the figures are "
-                      "inconclusive; --resume times those models again")
+                      + f" (limits {limits.to_dict()}): the figures are inconclusive; --resume times those models again")
 
 
 if __name__ == "__main__":
@@ -946,6 +997,8 @@ if __name__ == "__main__":
     parser.add_argument("--max-control-gap", type=float, default=MAX_CONTROL_GAP,
                         help="the largest control gap a plan counts as steady with (the fixed computation's lower quartiles "
                              "beside the estimate's turns and beside the measurement's)")
+    parser.add_argument("--max-control-noise", type=float, default=MAX_CONTROL_NOISE,
+                        help="the largest spread (IQR/median) of the control on either side a plan counts as steady with")
     parser.add_argument("--max-error-se", type=float, default=MAX_ERROR_SE,
                         help="the largest standard error of its error a plan counts as steady with (its paired turns' errors)")
     parser.add_argument("--max-wait", type=float, default=QuietPolicy.max_wait_s, help="seconds to wait for a quiet host")
@@ -961,8 +1014,8 @@ if __name__ == "__main__":
     try:
         ok = run(Path(args.results), tuple(args.models), args.name, args.threading,
                  QuietPolicy(max_load=args.max_load, max_noise=args.max_noise, max_wait_s=args.max_wait,
-                             refuse=not args.allow_busy), args.time_budget, args.isolation, args.resume, args.max_control_gap,
-                 args.max_error_se)
+                             refuse=not args.allow_busy), args.time_budget, args.isolation, args.resume,
+                 PlanLimits(args.max_control_gap, args.max_control_noise, args.max_error_se))
     except ArenaError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None

@@ -116,10 +116,11 @@ def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done
     from bench import bench_profile as bp
 
     rows = [r for m in done for r in (_row(m, 1, 1.01, 1.0), _row(m, 2, 0.98, 1.0))]
-    steadiness = {m: {"steady": m not in unsteady, "plans": 2, "largest_control_gap": 0.03 if m in unsteady else 0.005,
+    steadiness = {m: {"steady": m not in unsteady, "plans": 2,
+                      "largest": {"control_gap": 0.03 if m in unsteady else 0.005, "control_noise": 0.02, "error_se": 0.01},
                       "plans_unsteady": ["1/p"] if m in unsteady else []} for m in done}
     return {"summary": {"models_not_done": [m for m in models if m not in done], "conclusive": not unsteady, "met": False,
-                        "control_gap_limit": 0.02, "error_se_limit": 0.03, "model_steadiness": steadiness, "models_unsteady": list(unsteady),
+                        "plan_limits": LIMITS, "model_steadiness": steadiness, "models_unsteady": list(unsteady),
                         "code_changed_during_run": False},
             "plans": rows, "costs": [_cost(m) for m in done],
             "protocol": {"code": identity, "layout": layout, "stage_isolation": isolation, "models": list(done),
@@ -130,6 +131,7 @@ def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done
 
 
 IDENTITY = {"source_sha256": "a" * 64, "source": ["libarena", "bench"], "git": None}
+LIMITS = {"control_gap": 0.02, "control_noise": 0.05, "error_se": 0.03}
 
 
 def test_an_incomplete_run_of_the_same_code_and_setup_is_resumed_with_its_finished_models_kept(tmp_path):
@@ -137,17 +139,18 @@ def test_an_incomplete_run_of_the_same_code_and_setup_is_resumed_with_its_finish
 
     path = tmp_path / "part.json"
     path.write_text(json.dumps(_earlier_run(IDENTITY)))
-    part = earlier_part(path, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, None, "child", 0.02)
+    part = earlier_part(path, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, None, "child", _limits())
     assert part["done"] == ["gpt__tiny"] and part["todo"] == ["bert__tiny", "moe__tiny"] and part["layout"] == "pinned"
     assert part["timed_again"] == []
-    assert part["model_steadiness"] == {"gpt__tiny": {"steady": True, "plans": 2, "largest_control_gap": 0.005, "plans_unsteady": []}}
+    assert part["model_steadiness"] == {"gpt__tiny": {"steady": True, "plans": 2, "plans_unsteady": [],
+                                                      "largest": {"control_gap": 0.005, "control_noise": 0.02, "error_se": 0.01}}}
     assert [p["file"] for p in part["parts"]] == ["part.json"] and part["parts"][0]["models"] == ["gpt__tiny"]
     # a part that was itself resumed hands on its earlier parts first
     resumed = _earlier_run(IDENTITY, done=("gpt__tiny", "bert__tiny"))
     resumed["protocol"] = {**resumed["protocol"], "models": ["bert__tiny"], "earlier_parts": part["parts"]}
     path2 = tmp_path / "part2.json"
     path2.write_text(json.dumps(resumed))
-    chained = earlier_part(path2, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, "pinned", "child", 0.02)
+    chained = earlier_part(path2, ("gpt__tiny", "bert__tiny", "moe__tiny"), IDENTITY, "pinned", "child", _limits())
     assert chained["todo"] == ["moe__tiny"]
     assert [(p["file"], p["models"]) for p in chained["parts"]] == [("part.json", ["gpt__tiny"]), ("part2.json", ["bert__tiny"])]
 
@@ -172,18 +175,20 @@ def _without_steadiness(payload):
     del payload["summary"]["model_steadiness"]
 
 
-def _other_gap_limit(payload):
-    payload["summary"]["control_gap_limit"] = 0.05
+def _limits():
+    from bench.bench_profile import PlanLimits
+
+    return PlanLimits(**LIMITS)
 
 
-def _other_se_limit(payload):
-    payload["summary"]["error_se_limit"] = None
+def _other_limits(payload):
+    payload["summary"]["plan_limits"] = {**LIMITS, "control_noise": 0.1}
 
 
 def _earlier_look_judged(payload):  # a part of the protocol before each plan had a control (looks at the host judged)
     summary = payload["summary"]
     summary["noise_limit"], summary["noise_brackets"] = 0.05, summary.pop("model_steadiness")
-    del summary["control_gap_limit"]
+    del summary["plan_limits"]
 
 
 def _all_steady(payload):  # every model asked for done steadily
@@ -205,9 +210,8 @@ def _all_steady(payload):  # every model asked for done steadily
     ("", _all_steady, {}, "every model asked for is done steadily in it: nothing to resume"),
     ("", _edited_while_running, {}, "its code was edited while it ran"),
     ("", _without_steadiness, {}, "does not record how steadily each model was timed"),
-    ("", _other_gap_limit, {}, "another control-gap limit \\(0.05, not 0.02\\)"),
-    ("", _earlier_look_judged, {}, "another control-gap limit \\(None, not 0.02\\)"),
-    ("", _other_se_limit, {}, "another standard-error limit \\(None, not 0.03\\)"),
+    ("", _other_limits, {}, "judged with other limits \\(\\{'control_gap': 0.02, 'control_noise': 0.1, 'error_se': 0.03\\}, not"),
+    ("", _earlier_look_judged, {}, "judged with other limits \\(None, not"),
 ])
 def test_a_resume_is_refused_in_one_line_naming_why(tmp_path, content, change, args, why):
     import re
@@ -224,7 +228,7 @@ def test_a_resume_is_refused_in_one_line_naming_why(tmp_path, content, change, a
         path.write_text(content)
     asked = {"models": ("gpt__tiny", "bert__tiny", "moe__tiny"), "threading": None, "isolation": "child", **args}
     with pytest.raises(ArenaError) as caught:
-        earlier_part(path, asked["models"], IDENTITY, asked["threading"], asked["isolation"], 0.02)
+        earlier_part(path, asked["models"], IDENTITY, asked["threading"], asked["isolation"], _limits())
     message = str(caught.value)
     assert message.startswith(f"bench_profile: cannot resume {path}: ") and "\n" not in message
     assert re.search(why, message), message
@@ -250,15 +254,16 @@ def _fake_host(monkeypatch, child_models_done, gap=0.005, start_load=0.1, noise=
         asked.append(request)
         rows = [r for m in child_models_done for r in (_row(m, 1, 1.03, 1.0), _row(m, 2, 1.0, 1.0))]
         for r in rows:  # each plan judged by its control (timed_until_steady)
-            steady = gap <= request["gate"]["max_control_gap"]
-            r["steadiness"] = {"control_gap": gap, "error_se": 0.01, "busy_processes": [], "steady": steady,
+            steady = gap <= request["gate"]["limits"]["control_gap"]
+            r["steadiness"] = {"control_gap": gap, "control_noise": 0.02, "error_se": 0.01, "busy_processes": [], "steady": steady,
                                "attempt": 1 if steady else bench_profile.PLAN_ATTEMPTS}
         costs = [_cost(m) for m in child_models_done]
         for c in costs[1:]:  # the quiet check before each model's cost run (a record)
             look = {"quiet": True, "busy_processes": [], "timing_noise": {"level": noise}}
             c["quiet_check"] = {**look, "first_look": dict(look)}
         again = [{"model": child_models_done[0], "num_gpus": 1, "plan_id": "unsteady-once", "error": 0.2,
-                  "steadiness": {"control_gap": 0.04, "error_se": 0.01, "busy_processes": [], "steady": False, "attempt": 1}}]
+                  "steadiness": {"control_gap": 0.04, "control_noise": 0.02, "error_se": 0.01, "busy_processes": [], "steady": False,
+                                 "attempt": 1}}]
         return {"rows": rows, "rows_timed_again": again, "costs": costs, "models_done": list(child_models_done),
                 "models_skipped_for_time": [], "threading": {"name": request["threading"]}, "host": {}, "calibration_s": 1.0,
                 "host_sharing": {}}, None
@@ -308,7 +313,8 @@ def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_unsteadily(t
     asked = _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"])
     assert bench_profile.run(tmp_path, models, "whole", isolation="child", resume=part)
     assert [a["models"] for a in asked] == [["bert__tiny", "moe__tiny"]]
-    assert asked[0]["gate"]["max_control_gap"] == bench_profile.MAX_CONTROL_GAP and asked[0]["gate"]["max_error_se"] == bench_profile.MAX_ERROR_SE
+    assert asked[0]["gate"]["limits"] == {"control_gap": bench_profile.MAX_CONTROL_GAP, "control_noise": bench_profile.MAX_CONTROL_NOISE,
+                                          "error_se": bench_profile.MAX_ERROR_SE}
     whole = json.loads((tmp_path / "whole.json").read_text())
     # bert__tiny's rows and cost from this run only: the earlier part's (unsteady) ones are dropped
     assert sorted(r["model"] for r in whole["plans"]) == sorted(models * 2)
@@ -331,8 +337,8 @@ def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_unsteadily(t
     _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"], start_load=5.0, noise=0.02)
     assert bench_profile.run(tmp_path, models, "loaded", isolation="child", resume=part)
     loaded = json.loads((tmp_path / "loaded.json").read_text())
-    assert loaded["summary"]["model_steadiness"]["bert__tiny"] == {"steady": True, "plans": 2, "largest_control_gap": 0.005,
-                                                                   "plans_unsteady": []}
+    assert loaded["summary"]["model_steadiness"]["bert__tiny"] == {"steady": True, "plans": 2, "plans_unsteady": [],
+                                                                   "largest": {"control_gap": 0.005, "control_noise": 0.02, "error_se": 0.01}}
     check = loaded["protocol"]["quiet_check"]
     assert check["load_average"] == 5.0 and not check["quiet"] and check["timing_noise"] == {"level": 0.02}
 
@@ -340,7 +346,7 @@ def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_unsteadily(t
 def earlier_todo(path, models, identity):
     from bench.bench_profile import earlier_part
 
-    return earlier_part(path, models, identity, None, "child", 0.02)["todo"]
+    return earlier_part(path, models, identity, None, "child", _limits())["todo"]
 
 
 def test_the_source_a_benchmark_can_run_follows_imports_strings_and_built_names(tmp_path):

@@ -384,6 +384,33 @@ class TurnControl:
                 "chunk_s": self.chunk_s, "cores": self.cores}
 
 
+def continuous_noise(duration_s: float = 2.0, cores: list[int] | None = None, work: Callable[[], Any] | None = None,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """How steadily this host runs the fixed computation back to back now: ``duration_s`` of it on each of
+    ``cores`` in turn (this thread pinned there, its affinity restored after; None: where it may run), and the
+    IQR / median of each core's samples; ``level`` is the noisiest core's. The same figure as a
+    :class:`TurnControl` side's ``iqr_over_median``, so a benchmark can wait for the host that its plans are
+    judged by (work back to back, as timings run, not bursts with idle seconds between them)."""
+    from threadpoolctl import threadpool_limits
+
+    if duration_s <= 0:
+        raise ArenaError("continuous noise: a positive duration")
+    work = work or _fixed_computation()
+    per_core: dict[str, float] = {}
+    with _affinity_restored(cores is not None), threadpool_limits(limits=1):
+        for core in [None] if cores is None else list(cores):
+            pin_cores(None if core is None else [core])
+            work()
+            samples: list[float] = []
+            began = clock()
+            while clock() - began < duration_s:
+                t0 = clock()
+                work()
+                samples.append(clock() - t0)
+            per_core[str(core)] = relative_iqr(samples)
+    return {"level": max(per_core.values()), "per_core": per_core, "duration_s": duration_s}
+
+
 def wait_until_quiet(policy: QuietPolicy, log: Callable[[str], None] | None = None,
                      probe: Callable[[], tuple[float, list[dict[str, Any]]]] | None = None,
                      sleep: Callable[[float], None] = time.sleep,

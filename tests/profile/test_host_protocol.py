@@ -186,6 +186,34 @@ def test_turn_control_times_the_fixed_computation_after_each_sides_turn_and_show
     assert 0 <= real.summary()["gap"] < 1.0 and min(real.summary()["samples"].values()) >= 3
 
 
+def test_continuous_noise_is_the_spread_of_the_fixed_computation_back_to_back_on_the_noisiest_core():
+    now, runs = [0.0], [0]
+
+    def work():  # every other run 30% slower on the second core's turn, steady on the first
+        runs[0] += 1
+        slow = len(seen) > 1 and runs[0] % 2 == 0
+        now[0] += 0.013 if slow else 0.010
+
+    seen = []
+
+    def clock():
+        core = sorted(os.sched_getaffinity(0))
+        if not seen or seen[-1] != core:
+            seen.append(core)
+        return now[0]
+
+    cores = host.usable_cores()[:2]
+    before = os.sched_getaffinity(0)
+    noise = host.continuous_noise(0.5, cores=cores, work=work, clock=clock)
+    assert os.sched_getaffinity(0) == before and seen[:len(cores)] == [[c] for c in cores]
+    if len(cores) == 2:
+        assert noise["per_core"][str(cores[0])] == pytest.approx(0.0, abs=1e-12) and noise["level"] == noise["per_core"][str(cores[1])] > 0
+    real = host.continuous_noise(0.2)
+    assert 0 <= real["level"] < 10 and list(real["per_core"]) == ["None"]
+    with pytest.raises(ArenaError, match="positive duration"):
+        host.continuous_noise(0.0)
+
+
 def test_timing_noise_of_this_host_is_a_finite_spread_of_a_real_fixed_computation():
     noise = host.timing_noise(bursts=4, samples=4, interval_s=0.0)
     assert 0 < noise["sample_s"] < 1.0 and noise["level"] == max(noise["spread"], noise["within"]) < 10

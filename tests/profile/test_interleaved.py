@@ -204,47 +204,56 @@ def test_benchmark_refuses_a_missing_results_directory_before_timing(tmp_path, m
 def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady():
     from bench import bench_profile
 
-    gaps, busy_looks, slept = [], [], []
+    figures, busy_looks, noise_looks, slept = [], [], [], []
     busy_pid = [{"pid": 7, "name": "other", "cpu_percent": 90.0}]
-    gate = bench_profile.PlanGate(max_control_gap=0.02, max_error_se=0.03, cores=[0, 1], max_wait_s=60.0, attempts=3,
-                                  busy=lambda: busy_looks.pop(0))
+    limits = bench_profile.PlanLimits(control_gap=0.02, control_noise=0.05, error_se=0.03)
+    gate = bench_profile.PlanGate(limits, cores=[0, 1], max_wait_s=60.0, attempts=3, busy=lambda: busy_looks.pop(0),
+                                  noise=lambda cores: noise_looks.pop(0))
     timed = []
 
-    def time_plan(plan_id):  # a plan's row with the control gap measured beside its turns, as scripted in ``gaps``
+    def time_plan(plan_id):  # a plan's row with its control and turns' figures, as scripted in ``figures``
         timed.append(plan_id)
-        gap, error_se = gaps.pop(0) if isinstance(gaps[0], tuple) else (gaps.pop(0), 0.01)
-        return {"model": "gpt__tiny", "num_gpus": 2, "plan_id": plan_id, "error": 0.01, "control": {"gap": gap}, "error_se": error_se,
+        gap, spread, error_se = figures.pop(0)
+        return {"model": "gpt__tiny", "num_gpus": 2, "plan_id": plan_id, "error": 0.01, "error_se": error_se,
+                "control": {"gap": gap, "iqr_over_median": {"estimate": spread, "measurement": spread / 2}},
                 "measured_samples_s": [0.1], "stages": [], "breakdown": {}}
 
-    # a small gap and nobody else busy: timed once
-    gaps[:], busy_looks[:] = [0.004], [[]]
+    steady_figures = {"control_gap": 0.004, "control_noise": 0.02, "error_se": 0.01,
+                      "within": {"control_gap": True, "control_noise": True, "error_se": True}}
+    # every figure within its limit and nobody else busy: timed once
+    figures[:], busy_looks[:] = [(0.004, 0.02, 0.01)], [[]]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("a"), gate, sleep=pytest.fail)
-    assert row["steadiness"] == {"control_gap": 0.004, "error_se": 0.01, "busy_processes": [], "steady": True, "attempt": 1} and again == []
-    # a drift between the sides' turns: timed again at once, the unsteady timing kept apart without its samples
-    gaps[:], busy_looks[:] = [0.035, 0.01], [[], []]
+    assert row["steadiness"] == {**steady_figures, "busy_processes": [], "steady": True, "attempt": 1, "wait_before": None}
+    assert again == []
+    # a drift between the sides' turns: timed again once the host runs the fixed computation steadily, the unsteady
+    # timing kept apart without its samples
+    figures[:], busy_looks[:], noise_looks[:] = [(0.035, 0.02, 0.01), (0.01, 0.02, 0.01)], [[], [], []], [0.02]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("b"), gate, sleep=pytest.fail)
     assert timed == ["a", "b", "b"] and row["steadiness"]["attempt"] == 2 and row["steadiness"]["steady"]
-    assert [(r["plan_id"], r["steadiness"]["control_gap"]) for r in again] == [("b", 0.035)]
+    assert row["steadiness"]["wait_before"] == {"quiet": True, "waited_s": 0.0, "busy_processes": [], "continuous_noise": 0.02}
+    assert [(r["plan_id"], r["steadiness"]["control_gap"], r["steadiness"]["within"]["control_gap"]) for r in again] == [("b", 0.035, False)]
     assert "measured_samples_s" not in again[0] and "control" in again[0]
-    # another busy process is as bad as a drift, however small the gap: waited for (bounded) before the next try;
-    # a host that stays unsteady: the last timing kept, marked unsteady
-    gaps[:] = [0.001, 0.05, 0.03]
-    busy_looks[:] = [busy_pid, busy_pid, [], [], []]
+    # a host noisy while the plan ran (the control's spread), however evenly: waited for until the fixed computation
+    # back to back is within the limit (bounded); another busy process is as bad; a host that stays unsteady: the
+    # last timing kept, marked unsteady
+    figures[:] = [(0.001, 0.09, 0.01), (0.001, 0.02, 0.01), (0.03, 0.02, 0.01)]
+    busy_looks[:] = [[], [], [], busy_pid, busy_pid, [], []]
+    noise_looks[:] = [0.11, 0.03, 0.02]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("c"), gate, sleep=slept.append)
-    assert timed[-3:] == ["c", "c", "c"] and len(again) == 2 and not busy_looks and slept == [15.0]
-    assert again[0]["steadiness"]["busy_processes"] == busy_pid
-    assert row["steadiness"] == {"control_gap": 0.03, "error_se": 0.01, "busy_processes": [], "steady": False, "attempt": 3}
-    # turns whose errors scatter (a drift the control cannot see, the sides reacting differently to a noisy host):
-    # timed again however small the gap; a plan without paired turns is judged by its control alone
-    gaps[:], busy_looks[:] = [(0.004, 0.039), (0.004, 0.012)], [[], []]
+    assert timed[-3:] == ["c", "c", "c"] and len(again) == 2 and not busy_looks and not noise_looks and slept == [15.0, 15.0]
+    assert again[0]["steadiness"]["control_noise"] == 0.09 and not again[0]["steadiness"]["within"]["control_noise"]
+    assert again[1]["steadiness"]["busy_processes"] == busy_pid and again[1]["steadiness"]["wait_before"]["waited_s"] == 15.0
+    assert row["steadiness"]["steady"] is False and row["steadiness"]["attempt"] == 3 and row["steadiness"]["control_gap"] == 0.03
+    # turns whose errors scatter (the sides reacting differently to a noisy host): timed again however small the
+    # gap; a plan without paired turns is judged without that figure
+    figures[:], busy_looks[:], noise_looks[:] = [(0.004, 0.02, 0.039), (0.004, 0.02, 0.012)], [[], [], []], [0.02]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("e"), gate, sleep=pytest.fail)
     assert [r["steadiness"]["error_se"] for r in again] == [0.039] and row["steadiness"]["steady"] and row["steadiness"]["attempt"] == 2
-    assert gate.judge({"control": {"gap": 0.004}, "error_se": None}, [], 1)["steady"]
-    # a control that timed nothing is not steady under a limit; no limit: recorded, not judged
-    gaps[:], busy_looks[:] = [None], [[]]
-    row, _ = bench_profile.timed_until_steady(lambda: time_plan("d"), bench_profile.PlanGate(None, None, busy=lambda: busy_looks.pop(0)))
-    assert row["steadiness"]["steady"] and row["steadiness"]["control_gap"] is None
-    assert bench_profile.PlanGate(0.02, busy=lambda: []).judge({"control": {"gap": None}}, [], 1)["steady"] is False
+    no_pairs = {"control": {"gap": 0.004, "iqr_over_median": {"estimate": 0.02, "measurement": 0.02}}, "error_se": None}
+    assert gate.judge(no_pairs, [], 1)["steady"]
+    # a control that timed nothing is not steady under a limit; no limits: recorded, not judged
+    assert not gate.judge({"control": {"gap": None, "iqr_over_median": {"estimate": None, "measurement": None}}}, [], 1)["steady"]
+    assert bench_profile.PlanGate(bench_profile.PlanLimits.none(), busy=lambda: []).judge({}, [], 1)["steady"]
     # the control of a plan of N devices runs on the first N of the gate's cores
     assert gate.control_cores(1) == [0] and gate.control_cores(2) == [0, 1] and bench_profile.PlanGate().control_cores(2) is None
 
@@ -254,34 +263,41 @@ def test_a_model_is_judged_by_the_steadiness_of_every_one_of_its_plans():
 
     def row(model, plan_id, gap, steady):
         return {"model": model, "num_gpus": 1, "plan_id": plan_id,
-                "steadiness": {"control_gap": gap, "busy_processes": [], "steady": steady, "attempt": 1}}
+                "steadiness": {"control_gap": gap, "control_noise": 0.02, "error_se": 0.01, "busy_processes": [], "steady": steady,
+                               "attempt": 1}}
 
     rows = [row("gpt__tiny", "p1", 0.004, True), row("gpt__tiny", "p2", 0.011, True),
             row("bert__tiny", "p1", 0.03, False), row("bert__tiny", "p2", None, False),
             {"model": "moe__tiny", "num_gpus": 1, "plan_id": "p1"}]  # not judged
     models = ["gpt__tiny", "bert__tiny", "moe__tiny"]
-    steadiness = bench_profile.model_steadiness(rows, models, 0.02)
-    assert steadiness == {"gpt__tiny": {"steady": True, "plans": 2, "largest_control_gap": 0.011, "plans_unsteady": []},
-                          "bert__tiny": {"steady": False, "plans": 2, "largest_control_gap": None, "plans_unsteady": ["1/p1", "1/p2"]},
-                          "moe__tiny": {"steady": False, "plans": 1, "largest_control_gap": None, "plans_unsteady": ["1/p1"]}}
+    limits = bench_profile.PlanLimits()
+    steadiness = bench_profile.model_steadiness(rows, models, limits)
+    assert steadiness == {
+        "gpt__tiny": {"steady": True, "plans": 2, "largest": {"control_gap": 0.011, "control_noise": 0.02, "error_se": 0.01}, "plans_unsteady": []},
+        "bert__tiny": {"steady": False, "plans": 2, "largest": {"control_gap": None, "control_noise": 0.02, "error_se": 0.01},
+                       "plans_unsteady": ["1/p1", "1/p2"]},
+        "moe__tiny": {"steady": False, "plans": 1, "largest": {"control_gap": None, "control_noise": None, "error_se": None},
+                      "plans_unsteady": ["1/p1"]}}
     summary = {"met": True}
-    bench_profile.judge_steadiness(summary, steadiness, 0.02)
+    bench_profile.judge_steadiness(summary, steadiness, limits)
     assert not summary["met"] and not summary["conclusive"] and summary["models_unsteady"] == ["bert__tiny", "moe__tiny"]
     summary = {"met": True}
-    steady = bench_profile.model_steadiness(rows[:2], models[:1], 0.02)
-    bench_profile.judge_steadiness(summary, steady, 0.02, 0.03)
-    assert summary == {"met": True, "conclusive": True, "models_unsteady": [], "model_steadiness": steady, "control_gap_limit": 0.02,
-                       "error_se_limit": 0.03}
-    # no limit: recorded, not judged
+    steady = bench_profile.model_steadiness(rows[:2], models[:1], limits)
+    bench_profile.judge_steadiness(summary, steady, limits)
+    assert summary == {"met": True, "conclusive": True, "models_unsteady": [], "model_steadiness": steady,
+                       "plan_limits": {"control_gap": 0.02, "control_noise": 0.05, "error_se": 0.03}}
+    # no limits: recorded, not judged
     summary = {"met": True}
-    bench_profile.judge_steadiness(summary, bench_profile.model_steadiness(rows[4:], ["moe__tiny"], None), None)
+    none = bench_profile.PlanLimits.none()
+    bench_profile.judge_steadiness(summary, bench_profile.model_steadiness(rows[4:], ["moe__tiny"], none), none)
     assert summary["met"] and summary["conclusive"]
 
 
 def test_the_benchmark_waits_before_each_model_for_other_processes_and_records_the_noise():
     from bench import bench_profile
 
-    settings = {"max_control_gap": 0.02, "max_error_se": 0.03, "max_process_percent": 25.0, "max_wait_s": 60.0, "cores": [0]}
+    settings = {"limits": {"control_gap": 0.02, "control_noise": 0.05, "error_se": 0.03}, "max_process_percent": 25.0, "max_wait_s": 60.0,
+                "cores": [0]}
     noisy = {"level": 0.31}
     looks, slept = iter([(1.8, [{"pid": 7, "name": "other", "cpu_percent": 90.0}]), (1.8, [])]), []
     # the load average is left out (the benchmark's own work keeps it high); the burst noise is recorded, not limited
