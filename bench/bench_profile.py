@@ -443,9 +443,9 @@ PLAN_ATTEMPTS = 4
 MAX_CONTROL_GAP = 0.02
 #: ... and the control's own spread on each side (IQR / median of its samples: how noisy the host was while the
 #: plan ran, measured back to back) is at most this, the error an accuracy target allows. A noisy host biases a
-#: plan's error however evenly it drifts: the lower quartile of short stage timings lies further below their
-#: undisturbed time than that of a long step. With the control's spread at 6-17% (profile-control-part1.json),
-#: the one-device plans read -2% to -9%, -1% to -4% on the quiet host of profile-part6.json; the burst probe's
+#: plan's error however evenly it drifts (presumably: a long step's lower quartile holds more of the noise than those of the
+#: short stage timings the estimate is composed from). On the host of profile-control-part1.json (the control's
+#: spread 6-17%) and a stopped try after it, six of eight one-device timings read 2.4-9.1% low; the burst probe's
 #: within-burst spread, the same figure, read 0.9-3.6% on the hosts of profile-part4/5/6.json
 MAX_CONTROL_NOISE = 0.05
 #: ... and the standard error of its error is at most this (the paired turns' errors, each turn's estimate against
