@@ -311,7 +311,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 }
                 _log(f"{planset.model_name} {n} dev {plan.plan_id}: estimate {est.iter_time_s * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
                      f"({row['error']:+.1%}; medians {row['error_median']:+.1%}; measured IQR/median {row['measured_iqr_over_median']:.1%}; "
-                     f"control gap {_gap(row['control']['gap'])}; standard error {_gap(row['error_se'])})")
+                     f"control gap {_percent(row['control']['gap'])}; standard error {_percent(row['error_se'])})")
                 for spec, item in zip(specs, items, strict=True):
                     stages.release(spec)
                     corun.release(item)
@@ -482,7 +482,7 @@ class PlanLimits:
     def judge(self, row: dict[str, Any]) -> dict[str, Any]:
         """The row's figures and whether each is within its limit (a figure not timed is not, under a limit)."""
         control = row.get("control") or {}
-        spreads = [v for v in (control.get("iqr_over_median") or {}).values()]
+        spreads = list((control.get("iqr_over_median") or {}).values())
         noise = None if not spreads or None in spreads else max(spreads)
         figures = {"control_gap": control.get("gap"), "control_noise": noise, "error_se": row.get("error_se")}
         within = {}
@@ -499,8 +499,8 @@ class PlanGate:
     plan is timed again (at most ``attempts`` in all), once no other process is busy and the fixed computation
     back to back on its cores is within the control-noise limit again (waited for at most ``max_wait_s``).
     ``cores``: the cores of the largest grid's measurement (a plan of N devices runs its control on the first N).
-    ``busy`` and ``noise`` (tests): return the other busy processes and the host's continuous noise (given the
-    cores) instead of looking."""
+    ``busy`` and ``noise`` (tests): return the other busy processes and the host's continuous noise record
+    (given the cores) instead of looking."""
 
     limits: PlanLimits = PlanLimits()
     cores: list[int] | None = None
@@ -525,30 +525,25 @@ class PlanGate:
 
         return self.busy() if self.busy is not None else busy_processes(self.max_process_percent)
 
-    def host_noise(self, cores: list[int] | None) -> float:
+    def host_noise(self, cores: list[int] | None) -> dict[str, Any]:
         from libarena.profile.host import continuous_noise
 
-        return self.noise(cores) if self.noise is not None else continuous_noise(QUIET_PROBE_S, cores)["level"]
+        return self.noise(cores) if self.noise is not None else continuous_noise(QUIET_PROBE_S, cores)
 
     def judge(self, row: dict[str, Any], busy: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
         judged = self.limits.judge(row)
         return {**judged, "busy_processes": busy, "steady": not busy and all(judged["within"].values()), "attempt": attempt}
 
-    def wait_for_quiet(self, cores: list[int] | None, sleep: Any = time.sleep, poll_s: float = 15.0) -> dict[str, Any]:
-        """Wait (at most ``max_wait_s``) until no other process is busy and the host's continuous noise on
-        ``cores`` is within the control-noise limit; returns what the last look saw and how long it waited."""
-        waited = 0.0
-        while True:
-            busy = self.others_busy()
-            noise = None if busy else self.host_noise(cores)
-            limit = self.limits.control_noise
-            quiet = not busy and (limit is None or noise <= limit)
-            if quiet or waited >= self.max_wait_s:
-                return {"quiet": quiet, "waited_s": waited, "busy_processes": busy, "continuous_noise": noise}
-            why = f"other processes busy ({', '.join(b['name'] for b in busy[:3])})" if busy else f"continuous noise {noise:.1%}"
-            _log(f"{why}: waiting {poll_s:.0f} s before timing it again ({waited:.0f} of at most {self.max_wait_s:.0f} s)")
-            sleep(poll_s)
-            waited += poll_s
+    def wait_for_quiet(self, cores: list[int] | None, sleep: Any = time.sleep) -> dict[str, Any]:
+        """Wait (at most ``max_wait_s``; host.wait_until_quiet, never refusing) until no other process is busy and
+        the host's continuous noise on ``cores`` is within the control-noise limit (the load average is not
+        checked: the benchmark's own work keeps it up); returns what it saw."""
+        from libarena.profile.host import QuietPolicy, wait_until_quiet
+
+        policy = QuietPolicy(max_load=None, max_process_percent=self.max_process_percent, max_noise=self.limits.control_noise,
+                             max_wait_s=self.max_wait_s, refuse=False)
+        return wait_until_quiet(policy, _log, probe=lambda: (os.getloadavg()[0], self.others_busy()), sleep=sleep,
+                                noise_probe=lambda: self.host_noise(cores))
 
 
 def timed_until_steady(time_plan: Any, gate: PlanGate, cores: list[int] | None = None,
@@ -569,15 +564,15 @@ def timed_until_steady(time_plan: Any, gate: PlanGate, cores: list[int] | None =
         if row["steadiness"]["steady"] or attempt >= gate.attempts:
             return row, again
         judged = row["steadiness"]
-        outside = [f"{name.replace('_', ' ')} {_gap(judged[name])}" for name, ok in judged["within"].items() if not ok]
+        outside = [f"{name.replace('_', ' ')} {_percent(judged[name])}" for name, ok in judged["within"].items() if not ok]
         _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: unsteady ({', '.join(outside + (['other processes busy'] if busy else []))}; "
              f"limits {gate.limits.to_dict()}): timing it again")
         again.append({k: v for k, v in row.items() if k not in ("measured_samples_s", "stages", "breakdown")})
         waited = gate.wait_for_quiet(cores, sleep)
 
 
-def _gap(gap: float | None) -> str:
-    return "not timed" if gap is None else f"{gap:.2%}"
+def _percent(figure: float | None) -> str:
+    return "not timed" if figure is None else f"{figure:.2%}"
 
 
 def _child(request: dict[str, Any], out_path: str) -> None:

@@ -282,6 +282,18 @@ def timing_noise_on(cores: list[int] | None, bursts: int = 10, samples: int = 15
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _timed_back_to_back(work: Callable[[], Any], duration_s: float, clock: Callable[[], float]) -> list[float]:
+    """``work`` run once untimed (first touch, caches on this core), then timed back to back for ``duration_s``."""
+    work()
+    samples = []
+    began = clock()
+    while clock() - began < duration_s:
+        t0 = clock()
+        work()
+        samples.append(clock() - t0)
+    return samples
+
+
 def alternation_gaps(samples: list[float], per_turn: int, turns: int) -> list[float]:
     """How far apart two sides that time the *same* work land when they alternate: ``samples`` (one fixed
     computation timed back to back) cut into windows of ``turns`` turns per side of ``per_turn`` samples each,
@@ -314,16 +326,10 @@ def alternation_floor(schemes: list[tuple[float, int]], duration_s: float = 60.0
     if duration_s <= 0 or not schemes or any(turn_s <= 0 or turns < 1 for turn_s, turns in schemes):
         raise ArenaError("alternation floor: a positive duration and schemes of a positive turn length and at least one turn")
     work = work or _fixed_computation()
-    samples: list[float] = []
     with _affinity_restored(core is not None), threadpool_limits(limits=1):
         if core is not None:
             pin_cores([core])
-        work()  # first-touch and caches
-        began = clock()
-        while clock() - began < duration_s:
-            t0 = clock()
-            work()
-            samples.append(clock() - t0)
+        samples = _timed_back_to_back(work, duration_s, clock)
     sample_s = statistics.median(samples)
     out: dict[str, Any] = {"duration_s": duration_s, "core": core, "samples": len(samples), "sample_s": sample_s, "schemes": []}
     for turn_s, turns in schemes:
@@ -363,15 +369,9 @@ class TurnControl:
         if side not in self._samples:
             raise ArenaError(f"turn control: unknown side {side!r} (sides {', '.join(self.sides)})")
         core = None if self.cores is None else self.cores[turn % len(self.cores)]
-        samples = self._samples[side]
         with _affinity_restored(core is not None), threadpool_limits(limits=1):
             pin_cores(None if core is None else [core])
-            self._work()
-            began = self._clock()
-            while self._clock() - began < self.chunk_s:
-                t0 = self._clock()
-                self._work()
-                samples.append(self._clock() - t0)
+            self._samples[side] += _timed_back_to_back(self._work, self.chunk_s, self._clock)
 
     def summary(self) -> dict[str, Any]:
         """The gap and each side's figures (None where a side has no chunk yet)."""
@@ -400,14 +400,7 @@ def continuous_noise(duration_s: float = 2.0, cores: list[int] | None = None, wo
     with _affinity_restored(cores is not None), threadpool_limits(limits=1):
         for core in [None] if cores is None else list(cores):
             pin_cores(None if core is None else [core])
-            work()
-            samples: list[float] = []
-            began = clock()
-            while clock() - began < duration_s:
-                t0 = clock()
-                work()
-                samples.append(clock() - t0)
-            per_core[str(core)] = relative_iqr(samples)
+            per_core[str(core)] = relative_iqr(_timed_back_to_back(work, duration_s, clock))
     return {"level": max(per_core.values()), "per_core": per_core, "duration_s": duration_s}
 
 

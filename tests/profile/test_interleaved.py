@@ -208,7 +208,7 @@ def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady()
     busy_pid = [{"pid": 7, "name": "other", "cpu_percent": 90.0}]
     limits = bench_profile.PlanLimits(control_gap=0.02, control_noise=0.05, error_se=0.03)
     gate = bench_profile.PlanGate(limits, cores=[0, 1], max_wait_s=60.0, attempts=3, busy=lambda: busy_looks.pop(0),
-                                  noise=lambda cores: noise_looks.pop(0))
+                                  noise=lambda cores: {"level": noise_looks.pop(0)})
     timed = []
 
     def time_plan(plan_id):  # a plan's row with its control and turns' figures, as scripted in ``figures``
@@ -230,7 +230,9 @@ def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady()
     figures[:], busy_looks[:], noise_looks[:] = [(0.035, 0.02, 0.01), (0.01, 0.02, 0.01)], [[], [], []], [0.02]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("b"), gate, sleep=pytest.fail)
     assert timed == ["a", "b", "b"] and row["steadiness"]["attempt"] == 2 and row["steadiness"]["steady"]
-    assert row["steadiness"]["wait_before"] == {"quiet": True, "waited_s": 0.0, "busy_processes": [], "continuous_noise": 0.02}
+    wait = row["steadiness"]["wait_before"]
+    assert (wait["quiet"], wait["waited_s"], wait["busy_processes"], wait["timing_noise"]) == (True, 0.0, [], {"level": 0.02})
+    assert wait["policy"]["max_noise"] == 0.05 and wait["policy"]["max_load"] is None
     assert [(r["plan_id"], r["steadiness"]["control_gap"], r["steadiness"]["within"]["control_gap"]) for r in again] == [("b", 0.035, False)]
     assert "measured_samples_s" not in again[0] and "control" in again[0]
     # a host noisy while the plan ran (the control's spread), however evenly: waited for until the fixed computation
