@@ -37,7 +37,7 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   unsteady after that makes the figures inconclusive (``summary.model_steadiness``, ``models_unsteady``;
   ``conclusive`` false, targets not met). Looks at the host between plans judged earlier runs, and missed what
   happened inside a plan, while a probe of bursts with idle seconds between them read noise for hours that
-  back-to-back work, as the timings run, did not show (README, "A control inside every plan"). Before each
+  back-to-back work, as the timings run, did not show (docs/profiler-accuracy.md, "A control inside every plan"). Before each
   model it also waits until no other process is busy before its cost run (``costs[].quiet_check``, with the
   burst noise recorded), and probes the burst noise and the alternation floor at the start and the end (records);
 * the measuring interpreter rewrites its results after every model: a run stopped midway (Ctrl-C, SIGTERM) or
@@ -105,8 +105,8 @@ WARMUP, TURN_WARMUP = 3, 1
 #: Short turns, many of them: a shared host's speed can drift over a second or two, and two sides that take
 #: turns of a second then see different hosts. A fixed computation timed back to back and split alternately
 #: into two sides (host.alternation_floor, at the start of profile-tiny-short-turns.json) gave lower quartiles a
-#: mean 4.4% apart in 5 turns of 1 s per side, 2.0% in 20 turns of 0.25 s (the same timed seconds; README,
-#: "Short turns").
+#: mean 4.4% apart in 5 turns of 1 s per side, 2.0% in 20 turns of 0.25 s (the same timed seconds;
+#: docs/profiler-accuracy.md, "Short turns").
 TURN_S, MIN_CHUNK, MAX_CHUNK = 0.25, 3, 20
 #: Turns per side: as many as make about SIDE_S of timed steps per side, MIN_TURNS to MAX_TURNS (a small
 #: model's 1-2 s steps keep MIN_TURNS turns of MIN_CHUNK steps).
@@ -220,8 +220,8 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 for spec in specs:
                     stages.build(spec)
                 # Each plan is measured in a child of its own, as arena-run compiles one plan in a fresh process: a
-                # step compiled after its process traced other work can run slower (README, "What the process
-                # compiled before")
+                # step compiled after its process traced other work can run slower (docs/profiler-accuracy.md,
+                # "What the process compiled before")
                 with MeasureSession(plans_path, n, threading=XLA_THREADING.get(layout)) as measure:
                     prepared = measure.prepare(grid, plan.plan_id, warmup=WARMUP)
                     chunk = samples_per_turn(prepared["steady_step_s"])

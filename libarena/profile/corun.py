@@ -242,7 +242,7 @@ def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: in
     """Co-run timings of ``items`` (keyed by (stage profile key, item)) on ``num_devices`` host devices laid
     out as ``threading``: {key: timing}, and the wall seconds spent measuring (0 when all came from ``cache``).
     ``fresh_child``: each item in a child of its own (ProfileConfig.isolation = "child": a stage built after
-    others in one process can run slower, README "What the process compiled before"), else all in one child."""
+    others in one process can run slower, docs/profiler-accuracy.md, "What the process compiled before"), else all in one child."""
     out: dict[tuple[str, CoRunItem], CoRunTiming] = {}
     missing = []
     threading_name = getattr(threading, "name", "default")

@@ -192,7 +192,7 @@ def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple
     their kernels' time, otherwise looked less contended than the runtime's step makes them
     (bench/results/profile-dispatch-priced.json: the pipelined plans from about -9% to +1.6% signed). Counting
     the partner devices' issuing twice put the plans whose calls are dearest, wide_resnet's, over their steps
-    in most earlier runs (README "The partner devices' issuing", which also gives a run that went the other way).
+    in most earlier runs (docs/profiler-accuracy.md, "The partner devices' issuing", which also gives a run that went the other way).
     """
     busy = [float(st.together_s) + st.comm_s for st in stages]  # type: ignore[arg-type]
     b = max(range(len(stages)), key=lambda j: busy[j])

@@ -107,7 +107,7 @@ class ProfileConfig:
     #: process: every stage compiled (ahead, on threads) and timed in the profiling process; child: each stage
     #: built and timed in a fresh interpreter of its own (libarena.profile.stage_child), as arena-run builds its
     #: plan in a fresh process; the co-run timings of plans over several host devices then take a fresh child per
-    #: stage too (libarena.profile.corun.profile_corun). In probes (README, "A stage timed in a child of its own") a stage timed after the
+    #: stage too (libarena.profile.corun.profile_corun). In probes (docs/profiler-accuracy.md, "A stage timed in a child of its own") a stage timed after the
     #: model's other stages ran up to 1.5x slower than the same stage in a fresh child; whether the child's
     #: timings predict the runtime better across the zoo is not yet benchmarked, so it is not the default. The
     #: child times ``repeats`` runs (``timing_budget_s`` does not cut them short)

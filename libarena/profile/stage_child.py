@@ -1,7 +1,7 @@
 """One stage built and timed in a fresh interpreter of its own (``ProfileConfig.isolation = "child"``).
 
-Why: a step runs at a speed that depends on what its process traced and compiled before (README, "What the
-process compiled before"). ``arena-run`` builds one plan in a fresh process, while the profiling process has
+Why: a step runs at a speed that depends on what its process traced and compiled before (docs/profiler-accuracy.md,
+"What the process compiled before"). ``arena-run`` builds one plan in a fresh process, while the profiling process has
 lowered and compiled every stage of the model before it times the later ones. A child per stage builds only its
 stage, as the runtime builds only its plan. The child speaks the :class:`StageSession` protocol, so the profiler
 and the accuracy benchmark's interleaved (ABAB) timing use it the same way."""

@@ -21,7 +21,7 @@ Which physical pages back a process's heap is a third such state, fixed when the
 development host (THP in ``madvise`` mode) four measuring children of wide_resnet__small's one-device 4-micro-batch
 plan, alive together and timed in rotating turns, differed by up to 11-13% in two of three probes (one child
 slower than the other three for its whole life, steady within it), and by 1-3% with their heaps on transparent
-huge pages (probes, not a benchmark file; README "The heap's pages"). So every process that times or runs stages
+huge pages (probes, not a benchmark file; docs/profiler-accuracy.md, "The heap's pages"). So every process that times or runs stages
 -- the profiler's and the measurement's children, the runtime's workers -- is started with glibc's
 ``glibc.malloc.hugetlb=1`` (:func:`huge_page_heap_env`), which makes malloc advise huge pages for the heap and
 its mmap'd chunks; a tunable glibc reads once, when the process starts, so it is set for the children, not in

@@ -2,7 +2,7 @@
 
 The runtime issues every call of a step from one thread. On a host whose devices are its own cores, that
 thread competes with the device threads for the same cores, and a probe of a 2-device pipelined step showed it
-runnable but waiting for a core for a quarter of the step (README, "The tiny models' 2-device bias"). Its CPU
+runnable but waiting for a core for a quarter of the step (docs/profiler-accuracy.md, "The tiny models' 2-device bias"). Its CPU
 time (``time.thread_time``) does not show that; the scheduler's per-thread statistics do."""
 
 from __future__ import annotations

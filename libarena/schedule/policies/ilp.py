@@ -8,7 +8,7 @@ timeout the best feasible solution found is used, and if none was found every in
 
 HiGHS's presolve is off: these problems (one row per group, one per GPU type) leave it little to remove, and
 without it the long runs' many solves reach the tighter gap faster (Sia's full-length philly run, before its
-running jobs were offered every type: 115.5 s -> 100.7 s in bench/results/schedule.json; the README has the rest).
+running jobs were offered every type: 115.5 s -> 100.7 s in bench/results/schedule.json; docs/policy-investigation.md, "The baselines' solver", has the rest).
 So is its feasibility-jump heuristic (HiGHS >= 1.11, on by default): in profiling probes on the development
 host it cost a fixed ~4.5 ms a solve, nearly all of a typical solve's time (a few hundred binaries, solved at
 the root in well under a millisecond), and on 1,230 problems recorded from Sia's philly window every solve chose
