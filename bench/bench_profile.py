@@ -30,8 +30,9 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   while this plan was timed, and its spread on each side (IQR/median) how noisy the host was meanwhile. A plan is
   steady when that gap is at most ``MAX_CONTROL_GAP``, that spread at most ``MAX_CONTROL_NOISE``, the standard
   error of its error over its paired turns (``error_se``) at most ``MAX_ERROR_SE`` and no other process was busy
-  in a look right after it (``PlanLimits``, ``PlanGate``); an unsteady one is timed again once the fixed
-  computation back to back is within the noise limit again (waited for, bounded; at most ``PLAN_ATTEMPTS`` in all; the
+  in a look right after it (``PlanLimits``, ``PlanGate``); every timing of a plan, the first too, starts once
+  the fixed computation back to back is within the noise limit (waited for, bounded), and an unsteady one is
+  timed again (at most ``PLAN_ATTEMPTS`` in all; the
   discarded timings are kept in ``plans_timed_again``, and which plan is redone follows the control, the
   turns' spread and the host, never the value of the plan's error); its row records the judgement (``steadiness``). A model with a plan still
   unsteady after that makes the figures inconclusive (``summary.model_steadiness``, ``models_unsteady``;
@@ -495,9 +496,10 @@ class PlanLimits:
 @dataclass(frozen=True)
 class PlanGate:
     """How each plan is judged: steady when its figures are within ``limits`` (:class:`PlanLimits`) and no
-    other process was busy (more than ``max_process_percent`` of a core) in a look right after it. An unsteady
-    plan is timed again (at most ``attempts`` in all), once no other process is busy and the fixed computation
-    back to back on its cores is within the control-noise limit again (waited for at most ``max_wait_s``).
+    other process was busy (more than ``max_process_percent`` of a core) in a look right after it. Each timing
+    of a plan starts once no other process is busy and the fixed computation back to back on its cores is within
+    the control-noise limit (waited for at most ``max_wait_s``); an unsteady plan is timed again (at most
+    ``attempts`` in all).
     ``cores``: the cores of the largest grid's measurement (a plan of N devices runs its control on the first N).
     ``busy`` and ``noise`` (tests): return the other busy processes and the host's continuous noise record
     (given the cores) instead of looking."""
@@ -550,12 +552,15 @@ def timed_until_steady(time_plan: Any, gate: PlanGate, cores: list[int] | None =
                        sleep: Any = time.sleep) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One plan's row (``time_plan()``, on ``cores``), judged by ``gate`` (its ``steadiness``): from its
     control's gap and spread, the standard error of its error and a look for other busy processes right after
-    it. An unsteady timing is done again once the host is quiet (at most ``gate.attempts`` in all; the last is
-    kept, marked unsteady, which makes the model's figures inconclusive; the wait before it is recorded). The
-    choice follows the control, the turns' spread and the host, never the value of the plan's error. Returns the
-    row and the rows of the attempts done again."""
+    it. Every timing, the first too, starts once the host is quiet (a first timing on a noisy host would only be
+    done again); an unsteady one is done again (at most ``gate.attempts`` in all; the last is kept, marked
+    unsteady, which makes the model's figures inconclusive; the wait before each is recorded). A gate that
+    judges nothing (no control-noise limit) waits for nothing. The choice follows the control, the turns'
+    spread and the host, never the value of the plan's error. Returns the row and the rows of the attempts done
+    again."""
     again: list[dict[str, Any]] = []
-    attempt, waited = 0, None
+    attempt = 0
+    waited = gate.wait_for_quiet(cores, sleep) if gate.limits.control_noise is not None else None
     while True:
         attempt += 1
         row = time_plan()

@@ -220,16 +220,24 @@ def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady()
 
     steady_figures = {"control_gap": 0.004, "control_noise": 0.02, "error_se": 0.01,
                       "within": {"control_gap": True, "control_noise": True, "error_se": True}}
-    # every figure within its limit and nobody else busy: timed once
-    figures[:], busy_looks[:] = [(0.004, 0.02, 0.01)], [[]]
+    # every figure within its limit and nobody else busy: timed once, on a host found quiet first
+    figures[:], busy_looks[:], noise_looks[:] = [(0.004, 0.02, 0.01)], [[], []], [0.02]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("a"), gate, sleep=pytest.fail)
-    assert row["steadiness"] == {**steady_figures, "busy_processes": [], "steady": True, "attempt": 1, "wait_before": None}
-    assert again == []
+    first_wait = row["steadiness"].pop("wait_before")
+    assert row["steadiness"] == {**steady_figures, "busy_processes": [], "steady": True, "attempt": 1}
+    assert (first_wait["quiet"], first_wait["waited_s"], first_wait["timing_noise"]) == (True, 0.0, {"level": 0.02})
+    assert again == [] and not busy_looks and not noise_looks
+    # the first timing too waits while the host is noisy (it would only be timed again)
+    figures[:], busy_looks[:], noise_looks[:] = [(0.004, 0.02, 0.01)], [[], [], []], [0.09, 0.03]
+    row, again = bench_profile.timed_until_steady(lambda: time_plan("a2"), gate, sleep=slept.append)
+    assert row["steadiness"]["attempt"] == 1 and row["steadiness"]["wait_before"]["waited_s"] == 15.0 and slept == [15.0]
+    assert again == [] and not busy_looks and not noise_looks
+    slept.clear()
     # a drift between the sides' turns: timed again once the host runs the fixed computation steadily, the unsteady
     # timing kept apart without its samples
-    figures[:], busy_looks[:], noise_looks[:] = [(0.035, 0.02, 0.01), (0.01, 0.02, 0.01)], [[], [], []], [0.02]
+    figures[:], busy_looks[:], noise_looks[:] = [(0.035, 0.02, 0.01), (0.01, 0.02, 0.01)], [[], [], [], []], [0.02, 0.02]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("b"), gate, sleep=pytest.fail)
-    assert timed == ["a", "b", "b"] and row["steadiness"]["attempt"] == 2 and row["steadiness"]["steady"]
+    assert timed == ["a", "a2", "b", "b"] and row["steadiness"]["attempt"] == 2 and row["steadiness"]["steady"]
     wait = row["steadiness"]["wait_before"]
     assert (wait["quiet"], wait["waited_s"], wait["busy_processes"], wait["timing_noise"]) == (True, 0.0, [], {"level": 0.02})
     assert wait["policy"]["max_noise"] == 0.05 and wait["policy"]["max_load"] is None
@@ -239,8 +247,8 @@ def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady()
     # back to back is within the limit (bounded); another busy process is as bad; a host that stays unsteady: the
     # last timing kept, marked unsteady
     figures[:] = [(0.001, 0.09, 0.01), (0.001, 0.02, 0.01), (0.03, 0.02, 0.01)]
-    busy_looks[:] = [[], [], [], busy_pid, busy_pid, [], []]
-    noise_looks[:] = [0.11, 0.03, 0.02]
+    busy_looks[:] = [[], [], [], [], busy_pid, busy_pid, [], []]
+    noise_looks[:] = [0.02, 0.11, 0.03, 0.02]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("c"), gate, sleep=slept.append)
     assert timed[-3:] == ["c", "c", "c"] and len(again) == 2 and not busy_looks and not noise_looks and slept == [15.0, 15.0]
     assert again[0]["steadiness"]["control_noise"] == 0.09 and not again[0]["steadiness"]["within"]["control_noise"]
@@ -248,7 +256,7 @@ def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady()
     assert row["steadiness"]["steady"] is False and row["steadiness"]["attempt"] == 3 and row["steadiness"]["control_gap"] == 0.03
     # turns whose errors scatter (the sides reacting differently to a noisy host): timed again however small the
     # gap; a plan without paired turns is judged without that figure
-    figures[:], busy_looks[:], noise_looks[:] = [(0.004, 0.02, 0.039), (0.004, 0.02, 0.012)], [[], [], []], [0.02]
+    figures[:], busy_looks[:], noise_looks[:] = [(0.004, 0.02, 0.039), (0.004, 0.02, 0.012)], [[], [], [], []], [0.02, 0.02]
     row, again = bench_profile.timed_until_steady(lambda: time_plan("e"), gate, sleep=pytest.fail)
     assert [r["steadiness"]["error_se"] for r in again] == [0.039] and row["steadiness"]["steady"] and row["steadiness"]["attempt"] == 2
     no_pairs = {"control": {"gap": 0.004, "iqr_over_median": {"estimate": 0.02, "measurement": 0.02}}, "error_se": None}
@@ -256,6 +264,11 @@ def test_each_plan_is_judged_by_its_own_control_and_timed_again_while_unsteady()
     # a control that timed nothing is not steady under a limit; no limits: recorded, not judged
     assert not gate.judge({"control": {"gap": None, "iqr_over_median": {"estimate": None, "measurement": None}}}, [], 1)["steady"]
     assert bench_profile.PlanGate(bench_profile.PlanLimits.none(), busy=lambda: []).judge({}, [], 1)["steady"]
+    # a gate that judges nothing waits for nothing before the timing
+    unjudged = bench_profile.PlanGate.of(None)
+    figures[:] = [(0.5, 0.5, 0.5)]
+    row, again = bench_profile.timed_until_steady(lambda: time_plan("f"), unjudged, sleep=pytest.fail)
+    assert row["steadiness"]["wait_before"] is None and row["steadiness"]["steady"] and again == []
     # the control of a plan of N devices runs on the first N of the gate's cores
     assert gate.control_cores(1) == [0] and gate.control_cores(2) == [0, 1] and bench_profile.PlanGate().control_cores(2) is None
 
