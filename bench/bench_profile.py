@@ -457,8 +457,9 @@ MAX_CONTROL_NOISE = 0.05
 MAX_ERROR_SE = 0.03
 #: Seconds of the fixed computation timed after each side's turn (about 23 samples of 4.3 ms on this host)
 CONTROL_S = 0.1
-#: Before timing an unsteady plan again: the fixed computation back to back for this long on each of the plan's
-#: cores (host.continuous_noise) until its spread is within the control-noise limit (bounded by the wait)
+#: Before each timing of a plan (the first and every repeat): the fixed computation back to back for this long on
+#: each of the plan's cores (host.continuous_noise) until its spread is within the control-noise limit (bounded by
+#: the wait)
 QUIET_PROBE_S = 2.0
 
 
