@@ -41,18 +41,19 @@ The timing protocol (libarena.profile.host), for a host that other work may shar
   back-to-back work, as the timings run, did not show (docs/profiler-accuracy.md, "A control inside every plan"). Before each
   model it also waits until no other process is busy before its cost run (``costs[].quiet_check``, with the
   burst noise recorded), and probes the burst noise and the alternation floor at the start and the end (records);
-* the measuring interpreter rewrites its results after every model: a run stopped midway (Ctrl-C, SIGTERM) or
-  given ``--time-budget`` still writes the models it finished, marked incomplete (``summary.complete`` false,
-  ``models_not_done``, targets not met);
+* the measuring interpreter rewrites its results after every model's cost run and every plan: a run stopped
+  midway (Ctrl-C, SIGTERM) or given ``--time-budget`` (no model or plan started after it) still writes every plan
+  it timed, marked incomplete (``summary.complete`` false, ``models_not_done``, targets not met). A small model
+  takes over an hour under this protocol on a shared 2-core host, so a model may be finished by a later part;
 * the file records the code it measured with (``protocol.code``: a digest of the library and bench source it can run,
   and the git commit; bench.provenance), taken at the start and checked at the end: code edited while the run went
   on makes its figures inconclusive (``summary.code_changed_during_run``);
-* ``--resume FILE`` goes on from an earlier run: the rows of its models finished steadily are kept
-  and only the rest (not done, or with an unsteady plan) are measured, in a new run with its own quiet
-  check, calibration and noise probes, written to another file with every part's protocol
-  (``protocol.earlier_parts``). It is refused unless FILE was measured with the same code (source digest, not
-  edited while it ran), setup, thread layout, stage isolation and plan limits. Each model's rows come from one
-  part: its estimate and measurement always take turns in one run.
+* ``--resume FILE`` goes on from an earlier run: its plans timed steadily are kept (with their model's cost
+  run) and only the rest (not timed, or unsteady there) are timed, in a new run with its own quiet check,
+  calibration and noise probes, written to another file with every part's protocol (``protocol.earlier_parts``;
+  each row and cost row names the file that timed it, ``timed_in``). It is refused unless FILE was measured with
+  the same code (source digest, not edited while it ran), setup, thread layout, stage isolation and plan limits.
+  Each plan's row comes from one part: its estimate and measurement always take turns in one run.
 
 Cost is device-seconds as the paper counts them (devices held x wall time, compilation included on both
 sides): profiling is one ordinary ``profile_plans`` run with an empty cache (one device); a direct
@@ -177,16 +178,28 @@ def _cost_run(tmp: Path, planset: Any, comm: Any, layout: str, isolation: str = 
             "estimates": {(e.resources.num_gpus, e.plan.plan_id): e.iter_time_s for e in result.estimates}}
 
 
+def plans_of(planset: Any) -> list[Any]:
+    """The plans a model's rows are for: every plan of its planset and each grid's data-parallel plan."""
+    from libarena.plan import data_parallel_plan
+
+    plans = list(planset.plans())
+    grids = {g.grid.resources: g.grid for g in planset.grids}
+    return plans + [data_parallel_plan(replace(grid, pipeline_degree=1), planset.layout.num_clusters) for grid in grids.values()]
+
+
 def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing: Any, alternatives: dict[str, Any],
-                 isolation: str = "process", gate: PlanGate | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                 isolation: str = "process", gate: PlanGate | None = None, skip: frozenset[tuple[int, str]] = frozenset(),
+                 on_row: Any = None, out_of_time: Any = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every plan estimated and measured ABAB; one row each (estimated with the profiler's concurrency model
     ``sharing``, and with the ``alternatives`` from the same stage records, for comparison). ``isolation``: where
     the estimate side's stages are built and timed, as ``ProfileConfig.isolation`` (child: a fresh child per
     stage and plan, ended with the plan's row, so each record holds that plan's turns only). A fixed computation
     is timed after each side's turn (host.TurnControl, on the plan's cores: the row's ``control``), and each plan
     is judged by ``gate`` (:func:`timed_until_steady`): returns the rows and the rows of timings done again
-    because they were unsteady."""
-    from libarena.plan import DP_PLAN_ID, data_parallel_plan
+    because they were unsteady. ``skip``: the (devices, plan id) of plans not to time (an earlier part's);
+    ``on_row(row, timed_again)`` is called as each plan is done; once ``out_of_time()`` no further plan is
+    started."""
+    from libarena.plan import DP_PLAN_ID
     from libarena.profile import ProfileConfig, resolve_device
     from libarena.profile.host import XLA_THREADING, TurnControl
     from libarena.profile.corun import CoRunSession
@@ -201,13 +214,14 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     config = ProfileConfig(selection="exhaustive", statistic=STATISTIC, xla_threading=layout)
     stages: Any = StageSession(local, HostTimer(), burst=config.burst) if isolation == "process" else \
         StageChildren("host", threading=XLA_THREADING.get(layout), burst=config.burst)
-    plans = list(planset.plans())
-    grids = {g.grid.resources: g.grid for g in planset.grids}
-    plans += [data_parallel_plan(replace(grid, pipeline_degree=1), job.layout.num_clusters) for grid in grids.values()]
+    plans = plans_of(planset)
     gate = gate or PlanGate.of(None)
     rows: list[dict[str, Any]] = []
     timed_again: list[dict[str, Any]] = []
     for n in DEVICE_COUNTS:
+        todo = [p for p in plans if p.grid.num_gpus == n and (n, p.plan_id) not in skip]
+        if not todo:
+            continue
         # The profiler's co-run timings (its default model on a host; a one-device plan's stage as the runtime runs
         # it): one child for the device count, or with child isolation a fresh one per plan (as profile_corun's)
         shared = CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) if isolation == "process" else None
@@ -320,10 +334,14 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     corun.close()
                 return row
 
-            for plan in [p for p in plans if p.grid.num_gpus == n]:
+            for plan in todo:
+                if out_of_time is not None and out_of_time():
+                    return rows, timed_again
                 row, unsteady = timed_until_steady(functools.partial(time_plan, plan), gate, gate.control_cores(n))
                 rows.append(row)
                 timed_again += unsteady
+                if on_row is not None:
+                    on_row(row, unsteady)
     return rows, timed_again
 
 
@@ -560,10 +578,9 @@ def timed_until_steady(time_plan: Any, gate: PlanGate, cores: list[int] | None =
     spread and the host, never the value of the plan's error. Returns the row and the rows of the attempts done
     again."""
     again: list[dict[str, Any]] = []
-    attempt = 0
-    waited = gate.wait_for_quiet(cores, sleep) if gate.limits.control_noise is not None else None
-    while True:
-        attempt += 1
+    for attempt in range(1, max(gate.attempts, 1) + 1):
+        # a repeat always waits (at least for other busy processes); a first timing only under a noise limit
+        waited = gate.wait_for_quiet(cores, sleep) if gate.limits.control_noise is not None or attempt > 1 else None
         row = time_plan()
         busy = gate.others_busy()
         row["steadiness"] = {**gate.judge(row, busy, attempt), "wait_before": waited}
@@ -574,7 +591,7 @@ def timed_until_steady(time_plan: Any, gate: PlanGate, cores: list[int] | None =
         _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: unsteady ({', '.join(outside + (['other processes busy'] if busy else []))}; "
              f"limits {gate.limits.to_dict()}): timing it again")
         again.append({k: v for k, v in row.items() if k not in ("measured_samples_s", "stages", "breakdown")})
-        waited = gate.wait_for_quiet(cores, sleep)
+    raise AssertionError("unreachable: the last attempt returns")
 
 
 def _percent(figure: float | None) -> str:
@@ -583,9 +600,12 @@ def _percent(figure: float | None) -> str:
 
 def _child(request: dict[str, Any], out_path: str) -> None:
     """The measuring interpreter: every model of the request in turn. Its result is rewritten at ``out_path``
-    after every model (``models_done``; ``finished`` once the loop is over), so a run stopped midway keeps them;
-    with ``time_budget_s`` in the request, no model is started once that many seconds have passed (the rest are
-    listed in ``models_skipped_for_time``)."""
+    after each model's cost run and after every plan (``models_done``: the models with every plan timed, here or
+    in an earlier part; ``finished`` once the loop is over), so a run stopped midway keeps every plan it timed;
+    with ``time_budget_s`` in the request, no model or plan is started once that many seconds have passed (the
+    models left unfinished are listed in ``models_skipped_for_time``). ``kept`` in the request (a resume): per
+    model, the plans an earlier part timed steadily (``plans``: [devices, plan id], not timed again) and its
+    cost run (``cost``: that part's cost row, not run again; None: run here)."""
     from libarena.hardware.comm import load_comm_model
     from libarena.plan import read_plans
     from libarena.profile import CommBenchConfig, ProfileCache, ProfileConfig, resolve_device, write_comm_table
@@ -598,16 +618,21 @@ def _child(request: dict[str, Any], out_path: str) -> None:
     before = snapshot()
     started = time.perf_counter()
     budget = request.get("time_budget_s")
+    kept = request.get("kept") or {}
     rows: list[dict[str, Any]] = []
     timed_again: list[dict[str, Any]] = []  # timings done again: they were unsteady
     costs: list[dict[str, Any]] = []
+    quiet_checks: list[dict[str, Any]] = []
     done: list[str] = []
     skipped: list[str] = []
+
+    def out_of_time() -> bool:
+        return budget is not None and time.perf_counter() - started > budget
 
     def result(finished: bool) -> dict[str, Any]:
         return {"rows": rows, "rows_timed_again": timed_again, "costs": costs, "calibration_s": calibration_s, "threading": applied, "host_sharing": sharing.to_dict(),
                 "host": host_window(before, snapshot()), "models_done": list(done), "models_skipped_for_time": list(skipped),
-                "finished": finished}
+                "quiet_checks": quiet_checks, "finished": finished}
 
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp_name:
         tmp = Path(tmp_name)
@@ -624,34 +649,52 @@ def _child(request: dict[str, Any], out_path: str) -> None:
         alternatives = {"cpu-time": sharing, "measured-slowdown": measured, "cpu-time-all-cores": replace(sharing, measured=None),
                         "independent": None}
         calibration_s = time.perf_counter() - t0
+        isolation = request.get("isolation", "process")
         for k, model in enumerate(request["models"]):
-            if budget is not None and time.perf_counter() - started > budget:
+            if out_of_time():
                 skipped.append(model)
                 continue
             # the host was found quiet before the first model; another process may have started since
             quiet_check = quiet_before_model(request.get("gate")) if k else None
+            quiet_checks.append({"model": model, "quiet_check": quiet_check})
             plans_path = _plans(tmp, model)
             planset = read_plans(plans_path, require_costs=False)
-            model_before = snapshot()
-            isolation = request.get("isolation", "process")
-            cost = _cost_run(tmp, planset, comm, layout, isolation)
-            model_rows, again = _interleaved(planset, plans_path, comm, layout, sharing, alternatives, isolation,
-                                             PlanGate.of(request.get("gate")))
-            timed_again += again
-            for r in model_rows:
-                r["estimate_plain_s"] = cost["estimates"].get((r["num_gpus"], r["plan_id"]))
-            rows += model_rows
-            summary = cost["summary"]
-            costs.append({"model": model, "profiling_device_s": cost["device_s"], "co_run_device_s": cost["co_run_device_s"],
-                          "stages_profiled": summary["stages_profiled"], "stage_costs": summary["stage_costs"],
-                          "profiling_timed_iterations": PROFILE_WARMUP + PROFILE_REPEATS,
-                          "paper_grids": grid_stage_counts(model, planset.layout),
-                          "measurement_device_s": sum(r["measurement_device_s"] for r in model_rows),
-                          "measurement_compile_device_s": sum(r["measurement_compile_device_s"] for r in model_rows),
-                          "host": host_window(model_before, snapshot()), "quiet_check": quiet_check})
-            _log(f"{model}: profiling {cost['device_s']:.0f} device-s ({summary['stages_profiled']} stages), measuring "
-                 f"{costs[-1]['measurement_device_s']:.0f} device-s")
-            done.append(model)
+            own = kept.get(model) or {}
+            skip = frozenset((int(n), str(plan_id)) for n, plan_id in own.get("plans", []))
+            cost_row = own.get("cost")
+            if cost_row is None:
+                model_before = snapshot()
+                cost = _cost_run(tmp, planset, comm, layout, isolation)
+                summary = cost["summary"]
+                cost_row = {"model": model, "profiling_device_s": cost["device_s"], "co_run_device_s": cost["co_run_device_s"],
+                            "stages_profiled": summary["stages_profiled"], "stage_costs": summary["stage_costs"],
+                            "profiling_timed_iterations": PROFILE_WARMUP + PROFILE_REPEATS,
+                            "paper_grids": grid_stage_counts(model, planset.layout),
+                            # the plain run's estimates, for every plan's row (also those a later part times)
+                            "plain_estimates": [[n, plan_id, s] for (n, plan_id), s in cost["estimates"].items()],
+                            "host": host_window(model_before, snapshot()), "quiet_check": quiet_check}
+                costs.append(cost_row)
+                _log(f"{model}: profiling {cost['device_s']:.0f} device-s ({summary['stages_profiled']} stages)")
+                write_json(out_path, result(finished=False))
+            plain = {(int(n), str(plan_id)): s for n, plan_id, s in cost_row["plain_estimates"]}
+
+            def on_row(row: dict[str, Any], again: list[dict[str, Any]]) -> None:
+                row["estimate_plain_s"] = plain.get((row["num_gpus"], row["plan_id"]))
+                rows.append(row)
+                timed_again.extend(again)
+                write_json(out_path, result(finished=False))
+
+            model_rows, _ = _interleaved(planset, plans_path, comm, layout, sharing, alternatives, isolation,
+                                         PlanGate.of(request.get("gate")), skip, on_row, out_of_time)
+            timed = {(r["num_gpus"], r["plan_id"]) for r in model_rows} | skip
+            left = [p for p in plans_of(planset) if (p.grid.num_gpus, p.plan_id) not in timed]
+            measuring = sum(r["measurement_device_s"] for r in model_rows)
+            if left:
+                skipped.append(model)
+                _log(f"{model}: out of time with {len(left)} plan(s) left; measuring here {measuring:.0f} device-s")
+            else:
+                done.append(model)
+                _log(f"{model}: every plan timed ({len(skip)} in an earlier part); measuring here {measuring:.0f} device-s")
             write_json(out_path, result(finished=False))
     write_json(out_path, result(finished=True))
 
@@ -696,6 +739,8 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
     cost_rows = {}
     for c in costs:
         model_rows = [r for r in rows if r["model"] == c["model"]]
+        if not model_rows:  # a cost run whose plans are still to be timed (a stopped part)
+            continue
         ones = [r for r in model_rows if r["num_gpus"] == 1]
         # Accelerators are separate chips: profiling them needs no co-run timing (host devices only), so the
         # per-stage model is made from the stage profiles alone
@@ -733,14 +778,25 @@ def aggregate(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[s
     return summary
 
 
+def costs_with_measurement(costs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each model's cost row with its direct measurements' device-seconds summed over its plans' rows (which
+    may come from several parts)."""
+    out = []
+    for c in costs:
+        own = [r for r in rows if r["model"] == c["model"]]
+        out.append({**c, "measurement_device_s": sum(r["measurement_device_s"] for r in own),
+                    "measurement_compile_device_s": sum(r["measurement_compile_device_s"] for r in own), "plans_measured": len(own)})
+    return out
+
+
 def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profile", threading: str | None = None,
         quiet: Any = None, time_budget_s: float | None = None, isolation: str = "process",
         resume: Path | None = None, limits: PlanLimits = PlanLimits()) -> bool:
     """Time ``models`` and write RESULTS/NAME.json. ``quiet``: the start check (host.QuietPolicy; by default the
-    load average and other processes, the burst noise recorded, not limited). ``time_budget_s``: start no model
-    after that many seconds of measuring (the rest are listed as not done). Stopped midway (Ctrl-C, SIGTERM), it
-    still writes the models it finished, marked incomplete. ``resume``: an incomplete earlier run of the same
-    code and setup, whose finished models are kept (``earlier_part``); only the rest of ``models`` are timed.
+    load average and other processes, the burst noise recorded, not limited). ``time_budget_s``: start no model or plan
+    after that many seconds of measuring (the models left unfinished are listed as not done). Stopped midway
+    (Ctrl-C, SIGTERM), it still writes every plan it timed, marked incomplete. ``resume``: an incomplete earlier
+    run of the same code and setup, whose steadily timed plans are kept (``earlier_part``); only the rest are timed.
     ``limits``: what each plan is judged by (:class:`PlanLimits`)."""
     from libarena.profile.host import XLA_THREADING, QuietPolicy, alternation_floor, timing_noise, wait_until_quiet
     from libarena.run.heap import huge_page_heap_env
@@ -758,7 +814,10 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         earlier = earlier_part(Path(resume), models, identity, threading, isolation, limits)
         threading = earlier["layout"]
         again = f" ({', '.join(earlier['timed_again'])} again: unsteady there)" if earlier["timed_again"] else ""
-        _log(f"resuming {resume}: keeping {', '.join(earlier['done']) or 'nothing'}; timing {', '.join(earlier['todo'])}{again}")
+        partly = [f"{m} ({len(k['plans'])} plan(s){' and its cost run' if k['cost'] else ''} kept)" for m, k in earlier["kept"].items()
+                  if k["plans"] or k["cost"]]
+        _log(f"resuming {resume}: keeping {', '.join(earlier['done']) or 'nothing'}; timing {', '.join(earlier['todo'])}{again}"
+             + (f"; of those, {', '.join(partly)}" if partly else ""))
         models_all, models = models, tuple(earlier["todo"])
     layout = XLA_THREADING.canonical(threading or steadiest_layout(results_dir))
     # the noise probe times one thread on each core the measurements run on (None: where they may run)
@@ -781,21 +840,24 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         gate = {"limits": limits.to_dict(), "max_process_percent": policy.max_process_percent,
                 "max_wait_s": policy.max_wait_s, "cores": cores}
         request.write_text(json.dumps({"models": list(models), "threading": layout, "time_budget_s": time_budget_s, "isolation": isolation,
-                                       "gate": gate}))
+                                       "gate": gate, "kept": earlier["kept"] if earlier is not None else {}}))
         # its heap on huge pages, as every child it starts (libarena.run.heap): it times stages itself with isolation "process"
         out, stopped = run_child([sys.executable, "-m", "bench.bench_profile", "--child", str(request), str(result)], result,
                                  env=huge_page_heap_env(os.environ), what="bench_profile: the measuring interpreter")
-    rows, costs, done = out["rows"], out["costs"], out["models_done"]
+    # every row and cost row says which part (results file) timed it
+    part_file = f"{name}.json"
+    rows = [{**r, "timed_in": part_file} for r in out["rows"]]
+    costs = [{**c, "timed_in": part_file} for c in out["costs"]]
+    timed_again = [{**r, "timed_in": part_file} for r in out.get("rows_timed_again", [])]
+    done = list(out["models_done"])
     noise_after = timing_noise(cores=cores)  # a record: each plan's own control is what judges it
-    steadiness = model_steadiness(rows, done, limits)
-    timed_again = out.get("rows_timed_again", [])
-    if earlier is not None:  # every model's rows from the one part that timed it (steadily, where one did)
-        kept = set(earlier["done"])
-        rows = [r for r in earlier["payload"]["plans"] if r["model"] in kept] + rows
-        timed_again = [r for r in earlier["payload"].get("plans_timed_again", []) if r["model"] in kept] + timed_again
-        costs = [c for c in earlier["payload"]["costs"] if c["model"] in kept] + costs
+    if earlier is not None:  # each plan's row from the one part that timed it steadily (or this one)
+        rows, timed_again, costs = earlier["rows"] + rows, earlier["timed_again_rows"] + timed_again, earlier["costs"] + costs
         done, models = earlier["done"] + done, models_all
-        steadiness = {**earlier["model_steadiness"], **steadiness}
+    order = {m: k for k, m in enumerate(models)}
+    rows.sort(key=lambda r: (order.get(r["model"], len(order)), r["num_gpus"]))
+    costs = costs_with_measurement(sorted(costs, key=lambda c: order.get(c["model"], len(order))), rows)
+    steadiness = model_steadiness(rows, [m for m in models if m in done], limits)
     summary = aggregate(rows, costs)
     judge_completeness(summary, models, {**out, "models_done": done}, stopped)
     floor_after = alternation_floor(list(FLOOR_SCHEMES), FLOOR_S, core=floor_core)
@@ -814,6 +876,9 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
         "costs": costs,
         "protocol": {
             "code": identity, "layout": layout, "models": list(out["models_done"]),
+            # the models this part timed plans or a cost run of (finished here or not)
+            "models_timed": [m for m in models if any(r["model"] == m for r in out["rows"]) or any(c["model"] == m for c in out["costs"])],
+            "quiet_checks_before_models": out.get("quiet_checks", []),
             **({"earlier_parts": earlier["parts"]} if earlier is not None else {}),
             "quiet_check": quiet_record, "timing_noise_after": noise_after,
             "alternation_floor": {"before": floor_before, "after": floor_after}, "threading": out["threading"], "host": out["host"], "wall_s": time.perf_counter() - started,
@@ -878,7 +943,10 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
     """What ``--resume path`` keeps: the earlier run's payload, its models finished steadily (``done``, with
     their ``model_steadiness``), the ones it finished with an unsteady plan (``timed_again``), the models of
     ``models`` left to time (``todo``), its thread layout and its protocol as a part (``parts``: the earlier parts
-    first). One-line ArenaError unless it is a run of this benchmark measured with the same code (``identity``,
+    first); and what the next part starts from: the ``rows`` kept (every plan of a done model; of the rest each
+    plan timed steadily), the ``costs`` kept (each model's cost run), the ``timed_again_rows`` (the earlier timings
+    done again, with the rows of the plans to time again) and, per model left, the plans and cost row the next
+    part's child does not time again (``kept``). One-line ArenaError unless it is a run of this benchmark measured with the same code (``identity``,
     not edited while it ran), setup, layout (``threading``, when given), stage ``isolation`` and plan
     ``limits``, with something left to time."""
     def refuse(why: str) -> ArenaError:
@@ -917,8 +985,11 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
         raise refuse("it does not list its models and the ones it did not do")
     if not isinstance(steadiness, dict):
         raise refuse("it does not record how steadily each model was timed (written before model_steadiness was)")
+    if not all(isinstance(r, dict) for r in payload["plans"] + payload["costs"]):
+        raise refuse("its plans or costs are not rows")
     finished = [m for m in setup["models"] if m not in not_done]
-    stray = [m for m in finished if m not in models]
+    held = finished + [r.get("model") for r in payload["plans"]] + [c.get("model") for c in payload["costs"]]
+    stray = sorted({str(m) for m in held if m not in models})
     if stray:
         raise refuse(f"it holds models not asked for ({', '.join(stray)})")
     done = [m for m in finished if isinstance(steadiness.get(m), dict) and steadiness[m].get("steady") is True]
@@ -926,9 +997,22 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
     if not todo:
         raise refuse("every model asked for is done steadily in it: nothing to resume")
     timed_again = [m for m in finished if m not in done]
+
+    def steady(row: dict[str, Any]) -> bool:
+        return isinstance(row.get("steadiness"), dict) and row["steadiness"].get("steady") is True
+
+    # Kept: every row of a model done steadily, and of the rest each plan timed steadily (with the cost run of
+    # its model): a plan judged unsteady is timed again, its row set aside with the timings done again
+    rows = [r for r in payload["plans"] if r["model"] in done or steady(r)]
+    dropped = [{k: v for k, v in r.items() if k not in ("measured_samples_s", "stages", "breakdown")}
+               for r in payload["plans"] if not (r["model"] in done or steady(r))]
+    costs = [c for c in payload["costs"] if c["model"] in done or isinstance(c.get("plain_estimates"), list)]
+    kept = {m: {"plans": [[r["num_gpus"], r["plan_id"]] for r in rows if r["model"] == m],
+                "cost": next((c for c in costs if c["model"] == m), None)} for m in todo}
     part = {**{k: v for k, v in protocol.items() if k != "earlier_parts"}, "file": Path(path).name, "models_timed_again": timed_again}
     return {"payload": payload, "done": done, "todo": todo, "timed_again": timed_again, "layout": layout,
-            "model_steadiness": {m: steadiness[m] for m in done}, "parts": list(protocol.get("earlier_parts", [])) + [part]}
+            "model_steadiness": {m: steadiness[m] for m in done}, "parts": list(protocol.get("earlier_parts", [])) + [part],
+            "rows": rows, "costs": costs, "timed_again_rows": list(payload.get("plans_timed_again", [])) + dropped, "kept": kept}
 
 
 def judge_code(summary: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
@@ -968,12 +1052,12 @@ def model_steadiness(rows: list[dict[str, Any]], models_done: list[str], limits:
 def judge_steadiness(summary: dict[str, Any], steadiness: dict[str, dict[str, Any]], limits: PlanLimits) -> None:
     """A model with a plan still unsteady after its attempts (``steadiness``: :func:`model_steadiness`) leaves the
     figures showing the targets neither met nor missed (``conclusive`` False, and ``met`` False: a target is not
-    shown met at noise level); ``--resume`` times those models again."""
+    shown met at noise level); ``--resume`` times those plans again."""
     unsteady = [model for model, judged in steadiness.items() if not judged["steady"]]
     summary.update(plan_limits=limits.to_dict(), model_steadiness=steadiness, models_unsteady=unsteady, conclusive=True)
     if unsteady:
         _inconclusive(summary, "unsteady plans in " + ", ".join(f"{m} ({', '.join(steadiness[m]['plans_unsteady'])})" for m in unsteady)
-                      + f" (limits {limits.to_dict()}): the figures are inconclusive; --resume times those models again")
+                      + f" (limits {limits.to_dict()}): the figures are inconclusive; --resume times those plans again")
 
 
 if __name__ == "__main__":
@@ -1007,10 +1091,11 @@ if __name__ == "__main__":
     parser.add_argument("--isolation", choices=ISOLATIONS, default="process",
                         help="where the profiler builds and times each stage (ProfileConfig.isolation)")
     parser.add_argument("--time-budget", type=float, default=None,
-                        help="seconds of measuring after which no further model is started (the rest are listed as not done)")
+                        help="seconds of measuring after which no further model or plan is started (the models left unfinished "
+                             "are listed as not done; the plans timed are kept for --resume)")
     parser.add_argument("--resume", type=Path, default=None,
-                        help="an incomplete earlier run (same code, setup, layout and --isolation): keep its finished "
-                             "models, time the rest, write the whole to --name (another file)")
+                        help="an incomplete earlier run (same code, setup, layout and --isolation): keep its plans timed "
+                             "steadily, time the rest, write the whole to --name (another file)")
     args = parser.parse_args()
     try:
         ok = run(Path(args.results), tuple(args.models), args.name, args.threading,

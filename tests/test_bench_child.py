@@ -81,3 +81,92 @@ def test_the_profile_benchmarks_child_writes_its_result_and_skips_models_out_of_
     result = json.loads(out.read_text())
     assert result["models_done"] == [] and result["models_skipped_for_time"] == ["gpt__tiny", "bert__tiny"]
     assert result["finished"] and result["rows"] == []
+
+
+def test_the_profile_child_writes_every_plan_it_times_skips_kept_ones_and_stops_between_plans(tmp_path, monkeypatch):
+    """The measuring interpreter's bookkeeping (its host calibration, cost run and plan timings replaced): its
+    result is rewritten after the cost run and after every plan; a resumed model's kept plans and cost run are not
+    timed again; once the time budget is spent no further plan starts and the model is listed as left for time."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import libarena.hardware.comm
+    import libarena.plan
+    import libarena.profile
+    import libarena.profile.concurrency
+    import libarena.profile.host
+    import libarena.profile.profiler
+    from bench import bench_profile
+
+    @dataclasses.dataclass(frozen=True)
+    class Sharing:
+        measured: object = "slowdown"
+
+        def to_dict(self):
+            return {"measured": self.measured}
+
+    def plan(n, plan_id):
+        return SimpleNamespace(grid=SimpleNamespace(num_gpus=n), plan_id=plan_id)
+
+    plans = {"gpt__tiny": [plan(1, "a"), plan(1, "b"), plan(2, "c")], "bert__tiny": [plan(1, "d"), plan(2, "e")]}
+    out = tmp_path / "result.json"
+    writes, cost_runs, timed = [], [], []
+    real_write = bench_profile.write_json
+
+    def write_json(path, payload):  # every rewrite of the result, as written
+        writes.append(json.loads(json.dumps(payload)))
+        real_write(path, payload)
+
+    def interleaved(planset, plans_path, comm, layout, sharing, alternatives, isolation, gate, skip, on_row, out_of_time):
+        rows = []
+        for p in plans[planset.model_name]:
+            if (p.grid.num_gpus, p.plan_id) in skip:
+                continue
+            if out_of_time():
+                return rows, []
+            time.sleep(1.0)  # a plan's timing
+            timed.append(p.plan_id)
+            rows.append({"model": planset.model_name, "num_gpus": p.grid.num_gpus, "plan_id": p.plan_id, "measurement_device_s": 3.0})
+            on_row(rows[-1], [])
+        return rows, []
+
+    def cost_run(tmp, planset, comm, layout, isolation):
+        cost_runs.append(planset.model_name)
+        return {"device_s": 5.0, "co_run_device_s": 0.0, "summary": {"stages_profiled": 2, "stage_costs": []},
+                "estimates": {(p.grid.num_gpus, p.plan_id): 0.5 for p in plans[planset.model_name]}}
+
+    monkeypatch.setattr(libarena.profile.host, "apply_threading", lambda *a: {"name": "default"})
+    monkeypatch.setattr(libarena.profile, "write_comm_table", lambda *a, **k: None)
+    monkeypatch.setattr(libarena.profile, "resolve_device", lambda *a: None)
+    monkeypatch.setattr(libarena.hardware.comm, "load_comm_model", lambda *a: None)
+    monkeypatch.setattr(libarena.profile.profiler, "host_sharing", lambda *a: Sharing())
+    monkeypatch.setattr(libarena.profile.concurrency, "host_concurrency", lambda *a: None)
+    monkeypatch.setattr(libarena.plan, "read_plans", lambda path, **k: SimpleNamespace(model_name=path, layout=None))
+    monkeypatch.setattr(bench_profile, "_plans", lambda tmp, model: model)
+    monkeypatch.setattr(bench_profile, "plans_of", lambda planset: plans[planset.model_name])
+    monkeypatch.setattr(bench_profile, "grid_stage_counts", lambda *a: [])
+    monkeypatch.setattr(bench_profile, "_cost_run", cost_run)
+    monkeypatch.setattr(bench_profile, "_interleaved", interleaved)
+    monkeypatch.setattr(bench_profile, "write_json", write_json)
+    monkeypatch.setattr(bench_profile, "quiet_before_model", lambda settings: {"quiet": True})
+
+    # gpt__tiny resumed: plan "a" and the cost run kept (with its plain estimates); within 1.5 s of budget "b" and "c" start
+    kept_cost = {"model": "gpt__tiny", "plain_estimates": [[1, "a", 0.4], [1, "b", 0.41], [2, "c", 0.42]]}
+    request = {"models": ["gpt__tiny", "bert__tiny"], "threading": "default", "time_budget_s": 1.5,
+               "kept": {"gpt__tiny": {"plans": [[1, "a"]], "cost": kept_cost}}}
+    bench_profile._child(request, str(out))
+    assert cost_runs == [] and timed == ["b", "c"]
+    result = json.loads(out.read_text())
+    assert [(r["plan_id"], r["estimate_plain_s"]) for r in result["rows"]] == [("b", 0.41), ("c", 0.42)]
+    assert result["models_done"] == ["gpt__tiny"] and result["models_skipped_for_time"] == ["bert__tiny"] and result["finished"]
+    assert [len(w["rows"]) for w in writes] == [1, 2, 2, 2]  # after each plan, after the model, at the end
+    # a fresh run: the cost run is written before its plans; the budget stops between two plans of one model
+    writes.clear()
+    timed.clear()
+    bench_profile._child({"models": ["gpt__tiny", "bert__tiny"], "threading": "default", "time_budget_s": 1.5}, str(out))
+    assert cost_runs == ["gpt__tiny"] and timed == ["a", "b"]
+    assert [(len(w["costs"]), len(w["rows"])) for w in writes] == [(1, 0), (1, 1), (1, 2), (1, 2), (1, 2)]
+    result = json.loads(out.read_text())
+    assert result["models_done"] == [] and result["models_skipped_for_time"] == ["gpt__tiny", "bert__tiny"]
+    assert result["costs"][0]["plain_estimates"] == [[1, "a", 0.5], [1, "b", 0.5], [2, "c", 0.5]]
+    assert [r["estimate_plain_s"] for r in result["rows"]] == [0.5, 0.5]

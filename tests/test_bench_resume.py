@@ -94,7 +94,7 @@ def test_the_code_identity_names_the_commit_and_whether_the_source_differs_from_
 
 
 def _row(model, n, est, meas):
-    return {"model": model, "num_gpus": n, "plan_id": f"{model}-{n}-{est}", "error": est / meas - 1, "measured_s": meas,
+    return {"model": model, "num_gpus": n, "plan_id": f"{model}-{n}", "error": est / meas - 1, "measured_s": meas,
             "measured_median_s": meas, "estimate_plain_s": est, "measured_iqr_over_median": 0.02,
             "estimate_other_concurrency_models_s": {"independent": meas}, "measurement_compile_device_s": 10.0 * n,
             "measurement_device_s": 12.0 * n, "measured_samples_s": [meas] * 10}
@@ -108,7 +108,8 @@ def _cost(model):
                                         {"start": 1, "stop": 2, "micro_batch": 2, "tp": 1, "ep": 1, "zero_shards": 1}]}],
             "stage_costs": [{"start": 0, "stop": 2, "micro_batch": 4, "tp": 1, "zero_shards": 1,
                              "device_s": 2.0, "compile_s": 1.0, "timed_microbatch_s": 0.5, "timed_optimizer_s": 0.1}],
-            "profiling_timed_iterations": 18, "quiet_check": None}
+            "profiling_timed_iterations": 18, "quiet_check": None,
+            "plain_estimates": [[1, f"{model}-1", 1.01], [2, f"{model}-2", 0.98]]}
 
 
 def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done=("gpt__tiny",), unsteady=(),
@@ -116,6 +117,9 @@ def _earlier_run(identity, models=("gpt__tiny", "bert__tiny", "moe__tiny"), done
     from bench import bench_profile as bp
 
     rows = [r for m in done for r in (_row(m, 1, 1.01, 1.0), _row(m, 2, 0.98, 1.0))]
+    for r in rows:  # each plan judged as timed_until_steady does (an unsteady model: its 1-device plan)
+        shaky = r["model"] in unsteady and r["num_gpus"] == 1
+        r["steadiness"] = {"control_gap": 0.03 if shaky else 0.005, "control_noise": 0.02, "error_se": 0.01, "steady": not shaky}
     steadiness = {m: {"steady": m not in unsteady, "plans": 2,
                       "largest": {"control_gap": 0.03 if m in unsteady else 0.005, "control_noise": 0.02, "error_se": 0.01},
                       "plans_unsteady": ["1/p"] if m in unsteady else []} for m in done}
@@ -252,12 +256,14 @@ def _fake_host(monkeypatch, child_models_done, gap=0.005, start_load=0.1, noise=
     def fake_child(command, out, *a, **k):
         request = json.loads(open(command[-2]).read())
         asked.append(request)
-        rows = [r for m in child_models_done for r in (_row(m, 1, 1.03, 1.0), _row(m, 2, 1.0, 1.0))]
+        kept = request.get("kept", {})
+        rows = [r for m in child_models_done for r in (_row(m, 1, 1.03, 1.0), _row(m, 2, 1.0, 1.0))
+                if [r["num_gpus"], r["plan_id"]] not in kept.get(m, {}).get("plans", [])]
         for r in rows:  # each plan judged by its control (timed_until_steady)
             steady = gap <= request["gate"]["limits"]["control_gap"]
             r["steadiness"] = {"control_gap": gap, "control_noise": 0.02, "error_se": 0.01, "busy_processes": [], "steady": steady,
                                "attempt": 1 if steady else bench_profile.PLAN_ATTEMPTS}
-        costs = [_cost(m) for m in child_models_done]
+        costs = [_cost(m) for m in child_models_done if not kept.get(m, {}).get("cost")]
         for c in costs[1:]:  # the quiet check before each model's cost run (a record)
             look = {"quiet": True, "busy_processes": [], "timing_noise": {"level": noise}}
             c["quiet_check"] = {**look, "first_look": dict(look)}
@@ -315,10 +321,20 @@ def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_unsteadily(t
     assert [a["models"] for a in asked] == [["bert__tiny", "moe__tiny"]]
     assert asked[0]["gate"]["limits"] == {"control_gap": bench_profile.MAX_CONTROL_GAP, "control_noise": bench_profile.MAX_CONTROL_NOISE,
                                           "error_se": bench_profile.MAX_ERROR_SE}
+    # bert__tiny's plan timed steadily there (2 devices) and its cost run are kept: the child times its other plan
+    assert asked[0]["kept"] == {"bert__tiny": {"plans": [[2, "bert__tiny-2"]], "cost": _cost("bert__tiny")},
+                                "moe__tiny": {"plans": [], "cost": None}}
     whole = json.loads((tmp_path / "whole.json").read_text())
-    # bert__tiny's rows and cost from this run only: the earlier part's (unsteady) ones are dropped
+    # each plan's row from the one part that timed it steadily; the earlier unsteady row is set aside
     assert sorted(r["model"] for r in whole["plans"]) == sorted(models * 2)
+    assert [(r["model"], r["num_gpus"], r.get("timed_in")) for r in whole["plans"]] == [
+        ("gpt__tiny", 1, None), ("gpt__tiny", 2, None), ("bert__tiny", 1, "whole.json"), ("bert__tiny", 2, None),
+        ("moe__tiny", 1, "whole.json"), ("moe__tiny", 2, "whole.json")]
+    assert [(r["model"], r["num_gpus"], r["error"]) for r in whole["plans_timed_again"] if r["model"] == "bert__tiny"] == [
+        ("bert__tiny", 1, pytest.approx(0.01)), ("bert__tiny", 1, 0.2)]
     assert [c["model"] for c in whole["costs"]] == list(models)
+    # a model's measurement cost sums its plans' rows, whichever part timed them
+    assert [(c["model"], c["measurement_device_s"], c["plans_measured"]) for c in whole["costs"]] == [(m, 36.0, 2) for m in models]
     summary = whole["summary"]
     # the burst probe read noisy throughout (0.09): a record, not a judge; each plan's own control judges it
     assert summary["complete"] and summary["conclusive"] and summary["models_unsteady"] == []
@@ -341,6 +357,96 @@ def test_a_resumed_run_times_again_the_models_an_earlier_part_timed_unsteadily(t
                                                                    "largest": {"control_gap": 0.005, "control_noise": 0.02, "error_se": 0.01}}
     check = loaded["protocol"]["quiet_check"]
     assert check["load_average"] == 5.0 and not check["quiet"] and check["timing_noise"] == {"level": 0.02}
+
+
+def _stopped_in_a_model(identity):
+    """A part stopped while timing bert__tiny: gpt__tiny done, bert__tiny's cost run and one plan of two timed
+    (steadily), moe__tiny not started; one more bert__tiny row timed unsteadily."""
+    payload = _earlier_run(identity, done=("gpt__tiny",), layout="default")
+    payload["summary"]["models_not_done"] = ["bert__tiny", "moe__tiny"]
+    steady, shaky = _row("bert__tiny", 1, 1.02, 1.0), _row("moe__tiny", 2, 1.2, 1.0)
+    steady["steadiness"] = {"control_gap": 0.004, "control_noise": 0.03, "error_se": 0.02, "steady": True}
+    shaky["steadiness"] = {"control_gap": 0.06, "control_noise": 0.03, "error_se": 0.02, "steady": False}
+    payload["plans"] += [steady, shaky]
+    payload["costs"].append(_cost("bert__tiny"))
+    return payload
+
+
+def test_a_part_stopped_inside_a_model_keeps_its_steady_plans_and_cost_run(tmp_path, monkeypatch):
+    from bench import bench_profile
+    from bench.bench_profile import earlier_part
+
+    identity = bench_profile.measuring_code()
+    models = ("gpt__tiny", "bert__tiny", "moe__tiny")
+    path = tmp_path / "part.json"
+    path.write_text(json.dumps(_stopped_in_a_model(identity)))
+    part = earlier_part(path, models, identity, None, "child", _limits())
+    assert part["done"] == ["gpt__tiny"] and part["todo"] == ["bert__tiny", "moe__tiny"] and part["timed_again"] == []
+    assert part["kept"] == {"bert__tiny": {"plans": [[1, "bert__tiny-1"]], "cost": _cost("bert__tiny")},
+                            "moe__tiny": {"plans": [], "cost": None}}
+    assert [(r["model"], r["num_gpus"]) for r in part["rows"]] == [("gpt__tiny", 1), ("gpt__tiny", 2), ("bert__tiny", 1)]
+    # the plan timed unsteadily is set aside (its samples dropped) and timed again
+    assert [(r["model"], r["error"]) for r in part["timed_again_rows"]] == [("moe__tiny", pytest.approx(0.2))]
+    assert "measured_samples_s" not in part["timed_again_rows"][0]
+    # a cost row from before costs recorded their plain estimates cannot fill later rows: its cost run is done again
+    old = _stopped_in_a_model(identity)
+    del old["costs"][-1]["plain_estimates"]
+    path.write_text(json.dumps(old))
+    assert earlier_part(path, models, identity, None, "child", _limits())["kept"]["bert__tiny"] == {"plans": [[1, "bert__tiny-1"]], "cost": None}
+    # rows that are not rows are refused in one line
+    broken = _stopped_in_a_model(identity)
+    broken["plans"].append(7)
+    path.write_text(json.dumps(broken))
+    with pytest.raises(ArenaError, match="its plans or costs are not rows$"):
+        earlier_part(path, models, identity, None, "child", _limits())
+    # the next part: its child is asked for the rest only, and the whole holds each plan once
+    path.write_text(json.dumps(_stopped_in_a_model(identity)))
+    asked = _fake_host(monkeypatch, ["bert__tiny", "moe__tiny"])
+    assert bench_profile.run(tmp_path, models, "whole", isolation="child", resume=path)
+    assert asked[0]["models"] == ["bert__tiny", "moe__tiny"] and asked[0]["kept"]["bert__tiny"]["plans"] == [[1, "bert__tiny-1"]]
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    assert [(r["model"], r["num_gpus"], r.get("timed_in")) for r in whole["plans"]] == [
+        ("gpt__tiny", 1, None), ("gpt__tiny", 2, None), ("bert__tiny", 1, None), ("bert__tiny", 2, "whole.json"),
+        ("moe__tiny", 1, "whole.json"), ("moe__tiny", 2, "whole.json")]
+    assert [(c["model"], c.get("timed_in"), c["plans_measured"]) for c in whole["costs"]] == [
+        ("gpt__tiny", None, 2), ("bert__tiny", None, 2), ("moe__tiny", "whole.json", 2)]
+    assert whole["summary"]["complete"] and whole["summary"]["conclusive"]
+    assert whole["protocol"]["models_timed"] == ["bert__tiny", "moe__tiny"]
+
+
+def test_a_stopped_part_keeps_every_plan_its_child_timed(tmp_path, monkeypatch):
+    """The child stopped midway (SIGTERM) after timing one plan of a model: the file holds that plan (and the
+    model's cost run), marked incomplete, and a resume from it times the rest only."""
+    from bench import bench_profile, child
+
+    identity = bench_profile.measuring_code()
+    models = ("gpt__tiny", "bert__tiny")
+    _fake_host(monkeypatch, [])
+    row = _row("gpt__tiny", 1, 1.01, 1.0)
+    row["steadiness"] = {"control_gap": 0.004, "control_noise": 0.03, "error_se": 0.02, "steady": True}
+
+    def stopped_child(command, out, *a, **k):
+        request = json.loads(open(command[-2]).read())
+        return {"rows": [row], "rows_timed_again": [], "costs": [_cost("gpt__tiny")], "models_done": [],
+                "models_skipped_for_time": [], "threading": {"name": request["threading"]}, "host": {}, "calibration_s": 1.0,
+                "host_sharing": {}, "quiet_checks": [{"model": "gpt__tiny", "quiet_check": None}]}, "interrupted"
+
+    monkeypatch.setattr(child, "run_child", stopped_child)
+    assert not bench_profile.run(tmp_path, models, "part", "default", isolation="child")
+    part = json.loads((tmp_path / "part.json").read_text())
+    summary = part["summary"]
+    assert not summary["complete"] and summary["stopped"] == "interrupted" and summary["models_not_done"] == ["gpt__tiny", "bert__tiny"]
+    assert [(r["plan_id"], r["timed_in"]) for r in part["plans"]] == [("gpt__tiny-1", "part.json")]
+    assert summary["model_steadiness"] == {} and part["protocol"]["models_timed"] == ["gpt__tiny"]
+    kept = earlier_part_of(tmp_path / "part.json", models, identity)["kept"]
+    assert kept["gpt__tiny"]["plans"] == [[1, "gpt__tiny-1"]] and kept["gpt__tiny"]["cost"]["timed_in"] == "part.json"
+    assert kept["bert__tiny"] == {"plans": [], "cost": None}
+
+
+def earlier_part_of(path, models, identity):
+    from bench.bench_profile import earlier_part
+
+    return earlier_part(path, models, identity, None, "child", _limits())
 
 
 def earlier_todo(path, models, identity):
