@@ -857,7 +857,9 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS, name: str = "profil
     order = {m: k for k, m in enumerate(models)}
     rows.sort(key=lambda r: (order.get(r["model"], len(order)), r["num_gpus"]))
     costs = costs_with_measurement(sorted(costs, key=lambda c: order.get(c["model"], len(order))), rows)
-    steadiness = model_steadiness(rows, [m for m in models if m in done], limits)
+    # every model with a plan timed is judged, finished or not: an unsteady plan of a model left unfinished
+    # leaves the part inconclusive too (a resume times that plan again)
+    steadiness = model_steadiness(rows, [m for m in models if m in done or any(r["model"] == m for r in rows)], limits)
     summary = aggregate(rows, costs)
     judge_completeness(summary, models, {**out, "models_done": done}, stopped)
     floor_after = alternation_floor(list(FLOOR_SCHEMES), FLOOR_S, core=floor_core)
@@ -920,8 +922,8 @@ def judge_completeness(summary: dict[str, Any], models: tuple[str, ...], out: di
         summary["stopped"] = stopped
     if not summary["complete"]:
         summary["met"] = False
-        _log(f"{stopped or 'out of time'}: kept {', '.join(m for m in models if m in done) or 'nothing'}; not done: "
-             f"{', '.join(summary['models_not_done'])}")
+        _log(f"{stopped or 'out of time'}: models finished {', '.join(m for m in models if m in done) or 'none'}; not finished: "
+             f"{', '.join(summary['models_not_done'])} (every plan timed is kept)")
 
 
 def run_setup() -> dict[str, Any]:
@@ -946,9 +948,9 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
     first); and what the next part starts from: the ``rows`` kept (every plan of a done model; of the rest each
     plan timed steadily), the ``costs`` kept (each model's cost run), the ``timed_again_rows`` (the earlier timings
     done again, with the rows of the plans to time again) and, per model left, the plans and cost row the next
-    part's child does not time again (``kept``). One-line ArenaError unless it is a run of this benchmark measured with the same code (``identity``,
-    not edited while it ran), setup, layout (``threading``, when given), stage ``isolation`` and plan
-    ``limits``, with something left to time."""
+    part's child does not time again (``kept``). One-line ArenaError unless it is a run of this benchmark measured
+    with the same code (``identity``, not edited while it ran), setup, layout (``threading``, when given), stage
+    ``isolation`` and plan ``limits``, with something left to time."""
     def refuse(why: str) -> ArenaError:
         return ArenaError(f"bench_profile: cannot resume {path}: {why}")
 
@@ -1031,7 +1033,7 @@ def _inconclusive(summary: dict[str, Any], why: str) -> None:
 
 
 def model_steadiness(rows: list[dict[str, Any]], models_done: list[str], limits: PlanLimits) -> dict[str, dict[str, Any]]:
-    """Each model of one run (``models_done``) judged by its plans' ``steadiness`` (:func:`timed_until_steady`).
+    """Each model of ``models_done`` (finished, or with plans timed so far) judged by its plans' ``steadiness`` (:func:`timed_until_steady`).
     ``steady``: every plan was (a row without a judgement counts as unsteady where there is a limit); ``largest``:
     the largest of its plans' figures (None: one was not timed); ``plans_unsteady``: the plans
     (``devices/plan_id``) kept unsteady."""

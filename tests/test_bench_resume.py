@@ -437,10 +437,17 @@ def test_a_stopped_part_keeps_every_plan_its_child_timed(tmp_path, monkeypatch):
     summary = part["summary"]
     assert not summary["complete"] and summary["stopped"] == "interrupted" and summary["models_not_done"] == ["gpt__tiny", "bert__tiny"]
     assert [(r["plan_id"], r["timed_in"]) for r in part["plans"]] == [("gpt__tiny-1", "part.json")]
-    assert summary["model_steadiness"] == {} and part["protocol"]["models_timed"] == ["gpt__tiny"]
+    assert summary["model_steadiness"]["gpt__tiny"]["plans"] == 1 and summary["conclusive"]
+    assert part["protocol"]["models_timed"] == ["gpt__tiny"]
     kept = earlier_part_of(tmp_path / "part.json", models, identity)["kept"]
     assert kept["gpt__tiny"]["plans"] == [[1, "gpt__tiny-1"]] and kept["gpt__tiny"]["cost"]["timed_in"] == "part.json"
     assert kept["bert__tiny"] == {"plans": [], "cost": None}
+    # a plan still unsteady after its attempts leaves a stopped part inconclusive, though its model is unfinished
+    row["steadiness"] = {"control_gap": 0.004, "control_noise": 0.11, "error_se": 0.02, "steady": False}
+    assert not bench_profile.run(tmp_path, models, "shaky", "default", isolation="child")
+    summary = json.loads((tmp_path / "shaky.json").read_text())["summary"]
+    assert not summary["conclusive"] and summary["models_unsteady"] == ["gpt__tiny"]
+    assert earlier_part_of(tmp_path / "shaky.json", models, identity)["kept"]["gpt__tiny"]["plans"] == []
 
 
 def earlier_part_of(path, models, identity):
