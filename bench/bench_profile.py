@@ -590,8 +590,13 @@ def timed_until_steady(time_plan: Any, gate: PlanGate, cores: list[int] | None =
         outside = [f"{name.replace('_', ' ')} {_percent(judged[name])}" for name, ok in judged["within"].items() if not ok]
         _log(f"{row['model']} {row['num_gpus']} dev {row['plan_id']}: unsteady ({', '.join(outside + (['other processes busy'] if busy else []))}; "
              f"limits {gate.limits.to_dict()}): timing it again")
-        again.append({k: v for k, v in row.items() if k not in ("measured_samples_s", "stages", "breakdown")})
+        again.append(without_samples(row))
     raise AssertionError("unreachable: the last attempt returns")
+
+
+def without_samples(row: dict[str, Any]) -> dict[str, Any]:
+    """A plan's row as kept among the timings done again: its figures and judgement, not its samples."""
+    return {k: v for k, v in row.items() if k not in ("measured_samples_s", "stages", "breakdown")}
 
 
 def _percent(figure: float | None) -> str:
@@ -942,7 +947,7 @@ def measuring_code() -> dict[str, Any]:
 
 def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], threading: str | None,
                  isolation: str, limits: PlanLimits) -> dict[str, Any]:
-    """What ``--resume path`` keeps: the earlier run's payload, its models finished steadily (``done``, with
+    """What ``--resume path`` keeps: the earlier run's models finished steadily (``done``, with
     their ``model_steadiness``), the ones it finished with an unsteady plan (``timed_again``), the models of
     ``models`` left to time (``todo``), its thread layout and its protocol as a part (``parts``: the earlier parts
     first); and what the next part starts from: the ``rows`` kept (every plan of a done model; of the rest each
@@ -1000,19 +1005,19 @@ def earlier_part(path: Path, models: tuple[str, ...], identity: dict[str, Any], 
         raise refuse("every model asked for is done steadily in it: nothing to resume")
     timed_again = [m for m in finished if m not in done]
 
-    def steady(row: dict[str, Any]) -> bool:
-        return isinstance(row.get("steadiness"), dict) and row["steadiness"].get("steady") is True
+    def kept_row(row: dict[str, Any]) -> bool:
+        steadiness = row.get("steadiness")
+        return row["model"] in done or (isinstance(steadiness, dict) and steadiness.get("steady") is True)
 
     # Kept: every row of a model done steadily, and of the rest each plan timed steadily (with the cost run of
     # its model): a plan judged unsteady is timed again, its row set aside with the timings done again
-    rows = [r for r in payload["plans"] if r["model"] in done or steady(r)]
-    dropped = [{k: v for k, v in r.items() if k not in ("measured_samples_s", "stages", "breakdown")}
-               for r in payload["plans"] if not (r["model"] in done or steady(r))]
+    rows = [r for r in payload["plans"] if kept_row(r)]
+    dropped = [without_samples(r) for r in payload["plans"] if not kept_row(r)]
     costs = [c for c in payload["costs"] if c["model"] in done or isinstance(c.get("plain_estimates"), list)]
     kept = {m: {"plans": [[r["num_gpus"], r["plan_id"]] for r in rows if r["model"] == m],
                 "cost": next((c for c in costs if c["model"] == m), None)} for m in todo}
     part = {**{k: v for k, v in protocol.items() if k != "earlier_parts"}, "file": Path(path).name, "models_timed_again": timed_again}
-    return {"payload": payload, "done": done, "todo": todo, "timed_again": timed_again, "layout": layout,
+    return {"done": done, "todo": todo, "timed_again": timed_again, "layout": layout,
             "model_steadiness": {m: steadiness[m] for m in done}, "parts": list(protocol.get("earlier_parts", [])) + [part],
             "rows": rows, "costs": costs, "timed_again_rows": list(payload.get("plans_timed_again", [])) + dropped, "kept": kept}
 
