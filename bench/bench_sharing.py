@@ -18,10 +18,7 @@ No target: the file records what the host does (bench_profile's results are read
 
 from __future__ import annotations
 
-import json
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -117,23 +114,6 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
     return {"models": out, "host": host_window(before, snapshot())}
 
 
-def _run_child(request: dict[str, Any], cores: list[int], devices: int, tmp: Path) -> dict[str, Any]:
-    import subprocess
-
-    from libarena.profile.host import XLA_THREADING, ChildLayout
-    from libarena.profile.subprocess_devices import device_env
-
-    env = device_env("cpu", devices, XLA_THREADING.get("pinned")).env
-    request_path, result_path = tmp / f"request-{devices}-{len(cores)}.json", tmp / f"result-{devices}-{len(cores)}.json"
-    request_path.write_text(json.dumps({**request, "cores": cores, "devices": devices}))
-    layout = ChildLayout(env, cores)
-    proc = subprocess.run(layout.command([sys.executable, "-m", "bench.bench_sharing", "--child", str(request_path), str(result_path)]),
-                          env=layout.env)
-    if proc.returncode != 0 or not result_path.is_file():
-        raise ArenaError(f"bench_sharing: the measuring interpreter on cores {cores} failed (exit {proc.returncode}; its log is above)")
-    return json.loads(result_path.read_text())
-
-
 def compare(one_device: dict[str, Any], one_core: dict[str, Any], two_cores: dict[str, Any]) -> dict[str, Any]:
     """Per model and stage: its time alone in the profiler's 1-device process and in the 2-device process on one
     and on two cores; the data-parallel plan's forward + backward on two devices at once against its stage in
@@ -155,28 +135,17 @@ def compare(one_device: dict[str, Any], one_core: dict[str, Any], two_cores: dic
 
 
 def run(results_dir: Path, models: tuple[str, ...] = MODELS) -> bool:
-    import os
+    from bench.laid_out import laid_out_run, run_laid_out_child
+    from libarena.profile.host import STARTING_CORES
 
-    from bench.bench_profile import _plans
-    from libarena.profile.host import STARTING_CORES, QuietPolicy, wait_until_quiet
-
-    if len(STARTING_CORES) < DEVICES:
-        raise ArenaError(f"bench_sharing needs {DEVICES} usable cores, this process has {len(STARTING_CORES)}")
-    quiet = wait_until_quiet(QuietPolicy(), _log)
-    load_before = os.getloadavg()
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-sharing-") as name:
-        tmp = Path(name)
-        request = {"plans": {model: str(_plans(tmp, model)) for model in models}}
-        profiler = _run_child(request, STARTING_CORES[:1], 1, tmp)
-        one = _run_child(request, STARTING_CORES[:1], DEVICES, tmp)
-        two = _run_child(request, STARTING_CORES[:DEVICES], DEVICES, tmp)
+    with laid_out_run("bench_sharing", models, DEVICES, _log) as (timed, request, tmp):
+        profiler = run_laid_out_child("bench.bench_sharing", request, STARTING_CORES[:1], 1, tmp)
+        one = run_laid_out_child("bench.bench_sharing", request, STARTING_CORES[:1], DEVICES, tmp)
+        two = run_laid_out_child("bench.bench_sharing", request, STARTING_CORES[:DEVICES], DEVICES, tmp)
     results = compare(profiler, one, two)
     payload = {"models": results, "setup": {"devices": DEVICES, "layout": "pinned", "samples": SAMPLES, "burst": BURST,
                                             "statistic": "lower quartile"},
-               "protocol": {"quiet_check": quiet, "load_average_before": [round(x, 2) for x in load_before],
-                            "load_average_after": [round(x, 2) for x in os.getloadavg()], "wall_s": time.perf_counter() - started,
-                            "profiler_process": profiler["host"], "one_core": one["host"], "two_cores": two["host"]}}
+               "protocol": timed.protocol(profiler_process=profiler["host"], one_core=one["host"], two_cores=two["host"])}
     write_json(results_dir / "sharing.json", payload)
     for model, r in results.items():
         speedups = [s["speedup_two_cores"] for s in r["stages"]]
@@ -188,11 +157,6 @@ def run(results_dir: Path, models: tuple[str, ...] = MODELS) -> bool:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        write_json(sys.argv[3], _child(json.loads(Path(sys.argv[2]).read_text())))
-        raise SystemExit(0)
-    try:
-        run(Path("bench/results"))
-    except ArenaError as exc:
-        print(exc, file=sys.stderr)
-        raise SystemExit(2) from None
+    from bench.laid_out import laid_out_main
+
+    laid_out_main(_child, run)

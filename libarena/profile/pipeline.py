@@ -8,7 +8,8 @@ all-to-all), ``p2p_j`` its activation send forward plus gradient send backward. 
     T    = setup                                  (the runtime's per-step host work: input placement;
                                                    sum over stages, one host thread)
          + sum_j T_j                              (the first micro-batch through every stage)
-         + (B - 1) * max_j (T_j - p2p_j)          (steady state of the slowest stage; P2P overlapped)
+         + (B - 1) * max_j (T_j - p2p_j)          (steady state of the slowest stage; P2P overlapped --
+                                                   on separate chips; on a host see below)
          + max_j grad_sync_j                      (DP gradient all-reduce / ZeRO reduce-scatter + all-gather)
          + max_j optimizer_j                      (the optimizer step with the accumulators' reset,
                                                    stages in parallel)
@@ -49,6 +50,14 @@ down. Three models of it:
   worth of throughput.
 
 With neither (GPUs) the bounds never bind (``sum_j k_j x_j / N <= max_j x_j``), so the GPU model is unchanged.
+
+Hand-offs on a host. Between GPUs an activation or its gradient moves on a copy engine while the stages
+compute, so the steady state hides P2P. Between host devices the move is a copy the shared cores make, and the
+receiving stage's call waits for it: in the steady state the bottleneck also takes its sends and receives,
+2 p2p_b per micro-batch (it receives as much as it sends, over the same links; ``handoff_s``: those seconds
+over the step). Timed on the tiny models' two-stage plans (bench/results/handoff.json), the runtime's step
+with its hand-offs' inputs placed ahead (ready, nothing moved) takes about what the composition without them
+gives, and the hand-offs add about what ``2 p2p_b`` prices per micro-batch (docs/profiler-accuracy.md).
 """
 
 from __future__ import annotations
@@ -105,6 +114,8 @@ class IterationEstimate:
     dispatch_s: float = 0.0
     #: whether that bound, not the 1F1B composition, gives ``iter_time_s``
     dispatch_bound: bool = False
+    #: seconds of the steady state the bottleneck spends on its hand-offs (devices on a host; 0 on separate chips)
+    handoff_s: float = 0.0
 
     @property
     def composed_s(self) -> float:
@@ -162,7 +173,10 @@ def one_f_one_b(
         # A host's collectives are copies on one core each.
         work = [(st.compute_s * st.cores + st.comm_s, 1.0) if host_cores is not None else (st.compute_s + st.comm_s, 1.0) for st in stages]
         period = max(steady[bottleneck], capacity_bound(work))
-    steady_total = (num_microbatches - 1) * period
+    # On a host the bottleneck's sends and receives are copies its call waits for, not overlapped (module doc)
+    on_host = corun or host_cores is not None or slowdown is not None
+    handoff = 2.0 * stages[bottleneck].p2p_s if on_host else 0.0
+    steady_total = (num_microbatches - 1) * (period + handoff)
     grad = max(st.grad_sync_s for st in stages)
     opt = max(max(st.optimizer_s * alone(st, st.optimizer_cores) for st in stages),
               capacity_bound([(st.optimizer_s, st.optimizer_cores) for st in stages]))
@@ -170,7 +184,7 @@ def one_f_one_b(
     composed = setup + first + steady_total + grad + opt  # IterationEstimate.composed_s
     dispatch = setup + sum(num_microbatches * (st.dispatch_s + st.send_dispatch_s) + st.optimizer_dispatch_s for st in stages)
     return IterationEstimate(max(composed, dispatch), first, steady_total, grad, opt, bottleneck, setup, shared, dispatch,
-                             dispatch > composed)
+                             dispatch > composed, (num_microbatches - 1) * handoff)
 
 
 def _corun_period(stages: Sequence[StageTimes], alone: Sequence[float]) -> tuple[float, int]:

@@ -23,7 +23,9 @@ def test_pipeline_period_interpolates_between_alone_and_all_busy():
     est = one_f_one_b(stages, 5, host_cores=2)
     period = 0.020 + 0.055 * (1 - 0.020 / 0.080)
     assert est.bottleneck_stage == 1
-    assert est.steady_state_s == pytest.approx(4 * period)
+    # on a host the bottleneck also takes its hand-offs: it sends 0.001 and receives as much per micro-batch
+    assert est.steady_state_s == pytest.approx(4 * (period + 2 * 0.001))
+    assert est.handoff_s == pytest.approx(4 * 2 * 0.001)
     assert est.first_microbatch_s == pytest.approx(0.015 + 0.001 + 0.055 + 0.001)  # one stage busy at a time
     assert 0.055 < period < 0.080
     # equal stages always overlap: the all-busy time; without a partner: the alone time
@@ -31,6 +33,27 @@ def test_pipeline_period_interpolates_between_alone_and_all_busy():
     assert one_f_one_b(equal, 3).steady_state_s == pytest.approx(2 * 0.06)
     lone = [StageTimes(0.05, alone_s=0.04, together_s=0.06)]
     assert one_f_one_b(lone, 3).steady_state_s == pytest.approx(2 * 0.04)
+
+
+def test_a_hosts_pipeline_hand_offs_are_not_overlapped_but_a_gpus_are():
+    """Between host devices a hand-off is a copy the shared cores make and the receiving call waits for
+    (bench/results/handoff.json); between GPUs a copy engine moves it while the stages compute."""
+    gpus = [StageTimes(0.019, p2p_s=0.002), StageTimes(0.077, p2p_s=0.002)]
+    separate = one_f_one_b(gpus, 5)
+    assert separate.steady_state_s == pytest.approx(4 * 0.077) and separate.handoff_s == 0.0
+    # the same stages on a host, by each host model: the bottleneck's sends and receives (2 x 0.002) per
+    # micro-batch after the first, on top of what the same model gives without hand-offs
+    quiet = [StageTimes(0.019), StageTimes(0.077)]
+    for model in ({"host_cores": 2}, {"slowdown": lambda k: 1.2}):
+        shared, without = one_f_one_b(gpus, 5, **model), one_f_one_b(quiet, 5, **model)
+        assert shared.handoff_s == pytest.approx(4 * 2 * 0.002)
+        assert shared.steady_state_s == pytest.approx(without.steady_state_s + 4 * 2 * 0.002)
+    corun = [StageTimes(0.019, p2p_s=0.002, alone_s=0.015, together_s=0.020), StageTimes(0.077, p2p_s=0.002, alone_s=0.055, together_s=0.080)]
+    assert one_f_one_b(corun, 5).handoff_s == pytest.approx(4 * 2 * 0.002)
+    # the first micro-batch already waits for every send on its way: unchanged
+    assert one_f_one_b(corun, 1).handoff_s == 0.0
+    # one stage hands nothing off
+    assert one_f_one_b([StageTimes(0.05, alone_s=0.04, together_s=0.06)], 3).handoff_s == 0.0
 
 
 def test_the_dispatching_thread_keeps_the_bottlenecks_partner_core_busy():
