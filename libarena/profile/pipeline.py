@@ -55,9 +55,10 @@ Hand-offs on a host. Between GPUs an activation or its gradient moves on a copy 
 compute, so the steady state hides P2P. Between host devices the move is a copy the shared cores make, and the
 receiving stage's call waits for it: in the steady state the bottleneck also takes its sends and receives,
 2 p2p_b per micro-batch (it receives as much as it sends, over the same links; ``handoff_s``: those seconds
-over the step). Timed on the tiny models' two-stage plans (bench/results/handoff.json), the runtime's step
-with its hand-offs' inputs placed ahead (ready, nothing moved) takes about what the composition without them
-gives, and the hand-offs add about what ``2 p2p_b`` prices per micro-batch (docs/profiler-accuracy.md).
+over the step). On the tiny models' two-stage plans the hand-offs take 1-4 ms of a 20-56 ms step
+(bench/results/handoff.json), about what ``2 p2p_b`` prices per micro-batch; with the term, the two-stage
+pipelines of the tiny and small models read within 4% of a direct measurement (bench/results/profile.json;
+docs/profiler-accuracy.md, "The hand-offs").
 """
 
 from __future__ import annotations
