@@ -16,7 +16,11 @@ Beside the defaults, sensitivity runs on every trace: Arena with the paper's eq.
 with no reuse at all (``reuse_profiles=false``: the paper's accounting, every job profiles). And one ablation of
 the workload, not of a policy (``arena-without-jobs-sia-never-places``): Arena on the trace without the jobs
 that Sia's view finds no configuration for (they wait in Sia's run until the end), against the default runs'
-baselines, which shows how much the work only Arena can do weighs on the jobs both finish.
+baselines, which shows how much the work only Arena can do weighs on the jobs both finish. And one of the
+performance table (``fp16-table``): every policy, and that ablation, on the table of the same pairs trained in
+fp16 (``perf build --dtype fp16``: the V100s run at their fp16 tensor-core rate, about half an A100's, instead of
+bf16's fp32 fallback at 5-14%), which shows how the comparison moves when the slow type is worth using (made
+only with the default tables, not with ``--perf``).
 
 Targets (issue 16): on every trace Arena finishes at least as many jobs as each baseline, and its average JCT
 over the jobs both finished is at least 15% below Sia's and Gavel's; philly <= 10 s whole process per policy
@@ -151,6 +155,8 @@ def _judge(name: str, runs: dict[str, Any]) -> dict[str, Any]:
 
 #: the workload ablation: Arena on the trace without the jobs Sia's view can never place
 WITHOUT_UNPLACED = "arena-without-jobs-sia-never-places"
+#: the table sensitivity: every policy on the pairs' table trained in fp16
+FP16_TABLE = "fp16-table"
 
 
 def _without_unplaced(trace: Path, perf: Path, jobs: dict[str, Path], work: Path) -> dict[str, Any]:
@@ -186,7 +192,9 @@ def run(results_dir: Path, *, traces: tuple[str, ...] = PAPER_TRACES, perf: Path
         _log(f"traces not found at {TRACES}")
         return False
     t0 = time.perf_counter()
+    fp16_table = sensitivity and perf is None
     perf = perf_table(perf)
+    perf16 = perf_table(None, "fp16") if fp16_table else None
     load_before = os.getloadavg()
     doc: dict[str, Any] = {"setup": {"cluster": str(CLUSTER.relative_to(REPO)), "simulate_flags": list(SIM_FLAGS),
                                      "iteration_divisor": 5, "perf_table": str(perf), "targets": TARGETS,
@@ -216,6 +224,14 @@ def run(results_dir: Path, *, traces: tuple[str, ...] = PAPER_TRACES, perf: Path
                 doc["sensitivity"].setdefault(setting, {"flags": list(flags)})[name] = runs_s
             doc["sensitivity"].setdefault(WITHOUT_UNPLACED, {"flags": [], "trace": "the trace less the jobs Sia never places"})[
                 name] = _without_unplaced(trace, perf, jobs, work)
+            if perf16 is not None:
+                runs16, jobs16 = _comparison(trace, perf16, POLICIES, (), work)
+                verdict16 = _judge(name, runs16)
+                _log(f"{name} on the fp16 table: " + ", ".join(f"{k} {v:.1%}" if isinstance(v, float) else f"{k} {v}"
+                                                               for k, v in verdict16.items()))
+                doc["sensitivity"].setdefault(FP16_TABLE, {"flags": [], "perf_table": str(perf16)})[name] = {
+                    "policies": runs16, "verdict": verdict16,
+                    WITHOUT_UNPLACED: _without_unplaced(trace, perf16, jobs16, work)}
     doc["all_targets_met"] = ok
     doc["machine"] = machine_record(load_before)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)

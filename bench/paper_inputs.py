@@ -19,6 +19,8 @@ TRACES = REPO.parent / "shared" / "traces" / "arena-ae"
 CLUSTER = REPO / "examples" / "clusters" / "paper-sim-1280.yaml"
 #: the pipeline's table for philly's, venus's and pai's pairs (built on first use; ignored by git)
 DEFAULT_PERF = REPO / "bench" / "results" / "perf-arena-ae.parquet"
+#: the same pairs trained in fp16 (V100s at their fp16 tensor-core rate instead of bf16's fp32 fallback)
+FP16_PERF = REPO / "bench" / "results" / "perf-arena-ae-fp16.parquet"
 PAPER_TRACES = ("philly", "venus", "pai")
 #: the paper's policies, Arena first (the reference of the jobs-both-finished comparisons)
 POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
@@ -59,21 +61,23 @@ def prepare(source: Path, target: Path, max_jobs: int | None) -> None:
     target.write_text(module.prepare(source, max_jobs, ITERATION_DIVISOR))
 
 
-def perf_table(perf: Path | None) -> Path:
-    """``perf``, or the pipeline's table for philly's, venus's and pai's pairs (``arena-schedule perf build``,
-    cache-keyed: rebuilt only when Arena's code or the inputs changed; a few minutes with empty caches)."""
+def perf_table(perf: Path | None, dtype: str = "bf16") -> Path:
+    """``perf``, or the pipeline's table for philly's, venus's and pai's pairs trained in ``dtype`` (``arena-schedule
+    perf build``, cache-keyed: rebuilt only when Arena's code or the inputs changed; a few minutes with empty
+    caches)."""
     if perf is not None:
         return perf
     from libarena.pipeline.perf_build import PerfBuildConfig, perf_build
     from libarena.schedule.traces import read_trace
 
+    target = {"bf16": DEFAULT_PERF, "fp16": FP16_PERF}[dtype]
     extra = sorted({(j.model, j.global_batch) for name in PAPER_TRACES[1:]
                     for j in read_trace(TRACES / f"simulate_trace_{name}.csv", skip_bad_rows=True).jobs})
-    print(f"bench: {DEFAULT_PERF} from arena-schedule perf build", file=sys.stderr, flush=True)
-    DEFAULT_PERF.parent.mkdir(parents=True, exist_ok=True)
-    perf_build(CLUSTER, str(DEFAULT_PERF), PerfBuildConfig(), trace=TRACES / "simulate_trace_philly.csv", pairs=extra,
-               skip_bad_rows=True)
-    return DEFAULT_PERF
+    print(f"bench: {target} from arena-schedule perf build", file=sys.stderr, flush=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    perf_build(CLUSTER, str(target), PerfBuildConfig(dtype=dtype), trace=TRACES / "simulate_trace_philly.csv",
+               pairs=extra, skip_bad_rows=True)
+    return target
 
 
 def machine_record(load_before: tuple[float, float, float]) -> dict[str, Any]:
