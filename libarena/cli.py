@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import gc
 import json
+import math
 import os
 import signal
 import sys
@@ -102,9 +103,20 @@ def refuse_json_with_stdout_data(as_json: bool, output: Any) -> None:
                          "to a file with -o FILE, or drop --json")
 
 
+def _strict(value: Any) -> Any:
+    """``value`` with NaN and infinities as null: JSON has no such numbers, and strict parsers refuse the tokens."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 def print_json(summary: Mapping[str, Any]) -> None:
-    """The ``--json`` summary: one JSON object on stdout."""
-    sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    """The ``--json`` summary: one strict JSON object on stdout (NaN and infinities as null)."""
+    sys.stdout.write(json.dumps(_strict(summary), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

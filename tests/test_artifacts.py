@@ -169,3 +169,23 @@ def test_a_column_name_that_is_not_utf8_is_an_unreadable_table(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(bytes(data))
     with pytest.raises(ArenaError, match="a column name is not UTF-8 text"):
         read_table(tmp_path / "bad.parquet", "plans")
+
+
+def test_inputs_are_read_within_a_bound(tmp_path, monkeypatch):
+    """A device that never ends, or a file larger than any artifact, is refused before it is read whole."""
+    import os
+
+    import libarena.artifacts.io as artifact_io
+    from libarena.artifacts import input_ref
+
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(ArenaError, match="is not a regular file or a pipe"):
+            read_table("/dev/zero", "perf_table")
+    monkeypatch.setattr(artifact_io, "MAX_ARTIFACT_BYTES", 1000)
+    big = tmp_path / "big.parquet"
+    with open(big, "wb") as f:
+        f.truncate(5000)  # sparse: nothing is written, so nothing is there to read either
+    with pytest.raises(ArenaError, match="refused as an artifact: larger than"):
+        read_table(big, "perf_table")
+    with pytest.raises(ArenaError, match="refused as an input: larger than"):
+        input_ref(big)

@@ -86,3 +86,15 @@ except KeyboardInterrupt:
 """
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "interrupted", proc.stderr
+
+
+def test_json_summaries_are_strict_json(capsys):
+    """NaN and infinities (an unmeasured plan's error, say) print as null: strict parsers refuse the tokens."""
+    import json
+
+    from libarena.cli import print_json
+
+    print_json({"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf")}, "e": (2, float("nan"))})
+    text = capsys.readouterr().out
+    assert json.loads(text, parse_constant=lambda token: pytest.fail(f"non-strict token {token}")) == {
+        "a": None, "b": [1.5, None], "c": {"d": None}, "e": [2, None]}

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -33,6 +34,8 @@ from libarena.errors import ArenaError
 
 METADATA_KEY = b"arena"
 STDIO = "-"
+#: the largest artifact read (Arena's own are kilobytes to megabytes): a bound on memory for any input
+MAX_ARTIFACT_BYTES = 1 << 30
 _PARQUET_MAGIC = b"PAR1"
 _IPC_STREAM_MAGIC = b"\xff\xff\xff\xff"
 
@@ -87,6 +90,8 @@ def input_ref(path: str | os.PathLike[str], kind: str | None = None, digest: str
     """A provenance entry for an input file: its path and sha256 (or a digest computed elsewhere)."""
     ref: dict[str, Any] = {"path": describe(path)}
     if digest is None and str(path) != STDIO and Path(path).is_file():
+        if Path(path).stat().st_size > MAX_ARTIFACT_BYTES:  # no input of Arena's is that large: not read at all
+            raise ArenaError(f"{path}: refused as an input: larger than {MAX_ARTIFACT_BYTES >> 20} MiB")
         digest = file_sha256(path)
     if digest is not None:
         ref["sha256"] = digest
@@ -205,6 +210,13 @@ def check_writable(path: str | os.PathLike[str]) -> None:
         raise ArenaError(f"cannot write {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ArenaError(f"cannot write {path}: directory {parent} is not writable")
+    # what atomic_output will do, tried now: permissions do not tell about a read-only mount (or root's writes)
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=_temp_prefix(target.name), suffix=".tmp")
+    except OSError as exc:
+        raise ArenaError(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
     if target.exists() and not os.access(target, os.W_OK):
         raise ArenaError(f"cannot write {path}: permission denied")
 
@@ -425,17 +437,32 @@ def write_table(
 
 
 def _read_input_bytes(path: str | os.PathLike[str]) -> bytes:
+    too_large = f"refused as an artifact: larger than {MAX_ARTIFACT_BYTES >> 20} MiB"
     if str(path) == STDIO:
-        data = sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read(MAX_ARTIFACT_BYTES + 1)
         if not data:
             raise ArenaError("stdin is empty: expected an artifact piped from the previous stage")
+        if len(data) > MAX_ARTIFACT_BYTES:
+            raise ArenaError(f"stdin: {too_large}")
         return data
     p = Path(path)
     if not p.exists():
         raise ArenaError(f"{p}: no such file")
     if p.is_dir():
         raise ArenaError(f"{p}: is a directory, expected a file")
-    return p.read_bytes()
+    mode = p.stat().st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # a device such as /dev/zero never ends
+        raise ArenaError(f"{p}: is not a regular file or a pipe, expected a file")
+    if stat.S_ISREG(mode) and p.stat().st_size > MAX_ARTIFACT_BYTES:
+        raise ArenaError(f"{p}: {too_large}")
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_ARTIFACT_BYTES + 1)
+    except OSError as exc:
+        raise ArenaError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_ARTIFACT_BYTES:
+        raise ArenaError(f"{p}: {too_large}")
+    return data
 
 
 def _arena_header(schema_metadata: Mapping[bytes, bytes] | None, source: str) -> dict[str, Any] | None:

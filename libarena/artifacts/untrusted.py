@@ -139,10 +139,11 @@ def load_spec_file(path: str | os.PathLike[str], what: str) -> Any:
     """Read and parse a spec file (TOML when it ends in .toml, else YAML), refusing what the module docstring
     lists; every problem is a one-line ArenaError naming the file."""
     p = Path(path)
+    noun = what if what.endswith(" file") else f"{what} file"
     if not p.exists():
-        raise ArenaError(f"{p}: no such {what} file")
+        raise ArenaError(f"{p}: no such {noun}")
     if p.is_dir():
-        raise ArenaError(f"{p}: is a directory, expected a {what} file")
+        raise ArenaError(f"{p}: is a directory, expected a {noun}")
     try:
         with open(p, "rb") as f:
             raw = f.read(MAX_SPEC_BYTES + 1)

@@ -28,7 +28,7 @@ from libarena.artifacts import Provenance, input_ref, write_table
 from libarena.artifacts.io import check_writable, refuse_overwriting_inputs
 from libarena.artifacts.registry import get_kind
 from libarena.artifacts.stage_cache import StageOutcome, library_versions
-from libarena.checks import check_range
+from libarena.checks import MAX_SEED, check_range
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, load_cluster
 from libarena.hardware.catalogue import normalize_dtype
@@ -144,6 +144,7 @@ def perf_build(cluster: Path, output: str, config: PerfBuildConfig, *, trace: Pa
                cache: CacheSettings = CacheSettings(), report: Report = SilentReport()) -> tuple[StageOutcome, dict[str, Any]]:
     """The cache-keyed ``perf build`` run: the table of a trace's pairs (and of ``pairs``) to ``output``."""
     refuse_overwriting_inputs(output, {"--cluster": cluster, "--trace": trace})
+    check_range(seed, "--seed", 0, MAX_SEED, integer=True)
     check_writable(output)
     spec = load_cluster(cluster)
     wanted = sorted(set(pairs) | set(trace_pairs(trace, spec, seed, skip_bad_rows) if trace is not None else ()))

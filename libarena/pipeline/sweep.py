@@ -247,7 +247,52 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
     """Run every simulation of ``spec`` (a SweepSpec) not already cached, on ``executor``; write each into
     ``output/<group>/<policy>/``, each comparison's ``compare.json`` and ``table.txt`` (and, ``plot``, its
     figures) as soon as its simulations are done, and ``output/sweep.json``. Failed simulations are in the
-    summary (the caller decides what that means for its exit status)."""
+    summary (the caller decides what that means for its exit status). A sweep that would write over one of its
+    inputs is refused; one that fails (Ray unreachable, interrupted) removes the folders it made and left empty."""
+    created: list[Path] = []
+    try:
+        return _sweep(spec, output, executor, plot, cache, report, created)
+    except BaseException:
+        for folder in reversed(created):
+            try:
+                folder.rmdir()  # an empty one only: nothing a finished simulation wrote is removed
+            except OSError:
+                pass
+        raise
+
+
+def _make_dir(folder: Path, created: list[Path]) -> None:
+    """``folder`` and its missing parents; those it made are appended to ``created``, outermost first."""
+    missing = []
+    p = folder
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    created.extend(reversed(missing))
+
+
+def _refuse_writing_inputs(spec: Any, output: Path, groups: Iterable[str], run_dirs: list[str], plot: bool) -> None:
+    """Refuse a sweep that would write over one of its inputs: ``sweep.json``, a comparison's files, or a run's
+    folder (replaced as a whole). Inputs elsewhere under the output are fine (examples/paper keeps each trace's
+    table beside its comparisons)."""
+    from libarena.schedule.plots import FIGURES
+
+    real = Path(os.path.realpath(output))
+    files = {real / SUMMARY} | {real / group / name for group in groups
+                                for name in ("compare.json", "table.txt", *(FIGURES if plot else ()))}
+    folders = [real / d for d in run_dirs]
+    inputs = [("--cluster", spec.cluster)] + [x for t in spec.traces for x in ((f"trace {t.name!r}", t.trace),
+                                                                          (f"perf of trace {t.name!r}", t.perf))]
+    for what, path in inputs:
+        p = Path(os.path.realpath(path))
+        if p in files or any(p == d or d in p.parents for d in folders):
+            raise ArenaError(f"-o {output}: the sweep would write over its input ({what}) {path}: write the output "
+                             f"elsewhere")
+
+
+def _sweep(spec: Any, output: Path, executor: Executor, plot: bool, cache: CacheSettings, report: Report,
+           created: list[Path]) -> SweepSummary:
     from libarena.artifacts import write_bytes, write_json
     from libarena.schedule.api import is_output_file, make_policy, run_parameters
     from libarena.schedule.compare import compare_json, compare_table_text, paired_comparison
@@ -260,7 +305,6 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
     refs = {str(p): input_ref(p) for p in {spec.cluster, *(t.trace for t in spec.traces), *(t.perf for t in spec.traces)}}
     stage = cache.stage(SIMULATE_STAGE, report)
     points = spec.points()
-    output.mkdir(parents=True, exist_ok=True)
     records, tasks, keys = [], [], []
     for point in points:
         policy = make_policy(point.policy, **point.variant.options)  # a bad option is the spec's error: nothing runs
@@ -276,6 +320,8 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
     groups: dict[str, list[int]] = {}
     for i, point in enumerate(points):
         groups.setdefault(point.group, []).append(i)
+    _refuse_writing_inputs(spec, output, groups, [r.output for r in records], plot)
+    _make_dir(output, created)
     waiting = {group: len(members) for group, members in groups.items()}
     total = len(points)
     finished = 0
@@ -315,7 +361,7 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
             finalize(group)
 
     for rec in records:
-        (output / rec.output).parent.mkdir(parents=True, exist_ok=True)  # each run's directory is made whole
+        _make_dir((output / rec.output).parent, created)  # each run's directory is made whole
     misses = []
     for i, key in enumerate(keys):
         if stage.restore_tree(key, output / records[i].output, is_output_file) is not None:

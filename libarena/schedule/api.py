@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from libarena.checks import brief
 from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, load_cluster
 from libarena.progress import ProgressCallback
@@ -41,6 +42,8 @@ def make_policy(name: str, **options: Any) -> Policy:
         raise ArenaError(f"policy {name!r} has no option {', '.join(unknown)} (its options: {', '.join(sorted(fields))})")
     for key, value in given.items():
         default = getattr(base, key)
+        if isinstance(default, bool) and not isinstance(value, bool):  # a sweep spec's hetero: "yes" is not true
+            raise ArenaError(f"policy {name!r} option {key}: expected true or false, got {brief(value)}")
         if isinstance(default, Enum) and not isinstance(value, Enum):  # e.g. --objective deadline
             try:
                 given[key] = type(default)(value)

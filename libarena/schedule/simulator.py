@@ -137,7 +137,8 @@ class Simulator:
         if needed > cfg.max_ticks:
             raise ArenaError(f"{trace_source}: simulating this workload needs at least {needed:.3g} scheduling ticks of "
                              f"{cfg.tick_s:g} s ({why} {span / 86400:.3g} days after the first submission), more than "
-                             f"the limit of {cfg.max_ticks} (--max-ticks): use a larger --tick or a --horizon")
+                             f"the limit of {cfg.max_ticks} (--max-ticks): use a larger --tick or a "
+                             f"{'shorter --horizon' if cfg.horizon_s is not None else '--horizon'}")
 
     # -- event plumbing ----------------------------------------------------------------------------
     def push(self, event: Event) -> None:
@@ -258,7 +259,9 @@ class Simulator:
             unfinished = len(self.jobs) - self.done_count - self.unschedulable_count
             raise ArenaError(f"the simulation reached the limit of {self.config.max_ticks} scheduling ticks (--max-ticks) "
                              f"at {(self.now - self.start_time) / 86400:.3g} simulated days with {unfinished} of "
-                             f"{len(self.jobs)} jobs unfinished: use a larger --tick or a --horizon, or raise --max-ticks")
+                             f"{len(self.jobs)} jobs unfinished: use a larger --tick or a "
+                             f"{'shorter --horizon' if self.config.horizon_s is not None else '--horizon'}, or raise "
+                             f"--max-ticks")
         if not self.active and self.pending_arrivals == 0 and self.decisions_this_tick == 0:
             self.stall += 1
             if self.stall >= self.config.stall_ticks:

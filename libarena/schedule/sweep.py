@@ -266,19 +266,14 @@ def build_sweep_spec(spec_file: str | Path | None = None, *, traces: list[str] =
     replaced (``traces``: ``[NAME=]PATH``, the name defaulting to the file's stem; ``perfs``: ``[NAME=]PATH``,
     without a name for every trace; ``policies`` and ``seeds`` comma-separated; ``overheads`` NAME=SECONDS).
     Paths given as options are relative to the working folder, those in the file to the file's folder."""
-    import yaml
+    from libarena.artifacts.untrusted import load_spec_file
 
     data: dict[str, Any] = {}
     source, base = "sweep options", Path.cwd()
     if spec_file is not None:
         p = Path(spec_file)
-        if not p.is_file():
-            raise ArenaError(f"{p}: no such sweep spec file")
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ArenaError(f"{p}: malformed sweep spec ({' '.join(str(exc).split())[:160]})") from None
-        data = dict(_mapping(data, str(p)))
+        # the limits of every hand-written spec: size, depth, no YAML aliases (a few lines can expand to gigabytes)
+        data = dict(_mapping(load_spec_file(p, "sweep spec") or {}, str(p)))
         source, base = str(p), p.parent
 
     def given(path: str | Path) -> str:
@@ -292,6 +287,8 @@ def build_sweep_spec(spec_file: str | Path | None = None, *, traces: list[str] =
             if name in data["traces"]:
                 raise ArenaError(f"--trace {text!r}: trace {name!r} is given twice")
             data["traces"][name] = {"trace": given(path)}
+    if "traces" in data:
+        data["traces"] = dict(_mapping(data["traces"] or {}, f"{source}: traces"))
     if perfs:
         entries = _mapping(data.setdefault("traces", {}), f"{source}: traces")
         for text in perfs:

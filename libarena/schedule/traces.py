@@ -37,7 +37,7 @@ import math
 import os
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +57,10 @@ PAPER_GPU_TYPES = ("a100", "v100", "a40", "a10")
 MAX_ADAPTED_GPUS = 16
 #: the most jobs ``trace scale`` makes (the paper's largest trace has 13k rows; ten times philly, 19k)
 MAX_SCALED_JOBS = 2_000_000
+#: the largest trace file read (2M jobs of ~120 bytes fit twice over): a bound on memory for any input
+MAX_TRACE_BYTES = 512 << 20
+#: the longest job id (a UUID has 36 characters)
+MAX_JOB_ID_CHARS = 256
 
 FORMATS = {
     "arena-ae": ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu", "gpu_type"),
@@ -148,7 +152,7 @@ def _pow2_at_least(n: int) -> int:
 def read_trace_text(path: str | os.PathLike[str]) -> str:
     """The text of a trace file, or of stdin when ``path`` is ``-``."""
     if str(path) == "-":
-        data = sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read(MAX_TRACE_BYTES + 1)
         if not data:
             raise ArenaError("stdin is empty: expected a trace CSV")
         source = "stdin"
@@ -156,10 +160,16 @@ def read_trace_text(path: str | os.PathLike[str]) -> str:
         p = Path(path)
         if not p.is_file():
             raise ArenaError(f"{p}: no such trace file")
-        data = p.read_bytes()
+        try:
+            with open(p, "rb") as f:
+                data = f.read(MAX_TRACE_BYTES + 1)
+        except OSError as exc:
+            raise ArenaError(f"{p}: cannot read the trace ({exc.strerror or exc})") from None
         source = str(p)
+    if len(data) > MAX_TRACE_BYTES:
+        raise ArenaError(f"{source}: refused as a trace: larger than {MAX_TRACE_BYTES >> 20} MiB")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark (spreadsheet exports) is not part of the header
     except UnicodeDecodeError:
         raise ArenaError(f"{source}: not a UTF-8 text CSV") from None
 
@@ -171,8 +181,12 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
     source = "stdin" if str(path) == "-" else str(path)
     if text is None:
         text = read_trace_text(path)
+    text = text.removeprefix("\ufeff")
     reader = csv.DictReader(text.splitlines())
-    header = [h.strip() for h in (reader.fieldnames or [])]
+    try:
+        header = [h.strip() for h in (reader.fieldnames or [])]
+    except csv.Error as exc:
+        raise ArenaError(f"{source}: row 0 (header): malformed CSV ({exc})") from None
     if not header:
         raise ArenaError(f"{source}: empty trace (no header)")
     reader.fieldnames = header
@@ -182,7 +196,7 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
     jobs: list[JobSpec] = []
     skipped: list[str] = []
     seen: dict[str, int] = {}
-    for i, row in enumerate(reader, start=1):
+    for i, row in _csv_rows(reader, source):
         try:
             if None in row:
                 raise _RowError(header[-1], "more fields than the header")
@@ -192,7 +206,7 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
             spec = _parse_row(row, i, fmt, types, seed, rate, has_priority)
             job_id = spec.job_id
             if job_id in seen:
-                raise _RowError("job_id", f"duplicate job id {job_id!r} (first at row {seen[job_id]})")
+                raise _RowError("job_id", f"duplicate job id {brief(job_id)} (first at row {seen[job_id]})")
             seen[job_id] = i
             jobs.append(spec)
         except _RowError as exc:
@@ -205,11 +219,29 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
     return Trace(source, fmt, jobs, skipped, adapted=fmt != "arena-ae")
 
 
+def _csv_rows(reader: csv.DictReader, source: str) -> Iterator[tuple[int, dict]]:
+    """(row number, row) of a trace; a row the csv module refuses (e.g. a field over its 128 KiB limit) ends the
+    read with an error naming it: the rows after it cannot be trusted, so it is not skipped."""
+    rows = iter(reader)
+    i = 0
+    while True:
+        i += 1
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise ArenaError(f"{source}: row {i}: malformed CSV ({exc})") from None
+        yield i, row
+
+
 def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: RateFn | None,
                has_priority: bool) -> JobSpec:
     job_id = (row.get("job_id") or "").strip()
     if not job_id:
         raise _RowError("job_id", "empty job id")
+    if len(job_id) > MAX_JOB_ID_CHARS:
+        raise _RowError("job_id", f"job id longer than {MAX_JOB_ID_CHARS} characters: {brief(job_id)}")
     submit = _num(row, "submission_time")
     num_gpu = _num(row, "num_gpu")
     priority = None
@@ -219,14 +251,14 @@ def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: R
         iters = _num(row, "num_iteration")
         model = (row.get("model_name") or "").strip()
         if not is_zoo_model(model):
-            raise _RowError("model_name", f"unknown model {model!r} (expected family__size with family in "
+            raise _RowError("model_name", f"unknown model {brief(model)} (expected family__size with family in "
                                           f"{', '.join(ZOO)})")
         batch = _num(row, "batch_size")
         raw_type = (row.get("gpu_type") or "").strip()
         try:
             gpu_type = get_gpu(raw_type).name
         except ArenaError:
-            raise _RowError("gpu_type", f"unknown GPU type {raw_type!r}") from None
+            raise _RowError("gpu_type", f"unknown GPU type {brief(raw_type)}") from None
         deadline = _num(row, "deadline", optional=True) if "deadline" in row else None
         return JobSpec(job_id, i, submit, model, batch, iters, _pow2_at_least(num_gpu), gpu_type, deadline, priority)
     duration = _num(row, "duration")

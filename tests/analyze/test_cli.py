@@ -133,6 +133,13 @@ def test_unwritable_output_is_one_line_exit_2(tmp_path):
         locked.chmod(0o700)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_an_output_the_filesystem_refuses_is_found_before_the_work():
+    """/proc refuses new files even to root, whom permission bits do not stop: the output is tried up front."""
+    proc = run("--model", "gpt__tiny", "-b", "8", "-o", "/proc/arena-ops.parquet")
+    assert_one_line_error(proc, "cannot write /proc/arena-ops.parquet")
+
+
 def test_show_rejects_other_artifacts(tmp_path):
     bogus = tmp_path / "x.parquet"
     bogus.write_bytes(b"not a table")

@@ -85,6 +85,41 @@ def test_cli_errors(tmp_path):
     assert "--tick: 0 is out of range" in p.stderr
 
 
+def test_submit_reads_a_job_from_stdin(tmp_path):
+    state = tmp_path / "state.db"
+    env = {**cli_env(), "PYTHONPATH": str(REPO)}
+    p = subprocess.run([tool("arena-schedule"), "submit", "-", "--state", str(state)], input=yaml.safe_dump(GOOD),
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "job-1", p.stderr
+    p = subprocess.run([tool("arena-schedule"), "submit", "-", "--state", str(state)], input="model: [gpt\n",
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "stdin: malformed job file: not valid YAML" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_refused_start_binds_nothing(tmp_path):
+    """A serve refused for a bad input (unknown policy, unknown launcher, bad cluster) neither binds the state
+    database to those settings nor leaves a new one behind: the same database then serves with good inputs."""
+    cluster, perf = write_inputs(tmp_path)
+    bad_cluster = tmp_path / "bad-cluster.yaml"
+    bad_cluster.write_text("name: x\nnode_groups:\n  - {gpu_type: quantum9000, nodes: 2}\n")
+    fresh = tmp_path / "fresh.db"
+    p = run("serve", "--cluster", cluster, "--perf", perf, "--state", fresh, "--policy", "sia2", check_rc=2)
+    assert "unknown policy 'sia2'" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not fresh.exists()
+    state = tmp_path / "state.db"
+    job = run("submit", job_file(tmp_path, "a.yaml", {**GOOD, "iterations": 300}), "--state", state).stdout.strip()
+    base = ["serve", "--cluster", cluster, "--perf", perf, "--state", state, "--time-compression", "2000", "--poll", "0.05"]
+    for bad in (["--policy", "sia2"], ["--launcher", "bogus"]):
+        p = run(*base, *bad, check_rc=2)
+        assert len(p.stderr.strip().splitlines()) == 1 and "served with different" not in p.stderr, p.stderr
+    p = run(*[bad_cluster if a == cluster else a for a in base], check_rc=2)
+    assert "quantum9000" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    run(*base, "--launcher", "perf-table", "--until-idle")
+    doc = json.loads(run("status", "--state", state, "--json").stdout)
+    assert {j["job_id"]: j["status"] for j in doc["jobs"]} == {job: "finished"}
+
+
 def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path):
     import hashlib
     import sqlite3

@@ -174,6 +174,8 @@ def _bad_cases(tmp_path: Path, ops_file: Path, plans_file: Path):
         (("--ops", garbage, "--cluster", PAPER), "not a operator_table artifact"),
         (("--ops", tmp_path / "missing.parquet", "--cluster", PAPER), "no such file"),
         (("--ops", ops_file), "missing --cluster"),
+        (("--ops", tmp_path / "missing.parquet", "--model", "gpt__tiny", "--global-batch", "8", "--cluster", PAPER),
+         "give --ops or --model"),
     ]
 
 
@@ -193,3 +195,10 @@ def test_empty_stdin_is_an_error(tmp_path):
     proc = run("--cluster", PAPER, "-o", tmp_path / "o.parquet", stdin=b"")
     assert proc.returncode == 2 and len(proc.stderr.decode().strip().splitlines()) == 1
     assert not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_the_filesystem_refuses_is_found_before_planning(ops_file):
+    proc = run("--ops", ops_file, "--cluster", PAPER, "-o", "/proc/arena-plans.parquet")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1 and "cannot write /proc/arena-plans" in err

@@ -86,6 +86,26 @@ def test_bad_options(inputs, args, needle):
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_conflicting_and_out_of_range_options_of_other_commands(inputs):
+    """Options that cannot apply together, or are out of range, are refused in one line before any work."""
+    d, cluster = inputs
+    cases = [
+        (["sweep", "--sequential", "--num-cpus", "0", "--trace", "trace.csv", "--perf", "perf.parquet", "--cluster",
+          str(cluster), "-o", "sw"], "--sequential runs in this process"),
+        (["perf", "build", "--pair", "gpt__tiny,16", "--cluster", str(cluster), "--seed", "-1", "-o", "pb.parquet"],
+         "--seed: -1 is out of range"),
+    ]
+    for args, needle in cases:
+        r = cli(*args, cwd=d)
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    assert not (d / "sw").exists() and not (d / "pb.parquet").exists()
+    job = d / "job.yaml"
+    job.write_text("model: gpt__760M\nglobal_batch: 128\niterations: 10\n")
+    assert cli("submit", str(job), "--state", "s.db", cwd=d).returncode == 0
+    r = cli("logs", "job-1", "--state", "s.db", "--output-lines", "-5", cwd=d)
+    assert r.returncode == 2 and "--output-lines: -5 is out of range" in r.stderr
+
+
 def test_fcfs_queue_and_reuse_flags(inputs):
     d, _ = inputs
     # one 4-GPU A100 node and one 2-GPU V100 node: the second A100 job waits for the first; the V100 job need not

@@ -149,3 +149,20 @@ def test_sia_moves_a_running_job_to_a_slower_type_to_admit_one_that_needs_its_gp
     moves = [(g, n) for j, a, g, n in zip(d["job_index"], d["action"], d["gpu_type"], d["num_gpus"])
              if a == "rescale" and res.jobs[j].spec.job_id == "resident"]
     assert moves and moves[0] == ("v100", 4)
+
+
+@pytest.mark.parametrize("horizon,advice", [(None, "a larger --tick or a --horizon"),
+                                            (3000.0, "a larger --tick or a shorter --horizon")])
+def test_the_tick_bound_advises_what_was_not_given(horizon, advice):
+    """A workload over --max-ticks is refused before it runs, and the advice fits the options given."""
+    from libarena.schedule.api import make_policy, run_policy
+    from libarena.schedule.config import SimulatorConfig
+    from tests.schedule.helpers import workload
+
+    spec = cluster([("a100", 1, 8)])
+    table = hand_table({("gpt__1.3B", "a100"): {"ap": {8: 1.0}, "arena": {8: 1.0}}})
+    w = workload([job("long", "gpt__1.3B", 10_000, 8, "a100")], table, spec)
+    with pytest.raises(ArenaError, match="needs at least") as err:
+        run_policy(w, make_policy("fcfs"), SimulatorConfig(tick_s=300.0, horizon_s=horizon, max_ticks=5,
+                                                           overheads=NO_OVERHEADS))
+    assert advice in str(err.value)

@@ -116,6 +116,71 @@ def test_unknown_policy_option_fails_before_anything_runs(tmp_path, inputs):
     with pytest.raises(ArenaError, match="no_such"):
         sweep(spec, tmp_path / "out", SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
     assert not (tmp_path / "out" / "sweep.json").exists()
+    spec = dataclasses.replace(spec, variants=(SweepVariant("x", {"hetero": "yes"}),))  # YAML's "yes" quoted
+    with pytest.raises(ArenaError, match="option hetero: expected true or false, got 'yes'"):
+        sweep(spec, tmp_path / "out", SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text,needle", [
+    # an alias bomb: a few hundred bytes that expand to ~10^8 nodes when walked
+    ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\ncluster: c.yaml\n", "YAML aliases"),
+    ("cluster: c.yaml\ntraces: hello\npolicies: [arena]\n", "traces: expected a mapping, got str"),
+    ("cluster: c.yaml\ntraces: [a, b]\npolicies: [arena]\n", "traces: expected a mapping, got list"),
+    ("x: " + "y" * (1 << 20) + "\n", "larger than 1024 KiB"),
+])
+def test_spec_file_limits(tmp_path, text, needle):
+    """A sweep spec is a hand-written file: refused in bounded time and memory, with a one-line error (with or
+    without a --perf for its traces)."""
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(text)
+    for perfs in ([], ["p.parquet"]):
+        with pytest.raises(ArenaError, match=re.escape(needle)):
+            build_sweep_spec(spec_file, perfs=perfs)
+
+
+def test_a_sweep_never_writes_over_its_inputs(tmp_path, inputs):
+    """An input where the sweep writes (its summary, a comparison's files, a run's folder) is refused before
+    anything runs, and is left as it was; an input elsewhere under the output is fine."""
+    d, cluster = inputs
+    trace_text = (d / "philly.csv").read_text()
+    for where, layout in (("sweep.json", None), ("t/compare.json", "{trace}"), ("arena/jobs.parquet", None)):
+        out = tmp_path / where.replace("/", "-")
+        target = out / where
+        target.parent.mkdir(parents=True)
+        target.write_text(trace_text)
+        spec = SweepSpec(cluster, (SweepTrace("t", target, d / "perf.parquet"),), ("arena",), layout=layout)
+        with pytest.raises(ArenaError, match="would write over its input"):
+            sweep(spec, out, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+        assert target.read_text() == trace_text
+        assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == sorted(
+            {where, *(str(q.as_posix()) for q in Path(where).parents if str(q) != ".")})
+    beside = tmp_path / "beside"
+    (beside / "t").mkdir(parents=True)
+    (beside / "t" / "trace.csv").write_text(trace_text)
+    spec = SweepSpec(cluster, (SweepTrace("t", beside / "t" / "trace.csv", d / "perf.parquet"),), ("fcfs",),
+                     layout="{trace}", horizon_s=400000)
+    summary = sweep(spec, beside, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+    assert summary.count("failed") == 0 and (beside / "t" / "compare.json").is_file()
+    assert (beside / "t" / "trace.csv").read_text() == trace_text
+
+
+def test_a_sweep_that_fails_before_running_leaves_no_folders(tmp_path, inputs):
+    d, cluster = inputs
+
+    class Unreachable(SequentialExecutor):
+        def map_unordered(self, fn, items):
+            raise ArenaError("cannot reach the Ray cluster at nohost:1")
+
+    spec = SweepSpec(cluster, (SweepTrace("philly", d / "philly.csv", d / "perf.parquet"),), ("arena", "fcfs"),
+                     seeds=(5, 6), horizon_s=400000)
+    (tmp_path / "kept").mkdir()
+    for out in (tmp_path / "new" / "sweep", tmp_path / "kept"):
+        with pytest.raises(ArenaError, match="cannot reach"):
+            sweep(spec, out, Unreachable(), cache=CacheSettings(tmp_path / "empty-cache"))
+    assert not (tmp_path / "new").exists()  # every folder it made, up to the first that existed
+    assert list((tmp_path / "kept").iterdir()) == []
 
 
 # -- results ---------------------------------------------------------------------------------------------------

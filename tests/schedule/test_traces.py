@@ -66,6 +66,8 @@ def test_adapted_iterations_follow_the_execution_rate(tmp_path):
     ("a,0,100,gpt__1.3B,5000,256,2,tpu9", "gpu_type", "unknown GPU type"),
     ("a,0,abc,gpt__1.3B,5000,256,2,a100", "num_iteration", "not a number"),
     ("a,0,100,gpt__1.3B,5000,256", "num_gpu", "missing value"),
+    ("j" * 300 + ",0,100,gpt__1.3B,5000,256,2,a100", "job_id", "longer than 256 characters"),
+    ("a,0,100," + "m" * 100_000 + ",5000,256,2,a100", "model_name", "unknown model 'mmm"),
 ])
 def test_bad_rows_name_file_row_and_column(tmp_path, row, column, problem):
     p = tmp_path / "t.csv"
@@ -74,7 +76,7 @@ def test_bad_rows_name_file_row_and_column(tmp_path, row, column, problem):
         read_trace(p)
     msg = str(err.value)
     assert str(p) in msg and "row 2" in msg and repr(column) in msg and problem in msg
-    assert "\n" not in msg
+    assert "\n" not in msg and len(msg) < len(str(p)) + 300  # a huge value is not echoed whole
     tr = read_trace(p, skip_bad_rows=True)
     assert len(tr.jobs) == 1 and len(tr.skipped) == 1
 
@@ -86,6 +88,29 @@ def test_missing_column_and_duplicate_ids(tmp_path):
         read_trace(p)
     p.write_text(HEADER + GOOD + GOOD)
     with pytest.raises(ArenaError, match="row 2, column 'job_id': duplicate"):
+        read_trace(p)
+
+
+def test_a_byte_order_mark_and_an_oversized_field(tmp_path):
+    """A spreadsheet's UTF-8 byte-order mark is not part of the first column's name; a field over the csv
+    module's limit is a one-line error naming the row, not an internal error."""
+    p = tmp_path / "t.csv"
+    p.write_bytes(b"\xef\xbb\xbf" + (HEADER + GOOD).encode())
+    assert [j.job_id for j in read_trace(p).jobs] == ["a"]
+    p.write_text(HEADER + GOOD + "b,0,100," + "m" * 200_000 + ",5000,256,2,a100\n")
+    for skip in (False, True):
+        with pytest.raises(ArenaError, match=r"row 2: malformed CSV \(field larger than field limit") as err:
+            read_trace(p, skip_bad_rows=skip)
+        assert len(str(err.value)) < 200
+
+
+def test_an_oversized_trace_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    import libarena.schedule.traces as traces
+
+    monkeypatch.setattr(traces, "MAX_TRACE_BYTES", 1000)
+    p = tmp_path / "t.csv"
+    p.write_text(HEADER + GOOD * 40)
+    with pytest.raises(ArenaError, match="refused as a trace: larger than"):
         read_trace(p)
 
 

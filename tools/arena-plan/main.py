@@ -17,6 +17,7 @@ from typing import Optional
 import typer
 
 from libarena.artifacts import refuse_overwriting_inputs, write_bytes
+from libarena.artifacts.io import check_writable
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
     print_json, refuse_json_with_stdout_data, run_app,
@@ -73,10 +74,13 @@ def plan(
         raise ArenaError("missing --cluster: the cluster spec to plan for")
     if (model is None) != (global_batch is None):
         raise ArenaError("--model and --global-batch go together (or give an operator table with --ops)")
+    if model is not None and ops != "-":
+        raise ArenaError("give --ops or --model with --global-batch, not both")
     if model is None and ops == "-" and sys.stdin.isatty():
         raise ArenaError("no operator table: pipe one from arena-analyze, pass --ops FILE, or --model and --global-batch")
     _refuse_binary_to_terminal(output)
     refuse_json_with_stdout_data(as_json, output)
+    check_writable(output)
     step = PlanStep(cluster, PlannerConfig(
         max_gpus=max_gpus,
         microbatches_per_stage=microbatches_per_stage,

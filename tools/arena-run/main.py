@@ -58,6 +58,8 @@ def run(
 
     if proxy and search:
         raise ArenaError("--proxy and --search exclude each other")
+    if no_ray and address:
+        raise ArenaError("--no-ray runs in this process: drop --address")
     if search is not None and search not in ("pruned", "full"):
         raise ArenaError(f"--search must be pruned or full, got {search!r}")
     if hosts < 0:

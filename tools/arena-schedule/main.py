@@ -186,9 +186,9 @@ def sweep(
     from libarena.schedule.compare import compare_table_text
     from libarena.schedule.sweep import build_sweep_spec
 
-    if sequential and (address or num_cpus):
+    if sequential and (address or num_cpus is not None):
         raise ArenaError("--sequential runs in this process: drop --address / --num-cpus")
-    if address and num_cpus:
+    if address and num_cpus is not None:
         raise ArenaError("--num-cpus sizes the embedded local Ray: it does not apply with --address")
     sweep_spec = build_sweep_spec(spec, traces=trace, perfs=perf, cluster=cluster, policies=policies, seeds=seeds,
                                   tick_s=tick, horizon_s=horizon, overheads=overhead, skip_bad_rows=skip_bad_rows,
@@ -374,7 +374,7 @@ def serve(
 
 @app.command()
 def submit(
-    job_file: Path = typer.Argument(..., help="job YAML: model, global_batch, iterations[, name, priority, deadline, gpu_type, num_gpus]"),
+    job_file: Path = typer.Argument(..., help="job YAML ('-' = stdin): model, global_batch, iterations[, name, priority, deadline, gpu_type, num_gpus]"),
     state: Path = StateOpt,
     at: Optional[float] = typer.Option(None, "--at", help="replay: arrive at this scheduler time (seconds)"),
 ) -> None:

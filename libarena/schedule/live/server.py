@@ -93,12 +93,15 @@ class Server:
     def __init__(self, config: ServeConfig):
         # one server per state database, for its whole life: taken before anything is read or written
         self.lock = ServerLock(config.state)
+        created = not Path(config.state).exists()
         try:
             self._open(config)
         except BaseException:
             store = getattr(self, "store", None)
             if store is not None:
                 store.close()
+                if created:  # a database this failed start made holds nothing: leave none behind
+                    Path(config.state).unlink(missing_ok=True)
             self.lock.release()
             raise
 
@@ -109,15 +112,13 @@ class Server:
         self.store = Store(config.state, create=True)
         settings = config.settings()
         stored = self.store.get_meta("settings")
-        if stored is None:
-            self.store.set_meta("settings", settings)
-            self.store.set_meta("wall_origin", time.time())
-        else:
+        if stored is not None:
             changed = sorted(k for k in settings if stored.get(k) != settings[k])
             if changed:
                 raise ArenaError(f"{config.state}: was served with different {', '.join(changed)} "
                                  f"(e.g. {changed[0]}={stored.get(changed[0])!r}); use a new --state")
-        self.clock = VirtualClock(float(self.store.get_meta("wall_origin")), config.compression)
+        origin = float(self.store.get_meta("wall_origin")) if stored is not None else time.time()
+        self.clock = VirtualClock(origin, config.compression)
         self.cluster_spec = load_cluster(config.cluster)
         self.perf = load_perf(config.perf, self.cluster_spec)
         for rows in self.store.perf_rows():
@@ -135,11 +136,16 @@ class Server:
             setattr(self.policy, name, value)
         workdir = config.workdir or config.state.with_name(config.state.name + ".d")
         self.workdir = Path(workdir).resolve()
-        self.store.set_meta("workdir", str(self.workdir))
         self.launcher = get_launcher(config.launcher, LauncherContext(
             self.workdir / "launcher", Path(config.cluster).resolve(), self.clock, self.perf,
             dict(config.launcher_options, address=config.address)))
         self.profiler = ArrivalProfiler(self.workdir / "profiles", Path(config.cluster), config.profile_script)
+        if stored is None:
+            # bound to these settings only once every one of them loaded: a start refused for a bad input
+            # leaves the database servable with corrected ones
+            self.store.set_meta("settings", settings)
+            self.store.set_meta("wall_origin", origin)
+        self.store.set_meta("workdir", str(self.workdir))
         self.default_type = max(self.perf.gpu_types, key=lambda t: (self.cluster_spec.num_gpus(t), -self.perf.gpu_types.index(t)))
         self.ticks: list[TickStats] = []
         #: a version the launcher keeps losing (its process dies without an exit code) fails the job

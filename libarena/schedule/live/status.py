@@ -124,6 +124,7 @@ def job_output(store: Store, job_id: str, state_path: Path, lines: int) -> tuple
     """The last ``lines`` of the output of the job's current run (arena-run's log), when it has one."""
     from libarena.errors import ArenaError
 
+    check_range(lines, "--output-lines", 0, 10**6, integer=True)
     row = store.job(job_id)
     if row is None:
         raise ArenaError(f"{state_path}: no job {job_id!r}")
