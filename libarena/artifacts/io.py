@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from libarena import __version__
 from libarena.artifacts.registry import ArtifactKind, get_kind
+from libarena.artifacts.untrusted import read_bounded
 from libarena.errors import ArenaError
 
 METADATA_KEY = b"arena"
@@ -437,32 +438,9 @@ def write_table(
 
 
 def _read_input_bytes(path: str | os.PathLike[str]) -> bytes:
-    too_large = f"refused as an artifact: larger than {MAX_ARTIFACT_BYTES >> 20} MiB"
     if str(path) == STDIO:
-        data = sys.stdin.buffer.read(MAX_ARTIFACT_BYTES + 1)
-        if not data:
-            raise ArenaError("stdin is empty: expected an artifact piped from the previous stage")
-        if len(data) > MAX_ARTIFACT_BYTES:
-            raise ArenaError(f"stdin: {too_large}")
-        return data
-    p = Path(path)
-    if not p.exists():
-        raise ArenaError(f"{p}: no such file")
-    if p.is_dir():
-        raise ArenaError(f"{p}: is a directory, expected a file")
-    mode = p.stat().st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # a device such as /dev/zero never ends
-        raise ArenaError(f"{p}: is not a regular file or a pipe, expected a file")
-    if stat.S_ISREG(mode) and p.stat().st_size > MAX_ARTIFACT_BYTES:
-        raise ArenaError(f"{p}: {too_large}")
-    try:
-        with open(p, "rb") as f:
-            data = f.read(MAX_ARTIFACT_BYTES + 1)
-    except OSError as exc:
-        raise ArenaError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if len(data) > MAX_ARTIFACT_BYTES:
-        raise ArenaError(f"{p}: {too_large}")
-    return data
+        return read_bounded(path, MAX_ARTIFACT_BYTES, "artifact piped from the previous stage", stdin=True)
+    return read_bounded(path, MAX_ARTIFACT_BYTES, "artifact", noun="file")
 
 
 def _arena_header(schema_metadata: Mapping[bytes, bytes] | None, source: str) -> dict[str, Any] | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import stat
+import sys
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -135,27 +137,51 @@ def parse_spec_text(text: str, source: str, what: str, toml: bool = False) -> An
     return data
 
 
-def load_spec_file(path: str | os.PathLike[str], what: str) -> Any:
-    """Read and parse a spec file (TOML when it ends in .toml, else YAML), refusing what the module docstring
-    lists; every problem is a one-line ArenaError naming the file."""
+def read_bounded(path: str | os.PathLike[str], limit: int, what: str, *, stdin: bool = False,
+                 noun: str | None = None) -> bytes:
+    """The bytes of an input file (``-``: stdin, where ``stdin``) of at most ``limit`` bytes, read without
+    ever holding more: a missing file, a directory, a device (``/dev/zero`` never ends) or a larger input is a
+    one-line ArenaError naming it as a ``what`` (say "trace"; the file: ``noun``, default "<what> file")."""
+    size = f"{limit >> 20} MiB" if limit > 1 << 20 else f"{limit >> 10} KiB"
+    a_what = f"{'an' if what[:1] in 'aeiou' else 'a'} {what}"
+    if stdin and str(path) == "-":
+        data = sys.stdin.buffer.read(limit + 1)
+        if not data:
+            raise ArenaError(f"stdin is empty: expected {a_what}")
+        if len(data) > limit:
+            raise ArenaError(f"stdin: refused as {a_what}: larger than {size}")
+        return data
     p = Path(path)
-    noun = what if what.endswith(" file") else f"{what} file"
+    noun = noun or (what if what.endswith(" file") else f"{what} file")
     if not p.exists():
         raise ArenaError(f"{p}: no such {noun}")
     if p.is_dir():
         raise ArenaError(f"{p}: is a directory, expected a {noun}")
+    mode = p.stat().st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise ArenaError(f"{p}: is not a regular file or a pipe, expected a {noun}")
+    if stat.S_ISREG(mode) and p.stat().st_size > limit:
+        raise ArenaError(f"{p}: refused as {a_what}: larger than {size}")
     try:
         with open(p, "rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)
+            data = f.read(limit + 1)
     except OSError as exc:
         raise ArenaError(f"{p}: cannot read the {what} ({exc.strerror or exc})") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise ArenaError(f"{p}: refused as a {what}: larger than {MAX_SPEC_BYTES // 1024} KiB")
+    if len(data) > limit:
+        raise ArenaError(f"{p}: refused as {a_what}: larger than {size}")
+    return data
+
+
+def load_spec_file(path: str | os.PathLike[str], what: str, *, stdin: bool = False) -> Any:
+    """Read and parse a spec file (TOML when it ends in .toml, else YAML; ``-``: YAML from stdin, where
+    ``stdin``), refusing what the module docstring lists; every problem is a one-line ArenaError naming it."""
+    raw = read_bounded(path, MAX_SPEC_BYTES, what, stdin=stdin)
+    source = "stdin" if stdin and str(path) == "-" else str(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ArenaError(f"{p}: malformed {what} (not UTF-8 text: byte {exc.start})") from None
-    return parse_spec_text(text, str(p), what, toml=p.suffix == ".toml")
+        raise ArenaError(f"{source}: malformed {what} (not UTF-8 text: byte {exc.start})") from None
+    return parse_spec_text(text, source, what, toml=source != "stdin" and Path(path).suffix == ".toml")
 
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:

@@ -151,23 +151,10 @@ def _pow2_at_least(n: int) -> int:
 
 def read_trace_text(path: str | os.PathLike[str]) -> str:
     """The text of a trace file, or of stdin when ``path`` is ``-``."""
-    if str(path) == "-":
-        data = sys.stdin.buffer.read(MAX_TRACE_BYTES + 1)
-        if not data:
-            raise ArenaError("stdin is empty: expected a trace CSV")
-        source = "stdin"
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise ArenaError(f"{p}: no such trace file")
-        try:
-            with open(p, "rb") as f:
-                data = f.read(MAX_TRACE_BYTES + 1)
-        except OSError as exc:
-            raise ArenaError(f"{p}: cannot read the trace ({exc.strerror or exc})") from None
-        source = str(p)
-    if len(data) > MAX_TRACE_BYTES:
-        raise ArenaError(f"{source}: refused as a trace: larger than {MAX_TRACE_BYTES >> 20} MiB")
+    from libarena.artifacts.untrusted import read_bounded
+
+    data = read_bounded(path, MAX_TRACE_BYTES, "trace CSV" if str(path) == "-" else "trace", stdin=True)
+    source = "stdin" if str(path) == "-" else str(path)
     try:
         return data.decode("utf-8-sig")  # a byte-order mark (spreadsheet exports) is not part of the header
     except UnicodeDecodeError:

@@ -99,17 +99,6 @@ def parse_job(data: Any, src: str) -> JobSubmission:
 def load_job_file(path: str | Path) -> JobSubmission:
     """A job file (``-``: stdin), read as untrusted input (libarena.artifacts.untrusted: no aliases, bounded size
     and depth)."""
-    import sys
+    from libarena.artifacts.untrusted import load_spec_file
 
-    from libarena.artifacts.untrusted import MAX_SPEC_BYTES, load_spec_file, parse_spec_text
-
-    if str(path) != "-":
-        return parse_job(load_spec_file(path, "job file"), str(path))
-    raw = sys.stdin.buffer.read(MAX_SPEC_BYTES + 1)
-    if len(raw) > MAX_SPEC_BYTES:
-        raise ArenaError(f"stdin: refused as a job file: larger than {MAX_SPEC_BYTES // 1024} KiB")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ArenaError(f"stdin: malformed job file (not UTF-8 text: byte {exc.start})") from None
-    return parse_job(parse_spec_text(text, "stdin", "job file"), "stdin")
+    return parse_job(load_spec_file(path, "job file", stdin=True), "stdin" if str(path) == "-" else str(path))
