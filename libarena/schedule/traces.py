@@ -176,6 +176,9 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
         raise ArenaError(f"{source}: row 0 (header): malformed CSV ({exc})") from None
     if not header:
         raise ArenaError(f"{source}: empty trace (no header)")
+    repeated = [h for h in header if header.count(h) > 1]
+    if repeated:  # csv would keep the last one's values silently
+        raise ArenaError(f"{source}: row 0 (header): column {brief(repeated[0])} is given twice")
     reader.fieldnames = header
     fmt = detect_format(header, source)
     types = list(gpu_types) if gpu_types else list(PAPER_GPU_TYPES)

@@ -89,6 +89,9 @@ def test_missing_column_and_duplicate_ids(tmp_path):
     p.write_text(HEADER + GOOD + GOOD)
     with pytest.raises(ArenaError, match="row 2, column 'job_id': duplicate"):
         read_trace(p)
+    p.write_text(HEADER.replace(",gpu_type", ",gpu_type,num_gpu") + GOOD.replace("\n", ",4\n"))
+    with pytest.raises(ArenaError, match="row 0 \\(header\\): column 'num_gpu' is given twice"):
+        read_trace(p)
 
 
 def test_a_byte_order_mark_and_an_oversized_field(tmp_path):
