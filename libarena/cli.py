@@ -140,10 +140,12 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so temporary files are removed and the cache stays valid."""
+def _interrupt_on_signals() -> None:
+    """SIGTERM unwinds like Ctrl-C, so temporary files are removed and the cache stays valid; both go through
+    _raise_interrupt (Python's own SIGINT handler raises inside a collector callback too, where it is lost)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _raise_interrupt)
 
 
 def run_app(tool: str, app: Callable[..., Any], argv: list[str] | None = None) -> None:
@@ -230,7 +232,7 @@ def _run_app(tool: str, app: Callable[..., Any], argv: list[str] | None) -> None
     debug = "--debug" in args
     if debug:
         args.remove("--debug")
-    _interrupt_on_sigterm()
+    _interrupt_on_signals()
     try:
         code = app(args=args, prog_name=tool, standalone_mode=False)
         # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM above) into Exit(130), which non-standalone

@@ -64,17 +64,19 @@ def test_finished_command_leaves_without_native_teardown(outcome, code):
         assert "tool: error: no such thing" in r.stderr
 
 
-def test_sigterm_during_a_garbage_collection_still_interrupts() -> None:
-    """A SIGTERM whose handler runs inside a collector callback (where a raised exception is only printed and
-    ignored) still ends the run with KeyboardInterrupt: the signal is sent again outside the collection."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_garbage_collection_still_interrupts(signame) -> None:
+    """A SIGTERM or SIGINT whose handler runs inside a collector callback (where a raised exception is only
+    printed and ignored) still ends the run with KeyboardInterrupt: the signal is sent again outside the
+    collection."""
     child = """
 import gc, os, signal, time
 from libarena import cli
-cli._interrupt_on_sigterm()
+cli._interrupt_on_signals()
 def callback(phase, info):
     if phase == "stop" and not fired:
         fired.append(1)
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.""" + signame + """)
         sum(range(10_000))  # bytecode: the handler runs here, inside the callback
 fired = []
 gc.callbacks.append(callback)

@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping

@@ -19,6 +19,7 @@ and the sweep then ends with an error naming it.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from libarena.artifacts.io import input_ref
+from libarena.artifacts.io import input_ref, remove_stale_temps
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
 from libarena.pipeline.schedule import SIMULATE_STAGE, simulation_key
@@ -74,7 +75,8 @@ def run_simulation_task(task: SimulationTask) -> SimulationFiles | SimulationFai
                                           skip_bad_rows=task.skip_bad_rows)
         policy = make_policy(task.policy, **task.options)
         res = run_policy(workload, policy, task.config)
-        with tempfile.TemporaryDirectory(prefix="arena-sweep-") as tmp:
+        # ignore_cleanup_errors: at an interrupt the process may exit while a helper thread still writes here
+        with tempfile.TemporaryDirectory(prefix="arena-sweep-", ignore_cleanup_errors=True) as tmp:
             write_run(tmp, res, workload, task.config, run_parameters(policy, task.config), refs)
             files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
         return SimulationFiles(files, list(workload.skipped))
@@ -246,9 +248,13 @@ def sweep(spec: Any, output: Path, executor: Executor, *, plot: bool = False, ca
           report: Report = SilentReport()) -> SweepSummary:
     """Run every simulation of ``spec`` (a SweepSpec) not already cached, on ``executor``; write each into
     ``output/<group>/<policy>/``, each comparison's ``compare.json`` and ``table.txt`` (and, ``plot``, its
-    figures) as soon as its simulations are done, and ``output/sweep.json``. Failed simulations are in the
-    summary (the caller decides what that means for its exit status). A sweep that would write over one of its
-    inputs is refused; one that fails (Ray unreachable, interrupted) removes the folders it made and left empty."""
+    figures), and ``output/sweep.json``. Failed simulations are in the
+    summary (the caller decides what that means for its exit status).
+
+    Everything is built in a staging folder inside ``output`` and moved into place when the sweep ends, the
+    summary last (the previous one is removed first): an interrupted or failed sweep leaves the previous
+    results as they were and no mix of old and new (a later run resumes from the cache). A sweep that would
+    write over one of its inputs is refused; one that fails removes the folders it made."""
     created: list[Path] = []
     try:
         return _sweep(spec, output, executor, plot, cache, report, created)
@@ -293,10 +299,7 @@ def _refuse_writing_inputs(spec: Any, output: Path, groups: Iterable[str], run_d
 
 def _sweep(spec: Any, output: Path, executor: Executor, plot: bool, cache: CacheSettings, report: Report,
            created: list[Path]) -> SweepSummary:
-    from libarena.artifacts import write_bytes, write_json
     from libarena.schedule.api import is_output_file, make_policy, run_parameters
-    from libarena.schedule.compare import compare_json, compare_table_text, paired_comparison
-    from libarena.schedule.metrics import read_metrics, summary_line
 
     for path, what in [(spec.cluster, "cluster spec")] + [p for t in spec.traces for p in
                                                          ((t.trace, f"trace {t.name!r}"), (t.perf, f"performance table of trace {t.name!r}"))]:
@@ -322,6 +325,69 @@ def _sweep(spec: Any, output: Path, executor: Executor, plot: bool, cache: Cache
         groups.setdefault(point.group, []).append(i)
     _refuse_writing_inputs(spec, output, groups, [r.output for r in records], plot)
     _make_dir(output, created)
+    _refuse_foreign_files(output, [r.output for r in records], is_output_file)
+    remove_stale_temps(output, "sweep")  # the staging folders of killed sweeps
+    staging = Path(tempfile.mkdtemp(dir=output, prefix=f".sweep.{os.getpid()}.", suffix=".tmp"))
+    try:
+        summary = _run_into(staging, spec, executor, plot, stage, report, points, records, tasks, keys, groups,
+                            summary)
+        _move_into_place(staging, output, groups, records)
+        return summary
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _refuse_foreign_files(output: Path, run_dirs: list[str], replaceable: Callable[[str], bool]) -> None:
+    """Refused before anything runs (not when moving into place): a run's existing folder holding files that
+    ``simulate`` does not write (the folder is replaced as a whole)."""
+    for run_dir in run_dirs:
+        target = output / run_dir
+        if not target.is_dir():
+            continue
+        foreign = sorted(str(p.relative_to(target)) for p in target.rglob("*")
+                         if (p.is_symlink() or not p.is_dir()) and not replaceable(str(p.relative_to(target))))
+        if foreign:
+            raise ArenaError(f"cannot write {target}/: it holds files a simulation does not write ({foreign[0]}); "
+                             f"choose another output or empty it")
+
+
+def _move_into_place(staging: Path, output: Path, groups: Iterable[str], records: list[SweepRecord]) -> None:
+    """The staged results into ``output``: the old summary and comparison files go first (a reader never sees
+    them beside new runs), then each run's folder (replacing the old one), the comparisons, the summary last."""
+    from libarena.schedule.plots import FIGURES
+
+    (output / SUMMARY).unlink(missing_ok=True)
+    names = ("compare.json", "table.txt", *FIGURES)
+    for group in groups:
+        for name in names:
+            (output / group / name).unlink(missing_ok=True)
+    trash = staging / ".replaced"
+    trash.mkdir()
+    for n, rec in enumerate(records):
+        source, target = staging / rec.output, output / rec.output
+        if not source.is_dir():
+            continue  # a failed simulation: its old folder, if any, stays, and no comparison claims it
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            os.rename(target, trash / str(n))
+        os.rename(source, target)
+    for group in groups:
+        for name in names:
+            if (staging / group / name).is_file():
+                os.replace(staging / group / name, output / group / name)
+    os.replace(staging / SUMMARY, output / SUMMARY)
+
+
+def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: Any, report: Report, points: list,
+              records: list[SweepRecord], tasks: list[SimulationTask], keys: list[str], groups: dict[str, list[int]],
+              summary: SweepSummary) -> SweepSummary:
+    """Run or restore every simulation into ``output`` (the staging folder), each comparison as its simulations
+    complete, and the summary."""
+    from libarena.artifacts import write_bytes, write_json
+    from libarena.schedule.api import is_output_file
+    from libarena.schedule.compare import compare_json, compare_table_text, paired_comparison
+    from libarena.schedule.metrics import read_metrics, summary_line
+
     waiting = {group: len(members) for group, members in groups.items()}
     total = len(points)
     finished = 0
@@ -361,7 +427,7 @@ def _sweep(spec: Any, output: Path, executor: Executor, plot: bool, cache: Cache
             finalize(group)
 
     for rec in records:
-        _make_dir((output / rec.output).parent, created)  # each run's directory is made whole
+        (output / rec.output).parent.mkdir(parents=True, exist_ok=True)  # each run's directory is made whole
     misses = []
     for i, key in enumerate(keys):
         if stage.restore_tree(key, output / records[i].output, is_output_file) is not None:

@@ -17,10 +17,13 @@ resource and each actor presents host CPU devices as those GPUs
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -100,17 +103,39 @@ def connect(address: str | None, local: LocalClusterConfig) -> bool:
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # the embedded cluster is local to this user
-    if address:
-        _check_reachable(address)
-        try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="error")
-        except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ...
-            raise ArenaError(f"cannot join the Ray cluster at {address}: {type(exc).__name__}: {exc}") from None
+    with _own_signal_handlers():
+        if address:
+            _check_reachable(address)
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="error")
+            except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ...
+                raise ArenaError(f"cannot join the Ray cluster at {address}: {type(exc).__name__}: {exc}") from None
+            return True
+        resources = {gpu_type_resource(local.gpu_type): local.num_devices} if local.num_devices else None
+        ray.init(num_cpus=local.num_cpus, num_gpus=local.num_devices, resources=resources, include_dashboard=False,
+                 log_to_driver=False, logging_level="error")
         return True
-    resources = {gpu_type_resource(local.gpu_type): local.num_devices} if local.num_devices else None
-    ray.init(num_cpus=local.num_cpus, num_gpus=local.num_devices, resources=resources, include_dashboard=False,
-             log_to_driver=False, logging_level="error")
-    return True
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """Keep the process's SIGINT and SIGTERM handlers across ``ray.init``: Ray installs its own in the driver
+    (SIGTERM exits with status 15 and a native stack dump), which would bypass the tools' interrupt path (one
+    line, exit 2, temporary outputs removed)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code == signal.SIGTERM:  # Ray's handler met a SIGTERM while Ray started: an interrupt
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 def available_gpus(gpu_type: str) -> int:

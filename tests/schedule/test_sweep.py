@@ -183,6 +183,43 @@ def test_a_sweep_that_fails_before_running_leaves_no_folders(tmp_path, inputs):
     assert list((tmp_path / "kept").iterdir()) == []
 
 
+def test_an_interrupted_sweep_leaves_the_previous_results_whole(tmp_path, inputs):
+    """Interrupted after some of its simulations (Ctrl-C, SIGTERM), a sweep over an earlier one leaves that one
+    exactly as it was (no mix of new runs and old comparisons) and no staging folder; run again, it completes."""
+    import hashlib
+
+    d, cluster = inputs
+    trace = SweepTrace("philly", d / "philly.csv", d / "perf.parquet")
+    first = SweepSpec(cluster, (trace,), ("arena", "fcfs"), seeds=(0, 1), horizon_s=400000)
+    out = tmp_path / "out"
+    sweep(first, out, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+
+    def snapshot() -> dict[str, str]:
+        return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(out.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    assert "sweep.json" in before and "seed-0/compare.json" in before
+
+    class InterruptedAfterOne(SequentialExecutor):
+        def map_unordered(self, fn, items):
+            for n, pair in enumerate(super().map_unordered(fn, items)):
+                if n == 1:
+                    raise KeyboardInterrupt
+                yield pair
+
+    second = dataclasses.replace(first, tick_s=600.0)  # other results, same folders
+    with pytest.raises(KeyboardInterrupt):
+        sweep(second, out, InterruptedAfterOne(), cache=CacheSettings(tmp_path / "cache"))
+    assert snapshot() == before
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    summary = sweep(second, out, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+    assert summary.count("cached") == 1 and summary.count("failed") == 0
+    after = snapshot()
+    assert after.keys() == before.keys() and after["seed-0/compare.json"] != before["seed-0/compare.json"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
 # -- results ---------------------------------------------------------------------------------------------------
 
 
@@ -284,3 +321,50 @@ def test_ray_sweep_equals_the_sequential_runs(inputs, tmp_path):
         assert (d / "ray" / trace / "compare.json").is_file()
     summary = json.loads((d / "ray" / "sweep.json").read_text())
     assert summary["simulated"] == 12 and summary["failed"] == 6
+
+
+def test_signals_during_ray_start_stay_the_tools_own():
+    """What Ray's driver handler does with a SIGTERM while Ray starts (``sys.exit(15)``) becomes the tools'
+    interrupt, and the handlers set before are back afterwards."""
+    import signal
+
+    from libarena.run.cluster import _own_signal_handlers
+
+    def mine(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _own_signal_handlers():
+                signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as ray.init does
+                raise SystemExit(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) is mine
+        with pytest.raises(SystemExit):
+            with _own_signal_handlers():
+                raise SystemExit(3)  # any other exit goes through
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_embedded_ray_keeps_the_tools_signal_handlers():
+    import signal
+
+    import ray
+
+    from libarena.cli import _raise_interrupt
+    from libarena.run.cluster import LocalClusterConfig, connect
+
+    if ray.is_initialized():
+        pytest.skip("Ray already runs in this process")
+    saved = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert connect(None, LocalClusterConfig(num_cpus=1, num_devices=0))
+        assert signal.getsignal(signal.SIGTERM) is _raise_interrupt
+        assert signal.getsignal(signal.SIGINT) is _raise_interrupt
+    finally:
+        ray.shutdown()
+        for s, handler in saved.items():
+            signal.signal(s, handler)
