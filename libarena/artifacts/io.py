@@ -298,6 +298,12 @@ def refuse_overwriting_inputs(output: str | os.PathLike[str] | None, inputs: Map
                              f"as a whole: write the output elsewhere")
 
 
+def foreign_files(directory: Path, replaceable: Callable[[str], bool]) -> list[str]:
+    """The files under ``directory`` (relative paths, sorted) that ``replaceable`` does not accept."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
+                  if (p.is_symlink() or not p.is_dir()) and not replaceable(str(p.relative_to(directory))))
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike[str], replaceable: Callable[[str], bool]) -> Iterator[Path]:
     """Yield an empty temp directory that becomes the directory ``path`` only when the block finishes without
@@ -320,8 +326,7 @@ def atomic_directory(path: str | os.PathLike[str], replaceable: Callable[[str], 
     if target.exists():
         if not target.is_dir():
             raise ArenaError(f"cannot write {path}/: it exists and is not a directory")
-        foreign = sorted(str(p.relative_to(target)) for p in target.rglob("*")
-                         if (p.is_symlink() or not p.is_dir()) and not replaceable(str(p.relative_to(target))))
+        foreign = foreign_files(target, replaceable)
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise ArenaError(f"cannot write {path}/: it holds files this command does not write ({shown}); "

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from libarena.artifacts.io import input_ref, remove_stale_temps
+from libarena.artifacts.io import foreign_files, input_ref, remove_stale_temps
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
 from libarena.pipeline.schedule import SIMULATE_STAGE, simulation_key
@@ -344,8 +344,7 @@ def _refuse_foreign_files(output: Path, run_dirs: list[str], replaceable: Callab
         target = output / run_dir
         if not target.is_dir():
             continue
-        foreign = sorted(str(p.relative_to(target)) for p in target.rglob("*")
-                         if (p.is_symlink() or not p.is_dir()) and not replaceable(str(p.relative_to(target))))
+        foreign = foreign_files(target, replaceable)
         if foreign:
             raise ArenaError(f"cannot write {target}/: it holds files a simulation does not write ({foreign[0]}); "
                              f"choose another output or empty it")

@@ -166,6 +166,17 @@ def test_a_sweep_never_writes_over_its_inputs(tmp_path, inputs):
     assert (beside / "t" / "trace.csv").read_text() == trace_text
 
 
+def test_a_run_folder_holding_other_files_is_refused_before_running(tmp_path, inputs):
+    d, cluster = inputs
+    out = tmp_path / "out"
+    (out / "fcfs").mkdir(parents=True)
+    (out / "fcfs" / "notes.txt").write_text("mine")
+    spec = SweepSpec(cluster, (SweepTrace("philly", d / "philly.csv", d / "perf.parquet"),), ("fcfs",))
+    with pytest.raises(ArenaError, match=r"holds files a simulation does not write \(notes.txt\)"):
+        sweep(spec, out, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == ["fcfs", "fcfs/notes.txt"]
+
+
 def test_a_sweep_that_fails_before_running_leaves_no_folders(tmp_path, inputs):
     d, cluster = inputs
 
