@@ -10,7 +10,6 @@ Importing this package does not import JAX; analyze_model does.
 """
 
 from libarena.analyze.api import (
-    ANALYSIS_REVISION,
     DEFAULT_NUM_CLUSTERS,
     AnalyzeConfig,
     OperatorTable,
@@ -20,7 +19,6 @@ from libarena.analyze.api import (
 )
 
 __all__ = [
-    "ANALYSIS_REVISION",
     "DEFAULT_NUM_CLUSTERS",
     "AnalyzeConfig",
     "OperatorTable",

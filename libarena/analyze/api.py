@@ -6,7 +6,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,10 +19,6 @@ from libarena.errors import ArenaError
 
 KIND = "operator_table"
 DEFAULT_NUM_CLUSTERS = 16
-#: Revision of how tables are derived (same columns, different rows or costs): part of cache keys, so a
-#: cached table from an older analysis is not reused. 2: identical layers traced once (shared traces).
-#: 3: one Adam state (and update) per unit, so the optimizer's step-count work belongs to its unit.
-ANALYSIS_REVISION = 3
 
 Log = Callable[[str], None]
 

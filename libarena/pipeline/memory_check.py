@@ -26,14 +26,16 @@ def stage_memory(name: str) -> list[dict[str, Any]]:
     from libarena.hardware import get_gpu
     from libarena.hardware.comm import AlphaBetaCommModel
     from libarena.models import get_model
-    from libarena.plan import load_model_profile
+    from libarena.plan import PlannerConfig, load_model_profile
     from libarena.plan.costs import StageCostModel
     from libarena.profile.stage import StageSpec, xla_stage_memory
 
     n = len(get_model(name).units)
     # one unit per cluster, so a stage can be any run of units
     profile = load_model_profile(analyze_model(AnalyzeConfig(name, GLOBAL_BATCH, num_clusters=n)))
-    costs = StageCostModel(profile, get_gpu("a100"), 8, AlphaBetaCommModel(), 0.9)
+    gpu = get_gpu("a100")  # any type: the kept bytes compared do not depend on it
+    costs = StageCostModel(profile, gpu, gpu.default_gpus_per_node, AlphaBetaCommModel(),
+                           PlannerConfig().usable_memory_fraction)
     out = []
     for start, stop in ((1, 1 + max(1, (n - 2) // 2)), (0, n)):
         row: dict[str, Any] = {"model": name, "units": [start, stop]}

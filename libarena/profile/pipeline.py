@@ -95,10 +95,6 @@ class StageTimes:
     #: (None: as ``dispatch_s``)
     timed_dispatch_s: float | None = None
 
-    @property
-    def per_microbatch_s(self) -> float:
-        return self.compute_s + self.comm_s + self.p2p_s
-
 
 @dataclass(frozen=True)
 class IterationEstimate:

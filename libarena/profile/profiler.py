@@ -8,7 +8,6 @@ other than the local one are roofline-scaled estimates (``estimated`` = true).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from libarena.profile.cache import ProfileCache, default_cache_dir
 from libarena.profile.corun import CoRunItem, CoRunTiming, SpmdStage, profile_corun
 from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
-from libarena.profile.pipeline import IterationEstimate, StageTimes, one_f_one_b
+from libarena.profile.pipeline import StageTimes, one_f_one_b
 from libarena.profile.estimate import PlanEstimate, perf_rows
 from libarena.profile.stage import (
     CompiledStage, StageSpec, build_stage_executables, compile_stage, lower_stage, plan_stage_specs, worker_view,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +285,3 @@ def skipped_checkpoints(result: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(entry)
     return out
 
-
-def describe_request(request: RunRequest) -> dict[str, Any]:
-    return asdict(request)

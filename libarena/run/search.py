@@ -25,7 +25,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -315,6 +315,3 @@ def measure_in_process(model: ModelDef, config: SearchConfig, dtype: str = "fp32
 
     return measure
 
-
-def describe_config(config: SearchConfig) -> dict[str, Any]:
-    return asdict(config)

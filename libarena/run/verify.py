@@ -23,10 +23,6 @@ class PlanCheck:
     max_param_error: float
     max_moment_error: float
 
-    @property
-    def loss_error(self) -> float:
-        return abs(self.loss - self.reference_loss)
-
 
 def _max_abs_diff(a: Any, b: Any) -> float:
     import jax

@@ -30,7 +30,11 @@ def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str,
 
 
 def reference_policy(names: list[str]) -> str:
-    return "arena" if "arena" in names else names[0]
+    """The compared policy the others are measured against: the registered comparison reference (Arena) if
+    it is among them, else the first."""
+    from libarena.schedule.policies.base import POLICIES
+
+    return next((n for n in names if n in POLICIES and POLICIES.get(n).comparison_reference), names[0])
 
 
 #: edges (hours) of the isolated-duration classes in a jobs-both-finished breakdown; the last class is open

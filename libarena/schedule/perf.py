@@ -152,9 +152,6 @@ class PerfLookup:
     def get(self, model: str, global_batch: int) -> ModelPerf:
         return self._models[(model, global_batch)]
 
-    def views_present(self, model: str, global_batch: int) -> set[str]:
-        return self._views_present.get((model, global_batch), set())
-
     def check_covers(self, pairs: list[tuple[str, int]], trace_source: str) -> None:
         """Fail, listing every (model, global batch) of the trace that the table lacks entirely."""
         missing = sorted({p for p in pairs if p not in self._models})

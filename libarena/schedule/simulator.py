@@ -23,8 +23,6 @@ from libarena.schedule.perf import PerfLookup
 from libarena.schedule.policies.base import Policy
 from libarena.progress import ProgressCallback, ProgressUpdate
 
-ACTIONS = ("launch", "rescale", "migrate", "finish", "drop")
-
 
 @dataclass
 class SimulationResult:

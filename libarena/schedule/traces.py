@@ -36,10 +36,8 @@ import io
 import math
 import os
 import random
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from libarena.checks import MAX_BATCH, MAX_GPUS, MAX_ITERATIONS, MAX_PRIORITY, MAX_SECONDS, brief, range_problem
 from libarena.errors import ArenaError

@@ -3,7 +3,6 @@ scheduler (compressed real time, emulated hosts following the perf table) makes 
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 

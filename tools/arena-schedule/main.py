@@ -31,6 +31,7 @@ from libarena.cli import (
 )
 from libarena.errors import ArenaError
 from libarena.schedule.policies import policy_names
+from libarena.schedule.sweep import DEFAULT_POLICIES
 
 app = typer.Typer(add_completion=False, help="AP-aware cluster scheduling: simulator, Arena and baselines.")
 trace_app = typer.Typer(add_completion=False, help="Workload traces.")
@@ -116,7 +117,7 @@ def simulate(
 
 @app.command()
 def compare(
-    policies: str = typer.Option("arena,fcfs,elasticflow-ls,gavel,sia", "--policies", help="comma-separated policies"),
+    policies: str = typer.Option(",".join(DEFAULT_POLICIES), "--policies", help="comma-separated policies"),
     trace: Path = TraceOpt,
     perf: Path = PerfOpt,
     cluster: Path = ClusterOpt,

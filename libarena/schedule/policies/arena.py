@@ -48,6 +48,7 @@ class ArenaPolicy(Policy):
     ap_search = APSearch.PRUNED
     config_class = ArenaPolicyConfig
     config: ArenaPolicyConfig
+    comparison_reference = True
     persistent_attrs = ("next_defrag", "_depth_exhausted")
 
     def __init__(self, config: ArenaPolicyConfig | None = None):

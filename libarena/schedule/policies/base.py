@@ -33,6 +33,8 @@ class Policy:
     #: the rough cost of simulating a trace with this policy, relative to the others (measured on the paper's
     #: philly trace); a sweep starts the costliest simulations first
     relative_cost: ClassVar[float] = 1.0
+    #: the policy a comparison measures the others against (the jobs both finished), when it is among them
+    comparison_reference: ClassVar[bool] = False
 
     def __init__(self, config: PolicyConfig | None = None):
         self.config = config if config is not None else self.config_class()
