@@ -103,6 +103,12 @@ def refuse_json_with_stdout_data(as_json: bool, output: Any) -> None:
                          "to a file with -o FILE, or drop --json")
 
 
+def refuse_binary_to_terminal(output: Any) -> None:
+    """An Arrow stream (``-o -``) is binary: refused when stdout is a terminal, where it would only garble it."""
+    if str(output) == "-" and sys.stdout.isatty():
+        raise ArenaError("refusing to write an Arrow stream to a terminal: use -o FILE or pipe the output")
+
+
 def _strict(value: Any) -> Any:
     """``value`` with NaN and infinities as null: JSON has no such numbers, and strict parsers refuse the tokens."""
     if isinstance(value, float):

@@ -39,6 +39,7 @@ DEMO_CLUSTER = REPO_ROOT / "examples" / "clusters" / "cluster-a.yaml"
 DEMO_TRACE_NAME = "demo"
 #: (model, global batch) pairs of the embedded trace: paper sizes that fit Cluster-A's 24-48 GB GPUs.
 DEMO_JOBS = (("bert__760M", 128), ("bert__760M", 256), ("moe__690M", 256), ("moe__1.3B", 256), ("wide_resnet__500M", 256))
+#: the arena-ae trace columns (libarena.schedule.traces.FORMATS, which the demo layer may not import)
 TRACE_COLUMNS = ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu", "gpu_type")
 
 

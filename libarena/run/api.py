@@ -124,7 +124,8 @@ class RunRequest:
 
 def ensure_host_devices(count: int) -> list[Any]:
     """This process's JAX devices, presenting ``count`` host CPU devices when JAX is not started yet and
-    no accelerator is configured (the tool's process is the only place that sets XLA_FLAGS)."""
+    no accelerator is configured: XLA reads its flags once, at JAX's start, so this (a run's process, or the
+    worker Ray started for it) is the one place that adds the device count to XLA_FLAGS."""
     if "jax" not in sys.modules:
         flags = os.environ.get("XLA_FLAGS", "")
         if "xla_force_host_platform_device_count" not in flags:

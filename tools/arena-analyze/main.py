@@ -18,7 +18,7 @@ import typer
 
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_HELP, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
-    print_json, refuse_json_with_stdout_data, run_app,
+    print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
 )
 from libarena.errors import ArenaError
 
@@ -67,8 +67,7 @@ def analyze(
         raise ArenaError("missing --global-batch: the global batch size to analyze the step at")
     config = AnalyzeConfig(model, global_batch, seq_len, dtype, num_clusters)
     refuse_json_with_stdout_data(as_json, output)
-    if output == "-" and sys.stdout.isatty():
-        raise ArenaError("refusing to write an Arrow stream to a terminal: use -o FILE or pipe the output")
+    refuse_binary_to_terminal(output)
     check_writable(output)
     where = "stdout" if output == "-" else output
     with Reporter(quiet=quiet, prefix="arena-analyze: ") as reporter:

@@ -20,7 +20,7 @@ from libarena.artifacts import refuse_overwriting_inputs, write_bytes
 from libarena.artifacts.io import check_writable
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
-    print_json, refuse_json_with_stdout_data, run_app,
+    print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
 )
 from libarena.errors import ArenaError
 
@@ -28,11 +28,6 @@ app = typer.Typer(
     add_completion=False,
     help="Plan a job on a cluster: grids, load-aware stage partitions, Pareto frontiers and proxy plans.",
 )
-
-
-def _refuse_binary_to_terminal(output: str) -> None:
-    if output == "-" and sys.stdout.isatty():
-        raise ArenaError("refusing to write an Arrow stream to a terminal: use -o FILE or pipe the output")
 
 
 @app.callback(invoke_without_command=True)
@@ -78,7 +73,7 @@ def plan(
         raise ArenaError("give --ops or --model with --global-batch, not both")
     if model is None and ops == "-" and sys.stdin.isatty():
         raise ArenaError("no operator table: pipe one from arena-analyze, pass --ops FILE, or --model and --global-batch")
-    _refuse_binary_to_terminal(output)
+    refuse_binary_to_terminal(output)
     refuse_json_with_stdout_data(as_json, output)
     check_writable(output)
     step = PlanStep(cluster, PlannerConfig(

@@ -11,25 +11,21 @@ libarena.profile).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from libarena.artifacts import read_table
-from libarena.cli import JSON_OPTION, QUIET_OPTION, Reporter, print_json, refuse_json_with_stdout_data, run_app
+from libarena.cli import (
+    JSON_OPTION, QUIET_OPTION, Reporter, print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
+)
 from libarena.errors import ArenaError
 
 app = typer.Typer(
     add_completion=False,
     help="Profile parallel plans on one local device into the performance table; benchmark collectives.",
 )
-
-
-def _refuse_binary_to_terminal(output: str) -> None:
-    if output == "-" and sys.stdout.isatty():
-        raise ArenaError("refusing to write an Arrow stream to a terminal: use -o FILE or pipe the output")
 
 
 @app.callback(invoke_without_command=True)
@@ -79,7 +75,7 @@ def profile(
 
     if all_frontier and exhaustive:
         raise ArenaError("--all-frontier and --exhaustive exclude each other")
-    _refuse_binary_to_terminal(output)
+    refuse_binary_to_terminal(output)
     refuse_json_with_stdout_data(as_json, output)
     config = ProfileConfig(
         device=device,
@@ -126,7 +122,7 @@ def comm_command(
     Not cached: a benchmark's point is a fresh measurement of this machine's interconnect."""
     from libarena.profile import CommBenchConfig, write_comm_table
 
-    _refuse_binary_to_terminal(output)
+    refuse_binary_to_terminal(output)
     refuse_json_with_stdout_data(as_json, output)
     platform = "cpu" if device in ("local", "cpu") else "gpu" if device in ("gpu", "cuda") else None
     if platform is None:

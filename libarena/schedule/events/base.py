@@ -7,6 +7,7 @@ assigned by the simulator when the event is pushed, so the order never depends o
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from libarena.schedule.simulator import Simulator
 
 
-class Event:
+class Event(ABC):
     __slots__ = ("time",)
     #: lower runs first among events at the same time
     priority: ClassVar[int] = 0
@@ -22,8 +23,9 @@ class Event:
     def __init__(self, time: float):
         self.time = time
 
+    @abstractmethod
     def handle(self, sim: Simulator) -> None:
-        raise NotImplementedError
+        """Apply the event to the simulation."""
 
 
 class JobVersionEvent(Event):
@@ -40,5 +42,6 @@ class JobVersionEvent(Event):
         if self.job.version == self.version:
             self.apply(sim)
 
+    @abstractmethod
     def apply(self, sim: Simulator) -> None:
-        raise NotImplementedError
+        """Apply the event (its job is still on the allocation it was predicted for)."""

@@ -390,7 +390,7 @@ class ArenaPolicy(Policy):
         """The most promising switches of this round, best first, as (-gain, job index, job, type, count): per
         type, those whose gain beats the margin times the cheapest halving there (a lower bound on any
         exchange's loss) and that pay off now; at most 4 D of them (each may try D halvings)."""
-        limit = 4 * self.config.search_depth
+        limit = 4 * self.config.search_depth  # a bound on the round's work (the exchange is off by default)
         out = []
         for t2, entries in self._switch_lists().items():
             cheapest = self._cheapest_halving(t2)
@@ -522,7 +522,7 @@ class ArenaPolicy(Policy):
             # the least used node that is not entirely free
             order = sorted((n for n in range(pool.num_nodes) if 0 < pool.free[n] < pool.gpn),
                            key=lambda n: (-int(pool.free[n]), n))
-            for node in order[:4]:
+            for node in order[:4]:  # a bound on the round's work: the least used nodes are the likely ones
                 if self._evacuate(t, node):
                     break
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from libarena.schedule.simulator import Simulator
 
 
-class Policy:
+class Policy(ABC):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     #: the view the policy decides from unless configured otherwise
@@ -60,11 +61,12 @@ class Policy:
         """Whether the job can ever be placed under this policy on an empty cluster (else: unschedulable)."""
         return bool(((job.view_thr > 0) & self.allowed).any())
 
+    @abstractmethod
     def on_arrival(self, job: Job) -> None:
-        raise NotImplementedError
+        """A job arrived (after its profiling): queue it."""
 
     def on_finish(self, job: Job) -> None:
-        pass
+        """A job finished (optional hook: most policies keep no per-job state)."""
 
     def on_start(self, job: Job) -> None:
         """A job began training on its allocation (after its launch or a rescale: Job.state is RUNNING)."""
@@ -72,8 +74,9 @@ class Policy:
     def needs_schedule(self) -> bool:
         return self.sim.dirty
 
+    @abstractmethod
     def schedule(self) -> None:
-        raise NotImplementedError
+        """One scheduling round: launch, rescale or migrate jobs through the simulator."""
 
     # -- helpers shared by policies ----------------------------------------------------------------
     def requested_count_on(self, job: Job, t: int) -> int | None:
