@@ -154,7 +154,7 @@ def read_trace_text(path: str | os.PathLike[str]) -> str:
     data = read_bounded(path, MAX_TRACE_BYTES, "trace CSV" if str(path) == "-" else "trace", stdin=True)
     source = "stdin" if str(path) == "-" else str(path)
     try:
-        return data.decode("utf-8-sig")  # a byte-order mark (spreadsheet exports) is not part of the header
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ArenaError(f"{source}: not a UTF-8 text CSV") from None
 
@@ -166,7 +166,7 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
     source = "stdin" if str(path) == "-" else str(path)
     if text is None:
         text = read_trace_text(path)
-    text = text.removeprefix("\ufeff")
+    text = text.removeprefix("\ufeff")  # a byte-order mark (spreadsheet exports) is not part of the header
     reader = csv.DictReader(text.splitlines())
     try:
         header = [h.strip() for h in (reader.fieldnames or [])]
