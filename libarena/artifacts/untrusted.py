@@ -154,14 +154,17 @@ def read_bounded(path: str | os.PathLike[str], limit: int, what: str, *, stdin: 
         return data
     p = Path(path)
     noun = noun or (what if what.endswith(" file") else f"{what} file")
-    if not p.exists():
-        raise ArenaError(f"{p}: no such {noun}")
-    if p.is_dir():
+    try:
+        info = p.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ArenaError(f"{p}: no such {noun}") from None
+    except OSError as exc:
+        raise ArenaError(f"{p}: cannot read the {what} ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(info.st_mode):
         raise ArenaError(f"{p}: is a directory, expected a {noun}")
-    mode = p.stat().st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
         raise ArenaError(f"{p}: is not a regular file or a pipe, expected a {noun}")
-    if stat.S_ISREG(mode) and p.stat().st_size > limit:
+    if stat.S_ISREG(info.st_mode) and info.st_size > limit:
         raise ArenaError(f"{p}: refused as {a_what}: larger than {size}")
     try:
         with open(p, "rb") as f:
