@@ -25,6 +25,8 @@ MIN_TICK_S = 1.0
 MAX_ITERATION_S = 86400
 #: Iterations of a job (a trace row, a job file, arena-run --steps).
 MAX_ITERATIONS = 10**12
+#: Training steps of one arena-run at most (a billion).
+MAX_STEPS = 10**9
 #: Samples in a global batch.
 MAX_BATCH = 1 << 20
 #: GPUs of a job, of a node group or a cluster; GPUs of one node.

@@ -119,3 +119,16 @@ def test_malformed_yaml(tmp_path):
         load_cluster(p)
     with pytest.raises(ArenaError, match="no such cluster spec"):
         load_cluster(tmp_path / "none.yaml")
+
+
+def test_a_key_given_twice_is_refused(tmp_path):
+    """YAML requires unique keys; PyYAML would keep the last one silently (a cluster of 2 nodes read as 8)."""
+    p = tmp_path / "c.yaml"
+    p.write_text("name: t\nnode_groups:\n  - gpu_type: a10\n    nodes: 2\n    gpus_per_node: 1\n    nodes: 8\n")
+    with pytest.raises(ArenaError, match=r"c\.yaml: malformed cluster spec: .*line 6, column 5 \(key 'nodes' is given twice\)"):
+        load_cluster(p)
+    p.write_text("name: t\nnode_groups: [{gpu_type: a10, nodes: 2}]\nname: u\n")
+    with pytest.raises(ArenaError, match="key 'name' is given twice"):
+        load_cluster(p)
+    p.write_text("name: t\nnode_groups: [{gpu_type: a10, nodes: 2, gpus_per_node: 1}, {gpu_type: a10, nodes: 1, gpus_per_node: 1}]\n")
+    assert load_cluster(p).total_gpus == 3  # equal keys in different mappings are fine

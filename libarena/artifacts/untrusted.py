@@ -4,8 +4,10 @@ A spec file is small and flat, so anything else is refused with a one-line error
 memory: files over :data:`MAX_SPEC_BYTES`, nesting deeper than :data:`MAX_DEPTH` (checked by a lexical scan
 before the parser runs: PyYAML's scanner is quadratic in the depth of flow collections, and both parsers
 recurse), YAML aliases (``*name``: an alias bomb expands a few lines into billions of nodes as soon as
-anything walks or prints the result) and more than :data:`MAX_NODES` values. :func:`check_keys` refuses
-unknown keys with a "did you mean" hint, so a typo never silently falls back to a default.
+anything walks or prints the result) and more than :data:`MAX_NODES` values. A key given twice in one
+mapping is refused too (YAML requires unique keys; PyYAML would keep the last silently, TOML refuses it).
+:func:`check_keys` refuses unknown keys with a "did you mean" hint, so a typo never silently falls back to a
+default.
 """
 
 from __future__ import annotations
@@ -105,6 +107,32 @@ def _depth_and_size(data: Any) -> tuple[int, int]:
     return deepest, count
 
 
+def _yaml_loader() -> type:
+    """PyYAML's safe loader (the C one where built) refusing a key given twice in one mapping."""
+    import yaml
+
+    from libarena.checks import brief
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class UniqueKeyLoader(base):  # type: ignore[misc, valid-type]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark, f"key {brief(key)} is given twice", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def parse_spec_text(text: str, source: str, what: str, toml: bool = False) -> Any:
     """Parse the text of a spec file (YAML, or TOML when ``toml``) under the limits above."""
     problem = _flow_depth_problem(text)
@@ -123,7 +151,7 @@ def parse_spec_text(text: str, source: str, what: str, toml: bool = False) -> An
         import yaml
 
         try:
-            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            data = yaml.load(text, Loader=_yaml_loader())
         except RecursionError:
             raise ArenaError(f"{source}: refused as a {what}: nested too deeply") from None
         except yaml.YAMLError as exc:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from libarena.errors import ArenaError
 from libarena.models.base import ModelConfig, ModelDef
 from libarena.registry import Registry
+from libarena.workloads import TEST_SIZES
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,3 @@ def list_models(include_test_sizes: bool = True) -> list[ZooEntry]:
 def families() -> list[str]:
     return FAMILIES.names()
 
-
-#: Sizes that exist for tests and CPU profiling, not in the paper.
-TEST_SIZES = ("tiny", "small")

@@ -67,7 +67,7 @@ class PerfBuildConfig:
 def mode_for(model: str, mode: str) -> str:
     if mode != "auto":
         return mode
-    from libarena.models import TEST_SIZES
+    from libarena.workloads import TEST_SIZES
 
     return "local" if model.partition("__")[2] in TEST_SIZES else "roofline"
 

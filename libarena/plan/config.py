@@ -34,6 +34,11 @@ def replica_microbatch(global_batch: int, num_microbatches: int, dp: int = 1) ->
     return max(1, math.ceil(global_batch / (num_microbatches * dp)))
 
 
+#: Fraction of a GPU's memory a plan may use, for every stage that judges whether a plan fits (planner,
+#: profiler, roofline estimate): the rest is the CUDA context, allocator fragmentation and workspace.
+USABLE_MEMORY_FRACTION = 0.9
+
+
 @dataclass(frozen=True)
 class PlannerConfig:
     #: Largest GPU count of a grid (grids use powers of two up to it and up to what the cluster has).
@@ -45,7 +50,7 @@ class PlannerConfig:
     #: Frontier size cap per grid (the paper's threshold); 0 = no cap.
     frontier_cap: int = 8
     #: Fraction of a GPU's memory plans may use (the rest: CUDA context, allocator fragmentation, workspace).
-    usable_memory_fraction: float = 0.9
+    usable_memory_fraction: float = USABLE_MEMORY_FRACTION
     #: Consider ZeRO-1 (optimizer state sharded across the data-parallel group) as an intra-stage option.
     allow_zero: bool = True
     #: Consider activation recomputation (each unit recomputes its activations in the backward pass) as an

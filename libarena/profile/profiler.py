@@ -26,6 +26,7 @@ from libarena.hardware.catalogue import get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommModel
 from libarena.models import ModelDef, get_model
 from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan, replica_microbatch
+from libarena.plan.config import USABLE_MEMORY_FRACTION
 from libarena.profile.cache import ProfileCache, default_cache_dir
 from libarena.profile.corun import CoRunItem, CoRunTiming, SpmdStage, profile_corun
 from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
@@ -74,8 +75,8 @@ class ProfileConfig:
     selection: str = "proxy"
     #: also profile each grid's pure data-parallel plan (the ``dp`` view)
     include_dp: bool = True
-    #: fraction of the device memory a plan may use
-    memory_fraction: float = 0.9
+    #: fraction of the device memory a plan may use (the planner's default)
+    memory_fraction: float = USABLE_MEMORY_FRACTION
     seed: int = 0
     #: stage: one executable per distinct stage (what the executor runs); unit: one per distinct layer,
     #: summed (identical layers profiled once: cheaper). Mean error against direct measurement on 1 / 2 CPU
@@ -865,7 +866,10 @@ def profile_plans(
     elif concurrency.slowdowns:
         log(f"host concurrency: {', '.join(f'{k} devices at once run {v:.2f}x slower' for k, v in concurrency.slowdowns)} ({concurrency.source})")
     corun, corun_cost = corun_timings(job, work, config, local, timer, cache, log)
-    corun_charged: set[int] = set()
+    # A plan's profiling cost is what its stages cost to profile, charged to the first plan of this run that needs
+    # each (an identical stage is profiled once), taken from the stage's record whether it was profiled now or
+    # served from the cache: the table then reports the same cost whatever the cache held before.
+    corun_charged: set[tuple[int, str, Any]] = set()
 
     def pieces_of(stage_spec: StageSpec) -> list[StageSpec]:
         if config.granularity == "unit":
@@ -921,11 +925,12 @@ def profile_plans(
                                                    config.burst, ahead.pop(spec, None), ahead_cost.pop(spec, None),
                                                    config.timing_budget_s)
                 stages_needed += 1
+                if record["key"] not in seen_this_run:
+                    new_cost += record["device_s"]
                 if cached:
                     stages_cached += 1
                 else:
                     stages_profiled += 1
-                    new_cost += record["device_s"]
                     stage_costs.append(_stage_cost(spec, record))
                     log(
                         f"profiled {spec.model} units [{spec.start}, {spec.stop}) mb {spec.micro_batch} tp {spec.tp}: "
@@ -936,12 +941,12 @@ def profile_plans(
             if config.granularity == "unit":
                 records.append(combine_unit_records(piece_records, stage_spec, overhead))
             else:
-                timing = corun.get((plan.grid.num_gpus, piece_records[0]["key"], corun_item(plan, j, stage_spec)))
+                corun_key = (plan.grid.num_gpus, piece_records[0]["key"], corun_item(plan, j, stage_spec))
+                timing = corun.get(corun_key)
+                if timing is not None and corun_key not in corun_charged:
+                    corun_charged.add(corun_key)
+                    new_cost += plan.grid.num_gpus * timing.device_s  # its co-run child held the plan's devices
                 records.append(piece_records[0] if timing is None else {**piece_records[0], "corun": timing.to_dict()})
-        n = plan.grid.num_gpus
-        if n in corun_cost and n not in corun_charged:  # the co-run child held the plans' devices: charged to the first such plan
-            corun_charged.add(n)
-            new_cost += n * corun_cost[n]
         estimate = estimate_plan(
             job, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction, config.statistic, concurrency
         )

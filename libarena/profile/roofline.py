@@ -20,6 +20,7 @@ import numpy as np
 from libarena.hardware import ClusterSpec, get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel, CommModel
 from libarena.plan import Grid, GridResult, ParallelPlan, PlanSet, Resources, data_parallel_plan
+from libarena.plan.config import USABLE_MEMORY_FRACTION
 from libarena.plan.costs import StageCostModel
 from libarena.plan.model import ModelProfile
 from libarena.profile.estimate import PlanEstimate, perf_rows
@@ -33,8 +34,8 @@ class RooflineConfig:
     #: Fraction of the roofline a training step attains: Megatron-LM trains GPT-3 175B at 163 of the A100's
     #: 312 bf16 TFLOP/s (52%; Narayanan et al., SC'21). Applied to compute and optimizer time alike.
     achieved_fraction: float = 0.52
-    #: Fraction of GPU memory a plan may use (same default as the planner).
-    memory_fraction: float = 0.9
+    #: Fraction of GPU memory a plan may use (the planner's default).
+    memory_fraction: float = USABLE_MEMORY_FRACTION
     #: Micro-batches of the pure data-parallel (dp view) plan: gradient accumulation as the planner's s = 1.
     dp_microbatches: int = 4
     #: The dp view shards the Adam state across its replicas (ZeRO-1, parameters stay replicated) when the

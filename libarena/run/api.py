@@ -9,16 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libarena.checks import MAX_BATCH, MAX_SEED, Range, check_fields
+from libarena.checks import MAX_BATCH, MAX_SEED, MAX_STEPS, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
+from libarena.run.checkpoint import DEFAULT_CHECKPOINT_EVERY
 from libarena.run.cluster import JobSpec, LocalClusterConfig
 from libarena.run.plan import RunPlan
 from libarena.run.search import SearchConfig, SearchSpace
 
 SELECTIONS = ("proxy", "pruned", "full")
-#: Training steps of one arena-run at most (a billion).
-MAX_STEPS = 10**9
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class RunRequest:
     #: Hosts (Ray actors, one JAX process each) the job's devices are spread over; 0 = one on the embedded
     #: cluster, the GPU type's nodes needed (default GPUs per node) on a joined cluster.
     num_hosts: int = 0
-    checkpoint_every: int = 10
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     seed: int = 0
     data_seed: int = 0
     dtype: str = "fp32"

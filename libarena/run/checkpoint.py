@@ -21,6 +21,9 @@ from libarena.errors import ArenaError
 from libarena.models import ModelDef
 from libarena.models.training import OptimizerConfig
 
+#: Steps between checkpoints when a job does not say (arena-run, a Ray job, train); the run also saves at its end.
+DEFAULT_CHECKPOINT_EVERY = 10
+
 
 @dataclass(frozen=True)
 class CheckpointMeta:

@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 from libarena.checks import Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models.training import OptimizerConfig
+from libarena.run.checkpoint import DEFAULT_CHECKPOINT_EVERY
 from libarena.run.heap import heap_pages, huge_page_heap_env
 from libarena.run.plan import RunPlan
 
@@ -63,7 +64,7 @@ class JobSpec:
     global_batch: int
     steps: int
     checkpoint_dir: str
-    checkpoint_every: int = 10
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     seed: int = 0
     data_seed: int = 0
     dtype: str = "fp32"

@@ -15,7 +15,7 @@ from libarena.errors import ArenaError
 from libarena.models import ModelDef
 from libarena.models.training import OptimizerConfig
 from libarena.run import distributed
-from libarena.run.checkpoint import CheckpointMeta, CheckpointStore, param_signature
+from libarena.run.checkpoint import DEFAULT_CHECKPOINT_EVERY, CheckpointMeta, CheckpointStore, param_signature
 from libarena.run.executor import PipelineExecutor, StepStats
 from libarena.run.heap import frozen_heap
 from libarena.run.plan import RunPlan
@@ -32,7 +32,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     checkpoint_dir: str | None = None
     #: Save every this many steps (and after the last one); 0 = only at the end.
-    checkpoint_every: int = 10
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     #: Measure per-stage busy time and peak memory on this (1-based, in this run) step; 0 = never.
     profile_step: int = 2
 

@@ -16,8 +16,8 @@ generate GPU count, type, model configurations, and iteration count"), seeded pe
 so a job's adaptation does not depend on row order:
 
 1. family uniformly from bert, gpt, moe, wide_resnet; size uniformly from the family's zoo sizes
-   (ZOO below, the paper's Table 2 plus the traces' BERT sizes); global batch uniformly from the family's
-   batch sizes;
+   (``libarena.workloads.PAPER_SIZES``: the paper's Table 2 plus the traces' BERT sizes); global batch
+   uniformly from the family's batch sizes (``GLOBAL_BATCHES``);
 2. GPU type uniformly from the cluster's GPU types (the paper's four when no cluster is given);
 3. GPU count = the recorded ``num_gpu`` rounded up to a power of two (buddy allocation), capped at 16 (the
    paper's N);
@@ -43,14 +43,9 @@ from libarena.checks import MAX_BATCH, MAX_GPUS, MAX_ITERATIONS, MAX_PRIORITY, M
 from libarena.errors import ArenaError
 from libarena.hardware import get_gpu
 from libarena.schedule.entities import JobSpec, count_index_at_least
+from libarena.workloads import GLOBAL_BATCHES, PAPER_SIZES, is_zoo_model
 
 #: family -> (sizes, global batch sizes)
-ZOO: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
-    "bert": (("760M", "1.3B", "2.6B", "6.7B"), (128, 256, 512)),
-    "gpt": (("760M", "1.3B", "2.6B", "6.7B"), (128, 256, 512)),
-    "moe": (("690M", "1.3B", "2.4B", "10B", "27B"), (256, 512, 1024)),
-    "wide_resnet": (("500M", "1B", "2B", "4B", "6.8B"), (256, 512, 1024)),
-}
 PAPER_GPU_TYPES = ("a100", "v100", "a40", "a10")
 MAX_ADAPTED_GPUS = 16
 #: the most jobs ``trace scale`` makes (the paper's largest trace has 13k rows; ten times philly, 19k)
@@ -77,17 +72,6 @@ class Trace:
     jobs: list[JobSpec]
     skipped: list[str] = field(default_factory=list)
     adapted: bool = False
-
-
-#: The zoo's tiny and small sizes of every family (tests, CPU profiling), besides the paper's in ZOO.
-TEST_SIZES = ("tiny", "small")
-
-
-def is_zoo_model(name: str) -> bool:
-    """Whether ``name`` is a model of the zoo, from the scheduler's own copy of the names (ZOO, TEST_SIZES; a
-    test keeps them equal to libarena.models): the scheduler never imports the model code."""
-    family, sep, size = name.partition("__")
-    return bool(sep) and family in ZOO and (size in ZOO[family][0] or size in TEST_SIZES)
 
 
 def detect_format(header: list[str], source: str) -> str:
@@ -240,31 +224,38 @@ def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: R
         model = (row.get("model_name") or "").strip()
         if not is_zoo_model(model):
             raise _RowError("model_name", f"unknown model {brief(model)} (expected family__size with family in "
-                                          f"{', '.join(ZOO)})")
+                                          f"{', '.join(PAPER_SIZES)})")
         batch = _num(row, "batch_size")
         raw_type = (row.get("gpu_type") or "").strip()
         try:
             gpu_type = get_gpu(raw_type).name
         except ArenaError:
             raise _RowError("gpu_type", f"unknown GPU type {brief(raw_type)}") from None
-        deadline = _num(row, "deadline", optional=True) if "deadline" in row else None
+        deadline = _deadline_after(_num(row, "deadline", optional=True), submit) if "deadline" in row else None
         return JobSpec(job_id, i, submit, model, batch, iters, _pow2_at_least(num_gpu), gpu_type, deadline, priority)
     duration = _num(row, "duration")
     rng = random.Random(f"{seed}/{job_id}")
-    family = rng.choice(sorted(ZOO))
-    sizes, batches = ZOO[family]
-    model = f"{family}__{rng.choice(sizes)}"
-    batch = rng.choice(batches)
+    family = rng.choice(sorted(PAPER_SIZES))
+    model = f"{family}__{rng.choice(PAPER_SIZES[family])}"
+    batch = rng.choice(GLOBAL_BATCHES[family])
     gpu_type = rng.choice(types)
     gpus = min(MAX_ADAPTED_GPUS, _pow2_at_least(num_gpu))
     if fmt == "elasticflow":
         _num(row, "num_iteration")  # validated; replaced by the adapted count
-        deadline = _num(row, "deadline", optional=True)
+        deadline = _deadline_after(_num(row, "deadline", optional=True), submit)
     else:
         deadline = submit + duration * rng.uniform(0.5, 1.5)
     per_s = rate(model, batch, gpu_type, gpus) if rate is not None else None
     iters = max(1, round(duration * (per_s if per_s else 1.0)))
     return JobSpec(job_id, i, submit, model, batch, iters, gpus, gpu_type, deadline, priority)
+
+
+def _deadline_after(deadline: float | None, submit: float) -> float | None:
+    """A row's deadline, which must come after its submission: one at or before it is a malformed row (no job
+    of the published traces has one; a deadline-aware policy would otherwise meet a job already late)."""
+    if deadline is not None and deadline <= submit:
+        raise _RowError("deadline", f"deadline {deadline:g} s is not after the submission time {submit:g} s")
+    return deadline
 
 
 def trace_stats(trace: Trace) -> dict:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from libarena.schedule.live.clock import VirtualClock
-from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, get_launcher
+from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, LauncherOptions, get_launcher
 from tests.live.helpers import wait_until
 
 FAKE_RUN = '''
@@ -44,7 +44,7 @@ def test_launch_rescale_resume_finish_and_lost(tmp_path):
     commands = {"arena-run": _script(tmp_path, "fake-run", FAKE_RUN), "arena-analyze": _script(tmp_path, "fa", FAKE_TOOL),
                 "arena-plan": _script(tmp_path, "fp", FAKE_TOOL)}
     clock = VirtualClock(time.time(), 1.0)
-    ctx = LauncherContext(tmp_path / "work", tmp_path / "cluster.yaml", clock, None, {"commands": commands})
+    ctx = LauncherContext(tmp_path / "work", tmp_path / "cluster.yaml", clock, None, LauncherOptions(commands=commands))
     launcher = get_launcher("arena-run", ctx)
     v1 = LaunchRequest("job", 1, "launch", "gpt__tiny", 8, 150, "a100", 1, (0,), 0.0, 0.0)
     launcher.launch(v1)
@@ -73,3 +73,28 @@ def test_launch_rescale_resume_finish_and_lost(tmp_path):
     wait_until(lambda: launcher.poll(clock.now(), {"job2": 1})["job2"].phase == "finished", 60)
     assert launcher.progress("job2") == 120
     launcher.close()
+
+
+def test_options_shape_the_arena_run_command(tmp_path):
+    """Typed launcher options: the checkpoint interval, the Ray address and extra arguments reach arena-run's
+    command line; left unset, arena-run's own defaults apply; bad values are refused when the options are made."""
+    import pytest
+
+    from libarena.errors import ArenaError
+
+    clock = VirtualClock(time.time(), 1.0)
+    req = LaunchRequest("job", 1, "launch", "gpt__tiny", 8, 150, "a100", 4, (0,), 0.0, 0.0)
+
+    def command(options):
+        launcher = get_launcher("arena-run", LauncherContext(tmp_path / "work", tmp_path / "c.yaml", clock, None, options))
+        return launcher.script(req, tmp_path / "run").splitlines()[1]
+
+    default = command(LauncherOptions())
+    assert "--checkpoint-every" not in default and "--devices 4" in default and "--search-max 2" in default
+    chosen = command(LauncherOptions(address="ray://head:10001", checkpoint_every=25, search_max=3,
+                                     arena_run_args=["--lr", "0.01"]))
+    assert "--checkpoint-every 25" in chosen and "--address ray://head:10001" in chosen and "--devices" not in chosen
+    assert "--search-max 3" in chosen and chosen.endswith("--lr 0.01")
+    for bad in ({"checkpoint_every": 0}, {"checkpoint_every": 2.5}, {"search_max": -1}):
+        with pytest.raises(ArenaError, match="--checkpoint-every|search_max"):
+            LauncherOptions(**bad)

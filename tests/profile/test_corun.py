@@ -259,6 +259,8 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(tmp_path):
     second = profile_plans(planset, config, comm=_cpu_comm(), log=again.append)
     assert not any(m.startswith("co-run") for m in again)
     assert [e.iter_time_s for e in second.estimates] == [e.iter_time_s for e in result.estimates]
+    assert [e.profiling_cost_device_s for e in second.estimates] == [e.profiling_cost_device_s for e in result.estimates]
+    assert second.summary["co_run_wall_s"] == {}  # what this run spent co-running: nothing
     # the CPU-time model asked for: no co-run timings
     cpu_time = profile_plans(planset, ProfileConfig(cache_dir=tmp_path / "cache", warmup=1, repeats=3, include_dp=False,
                                                     concurrency="cpu-time"), comm=_cpu_comm())

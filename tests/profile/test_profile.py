@@ -127,7 +127,11 @@ def test_second_run_is_served_from_the_cache(plans_path, cache_dir, first_run):
     before = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in first_run.table.to_pylist()}
     after = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in again.table.to_pylist()}
     assert before == pytest.approx(after)
-    assert all(r["profiling_cost_device_s"] == 0 for r in again.table.to_pylist())
+    # the cost of profiling each row is what its stages cost when they were profiled, not what this run paid
+    # (nothing): a table rebuilt from the cache is the same table
+    cost = {(r["gpu_type"], r["view"]): r["profiling_cost_device_s"] for r in first_run.table.to_pylist()}
+    assert cost == {(r["gpu_type"], r["view"]): r["profiling_cost_device_s"] for r in again.table.to_pylist()}
+    assert sum(cost.values()) > 0
 
 
 def test_cpu_plans_without_a_comm_table_need_one(tmp_path, cache_dir):

@@ -69,6 +69,6 @@ def write_perf(path, models, gpu_types, max_gpus: int = 16) -> None:
 
 
 def zoo_pairs() -> list[tuple[str, int]]:
-    from libarena.schedule.traces import ZOO
+    from libarena.workloads import GLOBAL_BATCHES, PAPER_SIZES
 
-    return [(f"{f}__{s}", b) for f, (sizes, batches) in ZOO.items() for s in sizes for b in batches]
+    return [(f"{f}__{s}", b) for f, sizes in PAPER_SIZES.items() for s in sizes for b in GLOBAL_BATCHES[f]]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from libarena.errors import ArenaError
-from libarena.schedule.traces import TEST_SIZES, ZOO, is_zoo_model, read_trace, trace_stats
+from libarena.schedule.traces import read_trace, trace_stats
+from libarena.workloads import GLOBAL_BATCHES, PAPER_SIZES, TEST_SIZES, is_zoo_model, zoo_model_names
 
 HEADER = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type\n"
 GOOD = "a,0,100,gpt__1.3B,5000,256,2,a100\n"
@@ -27,7 +28,7 @@ def test_adapts_elasticflow_and_raw_traces(traces_dir, path, fmt):
     assert tr.format == fmt and tr.adapted
     for j in tr.jobs:
         family, size = j.model.split("__")
-        assert size in ZOO[family][0] and j.global_batch in ZOO[family][1]
+        assert size in PAPER_SIZES[family] and j.global_batch in GLOBAL_BATCHES[family]
         assert j.requested_type in ("a40", "a10")
         assert j.requested_gpus & (j.requested_gpus - 1) == 0 and j.requested_gpus <= 16
         assert j.num_iterations >= 1 and j.deadline is not None
@@ -61,6 +62,8 @@ def test_adapted_iterations_follow_the_execution_rate(tmp_path):
     ("a,1e18,100,gpt__1.3B,5000,256,2,a100", "submission_time", "out of range"),
     ("a,0,1e300,gpt__1.3B,5000,256,2,a100", "num_iteration", "out of range"),
     ("a,0,100,gpt__1.3B,inf,256,2,a100", "deadline", "not a finite number"),
+    ("a,600,100,gpt__1.3B,500,256,2,a100", "deadline", "deadline 500 s is not after the submission time 600 s"),
+    ("a,600,100,gpt__1.3B,600,256,2,a100", "deadline", "is not after the submission time"),
     ("a,0,100,gpt__1.3B,5000,256,0,a100", "num_gpu", "expected an integer in [1, "),
     ("a,0,100,llama__7B,5000,256,2,a100", "model_name", "unknown model"),
     ("a,0,100,gpt__1.3B,5000,256,2,tpu9", "gpu_type", "unknown GPU type"),
@@ -117,13 +120,24 @@ def test_an_oversized_trace_is_refused_before_it_is_read(tmp_path, monkeypatch):
         read_trace(p)
 
 
-def test_adaptation_zoo_matches_the_model_registry():
-    # the scheduler keeps its own copy of the zoo's names so that it never imports the (JAX) model code
+def test_the_catalogue_names_the_model_registry():
+    # the scheduler knows the zoo from libarena.workloads, never from the (JAX) model code
     from libarena.models import list_models
 
-    registry = {e.name for e in list_models(include_test_sizes=False)}
-    ours = {f"{f}__{s}" for f, (sizes, _) in ZOO.items() for s in sizes}
-    assert ours == registry
+    assert {e.name for e in list_models(include_test_sizes=False)} == zoo_model_names(include_test_sizes=False)
     everything = {e.name for e in list_models()}
-    assert {f"{f}__{s}" for f in ZOO for s in TEST_SIZES} | ours == everything
-    assert all(is_zoo_model(name) for name in everything) and not is_zoo_model("gpt__3B")
+    assert everything == zoo_model_names() == {f"{f}__{s}" for f in PAPER_SIZES for s in TEST_SIZES} | zoo_model_names(False)
+    assert all(is_zoo_model(name) for name in everything) and not is_zoo_model("gpt__3B") and not is_zoo_model("gpt")
+    assert set(GLOBAL_BATCHES) == set(PAPER_SIZES)
+
+
+def test_the_zoo_refuses_to_load_when_the_catalogue_disagrees():
+    import subprocess
+    import sys
+
+    code = ("import libarena.workloads as w\n"
+            "w.PAPER_SIZES['gpt'] += ('3B',)\n"
+            "from libarena.models import list_models\n"
+            "list_models()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "catalogued only ['gpt__3B']" in r.stderr

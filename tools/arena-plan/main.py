@@ -23,6 +23,7 @@ from libarena.cli import (
     print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
 )
 from libarena.errors import ArenaError
+from libarena.plan.config import USABLE_MEMORY_FRACTION
 
 app = typer.Typer(
     add_completion=False,
@@ -45,7 +46,7 @@ def plan(
     microbatches_per_stage: int = typer.Option(4, "--microbatches-per-stage", help="B = this x s (the paper: 4)"),
     num_microbatches: Optional[int] = typer.Option(None, "--num-microbatches", help="fix B instead"),
     frontier_cap: int = typer.Option(8, "--frontier-cap", help="most frontier plans kept per grid (0 = all)"),
-    memory_fraction: float = typer.Option(0.9, "--memory-fraction", help="fraction of GPU memory plans may use"),
+    memory_fraction: float = typer.Option(USABLE_MEMORY_FRACTION, "--memory-fraction", help="fraction of GPU memory plans may use"),
     no_zero: bool = typer.Option(False, "--no-zero", help="do not consider ZeRO-1 optimizer sharding"),
     exhaustive: bool = typer.Option(False, "--exhaustive", help="enumerate every plan of every grid (reference)"),
     exhaustive_limit: int = typer.Option(2_000_000, "--exhaustive-limit", help="refuse larger exhaustive grids"),

@@ -19,6 +19,7 @@ import typer
 
 from libarena.cli import QUIET_OPTION, run_app, stderr_console
 from libarena.errors import ArenaError
+from libarena.run.checkpoint import DEFAULT_CHECKPOINT_EVERY
 
 app = typer.Typer(add_completion=False, help="Train a model under an arena-plan plan with adaptive parallelism (JAX + Ray).")
 
@@ -36,7 +37,7 @@ def run(
     search: Optional[str] = typer.Option(None, "--search", help="runtime AP search before training: pruned or full"),
     search_max: int = typer.Option(0, "--search-max", help="measure at most this many candidates (seeded sample; 0 = all)"),
     search_steps: int = typer.Option(2, "--search-steps", help="timed steps per candidate (after one warm-up step)"),
-    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="save every N steps (and at the end)"),
+    checkpoint_every: int = typer.Option(DEFAULT_CHECKPOINT_EVERY, "--checkpoint-every", help="save every N steps (and at the end)"),
     address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster (default: start an embedded one)"),
     no_ray: bool = typer.Option(False, "--no-ray", help="run in this process instead of on Ray"),
     devices: int = typer.Option(8, "--devices", help="devices the local host presents as the GPU type (no --address)"),

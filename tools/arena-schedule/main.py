@@ -349,20 +349,21 @@ def serve(
     poll: float = typer.Option(0.5, "--poll", help="wall seconds between polls of submissions and profiles"),
     profile_script: Optional[str] = typer.Option(None, "--profile-script", help="shell template for profiling on "
                                                  "arrival ({model} {batch} {cluster} {out}); default analyze|plan|profile"),
-    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="arena-run: checkpoint every N steps"),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every",
+                                                   help="arena-run: checkpoint every N steps (default: arena-run's)"),
     until_idle: bool = typer.Option(False, "--until-idle", help="exit once every submitted job is done"),
     event_passes: bool = typer.Option(True, "--event-passes/--ticks-only", help="schedule at once when a job arrives, "
                                       "starts or ends (default), or only at ticks, as the simulator does"),
 ) -> None:
     """Run the live scheduler: the policy against (compressed) real time, state in SQLite; survives kill -9."""
+    from libarena.schedule.config import OverheadConfig
+    from libarena.schedule.live.launchers import LauncherOptions
     from libarena.schedule.live.server import ServeConfig, Server
 
-    from libarena.schedule.config import OverheadConfig
-
     cfg = ServeConfig(cluster, perf, state, policy=policy, tick_s=tick, compression=time_compression,
-                      launcher=launcher, workdir=workdir, address=address,
-                      overheads=OverheadConfig.from_assignments(overhead), poll_s=poll,
-                      profile_script=profile_script, launcher_options={"checkpoint_every": checkpoint_every},
+                      launcher=launcher, workdir=workdir, overheads=OverheadConfig.from_assignments(overhead), poll_s=poll,
+                      profile_script=profile_script,
+                      launcher_options=LauncherOptions(address=address, checkpoint_every=checkpoint_every),
                       event_passes=event_passes)
     server = Server(cfg)
     print(f"arena-schedule: serving {state} (policy {policy}, tick {tick:g} s, compression {time_compression:g}, "

@@ -32,7 +32,7 @@ PERF_TABLE = register_kind(
             Column("recomputes", "bool", "the plan recomputes activations in the backward pass in at least one stage (to fit in memory, or to communicate less)", required=False, default=False),
             Column("timer", "string", "how the time was obtained: cupti, host, measured, estimated, imported", required=False, default="imported"),
             Column("estimated", "bool", "true for roofline-scaled estimates of GPU types not present", required=False, default=False),
-            Column("profiling_cost_device_s", "float64", "device-seconds spent obtaining the row", required=False, default=0.0),
+            Column("profiling_cost_device_s", "float64", "device-seconds that profiling the row's stages took (each distinct stage charged to the first row of the table that needs it, the same whether it was profiled for this table or earlier and served from the cache)", required=False, default=0.0),
             Column(
                 "measured_iter_time_s",
                 "float64",

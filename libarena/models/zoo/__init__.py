@@ -5,9 +5,10 @@ Hyperparameters follow Alpa's benchmark suites (the paper's artifact runs on Alp
 (image size, 50 layers, base channels, width factor). BERT sizes reuse the GPT shapes with BERT's vocabulary.
 """
 
-from libarena.models.registry import register_family, register_size
+from libarena.models.registry import list_models, register_family, register_size
 from libarena.models.zoo.transformer import BERTModel, GPTModel, MoEModel, TransformerConfig
 from libarena.models.zoo.wide_resnet import WideResNetConfig, WideResNetModel
+from libarena.workloads import zoo_model_names
 
 for _family in (GPTModel, BERTModel, MoEModel, WideResNetModel):
     register_family(_family)
@@ -54,3 +55,9 @@ for _size, (_nominal, _side, _channels, _width) in _WRN_SHAPES.items():
     register_size("wide_resnet", _size, WideResNetConfig(_nominal, _side, _channels, _width))
 register_size("wide_resnet", "tiny", WideResNetConfig(0.63e6, 32, 8, 2, num_classes=16))
 register_size("wide_resnet", "small", WideResNetConfig(2.5e6, 64, 16, 2, num_classes=64))
+
+# The catalogue (libarena.workloads) is what the scheduler knows of the zoo: it must name exactly these models.
+_registered = {entry.name for entry in list_models()}
+if _registered != zoo_model_names():
+    raise RuntimeError(f"libarena.workloads and the model zoo disagree: registered only {sorted(_registered - zoo_model_names())}, "
+                       f"catalogued only {sorted(zoo_model_names() - _registered)}")

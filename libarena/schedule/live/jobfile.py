@@ -62,7 +62,7 @@ def parse_job(data: Any, src: str) -> JobSubmission:
     """A JobSubmission from a parsed job file: unknown keys (with a "did you mean" hint), numbers out of their
     ranges (libarena.checks), models that are not in the zoo and unknown GPU types are one-line errors."""
     from libarena.artifacts.untrusted import check_keys
-    from libarena.schedule.traces import ZOO, is_zoo_model
+    from libarena.workloads import PAPER_SIZES, is_zoo_model
 
     if not isinstance(data, dict):
         raise ArenaError(f"{src}: expected a mapping of {', '.join(FIELDS)}, got {type(data).__name__}")
@@ -72,7 +72,7 @@ def parse_job(data: Any, src: str) -> JobSubmission:
         raise ArenaError(f"{src}: missing required key 'model'")
     if not isinstance(model, str) or not is_zoo_model(model):
         raise ArenaError(f"{src}: key 'model': unknown model {brief(model)} (expected a zoo model family__size, "
-                         f"family one of {', '.join(ZOO)}: see arena-analyze --list-models)")
+                         f"family one of {', '.join(PAPER_SIZES)}: see arena-analyze --list-models)")
     name = data.get("name")
     if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
         raise ArenaError(f"{src}: key 'name': expected letters, digits, '.', '_' or '-' (at most 128), got {brief(name)}")

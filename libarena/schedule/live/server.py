@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libarena.checks import MAX_TICK_S, MIN_TICK_S, Range, check_fields, check_range
+from libarena.checks import MAX_TICK_S, MIN_TICK_S, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.hardware import load_cluster
 from libarena.schedule.config import OverheadConfig, SimulatorConfig
@@ -30,7 +30,7 @@ from libarena.schedule.live import store as st
 from libarena.schedule.live.clock import MAX_COMPRESSION, VirtualClock
 from libarena.schedule.live.cluster import LiveCluster
 from libarena.schedule.live.jobfile import JobSubmission
-from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, get_launcher
+from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, LauncherOptions, get_launcher
 from libarena.schedule.live.profiling import ArrivalProfiler
 from libarena.schedule.live.store import ServerLock, Store
 from libarena.schedule.perf import load_perf
@@ -48,12 +48,12 @@ class ServeConfig:
     launcher: str = "arena-run"
     #: launcher and profiler files (default: <state>.d next to the database)
     workdir: Path | None = None
-    address: str | None = None
     overheads: OverheadConfig = field(default_factory=OverheadConfig)
     #: wall seconds between polls of the database (submissions) and of running profiles
     poll_s: float = 0.5
     profile_script: str | None = None
-    launcher_options: dict[str, Any] = field(default_factory=dict)
+    #: how the launcher runs jobs (the Ray address, arena-run's checkpoint interval, ...)
+    launcher_options: LauncherOptions = field(default_factory=LauncherOptions)
     #: react to events: a scheduling pass as soon as a job arrives, starts, finishes or fails (polled every
     #: ``poll_s``), besides the periodic tick; False: passes only at ticks, exactly as the simulator schedules
     #: (what the live-vs-simulator equivalence test compares)
@@ -65,9 +65,6 @@ class ServeConfig:
             "compression": Range("--time-compression", 0, MAX_COMPRESSION, lo_open=True),
             "poll_s": Range("--poll", 0.001, 60),
         })
-        every = self.launcher_options.get("checkpoint_every")
-        if every is not None:
-            check_range(every, "--checkpoint-every", 1, 10**9, integer=True)
 
     def settings(self) -> dict[str, Any]:
         """What must not change across restarts of the same state database."""
@@ -137,8 +134,7 @@ class Server:
         workdir = config.workdir or config.state.with_name(config.state.name + ".d")
         self.workdir = Path(workdir).resolve()
         self.launcher = get_launcher(config.launcher, LauncherContext(
-            self.workdir / "launcher", Path(config.cluster).resolve(), self.clock, self.perf,
-            dict(config.launcher_options, address=config.address)))
+            self.workdir / "launcher", Path(config.cluster).resolve(), self.clock, self.perf, config.launcher_options))
         self.profiler = ArrivalProfiler(self.workdir / "profiles", Path(config.cluster), config.profile_script)
         if stored is None:
             # bound to these settings only once every one of them loaded: a start refused for a bad input

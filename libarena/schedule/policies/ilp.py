@@ -52,7 +52,7 @@ def solve_assignment(groups: list[list[Option]], must: list[bool], capacity: np.
     lp.a_matrix_.start_ = np.arange(0, 2 * n + 1, 2, dtype=np.int32)
     lp.a_matrix_.index_, lp.a_matrix_.value_ = index, value
     lp.integrality_ = [highspy.HighsVarType.kInteger] * n
-    with native_stdout_to_stderr():  # the first Highs() of a process prints a banner with printf
+    with native_stdout_discarded():  # the first Highs() of a process prints a banner with printf
         highs = highspy.Highs()
         for name, setting in (("output_flag", False), ("presolve", "off"), ("mip_rel_gap", 1e-4),
                               ("time_limit", float(time_limit_s)), ("mip_heuristic_run_feasibility_jump", False)):
@@ -71,12 +71,13 @@ def solve_assignment(groups: list[list[Option]], must: list[bool], capacity: np.
 
 
 @contextlib.contextmanager
-def native_stdout_to_stderr() -> Iterator[None]:
-    """Send what native code prints to the process's stdout to stderr instead, for the duration.
+def native_stdout_discarded() -> Iterator[None]:
+    """Discard what native code prints to the process's stdout, for the duration.
 
-    HiGHS prints some MIP lines with printf whatever its output options say (``HighsMipSolverData::
-    transformNewIntegerFeasibleSolution tmpSolver.run();``), which would corrupt a tool's data on stdout
-    (``arena-schedule simulate --json``)."""
+    HiGHS prints a two-line banner on the first ``Highs()`` of a process and some MIP lines with printf whatever
+    its output options say (``HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();``): on
+    stdout they would corrupt a tool's data (``arena-schedule simulate --json``), on stderr they would break
+    ``-q``, and they say nothing a user of the scheduler needs."""
     import ctypes
 
     libc = ctypes.CDLL(None)
@@ -86,10 +87,12 @@ def native_stdout_to_stderr() -> Iterator[None]:
     except (OSError, ValueError):  # no stdout to protect
         yield
         return
+    sink = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(2, 1)
+        os.dup2(sink, 1)
         yield
     finally:
-        libc.fflush(None)  # C's buffered stdout still holds the lines: out with them while fd 1 is stderr
+        libc.fflush(None)  # C's buffered stdout still holds the lines: out with them while fd 1 is the sink
         os.dup2(saved, 1)
         os.close(saved)
+        os.close(sink)

@@ -6,8 +6,8 @@
   truth in scheduler time (tests, load benchmarks, what-if runs on a laptop).
 """
 
-from libarena.schedule.live.launchers.base import (JobLauncher, LaunchRequest, LauncherContext, RunStatus, get_launcher,
-                                                   launcher_names, register_launcher)
+from libarena.schedule.live.launchers.base import (JobLauncher, LaunchRequest, LauncherContext, LauncherOptions, RunStatus,
+                                                   get_launcher, launcher_names, register_launcher)
 
-__all__ = ["JobLauncher", "LaunchRequest", "LauncherContext", "RunStatus", "get_launcher", "launcher_names",
-           "register_launcher"]
+__all__ = ["JobLauncher", "LaunchRequest", "LauncherContext", "LauncherOptions", "RunStatus", "get_launcher",
+           "launcher_names", "register_launcher"]

@@ -58,15 +58,11 @@ class ArenaRunLauncher(JobLauncher):
         self.root = Path(context.workdir)
         (self.root / "plans").mkdir(parents=True, exist_ok=True)
         (self.root / "jobs").mkdir(parents=True, exist_ok=True)
-        self.address: str | None = context.options.get("address")
-        self.checkpoint_every: int = int(context.options.get("checkpoint_every", 10))
-        # every (re)launch runs Arena's pruned AP search on its new grid (§3.6), as the scheduler's overhead model assumes
-        self.search_max: int = int(context.options.get("search_max", 2))
-        self.extra_args: list[str] = list(context.options.get("arena_run_args", []))
+        self.options = context.options
         self._children: dict[tuple[str, int], subprocess.Popen] = {}
-        #: the tools' commands (default: this environment's console scripts); a wrapper can be put in their place
+        #: the tools' commands: this environment's console scripts unless the options put others in their place
         self.commands: dict[str, str] = {name: tool(name) for name in ("arena-plan", "arena-run")}
-        self.commands.update(context.options.get("commands") or {})
+        self.commands.update(context.options.commands)
 
     def run_dir(self, job_id: str, version: int) -> Path:
         return self.root / "jobs" / job_id / f"v{version}"
@@ -87,11 +83,13 @@ class ArenaRunLauncher(JobLauncher):
                    f"&& mv -f {q(str(run_dir / 'plans.parquet'))} {q(str(plans))}; fi")
         run = [self.commands["arena-run"], "--plan", str(plans), "--model", req.model, "--global-batch", str(req.global_batch),
                "--steps", str(req.iterations), "--checkpoint-dir", str(self.checkpoint_dir(req.job_id)),
-               "--grid", f"{req.gpu_type},{req.num_gpus}", "--checkpoint-every", str(self.checkpoint_every),
-               "--report", str(run_dir / "report.json"), "--search", "pruned", "--search-max", str(self.search_max),
+               "--grid", f"{req.gpu_type},{req.num_gpus}",
+               "--report", str(run_dir / "report.json"), "--search", "pruned", "--search-max", str(self.options.search_max),
                "--search-steps", "1"]
-        run += ["--address", self.address] if self.address else ["--devices", str(req.num_gpus)]
-        run += self.extra_args
+        if self.options.checkpoint_every is not None:
+            run += ["--checkpoint-every", str(self.options.checkpoint_every)]
+        run += ["--address", self.options.address] if self.options.address else ["--devices", str(req.num_gpus)]
+        run += self.options.arena_run_args
         # the script records its own pid first: a scheduler killed between starting it and recording the pid
         # still finds it on restart (and does not start the version twice)
         own_pid = f"echo $$ > {q(str(run_dir / 'pid.sh.tmp'))} && mv -f {q(str(run_dir / 'pid.sh.tmp'))} {q(str(run_dir / 'pid'))}\n"

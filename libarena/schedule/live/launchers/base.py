@@ -6,8 +6,10 @@ import importlib
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, ClassVar
 
+from libarena.checks import MAX_STEPS, Range, check_fields
 from libarena.registry import Registry
 
 
@@ -59,15 +61,39 @@ class RunStatus:
 
 
 @dataclass(frozen=True)
+class LauncherOptions:
+    """How a launcher runs jobs (the emulating ``perf-table`` launcher needs none of it)."""
+
+    #: the Ray cluster ``arena-run`` joins (None: each job version starts an embedded Ray of its own)
+    address: str | None = None
+    #: ``arena-run --checkpoint-every`` (None: arena-run's own default)
+    checkpoint_every: int | None = None
+    #: candidates the pruned AP search measures at every (re)launch (§3.6), as the scheduler's overhead model assumes
+    search_max: int = 2
+    #: further ``arena-run`` arguments, appended as given
+    arena_run_args: tuple[str, ...] = ()
+    #: tool name -> the command run in its place (default: this environment's console scripts; a wrapper can stand in)
+    commands: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "checkpoint_every": Range("--checkpoint-every", 1, MAX_STEPS, integer=True, optional=True),
+            "search_max": Range("search_max", 0, 10**6, integer=True),
+        })
+        object.__setattr__(self, "arena_run_args", tuple(str(a) for a in self.arena_run_args))
+        object.__setattr__(self, "commands", dict(self.commands))
+
+
+@dataclass(frozen=True)
 class LauncherContext:
     """What a launcher may need from the server: where to keep its files, the cluster and perf inputs, the
-    clock (scheduler time <-> wall time), and a perf lookup that includes rows profiled on arrival."""
+    clock (scheduler time <-> wall time), a perf lookup that includes rows profiled on arrival, and the options."""
 
     workdir: Path
     cluster_path: Path
     clock: Any
     perf: Any = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: LauncherOptions = field(default_factory=LauncherOptions)
 
 
 class JobLauncher(ABC):
