@@ -113,7 +113,11 @@ class RunRequest:
             "data_seed": Range("--data-seed", 0, MAX_SEED, integer=True),
         })
         if self.selection not in SELECTIONS:
-            raise ArenaError(f"unknown selection {self.selection!r} (one of {', '.join(SELECTIONS)})")
+            raise ArenaError(f"--search: unknown selection {self.selection!r} (one of {', '.join(SELECTIONS)})")
+        if not self.use_ray and self.address:
+            raise ArenaError("--no-ray runs in this process: drop --address")
+        if self.local.num_devices < 1:
+            raise ArenaError(f"--devices: a run needs at least 1 device, got {self.local.num_devices}")
         # only the checkpoint directory itself is created: a mistyped parent is an error, not a new tree
         checkpoint_dir = Path(self.checkpoint_dir)
         if not checkpoint_dir.exists() and not checkpoint_dir.absolute().parent.is_dir():

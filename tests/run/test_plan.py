@@ -98,3 +98,20 @@ def test_job_hosts_spread_the_gpus_evenly() -> None:
     assert job_hosts(request(2), "a100", 4) == 2
     with pytest.raises(ArenaError, match="do not split evenly over 3 hosts"):
         job_hosts(request(3), "a100", 4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"selection": "best"}, r"--search: unknown selection 'best' \(one of proxy, pruned, full\)"),
+    ({"use_ray": False, "address": "head:6379"}, "--no-ray runs in this process: drop --address"),
+    ({"num_hosts": -1}, "--hosts: "),
+    ({"checkpoint_every": -1}, "--checkpoint-every: "),
+])
+def test_a_run_request_checks_its_values(kwargs, message) -> None:
+    """The library's callers get the checks the arena-run tool relies on (the tool repeats none of them)."""
+    from libarena.run.api import RunRequest
+    from libarena.run.cluster import LocalClusterConfig
+
+    with pytest.raises(ArenaError, match=message):
+        RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", **kwargs)
+    with pytest.raises(ArenaError, match="--devices: a run needs at least 1 device, got 0"):
+        RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", local=LocalClusterConfig(num_devices=0))

@@ -79,6 +79,19 @@ def test_bad_perf_tables_blame_the_table(tmp_path, rows, message):
         load_perf(p, spec)
 
 
+def test_throughput_must_agree_with_the_iteration_time(tmp_path):
+    """A row giving both says the same thing twice; where they disagree, which to believe would be a guess."""
+    spec = cluster([("a10", 1, 2)])
+    p = tmp_path / "perf.csv"
+    head = "model,global_batch,gpu_type,num_gpus,view,iter_time_s,throughput\n"
+    p.write_text(head + "bert__760M,128,a10,2,ap,0.5,256.5\n")  # rounding is fine
+    assert load_perf(p, spec).get("bert__760M", 128).truth[0, 1] == pytest.approx(256.5)
+    p.write_text(head + "bert__760M,128,a10,2,ap,0.5,300\n")
+    with pytest.raises(ArenaError, match=r"row 1, column 'throughput': 300 samples/s disagrees with global_batch / "
+                                         r"iter_time_s = 256"):
+        load_perf(p, spec)
+
+
 def test_perf_rows_that_do_not_fit_may_have_unknown_times_and_duplicates_may_repeat(tmp_path):
     spec = cluster([("a10", 1, 2)])
     p = tmp_path / "perf.csv"

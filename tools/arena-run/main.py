@@ -59,19 +59,7 @@ def run(
 
     if proxy and search:
         raise ArenaError("--proxy and --search exclude each other")
-    if no_ray and address:
-        raise ArenaError("--no-ray runs in this process: drop --address")
-    if search is not None and search not in ("pruned", "full"):
-        raise ArenaError(f"--search must be pruned or full, got {search!r}")
-    if hosts < 0:
-        raise ArenaError(f"--hosts must be non-negative, got {hosts}")
-    if devices < 1 or checkpoint_every < 0 or search_max < 0 or search_steps < 1:
-        raise ArenaError("--devices and --search-steps must be at least 1, --checkpoint-every and --search-max non-negative")
-    if not plan.is_file():
-        raise ArenaError(f"plans file {plan} does not exist")
-    if report is not None:  # checked before training, not after it
-        refuse_overwriting_inputs(report, {"--plan": plan})
-        check_writable(report)
+    # the request checks every value (the library's callers get the same one-line errors) before anything runs
     request = RunRequest(
         plans_path=str(plan), model=model, global_batch=global_batch, steps=steps, checkpoint_dir=str(checkpoint_dir),
         grid=parse_grid(grid) if grid else None, plan_id=plan_id, selection=search or "proxy",
@@ -79,6 +67,9 @@ def run(
         local=LocalClusterConfig(num_devices=devices), num_hosts=hosts, checkpoint_every=checkpoint_every, seed=seed, data_seed=data_seed,
         dtype=dtype, optimizer=OptimizerConfig(learning_rate=learning_rate),
     )
+    if report is not None:  # checked before training, not after it
+        refuse_overwriting_inputs(report, {"--plan": plan})
+        check_writable(report)
     result = run_job(request)
     if report is not None:
         write_json(report, result)
