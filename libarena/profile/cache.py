@@ -6,13 +6,20 @@ is overwritten by the next profile. A run killed outright (SIGKILL) between writ
 rename leaves the temp file behind: temp files carry their writer's pid (``.<key>.json.<pid>.<rand>.tmp``),
 are never read as entries, and opening the cache removes those whose writer is no longer alive (or, for
 names without a pid, that are older than ``STALE_TMP_S``).
+
+Runs sharing a cache at the same time (``make -j`` over several models, two perf builds) do not profile the
+same stage twice: the profiler claims a key (:meth:`ProfileCache.claim`, an exclusive ``flock`` on
+``<root>/<key[:2]>/.<key>.lock``) before profiling it, so a second run waits for the first and then reads its
+entry instead of timing the stage again beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +94,30 @@ class ProfileCache:
             raise
         self._memory[key] = value
         self.writes += 1
+
+    @contextlib.contextmanager
+    def claim(self, key: str) -> Iterator[None]:
+        """Hold ``key`` against other processes that would profile it at the same time: they wait here until this
+        one leaves (its entry written, or its attempt failed), then look the key up again. The lock files stay
+        (removing one while a process waits on it would let a third lock a new file beside it). On a filesystem
+        without ``flock`` nothing is held, and concurrent runs may both profile the key, as without the claim."""
+        import fcntl
+
+        path = self.root / key[:2] / f".{key}.lock"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass  # no locks here: unclaimed
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def entries(self) -> list[Path]:
         return sorted(self.root.glob("??/*.json"))

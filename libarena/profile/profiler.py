@@ -8,6 +8,7 @@ other than the local one are roofline-scaled estimates (``estimated`` = true).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -216,10 +217,21 @@ def profile_stage(
     ``compiled``: its executables compiled ahead (``compile_ahead``), which took ``compile_device_s`` of
     the profiling run's wall time (its share of a parallel compilation)."""
     key = stage_cache_key(spec, local, timer.name)
-    if cache is not None:
-        hit = cache.get(key)
+    if cache is None:
+        return _profile_stage(spec, key, local, timer, None, warmup, repeats, seed, burst, compiled, compile_device_s, budget_s)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit, True
+    with cache.claim(key):
+        hit = cache.get(key)  # another run may have profiled it while this one waited
         if hit is not None:
             return hit, True
+        return _profile_stage(spec, key, local, timer, cache, warmup, repeats, seed, burst, compiled, compile_device_s, budget_s)
+
+
+def _profile_stage(spec: StageSpec, key: str, local: LocalDevice, timer: Timer, cache: ProfileCache | None, warmup: int,
+                   repeats: int, seed: int, burst: int, compiled: CompiledStage | None, compile_device_s: float | None,
+                   budget_s: float | None) -> tuple[dict[str, Any], bool]:
     t0 = time.perf_counter()
     opt_key = optimizer_cache_key(spec, local, timer.name)
     opt_record = cache.get(opt_key) if cache is not None else None
@@ -265,12 +277,16 @@ def profile_stage_in_child(spec: StageSpec, local: LocalDevice, timer: Timer, ca
         hit = cache.get(cache_key)
         if hit is not None:
             return hit, True
-    with StageChild(spec, timer.name, platform=local.platform, threading=threading, seed=seed, burst=burst) as child:
-        child.build(repeats)
-        child.time(warmup, repeats)
-        record = child.record()
-    if cache is not None:
-        cache.put(cache_key, record)
+    with cache.claim(cache_key) if cache is not None else contextlib.nullcontext():
+        hit = cache.get(cache_key) if cache is not None else None  # profiled by another run while this one waited
+        if hit is not None:
+            return hit, True
+        with StageChild(spec, timer.name, platform=local.platform, threading=threading, seed=seed, burst=burst) as child:
+            child.build(repeats)
+            child.time(warmup, repeats)
+            record = child.record()
+        if cache is not None:
+            cache.put(cache_key, record)
     return record, False
 
 

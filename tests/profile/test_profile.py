@@ -399,3 +399,40 @@ def test_burst_timing_reports_per_run_times():
     timing = _time_burst(CountingTimer(), lambda: calls.append(1), warmup=1, repeats=3, burst=4)
     assert timing.samples == (1.0, 1.0, 1.0) and len(calls) == 16
     assert _time_burst(CountingTimer(), lambda: calls.append(1), 0, 2, 1).samples == (1.0, 1.0)
+
+
+def test_a_run_waits_for_a_stage_another_run_is_profiling(tmp_path):
+    """Two runs sharing a cache do not time the same stage side by side: the second waits on the first's claim
+    and then reads its entry (here the claim is held by the test, which writes the entry before leaving it)."""
+    import json
+    import time
+
+    from libarena.profile.cache import ProfileCache
+
+    code = ("import json, sys, time\n"
+            "from libarena.profile.cache import ProfileCache\n"
+            "from libarena.profile.device import resolve_device\n"
+            "from libarena.profile.profiler import profile_stage, stage_cache_key\n"
+            "from libarena.profile.stage import StageSpec\n"
+            "from libarena.profile.timers import HostTimer\n"
+            "local, spec, timer = resolve_device('cpu'), StageSpec('gpt__tiny', 0, 2, 2), HostTimer()\n"
+            "print(stage_cache_key(spec, local, timer.name), flush=True)\n"
+            "sys.stdin.readline()\n"
+            "t0 = time.perf_counter()\n"
+            f"record, cached = profile_stage(spec, local, timer, ProfileCache({str(tmp_path)!r}), warmup=0, repeats=1)\n"
+            "print(json.dumps({'cached': cached, 'record': record, 'waited_s': time.perf_counter() - t0}), flush=True)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        key = child.stdout.readline().strip()
+        cache = ProfileCache(tmp_path)
+        with cache.claim(key):
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            time.sleep(1.0)  # the child is blocked on the claim (it would otherwise be profiling by now)
+            cache.put(key, {"key": key, "profiled_by": "the other run"})
+        out = json.loads(child.stdout.readline())
+        assert child.wait(timeout=120) == 0
+    finally:
+        child.kill()
+    assert out["cached"] is True and out["record"] == {"key": key, "profiled_by": "the other run"}
+    assert out["waited_s"] >= 0.9
