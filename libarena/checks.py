@@ -23,9 +23,9 @@ MAX_OVERHEAD_S = 7 * 86400
 MAX_TICK_S = 86400
 MIN_TICK_S = 1.0
 MAX_ITERATION_S = 86400
-#: Iterations of a job (a trace row, a job file, arena-run --steps).
+#: Iterations of a job (a trace row, a job file).
 MAX_ITERATIONS = 10**12
-#: Training steps of one arena-run at most (a billion).
+#: Training steps of one arena-run at most (--steps; a billion).
 MAX_STEPS = 10**9
 #: Samples in a global batch.
 MAX_BATCH = 1 << 20

@@ -132,3 +132,5 @@ def test_a_key_given_twice_is_refused(tmp_path):
         load_cluster(p)
     p.write_text("name: t\nnode_groups: [{gpu_type: a10, nodes: 2, gpus_per_node: 1}, {gpu_type: a10, nodes: 1, gpus_per_node: 1}]\n")
     assert load_cluster(p).total_gpus == 3  # equal keys in different mappings are fine
+    p.write_text("name: t\nnode_groups:\n  - <<: {gpu_type: a10, nodes: 2}\n    nodes: 3\n    gpus_per_node: 1\n")
+    assert load_cluster(p).total_gpus == 3  # a merge key's keys may be overridden by the mapping's own

@@ -119,6 +119,8 @@ def _yaml_loader() -> type:
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: set[Any] = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # ``<<: {...}``: merged keys may be overridden by the mapping's own, as YAML allows
                 key = self.construct_object(key_node, deep=deep)
                 try:
                     duplicate = key in seen

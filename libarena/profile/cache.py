@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,28 +96,40 @@ class ProfileCache:
         self.writes += 1
 
     @contextlib.contextmanager
-    def claim(self, key: str) -> Iterator[None]:
-        """Hold ``key`` against other processes that would profile it at the same time: they wait here until this
-        one leaves (its entry written, or its attempt failed), then look the key up again. The lock files stay
-        (removing one while a process waits on it would let a third lock a new file beside it). On a filesystem
-        without ``flock`` nothing is held, and concurrent runs may both profile the key, as without the claim."""
+    def claim(self, key: str, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+        """Hold ``key`` against other processes that would profile it at the same time: they wait here (calling
+        ``on_wait`` first, to say so) until this one leaves, its entry written or its attempt failed, then look
+        the key up again. The lock files stay (removing one while a process waits on it would let a third lock a
+        new file beside it). Where no lock can be taken (a read-only cache, a filesystem without ``flock``)
+        nothing is held, and concurrent runs may both profile the key, as without the claim. Not reentrant: a
+        process claims one key at a time."""
         import fcntl
 
         path = self.root / key[:2] / f".{key}.lock"
+        fd = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)  # flock needs no write access to the file
         except OSError:
-            yield
-            return
-        try:
+            pass
+        if fd is not None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
             except OSError:
-                pass  # no locks here: unclaimed
+                pass  # no locks on this filesystem: unclaimed
+        try:
             yield
         finally:
-            os.close(fd)  # releases the lock
+            if fd is not None:
+                os.close(fd)  # releases the lock
 
     def entries(self) -> list[Path]:
         return sorted(self.root.glob("??/*.json"))

@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -97,7 +97,8 @@ class CoRunTiming:
     together_s: float
     alone_samples_s: tuple[float, ...] = ()
     together_samples_s: tuple[float, ...] = ()
-    #: wall seconds of the child spent on this stage (build, compile, warm-up and timing)
+    #: wall seconds of the child spent on this stage (build, compile, warm-up and timing; the child's start too for
+    #: the first stage it timed)
     device_s: float = 0.0
     #: an SpmdStage's (None for a worker's stage): alone_s = together_s = its SPMD forward + backward; the
     #: optimizer update with the replicas' gradient reduction and the accumulators' reset, as the step runs it
@@ -257,10 +258,13 @@ def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: in
     t0 = time.perf_counter()
     groups = [[entry] for entry in missing] if fresh_child else [missing]
     for group in groups:
+        started = time.perf_counter()
         with CoRunSession(num_devices, threading, seed, burst) as session:
+            start_s = time.perf_counter() - started  # the child's start: charged to the first stage it times
             for key, item in group:
                 session.time(item, warmup, repeats)
                 timing = session.timing(item, statistic)
+                timing, start_s = replace(timing, device_s=timing.device_s + start_s), 0.0
                 session.release(item)
                 out[key] = timing
                 if cache is not None:

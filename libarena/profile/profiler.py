@@ -211,18 +211,20 @@ def profile_stage(
     compiled: CompiledStage | None = None,
     compile_device_s: float | None = None,
     budget_s: float | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Profile one worker of one stage on the local device; returns (record, served_from_cache).
 
     ``compiled``: its executables compiled ahead (``compile_ahead``), which took ``compile_device_s`` of
-    the profiling run's wall time (its share of a parallel compilation)."""
+    the profiling run's wall time (its share of a parallel compilation). ``log``: says when the stage is being
+    profiled by another run sharing the cache (this one waits for it)."""
     key = stage_cache_key(spec, local, timer.name)
     if cache is None:
         return _profile_stage(spec, key, local, timer, None, warmup, repeats, seed, burst, compiled, compile_device_s, budget_s)
     hit = cache.get(key)
     if hit is not None:
         return hit, True
-    with cache.claim(key):
+    with cache.claim(key, _waiting_note(spec, log)):
         hit = cache.get(key)  # another run may have profiled it while this one waited
         if hit is not None:
             return hit, True
@@ -265,8 +267,16 @@ def _profile_stage(spec: StageSpec, key: str, local: LocalDevice, timer: Timer, 
     return record, False
 
 
+def _waiting_note(spec: StageSpec, log: Callable[[str], None] | None) -> Callable[[], None] | None:
+    if log is None:
+        return None
+    return lambda: log(f"waiting for another run sharing the cache, which is profiling {spec.model} units "
+                       f"[{spec.start}, {spec.stop}) mb {spec.micro_batch} tp {spec.tp}")
+
+
 def profile_stage_in_child(spec: StageSpec, local: LocalDevice, timer: Timer, cache: ProfileCache | None, warmup: int,
-                           repeats: int, seed: int, burst: int, threading: Any = None) -> tuple[dict[str, Any], bool]:
+                           repeats: int, seed: int, burst: int, threading: Any = None,
+                           log: Callable[[str], None] | None = None) -> tuple[dict[str, Any], bool]:
     """``profile_stage`` with the stage built and timed in a fresh child of its own (``isolation = "child"``):
     (record, served_from_cache). The record keeps the stage's key (what plans and co-run timings look it up
     by); the cache keeps it apart from the in-process profile of the same stage."""
@@ -277,7 +287,7 @@ def profile_stage_in_child(spec: StageSpec, local: LocalDevice, timer: Timer, ca
         hit = cache.get(cache_key)
         if hit is not None:
             return hit, True
-    with cache.claim(cache_key) if cache is not None else contextlib.nullcontext():
+    with cache.claim(cache_key, _waiting_note(spec, log)) if cache is not None else contextlib.nullcontext():
         hit = cache.get(cache_key) if cache is not None else None  # profiled by another run while this one waited
         if hit is not None:
             return hit, True
@@ -884,7 +894,9 @@ def profile_plans(
     corun, corun_cost = corun_timings(job, work, config, local, timer, cache, log)
     # A plan's profiling cost is what its stages cost to profile, charged to the first plan of this run that needs
     # each (an identical stage is profiled once), taken from the stage's record whether it was profiled now or
-    # served from the cache: the table then reports the same cost whatever the cache held before.
+    # served from the cache: a table rebuilt from its own build's cache reports the same costs. (A stage's record
+    # includes its optimizer step's profile only when it was the one to profile it: the optimizer's is shared
+    # with stages of the same shapes, possibly of another global batch.)
     corun_charged: set[tuple[int, str, Any]] = set()
 
     def pieces_of(stage_spec: StageSpec) -> list[StageSpec]:
@@ -935,11 +947,11 @@ def profile_plans(
                     ahead_cost.update(shares)
                 if isolated:
                     record, cached = profile_stage_in_child(spec, local, timer, cache, config.warmup, config.repeats, config.seed,
-                                                            config.burst, child_threading)
+                                                            config.burst, child_threading, log=log)
                 else:
                     record, cached = profile_stage(spec, local, timer, cache, config.warmup, config.repeats, config.seed,
                                                    config.burst, ahead.pop(spec, None), ahead_cost.pop(spec, None),
-                                                   config.timing_budget_s)
+                                                   config.timing_budget_s, log=log)
                 stages_needed += 1
                 if record["key"] not in seen_this_run:
                     new_cost += record["device_s"]

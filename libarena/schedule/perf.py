@@ -33,10 +33,6 @@ TABLE_VIEWS = ("arena", "dp", "ap")
 DECISION_VIEWS = ("arena", "dp", "ap", "dp-linear", "truth")
 
 
-#: how far a row's throughput may stray from global_batch / iter_time_s (rounding in a table written elsewhere)
-THROUGHPUT_TOLERANCE = 0.01
-
-
 @dataclass
 class ModelPerf:
     model: str
@@ -108,18 +104,15 @@ class PerfLookup:
                 continue
             if cols["fits_in_memory"][r] is False:
                 continue
-            thr, it = cols["throughput"][r], cols["iter_time_s"][r]
+            thr = cols["throughput"][r]
             if thr is None or not np.isfinite(thr):
+                it = cols["iter_time_s"][r]
                 if it is None or not it > 0:
                     raise ArenaError(f"{self.source}: row {r + 1}, column 'iter_time_s': must be > 0 "
                                      f"when throughput is absent, got {it!r}")
                 thr = key[1] / it
             if thr < 0:
                 raise ArenaError(f"{self.source}: row {r + 1}, column 'throughput': negative value {thr}")
-            if it is not None and it > 0 and abs(thr - key[1] / it) > THROUGHPUT_TOLERANCE * max(thr, key[1] / it):
-                # both describe one iteration: which one the simulator should believe would be a guess
-                raise ArenaError(f"{self.source}: row {r + 1}, column 'throughput': {thr:.6g} samples/s disagrees with "
-                                 f"global_batch / iter_time_s = {key[1] / it:.6g}")
             arr = self._models[key].views[view]
             if thr > arr[ti, c]:
                 arr[ti, c] = thr

@@ -52,6 +52,8 @@ MAX_ADAPTED_GPUS = 16
 MAX_SCALED_JOBS = 2_000_000
 #: the largest trace file read (2M jobs of ~120 bytes fit twice over): a bound on memory for any input
 MAX_TRACE_BYTES = 512 << 20
+#: the least time from submission to deadline that Arena writes (a trace keeps 3 decimals of a second)
+MIN_DEADLINE_GAP_S = 0.001
 #: the longest job id (a UUID has 36 characters)
 MAX_JOB_ID_CHARS = 256
 
@@ -244,7 +246,7 @@ def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: R
         _num(row, "num_iteration")  # validated; replaced by the adapted count
         deadline = _deadline_after(_num(row, "deadline", optional=True), submit)
     else:
-        deadline = submit + duration * rng.uniform(0.5, 1.5)
+        deadline = submit + max(duration * rng.uniform(0.5, 1.5), MIN_DEADLINE_GAP_S)
     per_s = rate(model, batch, gpu_type, gpus) if rate is not None else None
     iters = max(1, round(duration * (per_s if per_s else 1.0)))
     return JobSpec(job_id, i, submit, model, batch, iters, gpus, gpu_type, deadline, priority)
@@ -254,7 +256,7 @@ def _deadline_after(deadline: float | None, submit: float) -> float | None:
     """A row's deadline, which must come after its submission: one at or before it is a malformed row (no job
     of the published traces has one; a deadline-aware policy would otherwise meet a job already late)."""
     if deadline is not None and deadline <= submit:
-        raise _RowError("deadline", f"deadline {deadline:g} s is not after the submission time {submit:g} s")
+        raise _RowError("deadline", f"deadline {_csv_number(deadline)} s is not after the submission time {_csv_number(submit)} s")
     return deadline
 
 
@@ -336,7 +338,8 @@ def scale_trace(jobs: list[JobSpec], scale: TraceScale) -> list[JobSpec]:
                 raise ArenaError(f"job id {job_id!r} of copy {k} of {job.job_id!r} is already in the trace")
             shift = random.Random(f"{scale.seed}/{job.job_id}/{k}").uniform(-scale.jitter_s, scale.jitter_s)
             submit = round(max(0.0, job.submit_time + shift), 3)
-            deadline = None if job.deadline is None else round(max(0.0, job.deadline + submit - job.submit_time), 3)
+            # the copy keeps its time to the deadline, at least the 1 ms the written trace's 3 decimals can tell
+            deadline = None if job.deadline is None else round(submit + max(job.deadline - job.submit_time, MIN_DEADLINE_GAP_S), 3)
             if max(submit, deadline or 0.0) > MAX_SECONDS:  # a trace the reader would refuse is not written
                 raise ArenaError(f"copy {k} of {job.job_id!r} would be submitted (or due) after {MAX_SECONDS} s; "
                                  "use a smaller --jitter")

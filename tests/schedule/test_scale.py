@@ -65,6 +65,18 @@ def test_scaled_trace_is_deterministic_and_valid(tmp_path):
     assert min(shifts) < -50 and max(shifts) > 50  # spread over the whole window
 
 
+def test_a_copy_of_a_job_due_just_after_submission_reads_back(tmp_path):
+    """A deadline 0.1 ms after submission is a valid row; its copies keep at least the 1 ms the written trace can
+    tell apart (rounded to 3 decimals, a shorter gap would make a row the reader refuses)."""
+    src = tmp_path / "t.csv"
+    src.write_text(trace_csv([job("a", "gpt__760M", 100, 2, "a100", submit=1035.7301, deadline=1035.7302, row=1,
+                                  priority=None)]))
+    out = tmp_path / "x.csv"
+    write_scaled_trace(src, out, TraceScale(20, 150.0, seed=0))
+    copies = read_trace(out).jobs
+    assert len(copies) == 20 and all(j.deadline > j.submit_time for j in copies)
+
+
 def test_a_copy_does_not_depend_on_row_order():
     specs = _generated_trace(30)
     forward = {j.job_id: j.submit_time for j in scale_trace(specs, TraceScale(3, 100.0, seed=1))}

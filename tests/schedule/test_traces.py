@@ -64,6 +64,7 @@ def test_adapted_iterations_follow_the_execution_rate(tmp_path):
     ("a,0,100,gpt__1.3B,inf,256,2,a100", "deadline", "not a finite number"),
     ("a,600,100,gpt__1.3B,500,256,2,a100", "deadline", "deadline 500 s is not after the submission time 600 s"),
     ("a,600,100,gpt__1.3B,600,256,2,a100", "deadline", "is not after the submission time"),
+    ("a,1035.7301,100,gpt__1.3B,1035.73,256,2,a100", "deadline", "deadline 1035.73 s is not after the submission time 1035.7301 s"),
     ("a,0,100,gpt__1.3B,5000,256,0,a100", "num_gpu", "expected an integer in [1, "),
     ("a,0,100,llama__7B,5000,256,2,a100", "model_name", "unknown model"),
     ("a,0,100,gpt__1.3B,5000,256,2,tpu9", "gpu_type", "unknown GPU type"),
@@ -141,3 +142,12 @@ def test_the_zoo_refuses_to_load_when_the_catalogue_disagrees():
             "list_models()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "catalogued only ['gpt__3B']" in r.stderr
+
+
+def test_an_elasticflow_row_due_before_its_submission_is_refused(tmp_path):
+    p = tmp_path / "ef.csv"
+    header = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration\n"
+    p.write_text(header + "a,100,500,resnet50,5000,64,2,600\nb,900,500,resnet50,800,64,2,600\n")
+    with pytest.raises(ArenaError, match="row 2, column 'deadline': deadline 800 s is not after the submission time 900 s"):
+        read_trace(p)
+    assert [j.job_id for j in read_trace(p, skip_bad_rows=True).jobs] == ["a"]

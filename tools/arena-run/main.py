@@ -34,7 +34,7 @@ def run(
     grid: Optional[str] = typer.Option(None, "--grid", help="allocated resources GPU_TYPE,NUM_GPUS[,PIPELINE_DEGREE]"),
     plan_id: Optional[str] = typer.Option(None, "--plan-id", help="run this plan of the plans file"),
     proxy: bool = typer.Option(False, "--proxy", help="run the grid's proxy plan, zero search (the default)"),
-    search: Optional[str] = typer.Option(None, "--search", help="runtime AP search before training: pruned or full"),
+    search: Optional[str] = typer.Option(None, "--search", help="runtime AP search before training: pruned or full (proxy: none, as --proxy)"),
     search_max: int = typer.Option(0, "--search-max", help="measure at most this many candidates (seeded sample; 0 = all)"),
     search_steps: int = typer.Option(2, "--search-steps", help="timed steps per candidate (after one warm-up step)"),
     checkpoint_every: int = typer.Option(DEFAULT_CHECKPOINT_EVERY, "--checkpoint-every", help="save every N steps (and at the end)"),

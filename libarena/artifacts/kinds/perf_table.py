@@ -32,7 +32,7 @@ PERF_TABLE = register_kind(
             Column("recomputes", "bool", "the plan recomputes activations in the backward pass in at least one stage (to fit in memory, or to communicate less)", required=False, default=False),
             Column("timer", "string", "how the time was obtained: cupti, host, measured, estimated, imported", required=False, default="imported"),
             Column("estimated", "bool", "true for roofline-scaled estimates of GPU types not present", required=False, default=False),
-            Column("profiling_cost_device_s", "float64", "device-seconds that profiling the row's stages took (each distinct stage charged to the first row of the table that needs it, the same whether it was profiled for this table or earlier and served from the cache)", required=False, default=0.0),
+            Column("profiling_cost_device_s", "float64", "device-seconds that profiling the row's plan took (each distinct stage charged to the first plan that needs it, whether profiled for this table or served from the cache; an ap row, the search over every plan of its allocation, sums theirs)", required=False, default=0.0),
             Column(
                 "measured_iter_time_s",
                 "float64",
@@ -74,11 +74,16 @@ KEY_COLUMNS = ("model", "global_batch", "gpu_type", "num_gpus", "num_nodes", "vi
 VALUE_COLUMNS = ("iter_time_s", "throughput", "fits_in_memory")
 
 
+#: how far a row's throughput may stray from global_batch / iter_time_s (rounding in a table written elsewhere)
+THROUGHPUT_TOLERANCE = 0.01
+
+
 def check_perf_table(table, source: str) -> None:
     """Values every reader relies on (one-line ArenaError naming row, column and the allowed range): identifiers
     present; batch, GPU count, nodes and pipeline degree integers in range; on rows that fit in memory, a finite
     iteration time in (0, 1 day] (``throughput``, where given, must imply the same bound); no negative cost; no
-    two rows with the same key (KEY_COLUMNS) and different values. A perf table may come from outside Arena
+    two rows with the same key (KEY_COLUMNS) and different values; ``throughput``, where given, within
+    THROUGHPUT_TOLERANCE of global_batch / iter_time_s. A perf table may come from outside Arena
     (importable), so this runs on every read, not only on Arena's own files. Rows that do not fit in memory
     are never used: their times may be unknown (NaN or infinite), never negative."""
     import numpy as np
@@ -128,6 +133,15 @@ def check_perf_table(table, source: str) -> None:
             row = int(bad[0])
             fail(row, "throughput", f"{throughput[row]!r} samples/s is not a finite number > 0 giving an iteration "
                                     f"time of at most {MAX_ITERATION_S} s (global_batch / throughput)")
+        # both describe one iteration: where they disagree, which one to believe would be a guess
+        with np.errstate(divide="ignore", invalid="ignore"):
+            from_time = batch / iter_time
+            apart = np.abs(throughput - from_time) > THROUGHPUT_TOLERANCE * np.maximum(throughput, from_time)
+        bad = np.flatnonzero(fits & given & apart)
+        if bad.size:
+            row = int(bad[0])
+            fail(row, "throughput", f"{throughput[row]:.6g} samples/s disagrees with global_batch / iter_time_s = "
+                                    f"{from_time[row]:.6g}")
     for name in ("iter_time_s", "throughput", "profiling_cost_device_s", "measured_iter_time_s",
                  "measured_cost_device_s"):
         values = column(name)

@@ -77,17 +77,23 @@ def native_stdout_discarded() -> Iterator[None]:
     HiGHS prints a two-line banner on the first ``Highs()`` of a process and some MIP lines with printf whatever
     its output options say (``HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();``): on
     stdout they would corrupt a tool's data (``arena-schedule simulate --json``), on stderr they would break
-    ``-q``, and they say nothing a user of the scheduler needs."""
+    ``-q``, and they say nothing a user of the scheduler needs. (Fd 1 is the process's: what another thread writes
+    to stdout meanwhile is lost too; the simulator and the live server decide on one thread.)"""
     import ctypes
 
     libc = ctypes.CDLL(None)
     try:
         sys.stdout.flush()
-        saved = os.dup(1)
-    except (OSError, ValueError):  # no stdout to protect
+        sink = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):  # no stdout to protect, or nowhere to send it
         yield
         return
-    sink = os.open(os.devnull, os.O_WRONLY)
+    try:
+        saved = os.dup(1)
+    except OSError:
+        os.close(sink)
+        yield
+        return
     try:
         os.dup2(sink, 1)
         yield
