@@ -160,10 +160,20 @@ def test_one_server_per_state_database(tmp_path):
         assert second.returncode == 2, second.stderr
         assert f"already served by process {first.pid}" in second.stderr
         assert len(second.stderr.strip().splitlines()) == 1
+        # another name for the same file is the same database
+        alias = tmp_path / "alias.db"
+        alias.symlink_to(state)
+        third = subprocess.run([str(alias) if a == str(state) else a for a in args], capture_output=True, text=True,
+                               env=cli_env(), timeout=60)
+        assert third.returncode == 2 and f"already served by process {first.pid}" in third.stderr, third.stderr
         assert first.poll() is None  # the first one is unharmed
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=60)
+    # stopped by a signal: its state kept, and said so in one line with status 2 (not the 0 of a finished run)
+    assert first.returncode == 2
+    err = first.stderr.read().strip().splitlines()
+    assert len(err) == 1 and "interrupted (SIGTERM): stopped serving" in err[0], err
     third = subprocess.Popen(args + ["--until-idle"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=cli_env())
     try:
@@ -172,6 +182,40 @@ def test_one_server_per_state_database(tmp_path):
         if third.poll() is None:
             third.kill()
     assert third.returncode == 0, err
+
+
+def test_serve_binds_its_cluster_content_and_workdir(tmp_path):
+    """A restart with the cluster file edited in place (its running jobs hold GPUs of its pools) or with another
+    --workdir (where the running jobs' files are) is refused in one line; the same inputs serve again."""
+    cluster, perf = write_inputs(tmp_path)
+    state = tmp_path / "state.db"
+    run("submit", job_file(tmp_path, "a.yaml", {**GOOD, "iterations": 300}), "--state", state)
+    base = ["serve", "--cluster", cluster, "--perf", perf, "--state", state, "--launcher", "perf-table",
+            "--time-compression", "2000", "--poll", "0.05", "--until-idle"]
+    run(*base, "--workdir", tmp_path / "wd1")
+    p = run(*base, "--workdir", tmp_path / "wd2", check_rc=2)
+    assert "was served with --workdir" in p.stderr and "wd1" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    run(*base)  # no --workdir: the one it was served with
+    original = cluster.read_text()
+    cluster.write_text(original.replace("nodes: 2", "nodes: 1"))
+    p = run(*base, check_rc=2)
+    assert "was served with different cluster_sha256" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    cluster.write_text(original)
+    run(*base)
+
+
+def test_serve_refuses_options_it_would_ignore(tmp_path):
+    cluster, perf = write_inputs(tmp_path)
+    base = ["serve", "--cluster", cluster, "--perf", perf, "--state", tmp_path / "s.db", "--launcher", "perf-table"]
+    for extra, message in ((["--address", "head:6379"], "--address has no effect with the perf-table launcher"),
+                           (["--checkpoint-every", "5"], "--checkpoint-every has no effect with the perf-table launcher"),
+                           (["--profile-script", "echo {foo} > {out}"], "--profile-script 'echo {foo} > {out}': not a template"),
+                           (["--profile-script", " "], "--profile-script is empty")):
+        p = run(*base, *extra, check_rc=2)
+        assert message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    p = run("serve", "--cluster", cluster, "--perf", "-", "--state", tmp_path / "s.db", check_rc=2)
+    assert "--perf -: serve reads its performance table again at every restart" in p.stderr
+    assert not (tmp_path / "s.db").exists()
 
 
 @pytest.mark.slow
@@ -207,3 +251,45 @@ def test_serve_submit_status_logs_with_profiling_on_arrival(tmp_path):
     # the same state cannot be served with other settings (its clock and decisions depend on them)
     p = run(*[a if a != "300" else "60" for a in args], check_rc=2)
     assert "was served with different tick_s" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_profile_with_other_pairs_adds_only_its_own(tmp_path):
+    """Rows of another (model, batch) in a profile's table never enter the server's lookup (they would be
+    used without being saved in its state): only the pair asked for is taken."""
+    from libarena.schedule.live.jobfile import JobSubmission
+    from libarena.schedule.live.server import ServeConfig, Server
+    from tests.live.helpers import write_perf_for
+    from tests.schedule.perf_fixtures import write_perf
+
+    cluster, perf = write_inputs(tmp_path)
+    server = Server(ServeConfig(cluster, perf, tmp_path / "state.db", launcher="perf-table"))
+    try:
+        server.store.submit(JobSubmission("gpt__2.6B", 256, 300))
+        server.profiler.request = lambda model, batch: None  # profiled by hand below
+        server.ingest()
+        table = tmp_path / "both.parquet"
+        write_perf(table, [("gpt__2.6B", 256), ("moe__2.4B", 256)], ["a100", "v100"], max_gpus=16)
+        server.profiler.poll = lambda: [("gpt__2.6B", 256, table, "profiled")]
+        server.ingest()
+        assert server.perf.has("gpt__2.6B", 256) and not server.perf.has("moe__2.4B", 256)
+        only = tmp_path / "moe.parquet"
+        write_perf_for(str(only), "moe__2.4B", 256)
+        server.store.submit(JobSubmission("wide_resnet__2B", 512, 300))
+        server.profiler.poll = lambda: []
+        server.ingest()
+        server.profiler.poll = lambda: [("wide_resnet__2B", 512, only, "profiled")]
+        server.ingest()
+        assert not server.perf.has("moe__2.4B", 256) and not server.perf.has("wide_resnet__2B", 512)
+    finally:
+        server.close()
+
+
+def test_state_database_errors_are_one_line():
+    import sqlite3
+
+    from libarena.errors import ArenaError
+    from libarena.schedule.live.store import state_database_errors
+
+    with pytest.raises(ArenaError, match=r"^s\.db: cannot use the scheduler state database \(database is locked\)$"):
+        with state_database_errors("s.db"):
+            raise sqlite3.OperationalError("database is locked")

@@ -359,19 +359,26 @@ def serve(
     from libarena.schedule.config import OverheadConfig
     from libarena.schedule.live.launchers import LauncherOptions
     from libarena.schedule.live.server import ServeConfig, Server
+    from libarena.schedule.live.store import state_database_errors
 
     cfg = ServeConfig(cluster, perf, state, policy=policy, tick_s=tick, compression=time_compression,
                       launcher=launcher, workdir=workdir, overheads=OverheadConfig.from_assignments(overhead), poll_s=poll,
                       profile_script=profile_script,
                       launcher_options=LauncherOptions(address=address, checkpoint_every=checkpoint_every),
                       event_passes=event_passes)
-    server = Server(cfg)
-    print(f"arena-schedule: serving {state} (policy {policy}, tick {tick:g} s, compression {time_compression:g}, "
-          f"launcher {launcher})", file=sys.stderr, flush=True)
-    try:
-        server.serve(until_idle=until_idle)
-    finally:
-        server.close()
+    with state_database_errors(state):
+        server = Server(cfg)
+        print(f"arena-schedule: serving {state} (policy {policy}, tick {tick:g} s, compression {time_compression:g}, "
+              f"launcher {launcher})", file=sys.stderr, flush=True)
+        try:
+            server.serve(until_idle=until_idle)
+        finally:
+            server.close()
+    if server.stop_signal is not None:  # stopped cleanly between steps, but not by running to its end
+        import signal
+
+        raise ArenaError(f"interrupted ({signal.Signals(server.stop_signal).name}): stopped serving {state}; its jobs "
+                         "are kept, and serving it again resumes them")
 
 
 @app.command()
@@ -382,15 +389,17 @@ def submit(
 ) -> None:
     """Submit a job to the live scheduler (through its database; the server picks it up)."""
     from libarena.schedule.live.jobfile import load_job_file
-    from libarena.schedule.live.store import Store, check_not_before
+    from libarena.schedule.live.store import Store, check_not_before, state_database_errors
 
     sub = load_job_file(job_file)
     check_not_before(at)  # before the state database is created
     store = Store(state, create=True)  # a job may be submitted before the server first starts
     try:
-        print(store.submit(sub, not_before=at))
+        with state_database_errors(state):
+            job_id = store.submit(sub, not_before=at)
     finally:
         store.close()
+    print(job_id)
 
 
 @app.command()
@@ -401,11 +410,12 @@ def status(
 ) -> None:
     """Queue, running jobs with their GPUs and plan, progress and ETA."""
     from libarena.schedule.live.status import job_rows, render
-    from libarena.schedule.live.store import Store
+    from libarena.schedule.live.store import Store, state_database_errors
 
     store = Store(state)
     try:
-        doc = job_rows(store, include_done=not active)
+        with state_database_errors(state):
+            doc = job_rows(store, include_done=not active)
     finally:
         store.close()
     if as_json:
@@ -425,15 +435,17 @@ def logs(
 ) -> None:
     """A job's events and decisions, then the end of its current run's output."""
     from libarena.schedule.live.status import job_output, log_lines
-    from libarena.schedule.live.store import Store
+    from libarena.schedule.live.store import Store, state_database_errors
 
     store = Store(state)
     try:
-        output = job_output(store, job, state, output_lines)  # also: an unknown job is an error
-        for line in log_lines(store, job, tail):
-            print(line)
+        with state_database_errors(state):
+            output = job_output(store, job, state, output_lines)  # also: an unknown job is an error
+            lines = log_lines(store, job, tail)
     finally:
         store.close()
+    for line in lines:
+        print(line)
     if output is not None:
         path, lines = output
         print(f"--- {path} (last {output_lines} lines)")

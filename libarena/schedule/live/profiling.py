@@ -14,8 +14,12 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from libarena.checks import brief
+from libarena.errors import ArenaError
 from libarena.schedule.live.launchers.arena_run import _alive, tool
 
+#: what a profile script's template may name ({schedule}: this environment's arena-schedule)
+TEMPLATE_FIELDS = ("model", "batch", "cluster", "out", "schedule")
 DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {cluster} --mode local --granularity stage "
                   "--cache-dir .arena-cache -o {out}")
 
@@ -23,9 +27,16 @@ DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {clust
 class ArrivalProfiler:
     def __init__(self, workdir: Path, cluster_path: Path, script: str | None = None):
         self.root = Path(workdir)
-        self.root.mkdir(parents=True, exist_ok=True)
         self.cluster_path = Path(cluster_path)
+        if script is not None and not script.strip():
+            raise ArenaError("--profile-script is empty (leave it out for the default perf build)")
         self.script = script or DEFAULT_SCRIPT
+        try:  # a template that cannot be filled is refused now, not when the first job arrives
+            self.script.format(**dict.fromkeys(TEMPLATE_FIELDS, ""))
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ArenaError(f"--profile-script {brief(self.script)}: not a template of "
+                             f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} ({type(exc).__name__}: {exc})") from None
+        self.root.mkdir(parents=True, exist_ok=True)
         self.pending: list[tuple[str, int]] = []
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
 

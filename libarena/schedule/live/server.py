@@ -65,10 +65,25 @@ class ServeConfig:
             "compression": Range("--time-compression", 0, MAX_COMPRESSION, lo_open=True),
             "poll_s": Range("--poll", 0.001, 60),
         })
+        if str(self.perf) == "-":
+            raise ArenaError("--perf -: serve reads its performance table again at every restart: give a file")
+        from libarena.schedule.live.launchers.base import LAUNCHERS
+
+        if self.launcher in LAUNCHERS:  # an unknown one is refused, with the known ones, where it is made
+            used = LAUNCHERS.get(self.launcher).options_used
+            for name, flag in (("address", "--address"), ("checkpoint_every", "--checkpoint-every")):
+                if getattr(self.launcher_options, name) is not None and name not in used:
+                    raise ArenaError(f"{flag} has no effect with the {self.launcher} launcher")
 
     def settings(self) -> dict[str, Any]:
-        """What must not change across restarts of the same state database."""
-        return {"cluster": str(Path(self.cluster).resolve()), "perf": str(Path(self.perf).resolve()),
+        """What must not change across restarts of the same state database (the cluster's content too: its
+        running jobs hold GPUs of its pools)."""
+        import hashlib
+
+        from libarena.artifacts.untrusted import MAX_SPEC_BYTES, read_bounded
+
+        cluster_sha256 = hashlib.sha256(read_bounded(self.cluster, MAX_SPEC_BYTES, "cluster spec")).hexdigest()
+        return {"cluster": str(Path(self.cluster).resolve()), "cluster_sha256": cluster_sha256, "perf": str(Path(self.perf).resolve()),
                 "policy": self.policy, "policy_options": {k: str(v) for k, v in sorted(self.policy_options.items())},
                 "tick_s": self.tick_s, "compression": self.compression, "launcher": self.launcher,
                 "overheads": dataclasses.asdict(self.overheads)}
@@ -110,7 +125,8 @@ class Server:
         settings = config.settings()
         stored = self.store.get_meta("settings")
         if stored is not None:
-            changed = sorted(k for k in settings if stored.get(k) != settings[k])
+            # (a key this version binds that an older one did not is not held against the database)
+            changed = sorted(k for k in settings if k in stored and stored[k] != settings[k])
             if changed:
                 raise ArenaError(f"{config.state}: was served with different {', '.join(changed)} "
                                  f"(e.g. {changed[0]}={stored.get(changed[0])!r}); use a new --state")
@@ -131,11 +147,16 @@ class Server:
                                 now=last_pass if last_pass is not None else 0.0)
         for name, value in (self.store.get_meta("policy_state") or {}).items():
             setattr(self.policy, name, value)
-        workdir = config.workdir or config.state.with_name(config.state.name + ".d")
+        # the launcher's files of the jobs already running live in the workdir the database was served with
+        served_in = self.store.get_meta("workdir") if stored is not None else None
+        if config.workdir is not None and served_in is not None and Path(config.workdir).resolve() != Path(served_in):
+            raise ArenaError(f"{config.state}: was served with --workdir {served_in}, where its jobs' files are; "
+                             "serve it with that one (or none), or use a new --state")
+        workdir = config.workdir or served_in or config.state.with_name(config.state.name + ".d")
         self.workdir = Path(workdir).resolve()
+        self.profiler = ArrivalProfiler(self.workdir / "profiles", Path(config.cluster), config.profile_script)
         self.launcher = get_launcher(config.launcher, LauncherContext(
             self.workdir / "launcher", Path(config.cluster).resolve(), self.clock, self.perf, config.launcher_options))
-        self.profiler = ArrivalProfiler(self.workdir / "profiles", Path(config.cluster), config.profile_script)
         if stored is None:
             # bound to these settings only once every one of them loaded: a start refused for a bad input
             # leaves the database servable with corrected ones
@@ -148,6 +169,8 @@ class Server:
         self.max_relaunches = 3
         self._relaunches: dict[tuple[str, int], int] = {}
         self._stop = False
+        #: the signal that stopped ``serve`` (None: it ran to its end)
+        self.stop_signal: int | None = None
         self._recover()
 
     # -- recovery -------------------------------------------------------------------------------------
@@ -222,12 +245,17 @@ class Server:
                         from libarena.artifacts import read_table
                         from libarena.artifacts.kinds.perf_table import check_perf_table
 
+                        import pyarrow.compute as pc
+
                         art = read_table(path, "perf_table")
                         check_perf_table(art.table, art.source)
-                        table = art.table
-                        self.perf.extend(table)
-                        if not self.perf.has(model, batch):
+                        # only the pair it was asked for: rows of another pair would enter the lookup unprofiled
+                        # by this server and unsaved in its state
+                        table = art.table.filter(pc.and_(pc.equal(art.table["model"], model),
+                                                         pc.equal(art.table["global_batch"], batch)))
+                        if table.num_rows == 0:
                             raise ArenaError(f"{path}: has no rows for {model} (batch {batch})")
+                        self.perf.extend(table)
                         self.store.add_perf_rows(c, model, batch, table.to_pydict())
                     except ArenaError as e:
                         path, message = None, f"profiling produced no usable table: {e}"
@@ -384,8 +412,11 @@ class Server:
                 return True
         return False
 
-    def request_stop(self, *_: Any) -> None:
+    def request_stop(self, signum: int | None = None, *_: Any) -> None:
+        """Stop after the current step (a signal handler: the state stays consistent, a restart resumes)."""
         self._stop = True
+        if signum is not None:
+            self.stop_signal = signum
 
     def serve(self, until_idle: bool = False, max_wall_s: float | None = None, install_signals: bool = True,
               max_ticks: int | None = None) -> None:

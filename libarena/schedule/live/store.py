@@ -86,6 +86,16 @@ def check_not_before(not_before: float | None) -> None:
     check_range(not_before, "--at", 0, MAX_SECONDS, optional=True)
 
 
+@contextmanager
+def state_database_errors(path: str | Path) -> Iterator[None]:
+    """SQLite's operational errors on a state database in use (read-only, locked past the busy timeout, a full
+    disk) as one-line errors naming it."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        raise ArenaError(f"{path}: cannot use the scheduler state database ({exc})") from None
+
+
 class Store:
     def __init__(self, path: str | Path, create: bool = False):
         self.path = Path(path)
@@ -115,6 +125,8 @@ class Store:
                 self.conn.close()
             if isinstance(e, ArenaError):
                 raise
+            if isinstance(e, sqlite3.OperationalError):  # read-only, locked past the busy timeout, ...
+                raise ArenaError(f"{self.path}: cannot use the scheduler state database ({e})") from None
             raise ArenaError(f"{self.path}: not a scheduler state database ({e})") from None
 
     def _check_marker(self, create: bool) -> None:
@@ -262,7 +274,8 @@ class ServerLock:
     the second server exits with. The kernel releases the lock when the holder dies, however it dies."""
 
     def __init__(self, state: str | Path):
-        self.path = Path(f"{state}.lock")
+        # the file itself, not the name it was given by: a link to a served database is the same database
+        self.path = Path(f"{os.path.realpath(state)}.lock")
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:

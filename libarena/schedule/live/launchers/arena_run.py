@@ -52,6 +52,7 @@ def _alive(pid: int) -> bool:
 class ArenaRunLauncher(JobLauncher):
     name = "arena-run"
     measured_progress = True
+    options_used = ("address", "checkpoint_every", "search_max", "arena_run_args", "commands")
 
     def __init__(self, context: LauncherContext):
         self.ctx = context

@@ -100,6 +100,8 @@ class JobLauncher(ABC):
     name: ClassVar[str] = ""
     #: True when ``RunStatus.iterations_done`` is measured (then it overrides the scheduler's progress model)
     measured_progress: ClassVar[bool] = False
+    #: the LauncherOptions fields it reads (another one given is refused: it would be silently ignored)
+    options_used: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def launch(self, request: LaunchRequest) -> None:
