@@ -293,3 +293,26 @@ def test_state_database_errors_are_one_line():
     with pytest.raises(ArenaError, match=r"^s\.db: cannot use the scheduler state database \(database is locked\)$"):
         with state_database_errors("s.db"):
             raise sqlite3.OperationalError("database is locked")
+
+
+def test_a_hung_profile_is_stopped_after_its_time_limit(tmp_path):
+    """A profile script that never ends would hold every later new (model, batch) behind it (profiles run one
+    at a time): after --profile-timeout it is killed, with what it started, and its jobs are rejected."""
+    import os
+    import time
+
+    from libarena.schedule.live.profiling import ArrivalProfiler
+    from tests.live.helpers import wait_until
+
+    profiler = ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml", "sleep 600 # {model} {batch} {out}", timeout_s=1.0)
+    profiler.request("gpt__2.6B", 256)
+    assert profiler.poll() == []
+    pid = int((profiler.dir_of("gpt__2.6B", 256) / "pid").read_text())
+    time.sleep(1.2)
+    done: list = []
+    wait_until(lambda: bool(done.extend(profiler.poll()) or done), 30)
+    ((model, batch, path, message),) = done
+    assert (model, batch, path) == ("gpt__2.6B", 256, None) and "ran longer than 1 s and was stopped" in message
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10)  # the script and its sleep are gone
+    profiler.request("gpt__2.6B", 256)  # a later job of the pair meets the same end, without a second hour-long wait
+    assert "profiling exited with timeout" in profiler.poll()[0][3]

@@ -30,6 +30,7 @@ from libarena.cli import (
     print_json, refuse_json_with_stdout_data, run_app,
 )
 from libarena.errors import ArenaError
+from libarena.schedule.live.profiling import DEFAULT_PROFILE_TIMEOUT_S
 from libarena.schedule.policies import policy_names
 from libarena.schedule.sweep import DEFAULT_POLICIES
 
@@ -349,6 +350,8 @@ def serve(
     poll: float = typer.Option(0.5, "--poll", help="wall seconds between polls of submissions and profiles"),
     profile_script: Optional[str] = typer.Option(None, "--profile-script", help="shell template for profiling on "
                                                  "arrival ({model} {batch} {cluster} {out}); default analyze|plan|profile"),
+    profile_timeout: float = typer.Option(DEFAULT_PROFILE_TIMEOUT_S, "--profile-timeout",
+                                          help="wall seconds a profile on arrival may run before it is stopped and its jobs rejected"),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every",
                                                    help="arena-run: checkpoint every N steps (default: arena-run's)"),
     until_idle: bool = typer.Option(False, "--until-idle", help="exit once every submitted job is done"),
@@ -363,7 +366,7 @@ def serve(
 
     cfg = ServeConfig(cluster, perf, state, policy=policy, tick_s=tick, compression=time_compression,
                       launcher=launcher, workdir=workdir, overheads=OverheadConfig.from_assignments(overhead), poll_s=poll,
-                      profile_script=profile_script,
+                      profile_script=profile_script, profile_timeout_s=profile_timeout,
                       launcher_options=LauncherOptions(address=address, checkpoint_every=checkpoint_every),
                       event_passes=event_passes)
     with state_database_errors(state):

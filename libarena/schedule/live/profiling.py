@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 from libarena.checks import brief
 from libarena.errors import ArenaError
 from libarena.schedule.live.launchers.arena_run import _alive, tool
 
+#: wall seconds a profile may run before it is stopped and its jobs rejected (a hung script would otherwise hold
+#: every later new (model, batch) behind it: profiles run one at a time)
+DEFAULT_PROFILE_TIMEOUT_S = 7200.0
 #: what a profile script's template may name ({schedule}: this environment's arena-schedule)
 TEMPLATE_FIELDS = ("model", "batch", "cluster", "out", "schedule")
 DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {cluster} --mode local --granularity stage "
@@ -25,9 +30,11 @@ DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {clust
 
 
 class ArrivalProfiler:
-    def __init__(self, workdir: Path, cluster_path: Path, script: str | None = None):
+    def __init__(self, workdir: Path, cluster_path: Path, script: str | None = None,
+                 timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S):
         self.root = Path(workdir)
         self.cluster_path = Path(cluster_path)
+        self.timeout_s = float(timeout_s)
         if script is not None and not script.strip():
             raise ArenaError("--profile-script is empty (leave it out for the default perf build)")
         self.script = script or DEFAULT_SCRIPT
@@ -72,6 +79,16 @@ class ArrivalProfiler:
         os.replace(d / "pid.tmp", d / "pid")
         self._procs[key] = proc
 
+    def _stop(self, key: tuple[str, int]) -> None:
+        """Kill a running profile: its script and everything it started (its own session)."""
+        try:
+            os.killpg(int((self.dir_of(*key) / "pid").read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # gone already
+        proc = self._procs.pop(key, None)
+        if proc is not None:
+            proc.wait()
+
     def poll(self) -> list[tuple[str, int, Path | None, str]]:
         """Start the next pending profile when none runs; return finished ones as (model, batch, perf path or
         None, message)."""
@@ -89,7 +106,14 @@ class ArrivalProfiler:
                 else:
                     done.append((key[0], key[1], None, f"profiling exited with {code} (see {d / 'output.log'})"))
             elif self._running(key):
-                busy = True
+                if time.time() - (d / "pid").stat().st_mtime <= self.timeout_s:
+                    busy = True
+                    continue
+                self._stop(key)  # its exit code file makes a restart, or a later job of the pair, see the same end
+                (d / "exit_code").write_text("timeout\n")
+                self.pending.remove(key)
+                done.append((key[0], key[1], None, f"profiling ran longer than {self.timeout_s:g} s and was stopped "
+                                                   f"(see {d / 'output.log'})"))
             elif (d / "pid").exists():
                 (d / "pid").unlink()  # died without an exit code (host restart): start again below
         if not busy:

@@ -31,7 +31,7 @@ from libarena.schedule.live.clock import MAX_COMPRESSION, VirtualClock
 from libarena.schedule.live.cluster import LiveCluster
 from libarena.schedule.live.jobfile import JobSubmission
 from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, LauncherOptions, get_launcher
-from libarena.schedule.live.profiling import ArrivalProfiler
+from libarena.schedule.live.profiling import DEFAULT_PROFILE_TIMEOUT_S, ArrivalProfiler
 from libarena.schedule.live.store import ServerLock, Store
 from libarena.schedule.perf import load_perf
 
@@ -52,6 +52,8 @@ class ServeConfig:
     #: wall seconds between polls of the database (submissions) and of running profiles
     poll_s: float = 0.5
     profile_script: str | None = None
+    #: wall seconds a profile on arrival may run before it is stopped and its jobs rejected
+    profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
     #: how the launcher runs jobs (the Ray address, arena-run's checkpoint interval, ...)
     launcher_options: LauncherOptions = field(default_factory=LauncherOptions)
     #: react to events: a scheduling pass as soon as a job arrives, starts, finishes or fails (polled every
@@ -64,6 +66,7 @@ class ServeConfig:
             "tick_s": Range("--tick", MIN_TICK_S, MAX_TICK_S),
             "compression": Range("--time-compression", 0, MAX_COMPRESSION, lo_open=True),
             "poll_s": Range("--poll", 0.001, 60),
+            "profile_timeout_s": Range("--profile-timeout", 1, 30 * 86400),
         })
         if str(self.perf) == "-":
             raise ArenaError("--perf -: serve reads its performance table again at every restart: give a file")
@@ -154,7 +157,8 @@ class Server:
                              "serve it with that one (or none), or use a new --state")
         workdir = config.workdir or served_in or config.state.with_name(config.state.name + ".d")
         self.workdir = Path(workdir).resolve()
-        self.profiler = ArrivalProfiler(self.workdir / "profiles", Path(config.cluster), config.profile_script)
+        self.profiler = ArrivalProfiler(self.workdir / "profiles", Path(config.cluster), config.profile_script,
+                                        config.profile_timeout_s)
         self.launcher = get_launcher(config.launcher, LauncherContext(
             self.workdir / "launcher", Path(config.cluster).resolve(), self.clock, self.perf, config.launcher_options))
         if stored is None:
