@@ -3,7 +3,7 @@ Table 2: GPT/BERT 512, MoE 1024, Wide-ResNet 1024), each through the real CLI in
 
 Per model: wall time of the whole ``arena-analyze`` process (interpreter start, imports, abstract
 lowering, per-instruction XLA costs, clustering, the Parquet write, with an empty stage cache) and its
-peak RSS (``wait4``'s rusage of that child, so nothing of the parent or of other children is counted).
+peak RSS (``paper_inputs.run_measured``: of that process alone, nothing of the parent or of other children).
 
 Targets on the 2-core dev machine: moe__27B <= 60 s and <= 4 GiB; every other model within the same
 limits and faster than it. The machine is a shared VM whose speed drifts by tens of percent within
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.paper_inputs import run_measured
 from libarena.artifacts import write_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,25 +57,19 @@ def _run_one(model: str, batch: int, out: Path) -> dict[str, Any]:
     cache = Path(tempfile.mkdtemp(prefix="cache-", dir=out.parent))
     start = time.perf_counter()
     with open(log, "wb") as err:
-        proc = subprocess.Popen(
+        returncode, cpu_s, peak_rss = run_measured(
             [*_tool(), "--model", model, "--global-batch", str(batch), "-o", str(out), "--cache-dir", str(cache)],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            cwd=REPO,
-        )
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+            stdout=subprocess.DEVNULL, stderr=err, cwd=REPO)
     wall = time.perf_counter() - start
     record: dict[str, Any] = {
         "model": model,
         "global_batch": batch,
         "wall_s": round(wall, 2),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-        # Linux reports ru_maxrss in KiB.
-        "peak_rss_bytes": int(usage.ru_maxrss) * 1024,
-        "exit_code": proc.returncode,
+        "cpu_s": round(cpu_s, 2),
+        "peak_rss_bytes": peak_rss,
+        "exit_code": returncode,
     }
-    if proc.returncode != 0:
+    if returncode != 0:
         record["error"] = log.read_text(errors="replace").strip().splitlines()[-1:]
         return record
     from libarena.analyze import read_operator_table

@@ -34,19 +34,46 @@ def schedule_tool() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-c", "from arena_schedule.main import main; main()"]
 
 
+#: Runs argv[2:] as its child and writes the child's peak RSS (KiB) to argv[1]. Linux keeps a process's peak RSS
+#: across exec, and a child forked from a large process (a benchmark that built a performance table in-process
+#: holds hundreds of MiB) starts with the parent's: counted from this small interpreter instead, a tool's figure
+#: is its own. Its exit status is the child's (128 + N for a child killed by signal N).
+_PEAK_RSS_WRAPPER = ("import os, sys\n"
+                     "pid = os.fork()\n"
+                     "if pid == 0:\n"
+                     "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+                     "_, status, usage = os.wait4(pid, 0)\n"
+                     "with open(sys.argv[1], 'w') as f:\n"
+                     "    f.write(str(usage.ru_maxrss))\n"
+                     "code = os.waitstatus_to_exitcode(status)\n"
+                     "sys.exit(code if code >= 0 else 128 - code)\n")
+
+
+def run_measured(argv: list[str], **popen: Any) -> tuple[int, float, int]:
+    """Run a command to its end: (exit code, CPU seconds, peak RSS in bytes) of the command's process alone
+    (the CPU of what it waited for included), however large this process is."""
+    with tempfile.NamedTemporaryFile(prefix="peak-rss-", suffix=".txt", delete=False) as f:
+        rss_file = Path(f.name)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _PEAK_RSS_WRAPPER, str(rss_file), *argv], **popen)
+        _, status, usage = os.wait4(proc.pid, 0)  # the wrapper's and, waited for, its child's CPU time
+        text = rss_file.read_text().strip()
+    finally:
+        rss_file.unlink(missing_ok=True)
+    return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, int(text or 0) * 1024
+
+
 def timed(argv: list[str], log: Path) -> dict[str, Any]:
-    """Run a command; its wall time, CPU time and peak RSS (wait4: this child only), exit code, stdout."""
+    """Run a command; its wall time, CPU time and peak RSS (its own: run_measured), exit code, stdout."""
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     start = time.perf_counter()
     with open(log, "wb") as err, tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=REPO, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
+        code, cpu_s, peak_rss = run_measured(argv, stdout=out, stderr=err, cwd=REPO, env=env)
         wall = time.perf_counter() - start
         out.seek(0)
         stdout = out.read().decode(errors="replace")
-    code = os.waitstatus_to_exitcode(status)
-    record = {"wall_s": round(wall, 3), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-              "peak_rss_bytes": int(usage.ru_maxrss) * 1024, "exit_code": code, "stdout": stdout}
+    record = {"wall_s": round(wall, 3), "cpu_s": round(cpu_s, 2), "peak_rss_bytes": peak_rss, "exit_code": code,
+              "stdout": stdout}
     if code != 0:
         record["error"] = (log.read_text(errors="replace").strip().splitlines() or [""])[-1]
     return record
