@@ -307,7 +307,7 @@ def test_a_hung_profile_is_stopped_after_its_time_limit(tmp_path):
     profiler = ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml", "sleep 600 # {model} {batch} {out}", timeout_s=1.0)
     profiler.request("gpt__2.6B", 256)
     assert profiler.poll() == []
-    pid = int((profiler.dir_of("gpt__2.6B", 256) / "pid").read_text())
+    pid = int((profiler.dir_of("gpt__2.6B", 256) / "pid").read_text().split()[0])
     time.sleep(1.2)
     done: list = []
     wait_until(lambda: bool(done.extend(profiler.poll()) or done), 30)
@@ -316,3 +316,39 @@ def test_a_hung_profile_is_stopped_after_its_time_limit(tmp_path):
     wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10)  # the script and its sleep are gone
     profiler.request("gpt__2.6B", 256)  # a later job of the pair meets the same end, without a second hour-long wait
     assert "profiling exited with timeout" in profiler.poll()[0][3]
+
+
+def test_a_profile_pid_that_now_belongs_to_another_process_is_not_the_profile(tmp_path):
+    """After a host restart the pid a profile recorded may belong to another process (a relaunched job, in a
+    session of its own): it is not killed as a hung profile; the profile counts as gone and is started again."""
+    import subprocess
+    import time
+
+    from libarena.schedule.live.profiling import ArrivalProfiler
+
+    other = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        profiler = ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml", "echo {model} {batch:d} > {out}", timeout_s=1.0)
+        d = profiler.dir_of("gpt__2.6B", 256)
+        d.mkdir(parents=True)
+        (d / "pid").write_text(f"{other.pid} 1")  # recorded by a process that started at tick 1 of an earlier boot
+        old = time.time() - 3 * 86400
+        __import__("os").utime(d / "pid", (old, old))
+        profiler.request("gpt__2.6B", 256)
+        profiler.poll()
+        time.sleep(0.5)
+        assert other.poll() is None  # unharmed
+        done = profiler.poll()
+        assert done and done[0][3] == "profiled"  # started again: its template wrote the table
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_serve_refuses_a_cluster_it_cannot_read_again(tmp_path):
+    cluster, perf = write_inputs(tmp_path)
+    p = subprocess.run(["bash", "-c", f"{tool('arena-schedule')} serve --cluster <(cat {cluster}) --perf {perf} "
+                                      f"--state {tmp_path / 's.db'} --launcher perf-table"],
+                       capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert p.returncode == 2 and "serve reads its cluster again at every restart" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.db").exists()

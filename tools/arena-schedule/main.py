@@ -349,7 +349,7 @@ def serve(
     overhead: list[str] = typer.Option([], "--overhead", help="override a modelled overhead, NAME=SECONDS, or reuse_profiles=/reuse_plans=true|false"),
     poll: float = typer.Option(0.5, "--poll", help="wall seconds between polls of submissions and profiles"),
     profile_script: Optional[str] = typer.Option(None, "--profile-script", help="shell template for profiling on "
-                                                 "arrival ({model} {batch} {cluster} {out}); default analyze|plan|profile"),
+                                                 "arrival ({model} {batch} {cluster} {out} {schedule}); default: perf build --pair"),
     profile_timeout: float = typer.Option(DEFAULT_PROFILE_TIMEOUT_S, "--profile-timeout",
                                           help="wall seconds a profile on arrival may run before it is stopped and its jobs rejected"),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every",
@@ -369,7 +369,7 @@ def serve(
                       profile_script=profile_script, profile_timeout_s=profile_timeout,
                       launcher_options=LauncherOptions(address=address, checkpoint_every=checkpoint_every),
                       event_passes=event_passes)
-    with state_database_errors(state):
+    with state_database_errors(state, "the scheduler state database, or its launcher's in the work directory"):
         server = Server(cfg)
         print(f"arena-schedule: serving {state} (policy {policy}, tick {tick:g} s, compression {time_compression:g}, "
               f"launcher {launcher})", file=sys.stderr, flush=True)

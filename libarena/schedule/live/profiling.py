@@ -4,7 +4,9 @@ it is scheduled.
 
 Profiling runs one (model, batch) at a time, each as a detached shell script in its own directory (so it
 survives a scheduler restart, which then picks up its result or restarts it). The script is a template with
-{model}, {batch}, {cluster} and {out} (the perf table to write); the default is the pipeline's perf build.
+{model}, {batch}, {cluster}, {out} (the perf table to write) and {schedule} (this environment's arena-schedule);
+the default is the pipeline's perf build. A profile that runs longer than its time limit is killed with what it
+started, and its jobs rejected.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {clust
                   "--cache-dir .arena-cache -o {out}")
 
 
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22): with the pid, what
+    identifies the process (a pid is reused after it ends)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 class ArrivalProfiler:
     def __init__(self, workdir: Path, cluster_path: Path, script: str | None = None,
                  timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S):
@@ -39,7 +51,7 @@ class ArrivalProfiler:
             raise ArenaError("--profile-script is empty (leave it out for the default perf build)")
         self.script = script or DEFAULT_SCRIPT
         try:  # a template that cannot be filled is refused now, not when the first job arrives
-            self.script.format(**dict.fromkeys(TEMPLATE_FIELDS, ""))
+            self.script.format(**{**dict.fromkeys(TEMPLATE_FIELDS, "x"), "batch": 1})
         except (KeyError, IndexError, ValueError) as exc:
             raise ArenaError(f"--profile-script {brief(self.script)}: not a template of "
                              f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} ({type(exc).__name__}: {exc})") from None
@@ -54,14 +66,26 @@ class ArrivalProfiler:
         if (model, batch) not in self.pending:
             self.pending.append((model, batch))
 
+    def _process(self, key: tuple[str, int]) -> int | None:
+        """The pid of the pair's profile script while that process runs; None once it is gone (or its pid now
+        belongs to another process, after a host restart: the file records the process's start time too)."""
+        try:
+            pid_text, _, started = (self.dir_of(*key) / "pid").read_text().strip().partition(" ")
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            return None
+        proc = self._procs.get(key)
+        if proc is not None:
+            proc.poll()
+        if not _alive(pid) or (started and _start_time(pid) != started):
+            return None
+        return pid
+
     def _running(self, key: tuple[str, int]) -> bool:
         d = self.dir_of(*key)
         if (d / "exit_code").exists() or not (d / "pid").exists():
             return False
-        proc = self._procs.get(key)
-        if proc is not None:
-            proc.poll()
-        return _alive(int((d / "pid").read_text()))
+        return self._process(key) is not None
 
     def _start(self, key: tuple[str, int]) -> None:
         d = self.dir_of(*key)
@@ -75,16 +99,19 @@ class ArrivalProfiler:
         with open(d / "output.log", "ab") as log:
             proc = subprocess.Popen(["/bin/sh", str(d / "run.sh")], cwd=str(d), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        (d / "pid.tmp").write_text(str(proc.pid))
+        (d / "pid.tmp").write_text(f"{proc.pid} {_start_time(proc.pid) or ''}".strip())
         os.replace(d / "pid.tmp", d / "pid")
         self._procs[key] = proc
 
     def _stop(self, key: tuple[str, int]) -> None:
-        """Kill a running profile: its script and everything it started (its own session)."""
-        try:
-            os.killpg(int((self.dir_of(*key) / "pid").read_text()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass  # gone already
+        """Kill a running profile: its script and everything it started (its own session; only while the pid is
+        still the script's)."""
+        pid = self._process(key)
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass  # gone already
         proc = self._procs.pop(key, None)
         if proc is not None:
             proc.wait()
@@ -109,7 +136,10 @@ class ArrivalProfiler:
                 if time.time() - (d / "pid").stat().st_mtime <= self.timeout_s:
                     busy = True
                     continue
-                self._stop(key)  # its exit code file makes a restart, or a later job of the pair, see the same end
+                self._stop(key)
+                if code_file.exists():  # it finished as its time ran out: its result stands (next poll)
+                    continue
+                # its exit code file makes a restart, or a later job of the pair, see the same end
                 (d / "exit_code").write_text("timeout\n")
                 self.pending.remove(key)
                 done.append((key[0], key[1], None, f"profiling ran longer than {self.timeout_s:g} s and was stopped "

@@ -70,6 +70,9 @@ class ServeConfig:
         })
         if str(self.perf) == "-":
             raise ArenaError("--perf -: serve reads its performance table again at every restart: give a file")
+        if Path(self.cluster).exists() and not Path(self.cluster).is_file():
+            raise ArenaError(f"--cluster {self.cluster}: serve reads its cluster again at every restart (and binds "
+                             "the state to its content): give a regular file")
         from libarena.schedule.live.launchers.base import LAUNCHERS
 
         if self.launcher in LAUNCHERS:  # an unknown one is refused, with the known ones, where it is made

@@ -87,13 +87,13 @@ def check_not_before(not_before: float | None) -> None:
 
 
 @contextmanager
-def state_database_errors(path: str | Path) -> Iterator[None]:
+def state_database_errors(path: str | Path, what: str = "the scheduler state database") -> Iterator[None]:
     """SQLite's operational errors on a state database in use (read-only, locked past the busy timeout, a full
-    disk) as one-line errors naming it."""
+    disk) as one-line errors naming it (``what``: also the other databases the command uses)."""
     try:
         yield
     except sqlite3.OperationalError as exc:
-        raise ArenaError(f"{path}: cannot use the scheduler state database ({exc})") from None
+        raise ArenaError(f"{path}: cannot use {what} ({exc})") from None
 
 
 class Store:
