@@ -352,3 +352,15 @@ def test_serve_refuses_a_cluster_it_cannot_read_again(tmp_path):
                        capture_output=True, text=True, env=cli_env(), timeout=120)
     assert p.returncode == 2 and "serve reads its cluster again at every restart" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.db").exists()
+
+
+def test_a_profile_that_writes_no_table_says_so(tmp_path):
+    from libarena.schedule.live.profiling import ArrivalProfiler
+    from tests.live.helpers import wait_until
+
+    profiler = ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml", "true {model} {batch} {out}")
+    profiler.request("gpt__2.6B", 256)
+    done: list = []
+    wait_until(lambda: bool(done.extend(profiler.poll()) or done), 30)
+    ((_, _, path, message),) = done
+    assert path is None and "profiling exited with 0 but wrote no table at" in message

@@ -130,6 +130,9 @@ class ArrivalProfiler:
                 code = code_file.read_text().strip()
                 if code == "0" and (d / "perf.parquet").exists():
                     done.append((key[0], key[1], d / "perf.parquet", "profiled"))
+                elif code == "0":
+                    done.append((key[0], key[1], None, f"profiling exited with 0 but wrote no table at {d / 'perf.parquet'} "
+                                                       f"(see {d / 'output.log'})"))
                 else:
                     done.append((key[0], key[1], None, f"profiling exited with {code} (see {d / 'output.log'})"))
             elif self._running(key):
