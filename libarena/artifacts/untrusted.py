@@ -13,6 +13,7 @@ default.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import stat
@@ -107,6 +108,7 @@ def _depth_and_size(data: Any) -> tuple[int, int]:
     return deepest, count
 
 
+@functools.cache  # one class for every parse
 def _yaml_loader() -> type:
     """PyYAML's safe loader (the C one where built) refusing a key given twice in one mapping."""
     import yaml

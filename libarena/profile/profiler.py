@@ -8,7 +8,6 @@ other than the local one are roofline-scaled estimates (``estimated`` = true).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -219,8 +218,17 @@ def profile_stage(
     the profiling run's wall time (its share of a parallel compilation). ``log``: says when the stage is being
     profiled by another run sharing the cache (this one waits for it)."""
     key = stage_cache_key(spec, local, timer.name)
+    return _profiled_once(cache, key, spec, log, lambda: _profile_stage(spec, key, local, timer, cache, warmup, repeats, seed,
+                                                                        burst, compiled, compile_device_s, budget_s))
+
+
+def _profiled_once(cache: ProfileCache | None, key: str, spec: StageSpec, log: Callable[[str], None] | None,
+                   profile: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """(record, served_from_cache): ``key``'s cache entry, else ``profile()``'s record, stored under ``key``. A
+    run claims the key before profiling (ProfileCache.claim), so runs sharing the cache profile a stage once:
+    one that waited finds the other's entry."""
     if cache is None:
-        return _profile_stage(spec, key, local, timer, None, warmup, repeats, seed, burst, compiled, compile_device_s, budget_s)
+        return profile(), False
     hit = cache.get(key)
     if hit is not None:
         return hit, True
@@ -228,12 +236,15 @@ def profile_stage(
         hit = cache.get(key)  # another run may have profiled it while this one waited
         if hit is not None:
             return hit, True
-        return _profile_stage(spec, key, local, timer, cache, warmup, repeats, seed, burst, compiled, compile_device_s, budget_s)
+        record = profile()
+        cache.put(key, record)
+    return record, False
 
 
 def _profile_stage(spec: StageSpec, key: str, local: LocalDevice, timer: Timer, cache: ProfileCache | None, warmup: int,
                    repeats: int, seed: int, burst: int, compiled: CompiledStage | None, compile_device_s: float | None,
-                   budget_s: float | None) -> tuple[dict[str, Any], bool]:
+                   budget_s: float | None) -> dict[str, Any]:
+    """The stage's profile record (its optimizer step's profile read from, or written to, ``cache``)."""
     t0 = time.perf_counter()
     opt_key = optimizer_cache_key(spec, local, timer.name)
     opt_record = cache.get(opt_key) if cache is not None else None
@@ -261,10 +272,7 @@ def _profile_stage(spec: StageSpec, key: str, local: LocalDevice, timer: Timer, 
     if compiled is not None and compile_device_s is not None:
         wall += compile_device_s  # compiled before t0, in parallel with other stages
         compile_wall = compile_device_s
-    record = _stage_record(spec, execs, key, local, timer.name, microbatch, opt_key, opt_record, setup, wall, compile_wall, timed)
-    if cache is not None:
-        cache.put(key, record)
-    return record, False
+    return _stage_record(spec, execs, key, local, timer.name, microbatch, opt_key, opt_record, setup, wall, compile_wall, timed)
 
 
 def _waiting_note(spec: StageSpec, log: Callable[[str], None] | None) -> Callable[[], None] | None:
@@ -282,22 +290,14 @@ def profile_stage_in_child(spec: StageSpec, local: LocalDevice, timer: Timer, ca
     by); the cache keeps it apart from the in-process profile of the same stage."""
     from libarena.profile.stage_child import StageChild
 
-    cache_key = content_digest("stage-profile-in-child", stage_cache_key(spec, local, timer.name))
-    if cache is not None:
-        hit = cache.get(cache_key)
-        if hit is not None:
-            return hit, True
-    with cache.claim(cache_key, _waiting_note(spec, log)) if cache is not None else contextlib.nullcontext():
-        hit = cache.get(cache_key) if cache is not None else None  # profiled by another run while this one waited
-        if hit is not None:
-            return hit, True
+    def profile() -> dict[str, Any]:
         with StageChild(spec, timer.name, platform=local.platform, threading=threading, seed=seed, burst=burst) as child:
             child.build(repeats)
             child.time(warmup, repeats)
-            record = child.record()
-        if cache is not None:
-            cache.put(cache_key, record)
-    return record, False
+            return child.record()
+
+    return _profiled_once(cache, content_digest("stage-profile-in-child", stage_cache_key(spec, local, timer.name)), spec,
+                          log, profile)
 
 
 def _stage_record(spec: StageSpec, execs: Any, key: str, local: LocalDevice, timer_name: str, microbatch: Timing, opt_key: str,
