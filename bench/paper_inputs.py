@@ -37,11 +37,18 @@ def schedule_tool() -> list[str]:
 #: Runs argv[2:] as its child and writes the child's peak RSS (KiB) to argv[1]. Linux keeps a process's peak RSS
 #: across exec, and a child forked from a large process (a benchmark that built a performance table in-process
 #: holds hundreds of MiB) starts with the parent's: counted from this small interpreter instead, a tool's figure
-#: is its own. Its exit status is the child's (128 + N for a child killed by signal N).
-_PEAK_RSS_WRAPPER = ("import os, sys\n"
+#: is its own. Its exit status is the child's (128 + N for a child killed by signal N; 127 when the command cannot
+#: be started, said on stderr), and SIGTERM, SIGINT and SIGHUP sent to it are passed on to the child.
+_PEAK_RSS_WRAPPER = ("import os, signal, sys\n"
                      "pid = os.fork()\n"
                      "if pid == 0:\n"
-                     "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+                     "    try:\n"
+                     "        os.execvp(sys.argv[2], sys.argv[2:])\n"
+                     "    except OSError as exc:\n"
+                     "        print(f'cannot run {sys.argv[2]}: {exc.strerror or exc}', file=sys.stderr, flush=True)\n"
+                     "        os._exit(127)\n"
+                     "for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+                     "    signal.signal(sig, lambda s, _: os.kill(pid, s))\n"
                      "_, status, usage = os.wait4(pid, 0)\n"
                      "with open(sys.argv[1], 'w') as f:\n"
                      "    f.write(str(usage.ru_maxrss))\n"
@@ -56,7 +63,12 @@ def run_measured(argv: list[str], **popen: Any) -> tuple[int, float, int]:
         rss_file = Path(f.name)
     try:
         proc = subprocess.Popen([sys.executable, "-c", _PEAK_RSS_WRAPPER, str(rss_file), *argv], **popen)
-        _, status, usage = os.wait4(proc.pid, 0)  # the wrapper's and, waited for, its child's CPU time
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)  # the wrapper's and, waited for, its child's CPU time
+        except BaseException:  # this benchmark interrupted (Ctrl-C, a signal's exception): so is the tool
+            proc.terminate()
+            proc.wait()
+            raise
         text = rss_file.read_text().strip()
     finally:
         rss_file.unlink(missing_ok=True)

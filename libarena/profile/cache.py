@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,29 @@ STALE_TMP_S = 600.0
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "arena" / "profile"
+
+
+#: Seconds a run waits for another that is profiling the same stage before it profiles the stage itself: far
+#: above a stage's profile (compile included), so only a holder that stopped (Ctrl-Z, a hung device) is outwaited.
+CLAIM_MAX_WAIT_S = 3600.0
+
+
+def _lock_within(fd: int, max_wait_s: float) -> bool:
+    """Take the exclusive flock on ``fd``, polling for at most ``max_wait_s``: whether it was taken."""
+    import fcntl
+
+    deadline = time.monotonic() + max_wait_s
+    delay = 0.05
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(delay, left))
+            delay = min(2 * delay, 1.0)
 
 
 @dataclass
@@ -96,13 +120,15 @@ class ProfileCache:
         self.writes += 1
 
     @contextlib.contextmanager
-    def claim(self, key: str, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    def claim(self, key: str, on_wait: Callable[[], None] | None = None, max_wait_s: float = CLAIM_MAX_WAIT_S,
+              on_give_up: Callable[[], None] | None = None) -> Iterator[None]:
         """Hold ``key`` against other processes that would profile it at the same time: they wait here (calling
         ``on_wait`` first, to say so) until this one leaves, its entry written or its attempt failed, then look
-        the key up again. The lock files stay (removing one while a process waits on it would let a third lock a
-        new file beside it). Where no lock can be taken (a read-only cache, a filesystem without ``flock``)
-        nothing is held, and concurrent runs may both profile the key, as without the claim. Not reentrant: a
-        process claims one key at a time."""
+        the key up again. One that has waited ``max_wait_s`` (the holder may be stopped, Ctrl-Z) goes on
+        unclaimed, calling ``on_give_up``, and profiles the key itself. The lock files stay (removing one while a
+        process waits on it would let a third lock a new file beside it). Where no lock can be taken (a read-only
+        cache, a filesystem without ``flock``) nothing is held, and concurrent runs may both profile the key, as
+        without the claim. Not reentrant: a process claims one key at a time."""
         import fcntl
 
         path = self.root / key[:2] / f".{key}.lock"
@@ -119,7 +145,11 @@ class ProfileCache:
                 if on_wait is not None:
                     on_wait()
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    if not _lock_within(fd, max_wait_s):
+                        os.close(fd)
+                        fd = None
+                        if on_give_up is not None:
+                            on_give_up()
                 except BaseException:
                     os.close(fd)
                     raise

@@ -35,6 +35,7 @@ micro-batch in the step's context against 0.17 ms timed in a loop) and a 2-5% sl
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterable
@@ -250,7 +251,7 @@ def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: in
     for key, item in items.items():
         hit = cache.get(corun_cache_key(key[0], num_devices, threading_name, item, fresh_child)) if cache is not None else None
         if hit is not None:
-            out[key] = CoRunTiming(**{k: tuple(v) if k.endswith("samples_s") else v for k, v in hit.items()})
+            out[key] = _timing_from_record(hit)
         else:
             missing.append((key, item))
     if not missing:
@@ -262,18 +263,37 @@ def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: in
         with CoRunSession(num_devices, threading, seed, burst) as session:
             start_s = time.perf_counter() - started  # the child's start: charged to the first stage it times
             for key, item in group:
-                session.time(item, warmup, repeats)
-                timing = session.timing(item, statistic)
-                timing, start_s = replace(timing, device_s=timing.device_s + start_s), 0.0
-                session.release(item)
-                out[key] = timing
-                if cache is not None:
-                    cache.put(corun_cache_key(key[0], num_devices, threading_name, item, fresh_child), timing.to_dict())
+                cache_key = corun_cache_key(key[0], num_devices, threading_name, item, fresh_child)
+                # claimed like a stage profile: a run sharing the cache that is timing it now is waited for
+                with cache.claim(cache_key, _waiting_note(item, num_devices, log)) if cache is not None \
+                        else contextlib.nullcontext():
+                    hit = cache.get(cache_key) if cache is not None else None
+                    if hit is not None:
+                        out[key] = _timing_from_record(hit)
+                        continue
+                    session.time(item, warmup, repeats)
+                    timing = session.timing(item, statistic)
+                    timing, start_s = replace(timing, device_s=timing.device_s + start_s), 0.0
+                    session.release(item)
+                    out[key] = timing
+                    if cache is not None:
+                        cache.put(cache_key, timing.to_dict())
                 if log is not None:
                     times = (f"{timing.alone_s * 1e3:.2f} ms per micro-batch, update {timing.update_s * 1e3:.2f} ms" if timing.spmd
                              else f"{timing.alone_s * 1e3:.2f} ms alone, {timing.together_s * 1e3:.2f} ms all busy")
                     log(f"co-run {_describe(item)} on {num_devices} host devices: {times}")
     return out, time.perf_counter() - t0
+
+
+def _timing_from_record(record: dict[str, Any]) -> CoRunTiming:
+    return CoRunTiming(**{k: tuple(v) if k.endswith("samples_s") else v for k, v in record.items()})
+
+
+def _waiting_note(item: CoRunItem, num_devices: int, log: Any) -> Any:
+    if log is None:
+        return None
+    return lambda: log(f"waiting for another run sharing the cache, which is co-running {_describe(item)} on "
+                       f"{num_devices} host devices")
 
 
 class _SpmdRunner:

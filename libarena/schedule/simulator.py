@@ -190,7 +190,7 @@ class Simulator:
         self.pending_arrivals -= 1
         self.queued_count += 1
         if not self.policy.runnable(job):
-            job.unschedulable = True  # reported apart, not counted as queued
+            job.unschedulable = self.policy.unschedulable_reason(job)  # reported apart, not counted as queued
             self.unschedulable_count += 1
             self.queued_count -= 1
             return

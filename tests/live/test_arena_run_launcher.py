@@ -49,6 +49,7 @@ def test_launch_rescale_resume_finish_and_lost(tmp_path):
     v1 = LaunchRequest("job", 1, "launch", "gpt__tiny", 8, 150, "a100", 1, (0,), 0.0, 0.0)
     launcher.launch(v1)
     pid1 = (launcher.run_dir("job", 1) / "pid").read_text()
+    assert len(pid1.split()) == 2  # the pid and the process's start time
     launcher.launch(v1)  # idempotent
     assert (launcher.run_dir("job", 1) / "pid").read_text() == pid1
     wait_until(lambda: (launcher.progress("job") or 0) >= 10)
@@ -67,7 +68,7 @@ def test_launch_rescale_resume_finish_and_lost(tmp_path):
     v3 = LaunchRequest("job2", 1, "launch", "gpt__tiny", 8, 120, "a100", 1, (1,), 0.0, clock.now())
     launcher.launch(v3)
     wait_until(lambda: (launcher.progress("job2") or 0) >= 5)
-    os.killpg(int((launcher.run_dir("job2", 1) / "pid").read_text()), signal.SIGKILL)
+    os.killpg(int((launcher.run_dir("job2", 1) / "pid").read_text().split()[0]), signal.SIGKILL)
     wait_until(lambda: launcher.poll(clock.now(), {"job2": 1})["job2"].phase == "lost")
     launcher.relaunch(v3)
     wait_until(lambda: launcher.poll(clock.now(), {"job2": 1})["job2"].phase == "finished", 60)
@@ -98,3 +99,56 @@ def test_options_shape_the_arena_run_command(tmp_path):
     for bad in ({"checkpoint_every": 0}, {"checkpoint_every": 2.5}, {"search_max": -1}):
         with pytest.raises(ArenaError, match="--checkpoint-every|search_max"):
             LauncherOptions(**bad)
+
+
+def test_a_job_longer_than_arena_run_trains_is_rejected_on_arrival(tmp_path):
+    """A job file may ask for up to 10**12 iterations, arena-run trains at most MAX_STEPS in one run: with the
+    arena-run launcher such a job is rejected when it arrives, saying why, instead of failing at its launch."""
+    from libarena.checks import MAX_STEPS
+    from libarena.schedule.live import store as st
+    from libarena.schedule.live.jobfile import JobSubmission
+    from libarena.schedule.live.server import ServeConfig, Server
+    from tests.live.helpers import write_inputs
+
+    cluster, perf = write_inputs(tmp_path)
+    server = Server(ServeConfig(cluster, perf, tmp_path / "state.db", launcher="arena-run", workdir=tmp_path / "work"))
+    try:
+        server.store.submit(JobSubmission("gpt__760M", 128, MAX_STEPS + 1, "long"))
+        server.store.submit(JobSubmission("gpt__760M", 128, MAX_STEPS, "ok"))
+        server.ingest()
+        long, ok = server.store.job("long"), server.store.job("ok")
+        assert long["status"] == st.REJECTED
+        assert long["error"] == f"{MAX_STEPS + 1} iterations: arena-run trains at most {MAX_STEPS} steps in one run"
+        assert ok["status"] == st.ARRIVING
+    finally:
+        server.close()
+
+
+def test_a_recorded_pid_that_now_belongs_to_another_process_is_not_the_job(tmp_path):
+    """After a host restart a version's recorded pid may be another process's: the pid file records the start
+    time too, so such a process is neither taken for the job (it is reported lost, and can be relaunched) nor
+    killed with its process group when the job is rescaled."""
+    import subprocess
+
+    from libarena.schedule.live.processes import running_pid, start_time
+
+    clock = VirtualClock(time.time(), 1.0)
+    launcher = get_launcher("arena-run", LauncherContext(tmp_path / "work", tmp_path / "c.yaml", clock, None,
+                                                         LauncherOptions()))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        run_dir = launcher.run_dir("job", 1)
+        run_dir.mkdir(parents=True)
+        (run_dir / "started_wall").write_text(repr(time.time()))
+        (run_dir / "pid").write_text(f"{other.pid} {start_time(other.pid)}")
+        assert running_pid(run_dir / "pid") == other.pid  # the recorded process itself: running
+        assert launcher.poll(clock.now(), {"job": 1})["job"].phase == "running"
+        (run_dir / "pid").write_text(f"{other.pid} 1")  # the same pid, another start: not the job's process
+        assert launcher.poll(clock.now(), {"job": 1})["job"].phase == "lost"
+        v2 = LaunchRequest("job", 2, "rescale", "gpt__tiny", 8, 150, "a100", 2, (0,), 0.0, clock.now(), previous_version=1)
+        launcher.vacate(v2)
+        assert other.poll() is None  # not killed
+    finally:
+        other.kill()
+        other.wait()
+        launcher.close()

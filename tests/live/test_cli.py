@@ -4,6 +4,7 @@ nothing written), profiling on arrival, and a whole run with the emulated-hosts 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -143,6 +144,76 @@ def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path):
     assert sqlite3.connect(state).execute("PRAGMA application_id").fetchone()[0] == 0x41524E41
 
 
+def test_an_unmarked_database_is_taken_as_arena_s_only_with_arena_s_tables_and_version(tmp_path):
+    """A database from before the marker is recognised by its tables, their columns and its schema version; one
+    that only looks like it (a ``meta`` and a ``jobs`` table of someone else's), or one of another schema version,
+    is refused before anything is written to it (no marker, no WAL files)."""
+    import hashlib
+    import sqlite3
+
+    from libarena.errors import ArenaError
+    from libarena.schedule.live.store import _SCHEMA, Store
+
+    def make(name, script, version):
+        path = tmp_path / name
+        conn = sqlite3.connect(path)
+        conn.executescript(script)
+        conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (json.dumps(version),))
+        conn.commit()
+        conn.close()
+        return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+    lookalike = make("lookalike.db", "CREATE TABLE meta (key TEXT, value TEXT); CREATE TABLE jobs (id INTEGER, name TEXT);", 1)
+    future = make("future.db", _SCHEMA, 7)
+    for (path, digest), needle in ((lookalike, "not Arena's scheduler state database"), (future, "state schema version 7")):
+        for create in (True, False):
+            with pytest.raises(ArenaError, match=needle):
+                Store(path, create=create)
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["future.db", "lookalike.db"]
+    old, _ = make("old.db", _SCHEMA, 1)  # a real one from before the marker: accepted, and marked when written
+    store = Store(old, create=True)
+    store.close()
+    assert sqlite3.connect(old).execute("PRAGMA application_id").fetchone()[0] == 0x41524E41
+
+
+def test_a_damaged_row_is_a_one_line_error(tmp_path):
+    """A state database edited by hand (a row that is not JSON, or JSON of the wrong shape) is refused in one line
+    naming what is damaged, not with a traceback."""
+    import sqlite3
+
+    state = tmp_path / "state.db"
+    job = run("submit", job_file(tmp_path, "ok.yaml", GOOD), "--state", state).stdout.strip()
+    for damage, needle in (("{not json", "(not JSON:"), ("[1, 2]", "(a JSON list, not an object)")):
+        conn = sqlite3.connect(state)
+        conn.execute("UPDATE jobs SET spec = ? WHERE job_id = ?", (damage, job))
+        conn.commit()
+        conn.close()
+        p = run("status", "--state", state, check_rc=2)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert f"job {job}'s submission is damaged {needle}" in p.stderr, p.stderr
+
+
+def test_flock_holder_reads_the_kernel_lock_table(tmp_path):
+    from libarena.schedule.live.store import flock_holder
+
+    target = tmp_path / "state.db"
+    target.write_bytes(b"")
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        here = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        table = tmp_path / "locks"
+        table.write_text(f"1: POSIX  ADVISORY  WRITE 11 {here} 0 EOF\n"    # SQLite's kind of lock: not a server
+                         f"2: FLOCK  ADVISORY  WRITE 22 00:01:1 0 EOF\n"    # another file
+                         f"3: FLOCK  ADVISORY  WRITE 33 {here} 0 EOF\n"
+                         f"3: -> FLOCK  ADVISORY  WRITE 44 {here} 0 EOF\n")  # a waiter
+        assert flock_holder(fd, str(table)) == "33"
+        assert flock_holder(fd, str(tmp_path / "absent")) is None
+    finally:
+        os.close(fd)
+
+
 def test_one_server_per_state_database(tmp_path):
     """Two real server processes on one state database: the second exits 2 naming the first one's pid, and
     once the first is gone a new server starts."""
@@ -166,7 +237,14 @@ def test_one_server_per_state_database(tmp_path):
         third = subprocess.run([str(alias) if a == str(state) else a for a in args], capture_output=True, text=True,
                                env=cli_env(), timeout=60)
         assert third.returncode == 2 and f"already served by process {first.pid}" in third.stderr, third.stderr
+        # and so is a hard link (the lock is on the file, not on a name for it)
+        hard = tmp_path / "hard.db"
+        os.link(state, hard)
+        fourth = subprocess.run([str(hard) if a == str(state) else a for a in args], capture_output=True, text=True,
+                                env=cli_env(), timeout=60)
+        assert fourth.returncode == 2 and f"already served by process {first.pid}" in fourth.stderr, fourth.stderr
         assert first.poll() is None  # the first one is unharmed
+        assert not list(tmp_path.glob("*.lock"))  # no lock files left behind
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=60)

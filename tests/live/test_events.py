@@ -41,12 +41,12 @@ class SetClock:
         return virtual
 
 
-def _server(tmp_path, event_passes: bool = True) -> tuple[Server, SetClock]:
+def _server(tmp_path, event_passes: bool = True, extra_models: tuple = ()) -> tuple[Server, SetClock]:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump({"name": "one-gpu", "node_groups": [{"gpu_type": "a100", "nodes": 1,
                                                                            "gpus_per_node": 1}]}))
     perf = tmp_path / "perf.parquet"
-    write_perf(perf, [(MODEL, BATCH)], ["a100"], max_gpus=1)
+    write_perf(perf, [(MODEL, BATCH), *extra_models], ["a100"], max_gpus=1)
     cfg = ServeConfig(cluster, perf, tmp_path / "state.db", policy="fcfs", tick_s=300.0, launcher="perf-table",
                       overheads=OverheadConfig(0, 0, 0, 0, 0, 0), poll_s=0.01, event_passes=event_passes)
     server = Server(cfg)
@@ -159,5 +159,51 @@ def test_a_finish_learnt_late_is_recorded_when_it_happened(tmp_path):
         live.advance(500.0)
         assert job.finish_time == 123.0
         assert [(t, kind) for t, j, kind, _ in live.log_entries if kind == "finish"] == [(123.0, "finish")]
+    finally:
+        server.close()
+
+
+def test_an_unschedulable_job_says_why(tmp_path):
+    """A job the policy can never place is terminal, and its status says why (before: no reason at all)."""
+    big = ("gpt__6.7B", 256)  # in the synthetic table it fits one A100 in no view
+    server, clock = _server(tmp_path, extra_models=(big,))
+    try:
+        server.store.submit(JobSubmission(*big, 100, "huge"))
+        server.store.submit(JobSubmission(MODEL, BATCH, 100, "small", num_gpus=4))
+        assert server.step()
+        huge = server.store.job("huge")
+        assert huge["status"] == st.UNSCHEDULABLE
+        assert huge["error"] == ("fcfs: gpt__6.7B at global batch 256 fits in memory on no GPU type and count of "
+                                 "this cluster in the performance table")
+        assert server.store.job("small")["status"] != st.UNSCHEDULABLE  # (more GPUs than exist: placed on fewer)
+        rows = {r["job_id"]: r for r in job_rows(server.store)["jobs"]}
+        assert rows["huge"]["error"] == huge["error"]
+    finally:
+        server.close()
+
+
+def test_a_stop_requested_in_the_last_step_still_counts_as_the_end(tmp_path):
+    """``serve --until-idle`` reports an interruption only when it stopped before its end: a signal arriving in
+    the very step that finished the last job does not turn a complete run into an 'interrupted' one."""
+    import signal
+
+    server, clock = _server(tmp_path)
+    try:
+        server.store.submit(JobSubmission(MODEL, BATCH, 50, "a"))
+        step = server.step
+
+        def step_then_signal() -> bool:
+            clock.t += 1000.0  # each step: the job's whole run
+            did = step()
+            if server.idle():
+                server.request_stop(signal.SIGTERM)  # as the handler would, during the last step
+            return did
+
+        server.step = step_then_signal
+        assert server.serve(until_idle=True, install_signals=False, max_wall_s=60) is True
+        assert server.stop_signal == signal.SIGTERM and server.store.job("a")["status"] == st.FINISHED
+        server._stop = False
+        server.step = lambda: (server.request_stop(signal.SIGINT), False)[1]  # stopped before any end
+        assert server.serve(until_idle=True, install_signals=False, max_wall_s=60) is False
     finally:
         server.close()

@@ -265,3 +265,57 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(tmp_path):
     cpu_time = profile_plans(planset, ProfileConfig(cache_dir=tmp_path / "cache", warmup=1, repeats=3, include_dp=False,
                                                     concurrency="cpu-time"), comm=_cpu_comm())
     assert all(st["alone_s"] is None for e in cpu_time.estimates for st in e.stages)
+
+
+def test_co_run_timings_are_claimed_like_stage_profiles(monkeypatch, tmp_path):
+    """Two runs sharing a cache do not co-run the same stage twice: one finding the other timing it waits, says
+    so, and takes the other's timing; what nobody else times it times itself. (The child is a stand-in: what is
+    tested is the claim around it.)"""
+    import threading
+    import time
+
+    from libarena.profile import corun
+    from libarena.profile.cache import ProfileCache
+
+    timed = []
+
+    class StandInSession:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def time(self, item, warmup, repeats):
+            timed.append(item)
+
+        def timing(self, item, statistic):
+            return corun.CoRunTiming(2, 1.0, 1.0)
+
+        def release(self, item):
+            pass
+
+    monkeypatch.setattr(corun, "CoRunSession", StandInSession)
+    a, b = corun.SpmdStage("gpt__tiny", 0, 1, 2, 1, 4), corun.SpmdStage("gpt__tiny", 1, 2, 2, 1, 4)
+    items = {("ka", a): a, ("kb", b): b}
+    holder = ProfileCache(tmp_path)
+    key_a = corun.corun_cache_key("ka", 2, "default", a)
+    notes: list[str] = []
+    result: dict = {}
+    with holder.claim(key_a):  # another run is co-running a
+        worker = threading.Thread(target=lambda: result.update(out=corun.profile_corun(
+            items, 2, None, ProfileCache(tmp_path), warmup=0, repeats=1, statistic="min", log=notes.append)))
+        worker.start()
+        end = time.monotonic() + 30
+        while not notes and time.monotonic() < end:
+            time.sleep(0.02)
+        holder.put(key_a, corun.CoRunTiming(2, 7.0, 7.0).to_dict())
+    worker.join(30)
+    out, _ = result["out"]
+    assert notes[0] == ("waiting for another run sharing the cache, which is co-running gpt__tiny units [0, 1) "
+                        "dp 2 x tp 1 SPMD on 2 host devices")
+    assert timed == [b]
+    assert out[("ka", a)].alone_s == 7.0 and out[("kb", b)].alone_s == 1.0

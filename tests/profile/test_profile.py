@@ -441,6 +441,28 @@ def test_a_run_waits_for_a_stage_another_run_is_profiling(tmp_path):
     assert "waiting for another run sharing the cache, which is profiling gpt__tiny units [0, 2)" in child.stderr.read()
 
 
+def test_a_claim_held_too_long_is_given_up(tmp_path):
+    """A run waiting on a claim whose holder does not leave (stopped with Ctrl-Z, a hung device) goes on
+    unclaimed after the limit, says so, and the key is profiled by it."""
+    import time
+
+    from libarena.profile.cache import ProfileCache
+
+    cache = ProfileCache(tmp_path)
+    key = "cd" + "0" * 62
+    notes = []
+    with cache.claim(key):  # the holder (another open file description conflicts like another process)
+        t0 = time.monotonic()
+        with cache.claim(key, on_wait=lambda: notes.append("wait"), max_wait_s=0.5,
+                         on_give_up=lambda: notes.append("gave up")):
+            waited = time.monotonic() - t0
+            notes.append("body")
+    assert notes == ["wait", "gave up", "body"] and 0.45 <= waited < 5
+    with cache.claim(key, max_wait_s=0.5, on_give_up=lambda: notes.append("again")):
+        pass  # free now: taken at once
+    assert notes[-1] == "body"
+
+
 def test_a_claim_needs_no_write_access_and_falls_back_without_a_lock(tmp_path):
     """A shared cache's lock file may belong to someone else (read access is enough for flock); where no lock
     file can be made at all, the claim holds nothing and the body still runs."""

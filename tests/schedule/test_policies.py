@@ -102,8 +102,13 @@ def test_absent_configuration_means_cannot_run_that_way(paper_cluster):
     res = run_policy(w, make_policy("arena"), SimulatorConfig())
     assert "a100" not in set(res.decisions["gpu_type"]) and summarize(res)["finished_jobs"] == 6
     # rigid FCFS asked for a100, which the table cannot run: the jobs are unschedulable
-    m = summarize(run_policy(w, make_policy("fcfs"), SimulatorConfig()))
+    res = run_policy(w, make_policy("fcfs"), SimulatorConfig())
+    m = summarize(res)
     assert m["unschedulable_jobs"] == 6 and m["finished_jobs"] == 0
+    why = res.jobs[0].unschedulable  # and each says why
+    assert why.startswith("fcfs: no configuration it may use (at most 16 GPUs per job, requested type a100; the cluster has ")
+    assert why.endswith("the performance table runs gpt__1.3B at global batch 256 only on v100 (1, 2, 4, 8, 16 GPUs), "
+                        "a40 (1, 2, 4, 8, 16 GPUs), a10 (1, 2, 4, 8, 16 GPUs)")
 
 
 def test_cluster_too_small_names_the_row(tmp_path):

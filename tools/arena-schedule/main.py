@@ -374,10 +374,10 @@ def serve(
         print(f"arena-schedule: serving {state} (policy {policy}, tick {tick:g} s, compression {time_compression:g}, "
               f"launcher {launcher})", file=sys.stderr, flush=True)
         try:
-            server.serve(until_idle=until_idle)
+            ran_to_end = server.serve(until_idle=until_idle)
         finally:
             server.close()
-    if server.stop_signal is not None:  # stopped cleanly between steps, but not by running to its end
+    if server.stop_signal is not None and not ran_to_end:  # stopped cleanly between steps, before its end
         import signal
 
         raise ArenaError(f"interrupted ({signal.Signals(server.stop_signal).name}): stopped serving {state}; its jobs "

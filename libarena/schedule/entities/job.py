@@ -58,8 +58,8 @@ class Job:
     reschedules: int = 0
     overhead_s: float = 0.0
     profiled: bool = False
-    #: the policy can never place the job (its view has no configuration within the cluster)
-    unschedulable: bool = False
+    #: why the policy can never place the job (its view has no configuration within the cluster); None while it can
+    unschedulable: str | None = None
     policy_state: dict = field(default_factory=dict)
 
     @property

@@ -212,6 +212,10 @@ class LiveCluster(Simulator):
         return {JobState.PENDING: "arriving", JobState.QUEUED: "queued", JobState.STARTING: "starting",
                 JobState.RUNNING: "running", JobState.FINISHED: "finished", JobState.DROPPED: "dropped"}[job.state]
 
+    def error_of(self, job: Job) -> str | None:
+        """What its status shows as the job's error: why it failed, or why it can never be placed."""
+        return self.failed.get(job.spec.job_id) or job.unschedulable
+
     def snapshot(self, job: Job) -> dict[str, Any]:
         a = job.alloc
         req = self.requests.get(job.spec.job_id)
@@ -301,7 +305,7 @@ class LiveCluster(Simulator):
         """Hand restored queued jobs back to the policy, in their original queue order."""
         for job in sorted(jobs, key=lambda j: j.enqueue_seq):
             if not self.policy.runnable(job):
-                job.unschedulable = True
+                job.unschedulable = self.policy.unschedulable_reason(job)
                 self.queued_count -= 1
                 self.unschedulable_count += 1
                 continue

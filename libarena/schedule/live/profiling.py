@@ -20,7 +20,8 @@ from pathlib import Path
 
 from libarena.checks import brief
 from libarena.errors import ArenaError
-from libarena.schedule.live.launchers.arena_run import _alive, tool
+from libarena.schedule.live.launchers.arena_run import tool
+from libarena.schedule.live.processes import running_pid, write_pid_file
 
 #: wall seconds a profile may run before it is stopped and its jobs rejected (a hung script would otherwise hold
 #: every later new (model, batch) behind it: profiles run one at a time)
@@ -29,16 +30,6 @@ DEFAULT_PROFILE_TIMEOUT_S = 7200.0
 TEMPLATE_FIELDS = ("model", "batch", "cluster", "out", "schedule")
 DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {cluster} --mode local --granularity stage "
                   "--cache-dir .arena-cache -o {out}")
-
-
-def _start_time(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22): with the pid, what
-    identifies the process (a pid is reused after it ends)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 class ArrivalProfiler:
@@ -69,17 +60,10 @@ class ArrivalProfiler:
     def _process(self, key: tuple[str, int]) -> int | None:
         """The pid of the pair's profile script while that process runs; None once it is gone (or its pid now
         belongs to another process, after a host restart: the file records the process's start time too)."""
-        try:
-            pid_text, _, started = (self.dir_of(*key) / "pid").read_text().strip().partition(" ")
-            pid = int(pid_text)
-        except (OSError, ValueError):
-            return None
         proc = self._procs.get(key)
         if proc is not None:
-            proc.poll()
-        if not _alive(pid) or (started and _start_time(pid) != started):
-            return None
-        return pid
+            proc.poll()  # reap it if it ended: a zombie is not running
+        return running_pid(self.dir_of(*key) / "pid")
 
     def _running(self, key: tuple[str, int]) -> bool:
         d = self.dir_of(*key)
@@ -99,8 +83,7 @@ class ArrivalProfiler:
         with open(d / "output.log", "ab") as log:
             proc = subprocess.Popen(["/bin/sh", str(d / "run.sh")], cwd=str(d), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        (d / "pid.tmp").write_text(f"{proc.pid} {_start_time(proc.pid) or ''}".strip())
-        os.replace(d / "pid.tmp", d / "pid")
+        write_pid_file(d / "pid", proc.pid)
         self._procs[key] = proc
 
     def _stop(self, key: tuple[str, int]) -> None:

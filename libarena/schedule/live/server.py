@@ -111,15 +111,15 @@ class Server:
     def __init__(self, config: ServeConfig):
         # one server per state database, for its whole life: taken before anything is read or written
         self.lock = ServerLock(config.state)
-        created = not Path(config.state).exists()
+        created = self.lock.created
         try:
             self._open(config)
         except BaseException:
             store = getattr(self, "store", None)
             if store is not None:
                 store.close()
-                if created:  # a database this failed start made holds nothing: leave none behind
-                    Path(config.state).unlink(missing_ok=True)
+            if created:  # a database this failed start made holds nothing: leave none behind
+                Path(config.state).unlink(missing_ok=True)
             self.lock.release()
             raise
 
@@ -274,9 +274,11 @@ class Server:
                         self._arrive(c, r, JobSubmission.from_dict(r["spec"]), self._arrival_time(r, self.clock.now()))
             for row in rows:
                 sub = JobSubmission.from_dict(row["spec"])
-                if sub.gpu_type is not None and sub.gpu_type not in self.perf.type_index:
+                why = self.launcher.cannot_run(sub.iterations)
+                if why is None and sub.gpu_type is not None and sub.gpu_type not in self.perf.type_index:
                     why = (f"GPU type {sub.gpu_type!r} is not in cluster {self.cluster_spec.name} "
                            f"({', '.join(self.perf.gpu_types)})")
+                if why is not None:
                     Store.set_status(c, row["job_id"], st.REJECTED, error=why)
                     Store.log(c, None, row["job_id"], "reject", {"why": why})
                 elif not self.perf.has(sub.model, sub.global_batch):
@@ -330,7 +332,7 @@ class Server:
                     snap["reported_iterations"] = rep.iterations_done
                 Store.set_status(c, job_id, live.status_of(job),
                                  state={"spec": dataclasses.asdict(job.spec), "snapshot": snap},
-                                 error=live.failed.get(job_id))
+                                 error=live.error_of(job))
             for req in intents:
                 Store.add_launch(c, req.job_id, req.version, req.to_dict(), req.decided_at)
             for time_, job_id, kind, detail in entries:
@@ -360,7 +362,7 @@ class Server:
                 with self.store.transaction() as c:
                     Store.set_status(c, req.job_id, live.status_of(job),
                                      state={"spec": dataclasses.asdict(job.spec), "snapshot": live.snapshot(job)},
-                                     error=live.failed.get(req.job_id))
+                                     error=live.error_of(job))
                     for time_, job_id, kind, detail in entries:
                         Store.log(c, time_, job_id, kind, detail)
                 continue
@@ -426,7 +428,9 @@ class Server:
             self.stop_signal = signum
 
     def serve(self, until_idle: bool = False, max_wall_s: float | None = None, install_signals: bool = True,
-              max_ticks: int | None = None) -> None:
+              max_ticks: int | None = None) -> bool:
+        """Serve until stopped (a signal, ``max_wall_s``), or until every job is done (``until_idle``) or
+        ``max_ticks`` ticks have run: whether it ran to such an end (a stop requested in its last step included)."""
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
@@ -434,10 +438,11 @@ class Server:
         while not self._stop and (end is None or time.time() < end):
             if self.step():
                 if (until_idle and self.idle()) or (max_ticks is not None and len(self.ticks) >= max_ticks):
-                    break
+                    return True
                 continue
             wait = (self.next_tick_time() - self.clock.now()) / self.config.compression
             time.sleep(max(0.0, min(self.config.poll_s, wait)))
+        return False
 
     def close(self) -> None:
         try:

@@ -14,13 +14,14 @@ Writers: the server (one process) and ``submit`` (inserts a ``submitted`` row); 
 
 The database is marked as Arena's (SQLite's ``application_id``, :data:`APPLICATION_ID`): a ``--state`` file that
 is some other SQLite database is refused before anything is written to it (not even its journal mode is
-changed). One server at a time: :class:`ServerLock` holds an exclusive lock on ``<state>.lock`` for the server's
-life, and a second server exits naming the first one's process id.
+changed). One server at a time: :class:`ServerLock` holds an exclusive lock on the database file for the
+server's life, and a second server exits naming the first one's process id.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import sqlite3
@@ -96,6 +97,19 @@ def state_database_errors(path: str | Path, what: str = "the scheduler state dat
         raise ArenaError(f"{path}: cannot use {what} ({exc})") from None
 
 
+@functools.cache
+def _expected_columns() -> dict[str, list[str]]:
+    """Each table of :data:`_SCHEMA` and its columns, as SQLite reports them."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(_SCHEMA)
+        tables = [name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        return {t: [row[1] for row in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+    finally:
+        conn.close()
+
+
 class Store:
     def __init__(self, path: str | Path, create: bool = False):
         self.path = Path(path)
@@ -137,12 +151,7 @@ class Store:
             return
         tables = [name for (name,) in self.conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-        legacy = False
-        if app_id == 0 and "meta" in tables and "jobs" in tables:
-            try:
-                legacy = self.conn.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchone() is not None
-            except sqlite3.DatabaseError:  # a "meta" table of someone else's
-                legacy = False
+        legacy = app_id == 0 and bool(tables) and self._shaped_like_arena(tables)
         if app_id != 0 or (tables and not legacy):
             shown = ", ".join(tables[:5]) + (" ..." if len(tables) > 5 else "")
             raise ArenaError(f"{self.path}: not Arena's scheduler state database (application id {app_id:#x}, "
@@ -151,6 +160,28 @@ class Store:
             raise ArenaError(f"{self.path}: not a scheduler state database (it is empty)")
         if create:
             self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+    def _shaped_like_arena(self, tables: list[str]) -> bool:
+        """Whether an unmarked database is one of an Arena from before the marker: only Arena's tables, each
+        with Arena's columns, and a schema version in ``meta``. One with another version is refused here,
+        before anything (the marker, the journal mode) is written to it."""
+        expected = _expected_columns()
+        if "meta" not in tables or "jobs" not in tables or not set(tables) <= set(expected):
+            return False
+        for table in tables:
+            columns = [row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")]
+            if columns != expected[table]:
+                return False
+        row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        try:
+            version = None if row is None else json.loads(row[0])
+        except ValueError:
+            return False
+        if version is None:
+            return False
+        if str(version) != str(SCHEMA_VERSION):
+            raise ArenaError(f"{self.path}: state schema version {version}, this arena-schedule reads {SCHEMA_VERSION}")
+        return True
 
     def close(self) -> None:
         self.conn.close()
@@ -168,7 +199,7 @@ class Store:
     # -- meta -----------------------------------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return default if row is None else json.loads(row[0])
+        return default if row is None else self._loads(row[0], f"setting {key!r}", None)
 
     def set_meta(self, key: str, value: Any, conn: sqlite3.Connection | None = None) -> None:
         (conn or self.conn).execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -207,9 +238,9 @@ class Store:
         q = "SELECT seq, job_id, spec, submitted_wall, not_before, status, arrival_time, state, error FROM jobs"
         out = []
         for seq, job_id, spec, sw, nb, status, at, state, err in self.conn.execute(q + where + " ORDER BY seq", args):
-            out.append({"seq": seq, "job_id": job_id, "spec": json.loads(spec), "submitted_wall": sw, "not_before": nb,
-                        "status": status, "arrival_time": at, "state": json.loads(state) if state else None,
-                        "error": err})
+            out.append({"seq": seq, "job_id": job_id, "spec": self._loads(spec, f"job {job_id}'s submission"),
+                        "submitted_wall": sw, "not_before": nb, "status": status, "arrival_time": at,
+                        "state": self._loads(state, f"job {job_id}'s state") if state else None, "error": err})
         return out
 
     def job(self, job_id: str) -> dict[str, Any] | None:
@@ -224,7 +255,7 @@ class Store:
             q += " WHERE job_id = ?"
             args = (job_id,)
         q += " ORDER BY id"
-        rows = [{"id": i, "wall": w, "time": t, "job_id": j, "kind": k, "detail": json.loads(d)}
+        rows = [{"id": i, "wall": w, "time": t, "job_id": j, "kind": k, "detail": self._loads(d, f"log entry {i}")}
                 for i, w, t, j, k, d in self.conn.execute(q, args)]
         return rows[-limit:] if limit else rows
 
@@ -234,11 +265,25 @@ class Store:
         if states:
             q += f" WHERE state IN ({','.join('?' * len(states))})"
             args = states
-        return [{"job_id": j, "version": v, "request": json.loads(r), "state": s, "decided_at": d}
+        return [{"job_id": j, "version": v, "request": self._loads(r, f"job {j}'s launch {v}"), "state": s, "decided_at": d}
                 for j, v, r, s, d in self.conn.execute(q + " ORDER BY decided_at, rowid", args)]
 
     def perf_rows(self) -> list[dict[str, list]]:
-        return [json.loads(r) for (r,) in self.conn.execute("SELECT rows FROM perf_rows ORDER BY model, global_batch")]
+        return [self._loads(r, f"profiled rows of {m} (batch {b})")
+                for m, b, r in self.conn.execute("SELECT model, global_batch, rows FROM perf_rows ORDER BY model, global_batch")]
+
+    def _loads(self, text: Any, what: str, shape: type | None = dict) -> Any:
+        """A JSON value read back from the database; a damaged one (edited by hand, a disk error) is a one-line
+        error naming it, not a traceback."""
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise ArenaError(f"{self.path}: {what} is damaged (not JSON: {exc}); the state database cannot be used "
+                             "as it is") from None
+        if shape is not None and not isinstance(value, shape):
+            raise ArenaError(f"{self.path}: {what} is damaged (a JSON {type(value).__name__}, not an object); the "
+                             "state database cannot be used as it is")
+        return value
 
     # -- writing (the server) -------------------------------------------------------------------------
     @staticmethod
@@ -269,32 +314,58 @@ class Store:
 
 
 class ServerLock:
-    """An exclusive lock on ``<state>.lock``, held for a server's life: one live scheduler per state database
-    (two would both launch jobs onto the same GPUs). The file holds the holder's process id, for the message
-    the second server exits with. The kernel releases the lock when the holder dies, however it dies."""
+    """An exclusive ``flock`` on the state database file itself, held for a server's life: one live scheduler per
+    state database (two would both launch jobs onto the same GPUs). Locking the file, not a name for it, makes
+    every name it has (a symbolic link, a hard link, a bind mount) the same database, and leaves no lock file
+    behind. ``flock`` locks are independent of the POSIX locks SQLite takes on the same file (on a local file
+    system, where SQLite's WAL mode must live anyway), but closing any descriptor of the file drops this
+    process's POSIX locks on it, so :meth:`release` must come after the database is closed. The kernel releases
+    the lock when the holder dies, however it dies; the second server names the holder from ``/proc/locks``."""
 
     def __init__(self, state: str | Path):
-        # the file itself, not the name it was given by: a link to a served database is the same database
-        self.path = Path(f"{os.path.realpath(state)}.lock")
+        self.state = Path(state)
+        if self.state.is_dir():
+            raise ArenaError(f"{state}: is a directory, not a scheduler state database")
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # O_EXCL: whether this server made the file (a failed start then removes it)
+                fd = os.open(self.state, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                self.created = True
+            except FileExistsError:
+                fd = os.open(self.state, os.O_RDONLY | os.O_CLOEXEC)
+                self.created = False
         except OSError as exc:
-            raise ArenaError(f"cannot lock {state}: {exc.strerror or exc} ({self.path})") from None
+            raise ArenaError(f"cannot lock {state}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            holder = flock_holder(fd) or "unknown"
             os.close(fd)
-            raise ArenaError(f"{state} is already served by process {holder} (lock {self.path}): one server per "
-                             f"state database; stop that one first, or use another --state") from None
+            raise ArenaError(f"{state} is already served by process {holder}: one server per state database; "
+                             f"stop that one first, or use another --state") from None
         except OSError as exc:
             os.close(fd)
-            raise ArenaError(f"cannot lock {state}: {exc.strerror or exc} ({self.path})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            raise ArenaError(f"cannot lock {state}: {exc.strerror or exc}") from None
         self.fd: int | None = fd
 
     def release(self) -> None:
         if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor releases the lock; the file stays (harmless, reused)
+            os.close(self.fd)  # closing the descriptor releases the lock
             self.fd = None
+
+
+def flock_holder(fd: int, locks: str = "/proc/locks") -> str | None:
+    """The process id holding a ``flock`` on ``fd``'s file, from the kernel's lock table (Linux), or None where
+    it is not listed there (another OS, another pid namespace)."""
+    st = os.fstat(fd)
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open(locks) as table:
+            for line in table:
+                # "1: FLOCK  ADVISORY  WRITE 1234 00:2d:5678 0 EOF" (a blocked waiter's line has "->" after "1:")
+                fields = line.split()
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device and fields[4].isdigit() \
+                        and int(fields[4]) > 0:
+                    return fields[4]
+    except OSError:
+        return None
+    return None

@@ -61,6 +61,24 @@ class Policy(ABC):
         """Whether the job can ever be placed under this policy on an empty cluster (else: unschedulable)."""
         return bool(((job.view_thr > 0) & self.allowed).any())
 
+    def unschedulable_reason(self, job: Job) -> str:
+        """Why :meth:`runnable` is False for the job, in one line (its status says it)."""
+        perf = self.sim.perf
+        spec = job.spec
+        runs = [(int(t), int(c)) for t, c in zip(*np.nonzero(job.view_thr > 0))]
+        if not runs:
+            return (f"{self.name}: {spec.model} at global batch {spec.global_batch} fits in memory on no GPU type and "
+                    f"count of this cluster in the performance table")
+        counts: dict[str, list[str]] = {}
+        for t, c in runs:
+            counts.setdefault(perf.gpu_types[t], []).append(str(1 << c))
+        shown = ", ".join(f"{t} ({', '.join(n)} GPUs)" for t, n in counts.items())
+        requested = "" if spec.requested_type is None else f", requested type {spec.requested_type}"
+        cluster = ", ".join(f"{int(n)} {t}" for t, n in zip(perf.gpu_types, perf.capacity))
+        return (f"{self.name}: no configuration it may use (at most {1 << self.max_count} GPUs per job{requested}; "
+                f"the cluster has {cluster}); the performance table runs {spec.model} at global batch "
+                f"{spec.global_batch} only on {shown}")
+
     @abstractmethod
     def on_arrival(self, job: Job) -> None:
         """A job arrived (after its profiling): queue it."""

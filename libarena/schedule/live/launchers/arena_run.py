@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from libarena.checks import MAX_STEPS
+from libarena.schedule.live.processes import alive, recorded_pid, running_pid, shell_records_own_pid, write_pid_file
 from libarena.schedule.live.launchers.base import JobLauncher, LaunchRequest, LauncherContext, RunStatus, register_launcher
 
 
@@ -32,20 +34,6 @@ def tool(name: str) -> str:
     """The console script of a sibling tool, from this interpreter's environment."""
     cand = Path(sys.executable).parent / name
     return str(cand) if cand.exists() else name
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (our own exited child) is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 @register_launcher
@@ -64,6 +52,11 @@ class ArenaRunLauncher(JobLauncher):
         #: the tools' commands: this environment's console scripts unless the options put others in their place
         self.commands: dict[str, str] = {name: tool(name) for name in ("arena-plan", "arena-run")}
         self.commands.update(context.options.commands)
+
+    def cannot_run(self, iterations: int) -> str | None:
+        if iterations > MAX_STEPS:  # arena-run's own bound (--steps): the job would fail at its first launch
+            return f"{iterations} iterations: arena-run trains at most {MAX_STEPS} steps in one run"
+        return None
 
     def run_dir(self, job_id: str, version: int) -> Path:
         return self.root / "jobs" / job_id / f"v{version}"
@@ -93,8 +86,7 @@ class ArenaRunLauncher(JobLauncher):
         run += self.options.arena_run_args
         # the script records its own pid first: a scheduler killed between starting it and recording the pid
         # still finds it on restart (and does not start the version twice)
-        own_pid = f"echo $$ > {q(str(run_dir / 'pid.sh.tmp'))} && mv -f {q(str(run_dir / 'pid.sh.tmp'))} {q(str(run_dir / 'pid'))}\n"
-        return (own_pid + f"{prepare} && {' '.join(q(a) for a in run)}\n"
+        return (shell_records_own_pid(run_dir / "pid") + f"\n{prepare} && {' '.join(q(a) for a in run)}\n"
                 f"code=$?; echo $code > {q(str(run_dir / 'exit_code.tmp'))}; mv -f {q(str(run_dir / 'exit_code.tmp'))} "
                 f"{q(str(run_dir / 'exit_code'))}; exit $code\n")
 
@@ -125,33 +117,29 @@ class ArenaRunLauncher(JobLauncher):
             proc = subprocess.Popen(["/bin/sh", str(run_dir / "run.sh")], stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=str(run_dir))
         (run_dir / "started_wall").write_text(repr(time.time()))
-        tmp = run_dir / "pid.tmp"
-        tmp.write_text(str(proc.pid))
-        os.replace(tmp, run_dir / "pid")
+        write_pid_file(run_dir / "pid", proc.pid)
         self._children[(request.job_id, request.version)] = proc
-
-    def _pid(self, run_dir: Path) -> int | None:
-        try:
-            return int((run_dir / "pid").read_text())
-        except (OSError, ValueError):
-            return None
 
     def _stop_version(self, job_id: str, version: int, grace_s: float = 20.0) -> None:
         run_dir = self.run_dir(job_id, version)
-        pid = self._pid(run_dir)
-        if pid is None or (run_dir / "exit_code").exists():
+        if recorded_pid(run_dir / "pid") is None or (run_dir / "exit_code").exists():
             return
         (run_dir / "stopped").write_text(repr(time.time()))
+        # only the recorded process itself: after a host restart its pid may be another process group's
+        pid = running_pid(run_dir / "pid")
+        if pid is None:
+            self._reap(job_id, version)
+            return
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pid, sig)
             except (ProcessLookupError, PermissionError):
                 break
             end = time.time() + wait
-            while time.time() < end and _alive(pid):
+            while time.time() < end and alive(pid):
                 self._reap(job_id, version)
                 time.sleep(0.1)
-            if not _alive(pid):
+            if not alive(pid):
                 break
         self._reap(job_id, version)
 
@@ -188,8 +176,7 @@ class ArenaRunLauncher(JobLauncher):
         for job_id, version in versions.items():
             run_dir = self.run_dir(job_id, version)
             self._reap(job_id, version)
-            pid = self._pid(run_dir)
-            if pid is None:
+            if recorded_pid(run_dir / "pid") is None:
                 out[job_id] = RunStatus(job_id, version, "lost", message="never started")
                 continue
             try:
@@ -209,7 +196,7 @@ class ArenaRunLauncher(JobLauncher):
                 else:
                     out[job_id] = RunStatus(job_id, version, "failed", started, finished, done,
                                             message=f"arena-run exited with {code} (see {run_dir / 'output.log'})")
-            elif _alive(pid):
+            elif running_pid(run_dir / "pid") is not None:
                 out[job_id] = RunStatus(job_id, version, "running", started, None, done)
             else:
                 out[job_id] = RunStatus(job_id, version, "lost", started, None, done, message="process gone")

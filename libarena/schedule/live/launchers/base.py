@@ -103,6 +103,10 @@ class JobLauncher(ABC):
     #: the LauncherOptions fields it reads (another one given is refused: it would be silently ignored)
     options_used: ClassVar[tuple[str, ...]] = ()
 
+    def cannot_run(self, iterations: int) -> str | None:
+        """Why this launcher cannot run a job of that many iterations (it is rejected on arrival), or None."""
+        return None
+
     @abstractmethod
     def launch(self, request: LaunchRequest) -> None:
         """Start the version (stopping ``previous_version``); a version already started is left alone."""

@@ -1,0 +1,79 @@
+"""The processes the live scheduler starts (launched jobs, profiles on arrival) and finds again after a restart.
+
+Each is recorded in a pid file as ``"<pid> <start time>"``: a pid alone does not identify a process, since the
+kernel reuses it after the process ends (after a host restart, a recorded pid may belong to anything). A process
+is taken as the recorded one only while it runs with the recorded start time; a file without one (an older
+Arena's) falls back to the pid alone."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an exited child not yet reaped); one owned by another
+    user counts as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def write_pid_file(path: Path, pid: int) -> None:
+    """Record process ``pid`` (with its start time) in ``path``, atomically."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(f"{pid} {start_time(pid) or ''}".strip())
+    os.replace(tmp, path)
+
+
+def shell_records_own_pid(path: Path) -> str:
+    """A shell line that records the shell's own pid and start time in ``path`` (atomically), as
+    :func:`write_pid_file` does: the script's first line, so a scheduler killed between starting the script and
+    recording it still finds the script on restart. The command name of ``/bin/sh`` has no spaces, so field 22 of
+    its /proc stat line is its start time."""
+    q = shlex.quote
+    tmp = path.with_name(f"{path.name}.sh.tmp")
+    return (f"echo \"$$ $(cut -d' ' -f22 /proc/$$/stat 2>/dev/null)\" > {q(str(tmp))} && "
+            f"mv -f {q(str(tmp))} {q(str(path))}")
+
+
+def recorded_pid(path: Path) -> int | None:
+    """The pid recorded in ``path`` (whether or not it still runs), None when there is no readable record."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def running_pid(path: Path) -> int | None:
+    """The pid recorded in ``path`` while that very process runs; None once it is gone, or when the pid now
+    belongs to another process (its start time differs from the recorded one)."""
+    try:
+        pid_text, _, started = path.read_text().strip().partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return None
+    if pid <= 0 or not alive(pid):
+        return None
+    started = started.strip()
+    if started and start_time(pid) != started:
+        return None
+    return pid
