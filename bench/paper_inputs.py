@@ -38,18 +38,34 @@ def schedule_tool() -> list[str]:
 #: across exec, and a child forked from a large process (a benchmark that built a performance table in-process
 #: holds hundreds of MiB) starts with the parent's: counted from this small interpreter instead, a tool's figure
 #: is its own. Its exit status is the child's (128 + N for a child killed by signal N; 127 when the command cannot
-#: be started, said on stderr), and SIGTERM, SIGINT and SIGHUP sent to it are passed on to the child.
+#: be started, said on stderr), and SIGTERM, SIGINT and SIGHUP sent to it are passed on to the child, once: the
+#: child runs in a process group of its own, so a terminal's Ctrl-C reaches it through the wrapper only.
 _PEAK_RSS_WRAPPER = ("import os, signal, sys\n"
+                     "pid = 0\n"
+                     "caught = []\n"
+                     "def forward(sig, _):\n"
+                     "    if pid:\n"
+                     "        os.kill(pid, sig)\n"
+                     "    else:\n"
+                     "        caught.append(sig)\n"
+                     "relayed = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)\n"
+                     "for sig in relayed:\n"
+                     "    signal.signal(sig, forward)\n"
                      "pid = os.fork()\n"
                      "if pid == 0:\n"
+                     "    for sig in relayed:\n"
+                     "        signal.signal(sig, signal.SIG_DFL)\n"
+                     "    os.setpgid(0, 0)\n"
                      "    try:\n"
                      "        os.execvp(sys.argv[2], sys.argv[2:])\n"
                      "    except OSError as exc:\n"
                      "        print(f'cannot run {sys.argv[2]}: {exc.strerror or exc}', file=sys.stderr, flush=True)\n"
                      "        os._exit(127)\n"
-                     "for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
-                     "    signal.signal(sig, lambda s, _: os.kill(pid, s))\n"
+                     "for sig in caught:  # arrived while forking\n"
+                     "    os.kill(pid, sig)\n"
                      "_, status, usage = os.wait4(pid, 0)\n"
+                     "for sig in relayed:\n"
+                     "    signal.signal(sig, signal.SIG_IGN)\n"
                      "with open(sys.argv[1], 'w') as f:\n"
                      "    f.write(str(usage.ru_maxrss))\n"
                      "code = os.waitstatus_to_exitcode(status)\n"
@@ -66,8 +82,11 @@ def run_measured(argv: list[str], **popen: Any) -> tuple[int, float, int]:
         try:
             _, status, usage = os.wait4(proc.pid, 0)  # the wrapper's and, waited for, its child's CPU time
         except BaseException:  # this benchmark interrupted (Ctrl-C, a signal's exception): so is the tool
-            proc.terminate()
-            proc.wait()
+            try:  # a Ctrl-C reached the wrapper too, which passed it on: give the tool time to end on it
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait()
             raise
         text = rss_file.read_text().strip()
     finally:

@@ -145,14 +145,15 @@ class ProfileCache:
                 if on_wait is not None:
                     on_wait()
                 try:
-                    if not _lock_within(fd, max_wait_s):
-                        os.close(fd)
-                        fd = None
-                        if on_give_up is not None:
-                            on_give_up()
+                    taken = _lock_within(fd, max_wait_s)
                 except BaseException:
                     os.close(fd)
                     raise
+                if not taken:
+                    os.close(fd)
+                    fd = None
+                    if on_give_up is not None:
+                        on_give_up()
             except OSError:
                 pass  # no locks on this filesystem: unclaimed
         try:

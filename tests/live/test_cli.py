@@ -194,6 +194,24 @@ def test_a_damaged_row_is_a_one_line_error(tmp_path):
         assert f"job {job}'s submission is damaged {needle}" in p.stderr, p.stderr
 
 
+def test_a_failed_start_removes_only_a_database_without_jobs(tmp_path):
+    """A serve that made the state file and then failed removes it, unless a job was submitted into it meanwhile
+    (``holds_jobs``: also True where it cannot tell)."""
+    import sqlite3
+
+    from libarena.schedule.live.store import holds_jobs
+
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    schema_only = tmp_path / "schema.db"
+    sqlite3.connect(schema_only).execute("CREATE TABLE meta (key TEXT)").connection.close()
+    state = tmp_path / "odd name #1?.db"
+    run("submit", job_file(tmp_path, "ok.yaml", GOOD), "--state", state)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database at all" * 100)
+    assert (holds_jobs(empty), holds_jobs(schema_only), holds_jobs(state), holds_jobs(garbage)) == (False, False, True, True)
+
+
 def test_flock_holder_reads_the_kernel_lock_table(tmp_path):
     from libarena.schedule.live.store import flock_holder
 

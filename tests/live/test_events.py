@@ -207,3 +207,21 @@ def test_a_stop_requested_in_the_last_step_still_counts_as_the_end(tmp_path):
         assert server.serve(until_idle=True, install_signals=False, max_wall_s=60) is False
     finally:
         server.close()
+
+
+def test_close_releases_the_lock_after_the_database_whatever_fails(tmp_path):
+    """Releasing the server lock closes a descriptor of the database file, which drops the POSIX locks SQLite
+    holds on a connection still open: so the database is closed first, even when the launcher's close fails."""
+    import sqlite3
+
+    server, _ = _server(tmp_path)
+
+    def broken_close():
+        raise RuntimeError("launcher close failed")
+
+    server.launcher.close = broken_close
+    with pytest.raises(RuntimeError, match="launcher close failed"):
+        server.close()
+    with pytest.raises(sqlite3.ProgrammingError):  # closed
+        server.store.conn.execute("SELECT 1")
+    assert server.lock.fd is None

@@ -458,6 +458,14 @@ def test_a_claim_held_too_long_is_given_up(tmp_path):
             waited = time.monotonic() - t0
             notes.append("body")
     assert notes == ["wait", "gave up", "body"] and 0.45 <= waited < 5
+    with cache.claim(key):  # a give-up note that fails is the error seen, not a TypeError of the claim's own
+
+        def fails():
+            raise ValueError("note failed")
+
+        with pytest.raises(ValueError, match="note failed"):
+            with cache.claim(key, max_wait_s=0.1, on_give_up=fails):
+                pass
     with cache.claim(key, max_wait_s=0.5, on_give_up=lambda: notes.append("again")):
         pass  # free now: taken at once
     assert notes[-1] == "body"

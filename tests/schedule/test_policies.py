@@ -106,7 +106,7 @@ def test_absent_configuration_means_cannot_run_that_way(paper_cluster):
     m = summarize(res)
     assert m["unschedulable_jobs"] == 6 and m["finished_jobs"] == 0
     why = res.jobs[0].unschedulable  # and each says why
-    assert why.startswith("fcfs: no configuration it may use (at most 16 GPUs per job, requested type a100; the cluster has ")
+    assert why.startswith("fcfs: no configuration it may use (at most 16 GPUs per job, on a100 only; the cluster has ")
     assert why.endswith("the performance table runs gpt__1.3B at global batch 256 only on v100 (1, 2, 4, 8, 16 GPUs), "
                         "a40 (1, 2, 4, 8, 16 GPUs), a10 (1, 2, 4, 8, 16 GPUs)")
 

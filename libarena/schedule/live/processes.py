@@ -77,3 +77,33 @@ def running_pid(path: Path) -> int | None:
     if started and start_time(pid) != started:
         return None
     return pid
+
+
+def recorded_group(path: Path) -> int | None:
+    """The process group that the process recorded in ``path`` leads (started in a session of its own), while
+    any of it runs: the leader itself, or, once the leader is gone, members left in its group (a killed script's
+    children). A pid is not reused while it names a live process group, so such members are the recorded
+    group's; a live process holding the pid with another start time means the group is long gone."""
+    pid = running_pid(path)
+    if pid is not None:
+        return pid
+    pid = recorded_pid(path)
+    if pid is None or pid <= 0 or alive(pid):
+        return None  # no record, or the pid belongs to another process now
+    return pid if _group_has_members(pid) else None
+
+
+def _group_has_members(pgid: int) -> bool:
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return False
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False

@@ -21,7 +21,7 @@ from pathlib import Path
 from libarena.checks import brief
 from libarena.errors import ArenaError
 from libarena.schedule.live.launchers.arena_run import tool
-from libarena.schedule.live.processes import running_pid, write_pid_file
+from libarena.schedule.live.processes import recorded_group, running_pid, write_pid_file
 
 #: wall seconds a profile may run before it is stopped and its jobs rejected (a hung script would otherwise hold
 #: every later new (model, batch) behind it: profiles run one at a time)
@@ -87,9 +87,10 @@ class ArrivalProfiler:
         self._procs[key] = proc
 
     def _stop(self, key: tuple[str, int]) -> None:
-        """Kill a running profile: its script and everything it started (its own session; only while the pid is
-        still the script's)."""
-        pid = self._process(key)
+        """Kill a running profile: its script and everything it started (its own session; only while the group
+        is still the script's)."""
+        self._process(key)  # (reaps the script if it ended)
+        pid = recorded_group(self.dir_of(*key) / "pid")
         if pid is not None:
             try:
                 os.killpg(pid, signal.SIGKILL)

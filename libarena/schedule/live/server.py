@@ -32,7 +32,7 @@ from libarena.schedule.live.cluster import LiveCluster
 from libarena.schedule.live.jobfile import JobSubmission
 from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, LauncherOptions, get_launcher
 from libarena.schedule.live.profiling import DEFAULT_PROFILE_TIMEOUT_S, ArrivalProfiler
-from libarena.schedule.live.store import ServerLock, Store
+from libarena.schedule.live.store import ServerLock, Store, holds_jobs
 from libarena.schedule.perf import load_perf
 
 
@@ -118,7 +118,8 @@ class Server:
             store = getattr(self, "store", None)
             if store is not None:
                 store.close()
-            if created:  # a database this failed start made holds nothing: leave none behind
+            # a database this failed start made holds nothing, unless a job was submitted into it meanwhile
+            if created and not holds_jobs(config.state):
                 Path(config.state).unlink(missing_ok=True)
             self.lock.release()
             raise
@@ -445,8 +446,12 @@ class Server:
         return False
 
     def close(self) -> None:
+        # the lock last, whatever fails before it: releasing it closes a descriptor of the database file, which
+        # would drop the POSIX locks SQLite holds on a connection still open (store.ServerLock)
         try:
             self.launcher.close()
-            self.store.close()
         finally:
-            self.lock.release()
+            try:
+                self.store.close()
+            finally:
+                self.lock.release()

@@ -326,31 +326,74 @@ class ServerLock:
         self.state = Path(state)
         if self.state.is_dir():
             raise ArenaError(f"{state}: is a directory, not a scheduler state database")
+        for _ in range(3):
+            fd, self.created = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = flock_holder(fd) or "unknown"
+                os.close(fd)  # (even a file this attempt made: the holder serves it now)
+                raise ArenaError(f"{state} is already served by process {holder}: one server per state database; "
+                                 f"stop that one first, or use another --state") from None
+            except OSError as exc:
+                self._abandon(fd)
+                raise ArenaError(f"cannot lock {state}: {exc.strerror or exc}") from None
+            if self._names_locked_file(fd):
+                self.fd: int | None = fd
+                return
+            os.close(fd)  # the name was given to another file while locking (replaced, re-linked): again
+        raise ArenaError(f"cannot lock {state}: the file keeps being replaced")
+
+    def _open(self) -> tuple[int, bool]:
         try:
             try:  # O_EXCL: whether this server made the file (a failed start then removes it)
-                fd = os.open(self.state, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-                self.created = True
+                return os.open(self.state, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
             except FileExistsError:
-                fd = os.open(self.state, os.O_RDONLY | os.O_CLOEXEC)
-                self.created = False
+                return os.open(self.state, os.O_RDONLY | os.O_CLOEXEC), False
         except OSError as exc:
-            raise ArenaError(f"cannot lock {state}: {exc.strerror or exc}") from None
+            raise ArenaError(f"cannot lock {self.state}: {exc.strerror or exc}") from None
+
+    def _names_locked_file(self, fd: int) -> bool:
+        """Whether the state's name still leads to the file locked through ``fd`` (SQLite opens it by name)."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = flock_holder(fd) or "unknown"
-            os.close(fd)
-            raise ArenaError(f"{state} is already served by process {holder}: one server per state database; "
-                             f"stop that one first, or use another --state") from None
-        except OSError as exc:
-            os.close(fd)
-            raise ArenaError(f"cannot lock {state}: {exc.strerror or exc}") from None
-        self.fd: int | None = fd
+            st, locked = os.stat(self.state), os.fstat(fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == (locked.st_dev, locked.st_ino)
+
+    def _abandon(self, fd: int) -> None:
+        """Give up a lock that cannot be taken (no locks on this file system): an empty file this attempt made is
+        removed."""
+        try:
+            if self.created and os.fstat(fd).st_size == 0 and self._names_locked_file(fd):
+                self.state.unlink()
+        except OSError:
+            pass
+        os.close(fd)
 
     def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)  # closing the descriptor releases the lock
             self.fd = None
+
+
+def holds_jobs(path: str | Path) -> bool:
+    """Whether the database at ``path`` holds any job; True where that cannot be read (better kept than lost)."""
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            return False
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except (OSError, sqlite3.Error):
+        return True
+    try:
+        return conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] > 0
+    except sqlite3.OperationalError as exc:
+        return "no such table" not in str(exc)
+    except sqlite3.Error:
+        return True
+    finally:
+        conn.close()
 
 
 def flock_holder(fd: int, locks: str = "/proc/locks") -> str | None:

@@ -85,7 +85,7 @@ class ArenaPolicy(Policy):
         cached = job.policy_state.get("configs")
         if cached is not None:
             return cached
-        types = range(len(self.sim.pools)) if self.config.hetero else [job.requested_type_index]
+        types = self.placement_types(job)
         out = []
         for t in types:
             if self.config.elastic:
@@ -96,6 +96,9 @@ class ArenaPolicy(Policy):
             out.extend((t, c) for c in counts)
         job.policy_state["configs"] = out
         return out
+
+    def placement_types(self, job: Job) -> list[int]:
+        return list(range(len(self.sim.pools))) if self.config.hetero else [job.requested_type_index]
 
     def runnable(self, job: Job) -> bool:
         return bool(self.configs(job))

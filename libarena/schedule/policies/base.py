@@ -61,6 +61,10 @@ class Policy(ABC):
         """Whether the job can ever be placed under this policy on an empty cluster (else: unschedulable)."""
         return bool(((job.view_thr > 0) & self.allowed).any())
 
+    def placement_types(self, job: Job) -> list[int]:
+        """The GPU types this policy may place the job on (its message for an unschedulable job names them)."""
+        return list(range(len(self.sim.perf.gpu_types)))
+
     def unschedulable_reason(self, job: Job) -> str:
         """Why :meth:`runnable` is False for the job, in one line (its status says it)."""
         perf = self.sim.perf
@@ -73,7 +77,9 @@ class Policy(ABC):
         for t, c in runs:
             counts.setdefault(perf.gpu_types[t], []).append(str(1 << c))
         shown = ", ".join(f"{t} ({', '.join(n)} GPUs)" for t, n in counts.items())
-        requested = "" if spec.requested_type is None else f", requested type {spec.requested_type}"
+        types = self.placement_types(job)
+        requested = ("" if len(types) == len(perf.gpu_types)
+                     else f", on {' or '.join(perf.gpu_types[t] for t in types)} only")
         cluster = ", ".join(f"{int(n)} {t}" for t, n in zip(perf.gpu_types, perf.capacity))
         return (f"{self.name}: no configuration it may use (at most {1 << self.max_count} GPUs per job{requested}; "
                 f"the cluster has {cluster}); the performance table runs {spec.model} at global batch "

@@ -51,6 +51,9 @@ class ElasticFlowPolicy(Policy):
         t = job.requested_type_index
         return [c for c in range(self.sim.perf.num_counts) if self.allowed[t, c] and job.view_thr[t, c] > 0]
 
+    def placement_types(self, job: Job) -> list[int]:
+        return [job.requested_type_index]
+
     def runnable(self, job: Job) -> bool:
         return bool(self._counts(job))
 

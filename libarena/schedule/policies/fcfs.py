@@ -32,6 +32,9 @@ class FCFSPolicy(Policy):
         # queue key -> FIFO; the key is the requested GPU type, or 0 for the single global queue
         self.queues: dict[int, deque[Job]] = {}
 
+    def placement_types(self, job: Job) -> list[int]:
+        return [job.requested_type_index]
+
     def runnable(self, job: Job) -> bool:
         return self.requested_count_on(job, job.requested_type_index) is not None
 

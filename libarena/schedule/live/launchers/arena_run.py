@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from libarena.checks import MAX_STEPS
-from libarena.schedule.live.processes import alive, recorded_pid, running_pid, shell_records_own_pid, write_pid_file
+from libarena.schedule.live.processes import (recorded_group, recorded_pid, running_pid, shell_records_own_pid,
+                                              write_pid_file)
 from libarena.schedule.live.launchers.base import JobLauncher, LaunchRequest, LauncherContext, RunStatus, register_launcher
 
 
@@ -103,6 +104,7 @@ class ArenaRunLauncher(JobLauncher):
 
     def relaunch(self, request: LaunchRequest) -> None:
         run_dir = self.run_dir(request.job_id, request.version)
+        self._stop_version(request.job_id, request.version)  # what is left of the lost one (its script's children)
         for name in ("pid", "exit_code", "started_wall"):
             (run_dir / name).unlink(missing_ok=True)
         self._start(request, run_dir)
@@ -125,8 +127,8 @@ class ArenaRunLauncher(JobLauncher):
         if recorded_pid(run_dir / "pid") is None or (run_dir / "exit_code").exists():
             return
         (run_dir / "stopped").write_text(repr(time.time()))
-        # only the recorded process itself: after a host restart its pid may be another process group's
-        pid = running_pid(run_dir / "pid")
+        # only the recorded process group: after a host restart its pid may be another process's
+        pid = recorded_group(run_dir / "pid")
         if pid is None:
             self._reap(job_id, version)
             return
@@ -136,10 +138,10 @@ class ArenaRunLauncher(JobLauncher):
             except (ProcessLookupError, PermissionError):
                 break
             end = time.time() + wait
-            while time.time() < end and alive(pid):
+            while time.time() < end and recorded_group(run_dir / "pid") == pid:
                 self._reap(job_id, version)
                 time.sleep(0.1)
-            if not alive(pid):
+            if recorded_group(run_dir / "pid") != pid:
                 break
         self._reap(job_id, version)
 
