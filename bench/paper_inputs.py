@@ -44,10 +44,13 @@ _PEAK_RSS_WRAPPER = ("import os, signal, sys\n"
                      "pid = 0\n"
                      "caught = []\n"
                      "def forward(sig, _):\n"
-                     "    if pid:\n"
-                     "        os.kill(pid, sig)\n"
-                     "    else:\n"
+                     "    if not pid:\n"
                      "        caught.append(sig)\n"
+                     "        return\n"
+                     "    try:\n"
+                     "        os.kill(pid, sig)\n"
+                     "    except ProcessLookupError:  # reaped already\n"
+                     "        pass\n"
                      "relayed = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)\n"
                      "for sig in relayed:\n"
                      "    signal.signal(sig, forward)\n"
@@ -78,12 +81,14 @@ def run_measured(argv: list[str], **popen: Any) -> tuple[int, float, int]:
     with tempfile.NamedTemporaryFile(prefix="peak-rss-", suffix=".txt", delete=False) as f:
         rss_file = Path(f.name)
     try:
+        # (no terminal input: the tool runs in a background process group, where reading it would stop the tool)
+        popen.setdefault("stdin", subprocess.DEVNULL)
         proc = subprocess.Popen([sys.executable, "-c", _PEAK_RSS_WRAPPER, str(rss_file), *argv], **popen)
         try:
             _, status, usage = os.wait4(proc.pid, 0)  # the wrapper's and, waited for, its child's CPU time
-        except BaseException:  # this benchmark interrupted (Ctrl-C, a signal's exception): so is the tool
-            try:  # a Ctrl-C reached the wrapper too, which passed it on: give the tool time to end on it
-                proc.wait(timeout=10)
+        except BaseException as exc:  # this benchmark interrupted (Ctrl-C, a signal's exception): so is the tool
+            try:  # a terminal's Ctrl-C reached the wrapper too, which passed it on: the tool may end on it
+                proc.wait(timeout=10 if isinstance(exc, KeyboardInterrupt) else 0)
             except subprocess.TimeoutExpired:
                 proc.terminate()
                 proc.wait()

@@ -154,36 +154,52 @@ def test_a_recorded_pid_that_now_belongs_to_another_process_is_not_the_job(tmp_p
         launcher.close()
 
 
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return None
+
+
 def test_a_rescale_stops_what_is_left_of_a_version_whose_script_died(tmp_path):
     """A version's script killed on its own leaves its children running in its process group: stopping the
-    version (a rescale, a relaunch) still stops them, since the group cannot have been reused while they run."""
+    version (a rescale, a relaunch) still stops them (they carry the version's directory in their environment),
+    but never a group that merely has the same number (a daemon's, after the pid was reused)."""
     import subprocess
 
-    from libarena.schedule.live.processes import recorded_group, write_pid_file
+    from libarena.schedule.live.processes import process_env, recorded_group, write_pid_file
 
     clock = VirtualClock(time.time(), 1.0)
     launcher = get_launcher("arena-run", LauncherContext(tmp_path / "work", tmp_path / "c.yaml", clock, None,
                                                          LauncherOptions()))
-    run_dir = launcher.run_dir("job", 1)
-    run_dir.mkdir(parents=True)
-    script = subprocess.Popen(["/bin/sh", "-c", f"{sys.executable} -c 'import time; time.sleep(120)' & echo $!; wait"],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
-    child = int(script.stdout.readline())
+    sleeper = f"{sys.executable} -c 'import time; time.sleep(120)' & echo $!; wait"
+    children = []
     try:
-        write_pid_file(run_dir / "pid", script.pid)
-        (run_dir / "started_wall").write_text(repr(time.time()))
-        script.kill()  # the script alone: its child stays, in the script's group
-        script.wait()
-        os.kill(child, 0)
-        assert recorded_group(run_dir / "pid") == script.pid
+        for version, env in ((1, process_env(launcher.run_dir("job", 1))), (2, None)):  # ours, and a stranger
+            run_dir = launcher.run_dir("job", version)
+            run_dir.mkdir(parents=True)
+            script = subprocess.Popen(["/bin/sh", "-c", sleeper], stdout=subprocess.PIPE, text=True,
+                                      start_new_session=True, env=env)
+            children.append(int(script.stdout.readline()))
+            write_pid_file(run_dir / "pid", script.pid)
+            (run_dir / "started_wall").write_text(repr(time.time()))
+            script.kill()  # the script alone: its child stays, in the script's group
+            script.wait()
+            assert _state(children[-1]) not in (None, "Z")
+        ours, stranger = (launcher.run_dir("job", v) / "pid" for v in (1, 2))
+        assert recorded_group(ours) is not None and recorded_group(stranger) is None
         assert launcher.poll(clock.now(), {"job": 1})["job"].phase == "lost"
-        launcher.vacate(LaunchRequest("job", 2, "rescale", "gpt__tiny", 8, 150, "a100", 2, (0,), 0.0, clock.now(),
-                                      previous_version=1))
-        wait_until(lambda: not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split(")")[1].split()[0] == "Z", 30)
-        assert recorded_group(run_dir / "pid") is None
+        for previous in (1, 2):
+            launcher.vacate(LaunchRequest("job", previous + 1, "rescale", "gpt__tiny", 8, 150, "a100", 2, (0,), 0.0,
+                                          clock.now(), previous_version=previous))
+        wait_until(lambda: _state(children[0]) in (None, "Z"), 30)
+        assert recorded_group(ours) is None
+        assert _state(children[1]) not in (None, "Z")  # the stranger's group is left alone
     finally:
-        try:
-            os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for child in children:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         launcher.close()

@@ -107,7 +107,7 @@ def test_a_refused_start_binds_nothing(tmp_path):
     fresh = tmp_path / "fresh.db"
     p = run("serve", "--cluster", cluster, "--perf", perf, "--state", fresh, "--policy", "sia2", check_rc=2)
     assert "unknown policy 'sia2'" in p.stderr and len(p.stderr.strip().splitlines()) == 1
-    assert not fresh.exists()
+    assert not list(tmp_path.glob("fresh.db*"))  # nor its -wal and -shm files
     state = tmp_path / "state.db"
     job = run("submit", job_file(tmp_path, "a.yaml", {**GOOD, "iterations": 300}), "--state", state).stdout.strip()
     base = ["serve", "--cluster", cluster, "--perf", perf, "--state", state, "--time-compression", "2000", "--poll", "0.05"]
@@ -210,6 +210,7 @@ def test_a_failed_start_removes_only_a_database_without_jobs(tmp_path):
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"not a database at all" * 100)
     assert (holds_jobs(empty), holds_jobs(schema_only), holds_jobs(state), holds_jobs(garbage)) == (False, False, True, True)
+    assert not list(tmp_path.glob("*-wal")) and not list(tmp_path.glob("*-shm"))  # reading leaves no files
 
 
 def test_flock_holder_reads_the_kernel_lock_table(tmp_path):

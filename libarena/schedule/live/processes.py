@@ -79,21 +79,35 @@ def running_pid(path: Path) -> int | None:
     return pid
 
 
+#: set in the environment of every process the live scheduler starts, to the directory of its pid file: what its
+#: children inherit, so members left in its process group after the leader died can be told from another group
+#: that now has the same number (a double-forked daemon's, after the pid was reused)
+PROCESS_DIR_VARIABLE = "ARENA_PROCESS_DIR"
+
+
+def process_env(directory: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment to start a recorded process with (its pid file in ``directory``)."""
+    env = dict(os.environ if base is None else base)
+    env[PROCESS_DIR_VARIABLE] = str(Path(directory).resolve())
+    return env
+
+
 def recorded_group(path: Path) -> int | None:
-    """The process group that the process recorded in ``path`` leads (started in a session of its own), while
-    any of it runs: the leader itself, or, once the leader is gone, members left in its group (a killed script's
-    children). A pid is not reused while it names a live process group, so such members are the recorded
-    group's; a live process holding the pid with another start time means the group is long gone."""
+    """The process group that the process recorded in ``path`` leads (started in a session of its own, with
+    :func:`process_env`), while any of it runs: the leader itself, or, once the leader is gone, members left in
+    its group (a killed script's children) that carry the leader's :data:`PROCESS_DIR_VARIABLE`."""
     pid = running_pid(path)
     if pid is not None:
         return pid
     pid = recorded_pid(path)
     if pid is None or pid <= 0 or alive(pid):
         return None  # no record, or the pid belongs to another process now
-    return pid if _group_has_members(pid) else None
+    return pid if _group_has_members(pid, str(path.parent.resolve())) else None
 
 
-def _group_has_members(pgid: int) -> bool:
+def _group_has_members(pgid: int, directory: str) -> bool:
+    """Whether a live process of group ``pgid`` was started by the recorded process (its environment says so)."""
+    marker = f"{PROCESS_DIR_VARIABLE}={directory}".encode()
     try:
         entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
@@ -102,8 +116,10 @@ def _group_has_members(pgid: int) -> bool:
         try:
             with open(f"/proc/{name}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()
+            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        return True
         except OSError:
             continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
     return False

@@ -21,7 +21,7 @@ from pathlib import Path
 from libarena.checks import brief
 from libarena.errors import ArenaError
 from libarena.schedule.live.launchers.arena_run import tool
-from libarena.schedule.live.processes import recorded_group, running_pid, write_pid_file
+from libarena.schedule.live.processes import process_env, recorded_group, running_pid, write_pid_file
 
 #: wall seconds a profile may run before it is stopped and its jobs rejected (a hung script would otherwise hold
 #: every later new (model, batch) behind it: profiles run one at a time)
@@ -82,7 +82,7 @@ class ArrivalProfiler:
         (d / "run.sh").write_text(f"{body}\ncode=$?; echo $code > exit_code.tmp; mv -f exit_code.tmp exit_code; exit $code\n")
         with open(d / "output.log", "ab") as log:
             proc = subprocess.Popen(["/bin/sh", str(d / "run.sh")], cwd=str(d), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env=process_env(d))
         write_pid_file(d / "pid", proc.pid)
         self._procs[key] = proc
 

@@ -116,11 +116,13 @@ class Server:
             self._open(config)
         except BaseException:
             store = getattr(self, "store", None)
+            # a database this failed start made holds nothing, unless a job was submitted into it meanwhile
+            remove = created and not holds_jobs(config.state, store.conn if store is not None else None)
             if store is not None:
                 store.close()
-            # a database this failed start made holds nothing, unless a job was submitted into it meanwhile
-            if created and not holds_jobs(config.state):
-                Path(config.state).unlink(missing_ok=True)
+            if remove:
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{config.state}{suffix}").unlink(missing_ok=True)
             self.lock.release()
             raise
 

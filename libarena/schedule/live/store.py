@@ -377,13 +377,17 @@ class ServerLock:
             self.fd = None
 
 
-def holds_jobs(path: str | Path) -> bool:
-    """Whether the database at ``path`` holds any job; True where that cannot be read (better kept than lost)."""
+def holds_jobs(path: str | Path, conn: sqlite3.Connection | None = None) -> bool:
+    """Whether the database at ``path`` (through ``conn`` when one is open) holds any job; True where that cannot
+    be read (better kept than lost)."""
     path = Path(path)
+    own = conn is None
     try:
-        if path.stat().st_size == 0:
-            return False
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        if own:
+            if path.stat().st_size == 0:
+                return False
+            # read-write (it exists): the last connection's close then removes the -wal and -shm files it made
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
     except (OSError, sqlite3.Error):
         return True
     try:
@@ -393,7 +397,8 @@ def holds_jobs(path: str | Path) -> bool:
     except sqlite3.Error:
         return True
     finally:
-        conn.close()
+        if own:
+            conn.close()
 
 
 def flock_holder(fd: int, locks: str = "/proc/locks") -> str | None:

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from libarena.checks import MAX_STEPS
-from libarena.schedule.live.processes import (recorded_group, recorded_pid, running_pid, shell_records_own_pid,
-                                              write_pid_file)
+from libarena.schedule.live.processes import (process_env, recorded_group, recorded_pid, running_pid,
+                                              shell_records_own_pid, write_pid_file)
 from libarena.schedule.live.launchers.base import JobLauncher, LaunchRequest, LauncherContext, RunStatus, register_launcher
 
 
@@ -113,7 +113,7 @@ class ArenaRunLauncher(JobLauncher):
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "request.json").write_text(json.dumps(request.to_dict()))
         (run_dir / "run.sh").write_text(self.script(request, run_dir))
-        env = dict(os.environ)
+        env = process_env(run_dir)
         env.setdefault("RAY_AUTH_MODE", "disabled")
         with open(run_dir / "output.log", "ab") as log:
             proc = subprocess.Popen(["/bin/sh", str(run_dir / "run.sh")], stdout=log, stderr=subprocess.STDOUT,
