@@ -260,9 +260,9 @@ def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: in
     t0 = time.perf_counter()
     groups = [[entry] for entry in missing] if fresh_child else [missing]
     for group in groups:
-        started = time.perf_counter()
-        with CoRunSession(num_devices, threading, seed, burst) as session:
-            start_s = time.perf_counter() - started  # the child's start: charged to the first stage it times
+        with contextlib.ExitStack() as stack:
+            # the child starts at the first stage this run times itself: none for a group another run timed
+            session, start_s = None, 0.0
             for key, item in group:
                 cache_key = corun_cache_key(key[0], num_devices, threading_name, item, fresh_child)
                 # claimed like a stage profile: a run sharing the cache that is timing it now is waited for
@@ -273,6 +273,10 @@ def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: in
                     if hit is not None:
                         out[key] = _timing_from_record(hit)
                         continue
+                    if session is None:
+                        started = time.perf_counter()
+                        session = stack.enter_context(CoRunSession(num_devices, threading, seed, burst))
+                        start_s = time.perf_counter() - started  # the child's start: charged to this first stage
                     session.time(item, warmup, repeats)
                     timing = session.timing(item, statistic)
                     timing, start_s = replace(timing, device_s=timing.device_s + start_s), 0.0

@@ -415,6 +415,44 @@ def test_a_hung_profile_is_stopped_after_its_time_limit(tmp_path):
     assert "profiling exited with timeout" in profiler.poll()[0][3]
 
 
+def test_a_failed_profile_is_retried_after_its_interval(tmp_path):
+    """A failed profile is what later jobs of the pair meet (a failure that would repeat is not re-run for each
+    job), until --profile-retry has passed since it failed: the next job then has the pair profiled again."""
+    import time
+
+    from libarena.schedule.live.profiling import ArrivalProfiler
+    from tests.live.helpers import wait_until
+
+    profiler = ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml",
+                               "echo run >> {out}.runs; sh -c 'exit 3' # {model} {batch}", retry_after_s=1.5)
+    runs = profiler.dir_of("gpt__2.6B", 256) / "perf.parquet.runs"
+
+    def outcome():
+        profiler.request("gpt__2.6B", 256)
+        done: list = []
+        wait_until(lambda: bool(done.extend(profiler.poll()) or done), 30)
+        ((_, _, path, message),) = done
+        assert path is None
+        return message
+
+    first = outcome()
+    assert first.startswith("profiling exited with 3 (see ") and "has it profiled again 1.5 s after the failure" in first
+    assert outcome() == first and runs.read_text() == "run\n"  # a job right after it: the same end, not run again
+    time.sleep(1.6)
+    assert outcome() == first and runs.read_text() == "run\nrun\n"  # after the interval: profiled again
+    # a table the server could not use counts as a failure too
+    unusable = ArrivalProfiler(tmp_path / "other", tmp_path / "c.yaml", "echo garbage > {out} # {model} {batch}")
+    unusable.request("gpt__2.6B", 256)
+    done: list = []
+    wait_until(lambda: bool(done.extend(unusable.poll()) or done), 30)
+    assert done[0][2] is not None
+    unusable.mark_unusable("gpt__2.6B", 256)
+    unusable.request("gpt__2.6B", 256)
+    assert unusable.poll()[0][2:] == (None, f"profiling wrote a table that could not be used (see "
+                                            f"{unusable.dir_of('gpt__2.6B', 256) / 'output.log'}); the pair's next job "
+                                            "has it profiled again 3600 s after the failure")
+
+
 def test_a_profile_pid_that_now_belongs_to_another_process_is_not_the_profile(tmp_path):
     """After a host restart the pid a profile recorded may belong to another process (a relaunched job, in a
     session of its own): it is not killed as a hung profile; the profile counts as gone and is started again."""

@@ -277,11 +277,11 @@ def test_co_run_timings_are_claimed_like_stage_profiles(monkeypatch, tmp_path):
     from libarena.profile import corun
     from libarena.profile.cache import ProfileCache
 
-    timed = []
+    timed, sessions = [], []
 
     class StandInSession:
         def __init__(self, *args):
-            pass
+            sessions.append(args)
 
         def __enter__(self):
             return self
@@ -319,3 +319,19 @@ def test_co_run_timings_are_claimed_like_stage_profiles(monkeypatch, tmp_path):
                         "dp 2 x tp 1 SPMD on 2 host devices")
     assert timed == [b]
     assert out[("ka", a)].alone_s == 7.0 and out[("kb", b)].alone_s == 1.0
+    # each in a child of its own: no child is started for the stage the other run timed while this one waited
+    sessions.clear()
+    notes.clear()
+    key_a = corun.corun_cache_key("ka", 2, "default", a, True)
+    with holder.claim(key_a):
+        worker = threading.Thread(target=lambda: result.update(out=corun.profile_corun(
+            items, 2, None, ProfileCache(tmp_path), warmup=0, repeats=1, statistic="min", fresh_child=True,
+            log=notes.append)))
+        worker.start()
+        end = time.monotonic() + 30
+        while not notes and time.monotonic() < end:
+            time.sleep(0.02)
+        holder.put(key_a, corun.CoRunTiming(2, 5.0, 5.0).to_dict())
+    worker.join(30)
+    out, _ = result["out"]
+    assert len(sessions) == 1 and out[("ka", a)].alone_s == 5.0 and out[("kb", b)].alone_s == 1.0

@@ -30,7 +30,7 @@ from libarena.cli import (
     print_json, refuse_json_with_stdout_data, run_app,
 )
 from libarena.errors import ArenaError
-from libarena.schedule.live.profiling import DEFAULT_PROFILE_TIMEOUT_S
+from libarena.schedule.live.profiling import DEFAULT_PROFILE_RETRY_S, DEFAULT_PROFILE_TIMEOUT_S
 from libarena.schedule.policies import policy_names
 from libarena.schedule.sweep import DEFAULT_POLICIES
 
@@ -352,6 +352,9 @@ def serve(
                                                  "arrival ({model} {batch} {cluster} {out} {schedule}); default: perf build --pair"),
     profile_timeout: float = typer.Option(DEFAULT_PROFILE_TIMEOUT_S, "--profile-timeout",
                                           help="wall seconds a profile on arrival may run before it is stopped and its jobs rejected"),
+    profile_retry: float = typer.Option(DEFAULT_PROFILE_RETRY_S, "--profile-retry",
+                                        help="wall seconds after a failed profile before a later job of its (model, batch) "
+                                             "has it profiled again (until then such jobs are rejected with the same failure)"),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every",
                                                    help="arena-run: checkpoint every N steps (default: arena-run's)"),
     until_idle: bool = typer.Option(False, "--until-idle", help="exit once every submitted job is done"),
@@ -366,7 +369,7 @@ def serve(
 
     cfg = ServeConfig(cluster, perf, state, policy=policy, tick_s=tick, compression=time_compression,
                       launcher=launcher, workdir=workdir, overheads=OverheadConfig.from_assignments(overhead), poll_s=poll,
-                      profile_script=profile_script, profile_timeout_s=profile_timeout,
+                      profile_script=profile_script, profile_timeout_s=profile_timeout, profile_retry_s=profile_retry,
                       launcher_options=LauncherOptions(address=address, checkpoint_every=checkpoint_every),
                       event_passes=event_passes)
     with state_database_errors(state, "the scheduler state database, or its launcher's in the work directory"):

@@ -6,7 +6,8 @@ Profiling runs one (model, batch) at a time, each as a detached shell script in 
 survives a scheduler restart, which then picks up its result or restarts it). The script is a template with
 {model}, {batch}, {cluster}, {out} (the perf table to write) and {schedule} (this environment's arena-schedule);
 the default is the pipeline's perf build. A profile that runs longer than its time limit is killed with what it
-started, and its jobs rejected.
+started, and its jobs rejected. A failed profile's end is what later jobs of its pair meet too, until the retry
+interval has passed since it failed: the next job then has it profiled again.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from libarena.schedule.live.processes import process_env, recorded_group, runnin
 #: wall seconds a profile may run before it is stopped and its jobs rejected (a hung script would otherwise hold
 #: every later new (model, batch) behind it: profiles run one at a time)
 DEFAULT_PROFILE_TIMEOUT_S = 7200.0
+#: wall seconds after a failed profile before a later job of its pair has it profiled again: a failure that
+#: would repeat (a model that fits nowhere) is not re-run for every job, and one that would not (a full disk, a
+#: killed host) does not reject the pair's jobs for good
+DEFAULT_PROFILE_RETRY_S = 3600.0
 #: what a profile script's template may name ({schedule}: this environment's arena-schedule)
 TEMPLATE_FIELDS = ("model", "batch", "cluster", "out", "schedule")
 DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {cluster} --mode local --granularity stage "
@@ -34,10 +39,11 @@ DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {clust
 
 class ArrivalProfiler:
     def __init__(self, workdir: Path, cluster_path: Path, script: str | None = None,
-                 timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S):
+                 timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S, retry_after_s: float = DEFAULT_PROFILE_RETRY_S):
         self.root = Path(workdir)
         self.cluster_path = Path(cluster_path)
         self.timeout_s = float(timeout_s)
+        self.retry_after_s = float(retry_after_s)
         if script is not None and not script.strip():
             raise ArenaError("--profile-script is empty (leave it out for the default perf build)")
         self.script = script or DEFAULT_SCRIPT
@@ -56,6 +62,22 @@ class ArrivalProfiler:
     def request(self, model: str, batch: int) -> None:
         if (model, batch) not in self.pending:
             self.pending.append((model, batch))
+
+    def mark_unusable(self, model: str, batch: int) -> None:
+        """The profile exited 0 but its table could not be used: a failure like any other (retried likewise)."""
+        code_file = self.dir_of(model, batch) / "exit_code"
+        if code_file.exists():
+            code_file.write_text("0 (table unusable)\n")
+
+    def _failed_long_ago(self, d: Path) -> bool:
+        code_file = d / "exit_code"
+        try:
+            code = code_file.read_text().strip()
+            age = time.time() - code_file.stat().st_mtime
+        except OSError:
+            return False
+        succeeded = code == "0" and (d / "perf.parquet").exists()
+        return not succeeded and age > self.retry_after_s
 
     def _process(self, key: tuple[str, int]) -> int | None:
         """The pid of the pair's profile script while that process runs; None once it is gone (or its pid now
@@ -105,9 +127,13 @@ class ArrivalProfiler:
         None, message)."""
         done = []
         busy = False
+        retry = f"; the pair's next job has it profiled again {self.retry_after_s:g} s after the failure"
         for key in list(self.pending):
             d = self.dir_of(*key)
             code_file = d / "exit_code"
+            if self._failed_long_ago(d):
+                for name in ("pid", "exit_code"):  # profiled again below
+                    (d / name).unlink(missing_ok=True)
             if code_file.exists():
                 self.pending.remove(key)
                 self._procs.pop(key, None)
@@ -116,9 +142,12 @@ class ArrivalProfiler:
                     done.append((key[0], key[1], d / "perf.parquet", "profiled"))
                 elif code == "0":
                     done.append((key[0], key[1], None, f"profiling exited with 0 but wrote no table at {d / 'perf.parquet'} "
-                                                       f"(see {d / 'output.log'})"))
+                                                       f"(see {d / 'output.log'}){retry}"))
+                elif code.startswith("0 "):
+                    done.append((key[0], key[1], None, f"profiling wrote a table that could not be used (see "
+                                                       f"{d / 'output.log'}){retry}"))
                 else:
-                    done.append((key[0], key[1], None, f"profiling exited with {code} (see {d / 'output.log'})"))
+                    done.append((key[0], key[1], None, f"profiling exited with {code} (see {d / 'output.log'}){retry}"))
             elif self._running(key):
                 if time.time() - (d / "pid").stat().st_mtime <= self.timeout_s:
                     busy = True
@@ -130,7 +159,7 @@ class ArrivalProfiler:
                 (d / "exit_code").write_text("timeout\n")
                 self.pending.remove(key)
                 done.append((key[0], key[1], None, f"profiling ran longer than {self.timeout_s:g} s and was stopped "
-                                                   f"(see {d / 'output.log'})"))
+                                                   f"(see {d / 'output.log'}){retry}"))
             elif (d / "pid").exists():
                 (d / "pid").unlink()  # died without an exit code (host restart): start again below
         if not busy:

@@ -31,7 +31,7 @@ from libarena.schedule.live.clock import MAX_COMPRESSION, VirtualClock
 from libarena.schedule.live.cluster import LiveCluster
 from libarena.schedule.live.jobfile import JobSubmission
 from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, LauncherOptions, get_launcher
-from libarena.schedule.live.profiling import DEFAULT_PROFILE_TIMEOUT_S, ArrivalProfiler
+from libarena.schedule.live.profiling import DEFAULT_PROFILE_RETRY_S, DEFAULT_PROFILE_TIMEOUT_S, ArrivalProfiler
 from libarena.schedule.live.store import ServerLock, Store, holds_jobs
 from libarena.schedule.perf import load_perf
 
@@ -54,6 +54,8 @@ class ServeConfig:
     profile_script: str | None = None
     #: wall seconds a profile on arrival may run before it is stopped and its jobs rejected
     profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
+    #: wall seconds after a failed profile before a later job of its pair has it profiled again
+    profile_retry_s: float = DEFAULT_PROFILE_RETRY_S
     #: how the launcher runs jobs (the Ray address, arena-run's checkpoint interval, ...)
     launcher_options: LauncherOptions = field(default_factory=LauncherOptions)
     #: react to events: a scheduling pass as soon as a job arrives, starts, finishes or fails (polled every
@@ -67,6 +69,7 @@ class ServeConfig:
             "compression": Range("--time-compression", 0, MAX_COMPRESSION, lo_open=True),
             "poll_s": Range("--poll", 0.001, 60),
             "profile_timeout_s": Range("--profile-timeout", 1, 30 * 86400),
+            "profile_retry_s": Range("--profile-retry", 0, 30 * 86400),
         })
         if str(self.perf) == "-":
             raise ArenaError("--perf -: serve reads its performance table again at every restart: give a file")
@@ -164,7 +167,7 @@ class Server:
         workdir = config.workdir or served_in or config.state.with_name(config.state.name + ".d")
         self.workdir = Path(workdir).resolve()
         self.profiler = ArrivalProfiler(self.workdir / "profiles", Path(config.cluster), config.profile_script,
-                                        config.profile_timeout_s)
+                                        config.profile_timeout_s, config.profile_retry_s)
         self.launcher = get_launcher(config.launcher, LauncherContext(
             self.workdir / "launcher", Path(config.cluster).resolve(), self.clock, self.perf, config.launcher_options))
         if stored is None:
@@ -269,6 +272,7 @@ class Server:
                         self.store.add_perf_rows(c, model, batch, table.to_pydict())
                     except ArenaError as e:
                         path, message = None, f"profiling produced no usable table: {e}"
+                        self.profiler.mark_unusable(model, batch)
                 for r in waiting:
                     Store.log(c, self.clock.now(), r["job_id"], "profiled" if path else "profile-failed", {"message": message})
                     if path is None:
