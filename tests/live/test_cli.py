@@ -440,6 +440,20 @@ def test_a_failed_profile_is_retried_after_its_interval(tmp_path):
     assert outcome() == first and runs.read_text() == "run\n"  # a job right after it: the same end, not run again
     time.sleep(1.6)
     assert outcome() == first and runs.read_text() == "run\nrun\n"  # after the interval: profiled again
+    # a failure is reported once whatever the interval (0: each new job profiles again, once), and a restart's
+    # request for jobs already waiting is answered with the last result, not a new profile
+    eager = ArrivalProfiler(tmp_path / "eager", tmp_path / "c.yaml",
+                            "echo run >> {out}.runs; sh -c 'exit 3' # {model} {batch}", retry_after_s=0)
+    eager_runs = eager.dir_of("gpt__2.6B", 256) / "perf.parquet.runs"
+    for expected in (1, 2):
+        eager.request("gpt__2.6B", 256)
+        done = []
+        wait_until(lambda: bool(done.extend(eager.poll()) or done), 30)
+        time.sleep(0.3)
+        assert len(done) == 1 and not eager.poll() and eager_runs.read_text().count("run") == expected
+    eager.request("gpt__2.6B", 256, new_job=False)
+    assert eager.poll()[0][3] == first.replace("1.5 s", "0 s").replace("/profiles/", "/eager/")
+    assert eager_runs.read_text().count("run") == 2
     # a table the server could not use counts as a failure too
     unusable = ArrivalProfiler(tmp_path / "other", tmp_path / "c.yaml", "echo garbage > {out} # {model} {batch}")
     unusable.request("gpt__2.6B", 256)

@@ -302,36 +302,30 @@ def test_co_run_timings_are_claimed_like_stage_profiles(monkeypatch, tmp_path):
     a, b = corun.SpmdStage("gpt__tiny", 0, 1, 2, 1, 4), corun.SpmdStage("gpt__tiny", 1, 2, 2, 1, 4)
     items = {("ka", a): a, ("kb", b): b}
     holder = ProfileCache(tmp_path)
-    key_a = corun.corun_cache_key("ka", 2, "default", a)
-    notes: list[str] = []
-    result: dict = {}
-    with holder.claim(key_a):  # another run is co-running a
-        worker = threading.Thread(target=lambda: result.update(out=corun.profile_corun(
-            items, 2, None, ProfileCache(tmp_path), warmup=0, repeats=1, statistic="min", log=notes.append)))
-        worker.start()
-        end = time.monotonic() + 30
-        while not notes and time.monotonic() < end:
-            time.sleep(0.02)
-        holder.put(key_a, corun.CoRunTiming(2, 7.0, 7.0).to_dict())
-    worker.join(30)
-    out, _ = result["out"]
+
+    def while_another_run_times_a(alone_s: float, fresh_child: bool):
+        """profile_corun in a thread while the test holds a's claim; the test stores its timing of a, then leaves."""
+        key_a = corun.corun_cache_key("ka", 2, "default", a, fresh_child)
+        notes: list[str] = []
+        result: dict = {}
+        with holder.claim(key_a):
+            worker = threading.Thread(target=lambda: result.update(out=corun.profile_corun(
+                items, 2, None, ProfileCache(tmp_path), warmup=0, repeats=1, statistic="min",
+                fresh_child=fresh_child, log=notes.append)))
+            worker.start()
+            end = time.monotonic() + 30
+            while not notes and time.monotonic() < end:
+                time.sleep(0.02)
+            holder.put(key_a, corun.CoRunTiming(2, alone_s, alone_s).to_dict())
+        worker.join(30)
+        return result["out"][0], notes
+
+    out, notes = while_another_run_times_a(7.0, fresh_child=False)
     assert notes[0] == ("waiting for another run sharing the cache, which is co-running gpt__tiny units [0, 1) "
                         "dp 2 x tp 1 SPMD on 2 host devices")
     assert timed == [b]
     assert out[("ka", a)].alone_s == 7.0 and out[("kb", b)].alone_s == 1.0
     # each in a child of its own: no child is started for the stage the other run timed while this one waited
     sessions.clear()
-    notes.clear()
-    key_a = corun.corun_cache_key("ka", 2, "default", a, True)
-    with holder.claim(key_a):
-        worker = threading.Thread(target=lambda: result.update(out=corun.profile_corun(
-            items, 2, None, ProfileCache(tmp_path), warmup=0, repeats=1, statistic="min", fresh_child=True,
-            log=notes.append)))
-        worker.start()
-        end = time.monotonic() + 30
-        while not notes and time.monotonic() < end:
-            time.sleep(0.02)
-        holder.put(key_a, corun.CoRunTiming(2, 5.0, 5.0).to_dict())
-    worker.join(30)
-    out, _ = result["out"]
+    out, _ = while_another_run_times_a(5.0, fresh_child=True)
     assert len(sessions) == 1 and out[("ka", a)].alone_s == 5.0 and out[("kb", b)].alone_s == 1.0

@@ -59,9 +59,18 @@ class ArrivalProfiler:
     def dir_of(self, model: str, batch: int) -> Path:
         return self.root / f"{model}__b{batch}"
 
-    def request(self, model: str, batch: int) -> None:
-        if (model, batch) not in self.pending:
-            self.pending.append((model, batch))
+    def request(self, model: str, batch: int, new_job: bool = True) -> None:
+        """Profile the pair (its result comes back from :meth:`poll`). A ``new_job``'s request has a failure of
+        the pair that is older than the retry interval profiled again; any other request (a restart's, for jobs
+        already waiting) is answered with the pair's last result, reported or not."""
+        key = (model, batch)
+        if key in self.pending:
+            return
+        d = self.dir_of(*key)
+        if new_job and self._failed_long_ago(d):
+            for name in ("pid", "exit_code"):  # profiled again by poll
+                (d / name).unlink(missing_ok=True)
+        self.pending.append(key)
 
     def mark_unusable(self, model: str, batch: int) -> None:
         """The profile exited 0 but its table could not be used: a failure like any other (retried likewise)."""
@@ -131,9 +140,6 @@ class ArrivalProfiler:
         for key in list(self.pending):
             d = self.dir_of(*key)
             code_file = d / "exit_code"
-            if self._failed_long_ago(d):
-                for name in ("pid", "exit_code"):  # profiled again below
-                    (d / name).unlink(missing_ok=True)
             if code_file.exists():
                 self.pending.remove(key)
                 self._procs.pop(key, None)

@@ -195,7 +195,7 @@ class Server:
                 state = row["state"] or {}
                 if row["status"] == st.PROFILING:
                     sub = JobSubmission.from_dict(row["spec"])
-                    self.profiler.request(sub.model, sub.global_batch)
+                    self.profiler.request(sub.model, sub.global_batch, new_job=False)
                     continue
                 spec = JobSpec(**state["spec"])
                 if row["status"] == st.ARRIVING:
