@@ -42,6 +42,16 @@ def default_cache_dir() -> Path:
 CLAIM_MAX_WAIT_S = 3600.0
 
 
+def claim_notes(log: Callable[[str], None] | None, doing: str) -> dict[str, Callable[[], None]]:
+    """:meth:`ProfileCache.claim`'s ``on_wait`` and ``on_give_up`` as lines to ``log`` (none without one), where
+    ``doing`` says what the other run holding the claim is doing ("profiling <stage>")."""
+    if log is None:
+        return {}
+    return {"on_wait": lambda: log(f"waiting for another run sharing the cache, which is {doing}"),
+            "on_give_up": lambda: log(f"waited {CLAIM_MAX_WAIT_S:.0f} s for another run sharing the cache, which is "
+                                      f"{doing}: doing it here")}
+
+
 def _lock_within(fd: int, max_wait_s: float) -> bool:
     """Take the exclusive flock on ``fd``, polling for at most ``max_wait_s``: whether it was taken."""
     import fcntl

@@ -46,7 +46,7 @@ import numpy as np
 
 from libarena.artifacts import content_digest
 from libarena.errors import ArenaError
-from libarena.profile.cache import CLAIM_MAX_WAIT_S
+from libarena.profile.cache import claim_notes
 from libarena.profile.stage import StageSpec
 from libarena.profile.subprocess_devices import DeviceChild, serve_requests
 from libarena.profile.timers import Timing
@@ -266,9 +266,8 @@ def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: in
             for key, item in group:
                 cache_key = corun_cache_key(key[0], num_devices, threading_name, item, fresh_child)
                 # claimed like a stage profile: a run sharing the cache that is timing it now is waited for
-                with cache.claim(cache_key, _waiting_note(item, num_devices, log),
-                                 on_give_up=_waiting_note(item, num_devices, log, gave_up=True)) if cache is not None \
-                        else contextlib.nullcontext():
+                doing = f"co-running {_describe(item)} on {num_devices} host devices"
+                with cache.claim(cache_key, **claim_notes(log, doing)) if cache is not None else contextlib.nullcontext():
                     hit = cache.get(cache_key) if cache is not None else None
                     if hit is not None:
                         out[key] = _timing_from_record(hit)
@@ -293,16 +292,6 @@ def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: in
 
 def _timing_from_record(record: dict[str, Any]) -> CoRunTiming:
     return CoRunTiming(**{k: tuple(v) if k.endswith("samples_s") else v for k, v in record.items()})
-
-
-def _waiting_note(item: CoRunItem, num_devices: int, log: Any, gave_up: bool = False) -> Any:
-    if log is None:
-        return None
-    what = f"{_describe(item)} on {num_devices} host devices"
-    if gave_up:
-        return lambda: log(f"waited {CLAIM_MAX_WAIT_S:.0f} s for another run sharing the cache to co-run {what}: "
-                           "timing it here")
-    return lambda: log(f"waiting for another run sharing the cache, which is co-running {what}")
 
 
 class _SpmdRunner:

@@ -27,7 +27,7 @@ from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommMo
 from libarena.models import ModelDef, get_model
 from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan, replica_microbatch
 from libarena.plan.config import USABLE_MEMORY_FRACTION
-from libarena.profile.cache import CLAIM_MAX_WAIT_S, ProfileCache, default_cache_dir
+from libarena.profile.cache import ProfileCache, claim_notes, default_cache_dir
 from libarena.profile.corun import CoRunItem, CoRunTiming, SpmdStage, profile_corun
 from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
@@ -232,7 +232,8 @@ def _profiled_once(cache: ProfileCache | None, key: str, spec: StageSpec, log: C
     hit = cache.get(key)
     if hit is not None:
         return hit, True
-    with cache.claim(key, _waiting_note(spec, log), on_give_up=_waiting_note(spec, log, gave_up=True)):
+    stage = f"{spec.model} units [{spec.start}, {spec.stop}) mb {spec.micro_batch} tp {spec.tp}"
+    with cache.claim(key, **claim_notes(log, f"profiling {stage}")):
         hit = cache.get(key)  # another run may have profiled it while this one waited
         if hit is not None:
             return hit, True
@@ -273,17 +274,6 @@ def _profile_stage(spec: StageSpec, key: str, local: LocalDevice, timer: Timer, 
         wall += compile_device_s  # compiled before t0, in parallel with other stages
         compile_wall = compile_device_s
     return _stage_record(spec, execs, key, local, timer.name, microbatch, opt_key, opt_record, setup, wall, compile_wall, timed)
-
-
-def _waiting_note(spec: StageSpec, log: Callable[[str], None] | None,
-                  gave_up: bool = False) -> Callable[[], None] | None:
-    if log is None:
-        return None
-    stage = f"{spec.model} units [{spec.start}, {spec.stop}) mb {spec.micro_batch} tp {spec.tp}"
-    if gave_up:
-        return lambda: log(f"waited {CLAIM_MAX_WAIT_S:.0f} s for another run sharing the cache to profile {stage}: "
-                           f"profiling it here")
-    return lambda: log(f"waiting for another run sharing the cache, which is profiling {stage}")
 
 
 def profile_stage_in_child(spec: StageSpec, local: LocalDevice, timer: Timer, cache: ProfileCache | None, warmup: int,

@@ -11,30 +11,31 @@ import os
 import shlex
 from pathlib import Path
 
+from libarena.artifacts.io import pid_alive
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
 
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (an exited child not yet reaped); one owned by another
     user counts as alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    fields = _stat_fields(pid)
+    return not fields or fields[0] != "Z"
 
 
 def start_time(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22), or None where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = _stat_fields(pid)
+    return fields[19] if fields and len(fields) > 19 else None
 
 
 def write_pid_file(path: Path, pid: int) -> None:
@@ -55,26 +56,29 @@ def shell_records_own_pid(path: Path) -> str:
             f"mv -f {q(str(tmp))} {q(str(path))}")
 
 
+def _record(path: Path) -> tuple[int, str] | None:
+    """(pid, start time or "") as recorded in ``path``, None when there is no readable record."""
+    try:
+        pid_text, _, started = path.read_text().strip().partition(" ")
+        return int(pid_text), started.strip()
+    except (OSError, ValueError):
+        return None
+
+
 def recorded_pid(path: Path) -> int | None:
     """The pid recorded in ``path`` (whether or not it still runs), None when there is no readable record."""
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    record = _record(path)
+    return None if record is None else record[0]
 
 
 def running_pid(path: Path) -> int | None:
     """The pid recorded in ``path`` while that very process runs; None once it is gone, or when the pid now
     belongs to another process (its start time differs from the recorded one)."""
-    try:
-        pid_text, _, started = path.read_text().strip().partition(" ")
-        pid = int(pid_text)
-    except (OSError, ValueError):
+    record = _record(path)
+    if record is None:
         return None
-    if pid <= 0 or not alive(pid):
-        return None
-    started = started.strip()
-    if started and start_time(pid) != started:
+    pid, started = record
+    if not alive(pid) or (started and start_time(pid) != started):
         return None
     return pid
 
@@ -113,13 +117,13 @@ def _group_has_members(pgid: int, directory: str) -> bool:
     except OSError:
         return False
     for name in entries:
+        fields = _stat_fields(int(name))
+        if not fields or len(fields) <= 2 or fields[2] != str(pgid) or fields[0] == "Z":
+            continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    if marker in f.read().split(b"\0"):
-                        return True
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    return True
         except OSError:
             continue
     return False

@@ -85,8 +85,12 @@ class ArrivalProfiler:
             age = time.time() - code_file.stat().st_mtime
         except OSError:
             return False
-        succeeded = code == "0" and (d / "perf.parquet").exists()
-        return not succeeded and age > self.retry_after_s
+        return not self._succeeded(d, code) and age > self.retry_after_s
+
+    @staticmethod
+    def _succeeded(d: Path, code: str) -> bool:
+        """Whether the profile in ``d`` that ended with ``code`` left its table."""
+        return code == "0" and (d / "perf.parquet").exists()
 
     def _process(self, key: tuple[str, int]) -> int | None:
         """The pid of the pair's profile script while that process runs; None once it is gone (or its pid now
@@ -144,7 +148,7 @@ class ArrivalProfiler:
                 self.pending.remove(key)
                 self._procs.pop(key, None)
                 code = code_file.read_text().strip()
-                if code == "0" and (d / "perf.parquet").exists():
+                if self._succeeded(d, code):
                     done.append((key[0], key[1], d / "perf.parquet", "profiled"))
                 elif code == "0":
                     done.append((key[0], key[1], None, f"profiling exited with 0 but wrote no table at {d / 'perf.parquet'} "

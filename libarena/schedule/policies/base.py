@@ -58,11 +58,13 @@ class Policy(ABC):
 
     # -- hooks -------------------------------------------------------------------------------------
     def runnable(self, job: Job) -> bool:
-        """Whether the job can ever be placed under this policy on an empty cluster (else: unschedulable)."""
-        return bool(((job.view_thr > 0) & self.allowed).any())
+        """Whether the job can ever be placed under this policy on an empty cluster (else: unschedulable): some
+        allowed count its view can run on one of its :meth:`placement_types`."""
+        return bool(((job.view_thr > 0) & self.allowed)[self.placement_types(job)].any())
 
     def placement_types(self, job: Job) -> list[int]:
-        """The GPU types this policy may place the job on (its message for an unschedulable job names them)."""
+        """The GPU types this policy may place the job on (what :meth:`runnable` and the message for an
+        unschedulable job go by)."""
         return list(range(len(self.sim.perf.gpu_types)))
 
     def unschedulable_reason(self, job: Job) -> str:

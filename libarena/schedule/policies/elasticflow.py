@@ -54,9 +54,6 @@ class ElasticFlowPolicy(Policy):
     def placement_types(self, job: Job) -> list[int]:
         return [job.requested_type_index]
 
-    def runnable(self, job: Job) -> bool:
-        return bool(self._counts(job))
-
     def on_arrival(self, job: Job) -> None:
         self.pending.append(job)
 

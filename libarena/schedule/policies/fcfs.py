@@ -35,9 +35,6 @@ class FCFSPolicy(Policy):
     def placement_types(self, job: Job) -> list[int]:
         return [job.requested_type_index]
 
-    def runnable(self, job: Job) -> bool:
-        return self.requested_count_on(job, job.requested_type_index) is not None
-
     def on_arrival(self, job: Job) -> None:
         key = job.requested_type_index if self.config.per_type_queues else 0
         self.queues.setdefault(key, deque()).append(job)
