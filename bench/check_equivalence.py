@@ -38,6 +38,7 @@ def fingerprint(res) -> dict:
     from libarena.schedule.metrics import job_records
 
     rec = job_records(res).to_pydict()
+    rec.pop("unschedulable_reason", None)  # a message, not a decision (and absent before job_records version 2)
     jobs = {job_id: [status, repr(jct), repr(done)] for job_id, status, jct, done in
             zip(rec["job_id"], rec["status"], rec["jct_s"], rec["completed_iterations"])}
     series = {"time": res.ts_time, "throughput": res.ts_throughput, "busy": res.ts_busy_gpus,

@@ -213,11 +213,21 @@ def load_spec_file(path: str | os.PathLike[str], what: str, *, stdin: bool = Fal
     ``stdin``), refusing what the module docstring lists; every problem is a one-line ArenaError naming it."""
     raw = read_bounded(path, MAX_SPEC_BYTES, what, stdin=stdin)
     source = "stdin" if stdin and str(path) == "-" else str(path)
+    return parse_spec_bytes(raw, source, what, toml=source != "stdin" and is_toml(path))
+
+
+def is_toml(path: str | os.PathLike[str]) -> bool:
+    """Whether a spec file is read as TOML (by its suffix; YAML otherwise)."""
+    return Path(path).suffix == ".toml"
+
+
+def parse_spec_bytes(raw: bytes, source: str, what: str, toml: bool = False) -> Any:
+    """Parse the bytes of a spec file read with :func:`read_bounded` (UTF-8 text, YAML or TOML)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ArenaError(f"{source}: malformed {what} (not UTF-8 text: byte {exc.start})") from None
-    return parse_spec_text(text, source, what, toml=source != "stdin" and Path(path).suffix == ".toml")
+    return parse_spec_text(text, source, what, toml=toml)
 
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:

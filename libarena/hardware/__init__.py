@@ -1,13 +1,21 @@
 """Hardware: the typed GPU catalogue and cluster spec files."""
 
 from libarena.hardware.catalogue import DTYPES, GPUSpec, get_gpu, gpu_names, normalize_dtype, register_gpu
-from libarena.hardware.cluster import ClusterSpec, NodeGroup, cluster_from_dict, load_cluster, write_scaled_cluster
+from libarena.hardware.cluster import (
+    ClusterSpec,
+    NodeGroup,
+    cluster_from_bytes,
+    cluster_from_dict,
+    load_cluster,
+    write_scaled_cluster,
+)
 
 __all__ = [
     "DTYPES",
     "ClusterSpec",
     "GPUSpec",
     "NodeGroup",
+    "cluster_from_bytes",
     "cluster_from_dict",
     "get_gpu",
     "gpu_names",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts.untrusted import check_keys, load_spec_file
+from libarena.artifacts.untrusted import check_keys, is_toml, load_spec_file, parse_spec_bytes
 from libarena.checks import MAX_GPUS, MAX_GPUS_PER_NODE, brief, range_problem
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import GPUSpec, get_gpu
@@ -150,6 +150,13 @@ def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
     """A cluster spec file (YAML, or TOML by suffix), read as untrusted input (libarena.artifacts.untrusted)."""
     p = Path(path)
     return cluster_from_dict(load_spec_file(p, "cluster spec"), source=str(p))
+
+
+def cluster_from_bytes(raw: bytes, source: str | os.PathLike[str]) -> ClusterSpec:
+    """A cluster spec from the bytes of its file (read once by a caller that also hashes them), YAML or TOML
+    by the file's suffix."""
+    data = parse_spec_bytes(raw, str(source), "cluster spec", toml=is_toml(source))
+    return cluster_from_dict(data, source=str(source))
 
 
 def write_scaled_cluster(source: str | os.PathLike[str], output: str | os.PathLike[str], factor: int) -> ClusterSpec:

@@ -34,7 +34,8 @@ def job_records(res: SimulationResult) -> pa.Table:
     cols: dict[str, list] = {k: [] for k in (
         "job_id", "trace_row", "model", "global_batch", "num_iterations", "completed_iterations", "requested_gpus",
         "requested_gpu_type", "priority", "submit_time_s", "deadline_s", "status", "start_time_s", "finish_time_s",
-        "jct_s", "queuing_s", "met_deadline", "reschedules", "overhead_s", "final_gpu_type", "final_num_gpus")}
+        "jct_s", "queuing_s", "met_deadline", "reschedules", "overhead_s", "final_gpu_type", "final_num_gpus",
+        "unschedulable_reason")}
     nan = float("nan")
     for job in res.jobs:
         s = job.spec
@@ -70,6 +71,7 @@ def job_records(res: SimulationResult) -> pa.Table:
         cols["overhead_s"].append(job.overhead_s)
         cols["final_gpu_type"].append(res.gpu_types[job.alloc.type_index] if job.alloc is not None else "")
         cols["final_num_gpus"].append(job.alloc.num_gpus if job.alloc is not None else 0)
+        cols["unschedulable_reason"].append(job.unschedulable or "")
     return pa.table(cols)
 
 
@@ -136,11 +138,30 @@ def json_safe(metrics: dict) -> dict:
 
 def summary_line(m: dict) -> str:
     """One line of a run's metrics (what the tools log after a simulation)."""
-    return (f"{m['policy']}: {m['finished_jobs']}/{m['submitted_jobs']} finished ({m['unfinished_jobs']} unfinished, "
-            f"{m['dropped_jobs']} dropped), avg JCT {m['avg_jct_s'] / 3600:.2f} h, avg queuing "
+    unschedulable = m.get("unschedulable_jobs", 0)
+    among = f", {unschedulable} of them unschedulable" if unschedulable else ""
+    return (f"{m['policy']}: {m['finished_jobs']}/{m['submitted_jobs']} finished ({m['unfinished_jobs']} unfinished"
+            f"{among}, {m['dropped_jobs']} dropped), avg JCT {m['avg_jct_s'] / 3600:.2f} h, avg queuing "
             f"{m['avg_queuing_s'] / 3600:.2f} h, avg throughput {m['avg_throughput']:.1f} samples/s, peak "
             f"{m['peak_throughput']:.1f}, {m['reschedules_per_job']:.2f} reschedules/job, simulated in "
             f"{m['simulation_wall_s']:.1f} s")
+
+
+def unschedulable_notes(records: pa.Table, limit: int = 3) -> list[str]:
+    """Lines saying which jobs of a run's records the policy could never place and why, one per distinct reason
+    (most jobs first, at most ``limit``, then how many reasons are not shown)."""
+    by_reason: dict[str, list[str]] = {}
+    for job_id, status, reason in zip(records.column("job_id").to_pylist(), records.column("status").to_pylist(),
+                                      records.column("unschedulable_reason").to_pylist()):
+        if status == "unschedulable":
+            by_reason.setdefault(reason, []).append(job_id)
+    ranked = sorted(by_reason.items(), key=lambda item: -len(item[1]))  # stable: first-seen order among equals
+    lines = [f"unschedulable: {len(ids)} job(s) (first {ids[0]}): {reason}" for reason, ids in ranked[:limit]]
+    if len(ranked) > limit:
+        rest = sum(len(ids) for _, ids in ranked[limit:])
+        lines.append(f"unschedulable: {rest} more job(s), for {len(ranked) - limit} other reason(s) "
+                     f"(jobs.parquet's unschedulable_reason)")
+    return lines
 
 
 def read_metrics(path: str | os.PathLike[str]) -> dict:

@@ -301,6 +301,44 @@ def test_serve_binds_its_cluster_content_and_workdir(tmp_path):
     run(*base)
 
 
+def test_serve_gives_its_profiles_and_jobs_the_cluster_content_it_loaded(tmp_path):
+    """The cluster file is read once per start: the profiles and jobs of that start read a copy of those bytes,
+    under the file's own name (a spec without a name is named after its file), which an edit of the file while it
+    serves does not reach; a restart with the same content finds the same copy."""
+    from libarena.hardware import load_cluster
+    from libarena.schedule.live.launchers import LaunchRequest
+    from libarena.schedule.live.server import ServeConfig, Server
+
+    cluster, perf = write_inputs(tmp_path)
+    original = cluster.read_bytes()
+    cluster.write_text(cluster.read_text().replace("name: live-test\n", ""))  # named after its file
+    loaded = cluster.read_bytes()
+    config = ServeConfig(cluster, perf, tmp_path / "state.db", launcher="perf-table")
+    server = Server(config)
+    try:
+        copy = server.profiler.cluster_path
+        assert copy.name == cluster.name and copy.parent.parent == server.workdir / "clusters"
+        assert copy.read_bytes() == loaded and load_cluster(copy).name == server.cluster_spec.name == "cluster"
+        cluster.write_bytes(original)  # edited while it serves: what it hands out does not change
+        assert copy.read_bytes() == loaded
+    finally:
+        server.close()
+    cluster.write_bytes(loaded)
+    server = Server(config)
+    try:
+        assert server.profiler.cluster_path == copy and copy.read_bytes() == loaded
+    finally:
+        server.close()
+    # arena-run jobs are given the copy too
+    server = Server(ServeConfig(cluster, perf, tmp_path / "run.db", launcher="arena-run"))
+    try:
+        req = LaunchRequest("job-1", 1, "launch", "gpt__tiny", 8, 150, "a100", 4, (0,), 0.0, 0.0)
+        command = server.launcher.script(req, tmp_path / "run").splitlines()[1]
+        assert f"--cluster {server.profiler.cluster_path}" in command
+    finally:
+        server.close()
+
+
 def test_serve_refuses_options_it_would_ignore(tmp_path):
     cluster, perf = write_inputs(tmp_path)
     base = ["serve", "--cluster", cluster, "--perf", perf, "--state", tmp_path / "s.db", "--launcher", "perf-table"]
@@ -310,6 +348,7 @@ def test_serve_refuses_options_it_would_ignore(tmp_path):
                            (["--profile-script", " "], "--profile-script is empty")):
         p = run(*base, *extra, check_rc=2)
         assert message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert not (tmp_path / "s.db.d").exists()  # a refused start makes no workdir (nor a copy of the cluster)
     p = run("serve", "--cluster", cluster, "--perf", "-", "--state", tmp_path / "s.db", check_rc=2)
     assert "--perf -: serve reads its performance table again at every restart" in p.stderr
     assert not (tmp_path / "s.db").exists()

@@ -209,6 +209,34 @@ def test_a_stop_requested_in_the_last_step_still_counts_as_the_end(tmp_path):
         server.close()
 
 
+def test_a_server_stops_once_its_database_is_removed_or_replaced(tmp_path):
+    """A server whose state file was moved away or replaced writes to a file no name leads to (its jobs would be
+    lost, and a second server could take the new file): its next step stops it with a one-line error."""
+    import os
+
+    from libarena.errors import ArenaError
+
+    for change in ("replace", "move away"):
+        (tmp_path / change).mkdir()
+        server, _ = _server(tmp_path / change)
+        try:
+            server.step()  # while the name leads to its file, it serves
+            state = server.lock.state
+            if change == "replace":
+                other = state.with_name("other.db")
+                other.write_bytes(b"")
+                os.replace(other, state)
+            else:
+                state.rename(state.with_name("moved.db"))
+            expected = (r"replaced by another file while this server held it; stopped \(the new file can be served now\)$"
+                        if change == "replace" else r"removed or moved away while this server held it; stopped \(a "
+                        r"moved one can be served under its new name\)$")
+            with pytest.raises(ArenaError, match=r"state\.db: the state database was " + expected):
+                server.step()
+        finally:
+            server.close()
+
+
 def test_close_releases_the_lock_after_the_database_whatever_fails(tmp_path):
     """Releasing the server lock closes a descriptor of the database file, which drops the POSIX locks SQLite
     holds on a connection still open: so the database is closed first, even when the launcher's close fails."""

@@ -66,6 +66,46 @@ def test_bad_row_is_one_line_exit_2_and_no_output(inputs):
     assert json.loads((d / "skiprun" / "metrics.json").read_text())["skipped_rows"] == 1
 
 
+def test_unschedulable_jobs_say_why_in_the_records_and_on_stderr(inputs):
+    """A job the policy can never place carries the reason in jobs.parquet, and the tool warns once per reason
+    (on a cache hit too); a version-1 table, which had no reasons, is still read."""
+    import pyarrow.parquet as pq
+
+    d, cluster = inputs
+    write_perf(d / "no-a100.parquet", zoo_pairs(), ["v100", "a40", "a10"])
+    args = ["simulate", "--trace", "trace.csv", "--perf", "no-a100.parquet", "--cluster", str(cluster), "--policy",
+            "fcfs", "-o", "rigid", "--cache-dir", "cache"]
+    for attempt in ("fresh", "cached"):
+        r = cli(*args, cwd=d)
+        assert r.returncode == 0, r.stderr
+        assert "fcfs: 12/18 finished (6 unfinished, 6 of them unschedulable, 0 dropped)" in r.stderr, attempt
+        warned = [line for line in r.stderr.splitlines() if "unschedulable: " in line]
+        assert len(warned) == 2, (attempt, r.stderr)  # two (model, batch) pairs asked for the missing a100s
+        assert "unschedulable: 3 job(s) (first j0): fcfs: no configuration it may use (at most 16 GPUs per job, " \
+               "on a100 only;" in warned[0]
+        assert "(first j5)" in warned[1] and "moe__1.3B at global batch 256" in warned[1]
+    assert "cached: rigid/" in r.stderr
+    r = cli("compare", "--policies", "arena,fcfs", "--trace", "trace.csv", "--perf", "no-a100.parquet", "--cluster",
+            str(cluster), "-o", "both", "--no-cache", cwd=d)
+    assert r.returncode == 0, r.stderr
+    warned = [line[line.index("unschedulable: "):][:58] for line in r.stderr.splitlines() if "unschedulable: " in line]
+    assert warned == [f"unschedulable: 3 job(s) (first j{i}): fcfs: no configuration" for i in (0, 5)], r.stderr
+    jobs = read_table(d / "rigid" / "jobs.parquet", "job_records").table
+    reasons = dict(zip(jobs.column("job_id").to_pylist(), jobs.column("unschedulable_reason").to_pylist()))
+    assert reasons["j1"] == "" and reasons["j6"].startswith("fcfs: no configuration") and "gpt__1.3B" in reasons["j6"]
+    assert sorted(j for j, why in reasons.items() if why) == sorted(f"j{i}" for i in (0, 5, 6, 11, 12, 17))
+    # the same table as version 1 wrote it: no reason column, which reading adds
+    old = pq.read_table(d / "rigid" / "jobs.parquet")
+    meta = old.schema.metadata[b"arena"]
+    assert b'"schema_version": 2' in meta
+    old = old.drop_columns(["unschedulable_reason"]).replace_schema_metadata(
+        {b"arena": meta.replace(b'"schema_version": 2', b'"schema_version": 1')})
+    pq.write_table(old, d / "v1.parquet")
+    upgraded = read_table(d / "v1.parquet", "job_records").table
+    assert upgraded.column("unschedulable_reason").to_pylist() == [
+        "not recorded (job_records version 1)" if why else "" for why in reasons.values()]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--policy", "nope"], "unknown policy 'nope'"),
     (["--policy", "fcfs", "--no-hetero"], "policy 'fcfs' has no option hetero"),

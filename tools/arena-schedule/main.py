@@ -349,7 +349,8 @@ def serve(
     overhead: list[str] = typer.Option([], "--overhead", help="override a modelled overhead, NAME=SECONDS, or reuse_profiles=/reuse_plans=true|false"),
     poll: float = typer.Option(0.5, "--poll", help="wall seconds between polls of submissions and profiles"),
     profile_script: Optional[str] = typer.Option(None, "--profile-script", help="shell template for profiling on "
-                                                 "arrival ({model} {batch} {cluster} {out} {schedule}); default: perf build --pair"),
+                                                 "arrival ({model} {batch} {cluster} {out} {schedule}; {cluster} is serve's copy "
+                                                 "of the cluster file, in its workdir); default: perf build --pair"),
     profile_timeout: float = typer.Option(DEFAULT_PROFILE_TIMEOUT_S, "--profile-timeout",
                                           help="wall seconds a profile on arrival may run before it is stopped and its jobs rejected"),
     profile_retry: float = typer.Option(DEFAULT_PROFILE_RETRY_S, "--profile-retry",

@@ -1,11 +1,26 @@
 """``job_records``: arena-schedule's per-job outcome of one simulation."""
 
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from libarena.artifacts.registry import ArtifactKind, Column, Field, register_kind
+
+#: What a version-1 table (which had no reasons) says for its unschedulable jobs.
+REASON_NOT_RECORDED = "not recorded (job_records version 1)"
+
+
+def _add_unschedulable_reason(table: pa.Table, metadata: dict[str, Any]) -> tuple[pa.Table, dict[str, Any]]:
+    unschedulable = pc.equal(table.column("status"), "unschedulable")
+    reasons = pc.if_else(unschedulable, REASON_NOT_RECORDED, "")
+    return table.append_column("unschedulable_reason", reasons.cast(pa.string())), metadata
+
 
 JOB_RECORDS = register_kind(
     ArtifactKind(
         name="job_records",
-        version=1,
+        version=2,
         format="table",
         produced_by="arena-schedule",
         description="One row per submitted job of a simulated (or live) schedule: what it asked for and what it got.",
@@ -31,6 +46,7 @@ JOB_RECORDS = register_kind(
             Column("overhead_s", "float64", "seconds spent on profiling, AP search and checkpoint-resume"),
             Column("final_gpu_type", "string", "GPU type of the last allocation (empty if never launched)"),
             Column("final_num_gpus", "int64", "GPU count of the last allocation (0 if never launched)"),
+            Column("unschedulable_reason", "string", "why the policy can never place the job (empty unless unschedulable)"),
         ),
         fields=(
             Field("policy", "str", "scheduling policy"),
@@ -38,5 +54,8 @@ JOB_RECORDS = register_kind(
             Field("cluster", "str", "cluster name"),
             Field("metrics", "dict", "the run's summary metrics (as in metrics.json)"),
         ),
+        notes=("Version 1 files (before unschedulable_reason) are read with that column empty, and "
+               f"{REASON_NOT_RECORDED!r} for their unschedulable jobs.",),
+        upgrades=((1, _add_unschedulable_reason),),
     )
 )

@@ -15,6 +15,7 @@ launcher ignores versions it already runs), and let the next poll report what ha
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import signal
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 
 from libarena.checks import MAX_TICK_S, MIN_TICK_S, Range, check_fields
 from libarena.errors import ArenaError
-from libarena.hardware import load_cluster
+from libarena.hardware import cluster_from_bytes
 from libarena.schedule.config import OverheadConfig, SimulatorConfig
 from libarena.schedule.entities import JobSpec
 from libarena.schedule.live import store as st
@@ -84,18 +85,36 @@ class ServeConfig:
                 if getattr(self.launcher_options, name) is not None and name not in used:
                     raise ArenaError(f"{flag} has no effect with the {self.launcher} launcher")
 
-    def settings(self) -> dict[str, Any]:
-        """What must not change across restarts of the same state database (the cluster's content too: its
-        running jobs hold GPUs of its pools)."""
-        import hashlib
-
+    def read_cluster(self) -> bytes:
+        """The cluster file's bytes, read once per start: what the state is bound to, what the scheduler loads
+        and what its jobs and profiles are given are then the same content."""
         from libarena.artifacts.untrusted import MAX_SPEC_BYTES, read_bounded
 
-        cluster_sha256 = hashlib.sha256(read_bounded(self.cluster, MAX_SPEC_BYTES, "cluster spec")).hexdigest()
+        return read_bounded(self.cluster, MAX_SPEC_BYTES, "cluster spec")
+
+    def settings(self, cluster_sha256: str) -> dict[str, Any]:
+        """What must not change across restarts of the same state database (the cluster's content too: its
+        running jobs hold GPUs of its pools)."""
         return {"cluster": str(Path(self.cluster).resolve()), "cluster_sha256": cluster_sha256, "perf": str(Path(self.perf).resolve()),
                 "policy": self.policy, "policy_options": {k: str(v) for k, v in sorted(self.policy_options.items())},
                 "tick_s": self.tick_s, "compression": self.compression, "launcher": self.launcher,
                 "overheads": dataclasses.asdict(self.overheads)}
+
+
+def cluster_copy_path(workdir: Path, cluster: Path, sha256: str) -> Path:
+    """Where a start keeps the copy of its cluster file that its profiles and jobs read: in a folder named by the
+    content (a restart with the same cluster finds it, running jobs keep reading theirs), under the file's own
+    name (a spec without a ``name`` is named after its file; the suffix says YAML or TOML)."""
+    return workdir / "clusters" / sha256[:16] / cluster.name
+
+
+def write_cluster_copy(path: Path, content: bytes) -> None:
+    """Write the copy once, atomically."""
+    from libarena.artifacts import write_bytes
+
+    if not (path.is_file() and path.read_bytes() == content):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes(path, content)
 
 
 @dataclass
@@ -134,7 +153,9 @@ class Server:
 
         self.config = config
         self.store = Store(config.state, create=True)
-        settings = config.settings()
+        cluster_bytes = config.read_cluster()
+        cluster_sha256 = hashlib.sha256(cluster_bytes).hexdigest()
+        settings = config.settings(cluster_sha256)
         stored = self.store.get_meta("settings")
         if stored is not None:
             # (a key this version binds that an older one did not is not held against the database)
@@ -144,7 +165,7 @@ class Server:
                                  f"(e.g. {changed[0]}={stored.get(changed[0])!r}); use a new --state")
         origin = float(self.store.get_meta("wall_origin")) if stored is not None else time.time()
         self.clock = VirtualClock(origin, config.compression)
-        self.cluster_spec = load_cluster(config.cluster)
+        self.cluster_spec = cluster_from_bytes(cluster_bytes, config.cluster)
         self.perf = load_perf(config.perf, self.cluster_spec)
         for rows in self.store.perf_rows():
             import pyarrow as pa
@@ -166,10 +187,13 @@ class Server:
                              "serve it with that one (or none), or use a new --state")
         workdir = config.workdir or served_in or config.state.with_name(config.state.name + ".d")
         self.workdir = Path(workdir).resolve()
-        self.profiler = ArrivalProfiler(self.workdir / "profiles", Path(config.cluster), config.profile_script,
+        # profiles and jobs read the content this start loaded, even if the file is edited while it serves
+        cluster_copy = cluster_copy_path(self.workdir, Path(config.cluster), cluster_sha256)
+        self.profiler = ArrivalProfiler(self.workdir / "profiles", cluster_copy, config.profile_script,
                                         config.profile_timeout_s, config.profile_retry_s)
         self.launcher = get_launcher(config.launcher, LauncherContext(
-            self.workdir / "launcher", Path(config.cluster).resolve(), self.clock, self.perf, config.launcher_options))
+            self.workdir / "launcher", cluster_copy, self.clock, self.perf, config.launcher_options))
+        write_cluster_copy(cluster_copy, cluster_bytes)  # once both accepted their options
         if stored is None:
             # bound to these settings only once every one of them loaded: a start refused for a bad input
             # leaves the database servable with corrected ones
@@ -414,6 +438,7 @@ class Server:
     def step(self) -> bool:
         """One loop iteration; returns True when a pass ran (the caller sleeps otherwise): the periodic tick when
         its time has come, else (``event_passes``) a pass at once when an arrival or a launcher report is due."""
+        self.lock.check()
         self.ingest()
         t = self.next_tick_time()
         now = self.clock.now()

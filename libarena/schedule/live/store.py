@@ -324,6 +324,7 @@ class ServerLock:
 
     def __init__(self, state: str | Path):
         self.state = Path(state)
+        self._path = Path(os.path.abspath(state))  # (not resolved: the name it was given is what SQLite opens)
         if self.state.is_dir():
             raise ArenaError(f"{state}: is a directory, not a scheduler state database")
         for _ in range(3):
@@ -356,10 +357,25 @@ class ServerLock:
     def _names_locked_file(self, fd: int) -> bool:
         """Whether the state's name still leads to the file locked through ``fd`` (SQLite opens it by name)."""
         try:
-            st, locked = os.stat(self.state), os.fstat(fd)
+            st, locked = os.stat(self._path), os.fstat(fd)
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == (locked.st_dev, locked.st_ino)
+
+    def check(self) -> None:
+        """A one-line ArenaError once the state's name no longer leads to the locked file (removed, or replaced by
+        another file): this server's writes would be lost, and another server could take the new file."""
+        if self.fd is None or self._names_locked_file(self.fd):
+            return
+        try:
+            os.stat(self._path)
+        except FileNotFoundError:
+            raise ArenaError(f"{self.state}: the state database was removed or moved away while this server held "
+                             "it; stopped (a moved one can be served under its new name)") from None
+        except OSError as exc:
+            raise ArenaError(f"{self.state}: cannot check the state database ({exc.strerror or exc}); stopped") from None
+        raise ArenaError(f"{self.state}: the state database was replaced by another file while this server held it; "
+                         "stopped (the new file can be served now)")
 
     def _abandon(self, fd: int) -> None:
         """Give up a lock that cannot be taken (no locks on this file system): an empty file this attempt made is
