@@ -237,6 +237,40 @@ def test_a_server_stops_once_its_database_is_removed_or_replaced(tmp_path):
             server.close()
 
 
+def test_submit_reads_its_job_back_through_the_database_name(tmp_path, monkeypatch):
+    """A first serve that fails on a new path removes the database it made when it holds no job: a job inserted
+    just after that check would go with the file. submit reads the job back through the name and says so."""
+    import os
+    from pathlib import Path
+
+    from libarena.errors import ArenaError
+    from libarena.schedule.live.jobfile import JobSubmission
+    from libarena.schedule.live.store import Store, submit_job
+
+    state = tmp_path / "s.db"
+    assert submit_job(state, JobSubmission(MODEL, BATCH, 10)) == "job-1"
+    original = Store.submit
+    for change in ("remove", "replace with a text file", "replace with another database"):
+        def submit_then_change(self, sub, not_before=None):
+            job_id = original(self, sub, not_before)
+            for suffix in ("", "-wal", "-shm"):  # what the failed start does after finding no job
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            if change == "replace with a text file":
+                self.path.write_text("not a database")
+            elif change == "replace with another database":
+                Store(tmp_path / "other.db", create=True).close()
+                os.replace(tmp_path / "other.db", self.path)
+            return job_id
+
+        monkeypatch.setattr(Store, "submit", submit_then_change)
+        with pytest.raises(ArenaError, match=r"^.*s\.db: the state database was removed or replaced while job job-\d "
+                                             r"was submitted \(a serve that fails to start .*\); submit it again$"):
+            submit_job(state, JobSubmission(MODEL, BATCH, 10))
+        state.unlink(missing_ok=True)
+        monkeypatch.setattr(Store, "submit", original)
+        assert submit_job(state, JobSubmission(MODEL, BATCH, 10)) == "job-1"
+
+
 def test_close_releases_the_lock_after_the_database_whatever_fails(tmp_path):
     """Releasing the server lock closes a descriptor of the database file, which drops the POSIX locks SQLite
     holds on a connection still open: so the database is closed first, even when the launcher's close fails."""

@@ -396,17 +396,11 @@ def submit(
 ) -> None:
     """Submit a job to the live scheduler (through its database; the server picks it up)."""
     from libarena.schedule.live.jobfile import load_job_file
-    from libarena.schedule.live.store import Store, check_not_before, state_database_errors
+    from libarena.schedule.live.store import check_not_before, submit_job
 
     sub = load_job_file(job_file)
     check_not_before(at)  # before the state database is created
-    store = Store(state, create=True)  # a job may be submitted before the server first starts
-    try:
-        with state_database_errors(state):
-            job_id = store.submit(sub, not_before=at)
-    finally:
-        store.close()
-    print(job_id)
+    print(submit_job(state, sub, not_before=at))
 
 
 @app.command()

@@ -393,6 +393,44 @@ class ServerLock:
             self.fd = None
 
 
+def _connect_existing(path: Path) -> sqlite3.Connection:
+    """A connection to the database file at ``path`` that never creates one (sqlite3.Error where there is none).
+    Read-write: the last connection's close then removes the -wal and -shm files it made."""
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=30.0)
+
+
+def submit_job(state: str | Path, sub: JobSubmission, not_before: float | None = None) -> str:
+    """``arena-schedule submit``: the job inserted into the state database (made if there is none yet: a job may
+    be submitted before the server first starts) and read back through its name; returns its id. A first serve
+    that fails on a new path removes the database it made, unless it holds a job; a job inserted just after that
+    check would go with the file, so it is reported, never lost silently."""
+    state = Path(state)
+    store = Store(state, create=True)
+    try:
+        with state_database_errors(state):
+            job_id = store.submit(sub, not_before=not_before)
+    finally:
+        store.close()
+    found = False
+    try:
+        if state.exists():
+            conn = _connect_existing(state)
+            try:
+                found = conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None
+            finally:
+                conn.close()
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):  # locked past the busy timeout, an I/O error: cannot tell
+            raise ArenaError(f"{state}: job {job_id} was submitted, but reading it back failed ({exc}); see "
+                             "arena-schedule status before submitting it again") from None
+    except sqlite3.DatabaseError:
+        pass  # replaced by a file that is not a database
+    if not found:
+        raise ArenaError(f"{state}: the state database was removed or replaced while job {job_id} was submitted "
+                         "(a serve that fails to start removes the database it made if it holds no job); submit it again")
+    return job_id
+
+
 def holds_jobs(path: str | Path, conn: sqlite3.Connection | None = None) -> bool:
     """Whether the database at ``path`` (through ``conn`` when one is open) holds any job; True where that cannot
     be read (better kept than lost)."""
@@ -402,8 +440,7 @@ def holds_jobs(path: str | Path, conn: sqlite3.Connection | None = None) -> bool
         if own:
             if path.stat().st_size == 0:
                 return False
-            # read-write (it exists): the last connection's close then removes the -wal and -shm files it made
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
+            conn = _connect_existing(path)
     except (OSError, sqlite3.Error):
         return True
     try:
