@@ -57,6 +57,18 @@ def test_table_round_trip_keeps_provenance_and_metadata(tmp_path):
     assert art.schema_version == 3 and art.native
 
 
+def test_text_that_is_not_utf8_in_a_damaged_file_is_a_one_line_error(tmp_path):
+    """Parquet has no checksum over its values: a damaged file can decode into a string column that fails only
+    when read. The reader validates every column and names the damaged one."""
+    path = tmp_path / "t.parquet"
+    write_table(path, "test_table", _table(), Provenance(tool="tests"))
+    table = pq.read_table(path)
+    damaged = pa.array([b"a", b"\x90b"], type=pa.binary()).view(pa.string())
+    pq.write_table(table.set_column(table.column_names.index("name"), "name", damaged), path)
+    with pytest.raises(ArenaError, match=r"t\.parquet: column 'name' is damaged \(.*Invalid UTF8 sequence at string index 1\)$"):
+        read_table(path, "test_table")
+
+
 def test_wrong_kind_is_a_one_line_error(tmp_path):
     path = tmp_path / "t.parquet"
     write_table(path, "test_table", _table(), Provenance(tool="tests"))

@@ -399,6 +399,10 @@ def conform_table(kind: ArtifactKind, table: pa.Table, *, source: str, fill_defa
                     raise ArenaError(
                         f"{source}: column {col.name!r} has type {arr.type}, expected {col.type} for a {kind.name}"
                     ) from None
+            try:  # a damaged file can decode into arrays that fail only when read (text that is not UTF-8)
+                arr.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                raise ArenaError(f"{source}: column {col.name!r} is damaged ({' '.join(str(exc).split())[:160]})") from None
             arrays.append(arr)
         elif not col.required or fill_defaults and col.default is not None:
             if col.required and col.default is None:
@@ -569,7 +573,7 @@ def check_columns(table: pa.Table, source: str, *, non_null: tuple[str, ...] = (
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             need = "a finite number >= 0" if name in non_negative else "a finite number > 0"
-            raise ArenaError(f"{source}: row {row + 1}, column {name!r}: {values[row]!r} is not {need}")
+            raise ArenaError(f"{source}: row {row + 1}, column {name!r}: {float(values[row])!r} is not {need}")
 
 
 def _looks_like_text(data: bytes) -> bool:

@@ -211,13 +211,26 @@ class StageCache:
                 shutil.copyfile(source, target)
             return self._commit(key, staging)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            self._discard(staging)
             raise
 
     def _staging(self, key: str) -> Path:
+        # the folders this makes are removed again, if left empty, when the staged entry is discarded: a run
+        # that fails leaves nothing behind
+        self._made = [d for d in (*reversed(self.root.parents[:2]), self.root) if not d.exists()]
         self.root.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(self.root)
         return Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.{os.getpid()}.", suffix=".tmp"))
+
+    def _discard(self, staging: Path) -> None:
+        """Remove a staged entry that will not be committed, and the cache folders made for it if now empty."""
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in reversed(getattr(self, "_made", [])):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: another entry, another run's
+                break
+        self._made = []
 
     def _commit(self, key: str, staging: Path) -> Path:
         """Checksum the staged files, write the manifest last, and rename the directory into place."""
@@ -274,7 +287,7 @@ class StageCache:
                 produce(str(staging / TABLE_OUTPUT))
                 entry = self._commit(key, staging)
             except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
+                self._discard(staging)
                 raise
             deliver_table(entry / TABLE_OUTPUT, output)
             outcome.stored, outcome.entry = True, str(entry)
@@ -303,7 +316,7 @@ class StageCache:
             produce(str(staging / TABLE_OUTPUT))
             return self._commit(key, staging) / TABLE_OUTPUT
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            self._discard(staging)
             raise
 
     def restore_tree(self, key: str, out_dir: str | os.PathLike[str],

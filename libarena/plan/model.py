@@ -150,7 +150,8 @@ def _column(table: pa.Table, name: str, source: str) -> np.ndarray:
     if arr.dtype.kind == "f":
         bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
         if bad.size:
-            raise ArenaError(f"{source}: row {int(bad[0])}, column {name!r}: expected a non-negative number, got {arr[bad[0]]!r}")
+            raise ArenaError(f"{source}: row {int(bad[0])}, column {name!r}: expected a non-negative number, "
+                             f"got {float(arr[bad[0]])!r}")
     return arr
 
 
@@ -188,7 +189,14 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
 
     flops = _column(table, "flops", source).astype(np.float64)
     moved = _column(table, "bytes_read", source).astype(np.float64) + _column(table, "bytes_written", source).astype(np.float64)
-    cluster = table.column("cluster").to_numpy(zero_copy_only=False).astype(np.int64)
+    raw_cluster = table.column("cluster").to_numpy(zero_copy_only=False)  # (float, NaN for nulls, where any)
+    if raw_cluster.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(raw_cluster) | (raw_cluster != np.trunc(raw_cluster)))
+        if bad.size:
+            value = "a missing value" if np.isnan(raw_cluster[bad[0]]) else repr(float(raw_cluster[bad[0]]))
+            raise ArenaError(f"{source}: row {int(bad[0])}, column 'cluster': {value} is not a cluster index")
+        raw_cluster = np.clip(raw_cluster, -2, num_clusters)  # (out of range either way: reported below)
+    cluster = raw_cluster.astype(np.int64)
     bad = np.flatnonzero((cluster < -1) | (cluster >= num_clusters))
     if bad.size:
         raise ArenaError(

@@ -102,6 +102,8 @@ def resolve_device(name: str = "local") -> LocalDevice:
         platform_name = {"cuda": "gpu", "nvidia": "gpu", "host": "cpu"}.get(platform_name, platform_name)
         try:
             index = int(index_text) if index_text else 0
+            if not platform_name:  # (JAX would take an empty platform name for its default one)
+                raise ValueError(name)
         except ValueError:
             raise ArenaError(f"bad device {name!r}: expected local, cpu, gpu or platform:index") from None
         try:

@@ -143,7 +143,20 @@ def test_killed_writer_leaves_nothing_that_is_served(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         cache.produce_table(key, "-", killed)
     assert not cache.entry_path(key).exists()
-    assert list(cache.root.iterdir()) == []  # the staging directory is removed
+    assert not (tmp_path / "cache").exists()  # the staging directory is removed, and the folders made for it
+    # folders that were there before stay (another stage's entries, or empty), whatever fails
+    (tmp_path / "cache" / "stages" / "other").mkdir(parents=True)
+    for output in ("-", None):
+        with pytest.raises(KeyboardInterrupt):
+            if output is None:
+                cache.table(key, killed, tmp_path)
+            else:
+                cache.produce_table(key, output, killed)
+        assert sorted(p.name for p in (tmp_path / "cache").rglob("*")) == ["other", "stages"]
+    cache.root.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        cache.produce_table(key, "-", killed)
+    assert list(cache.root.iterdir()) == []
     # a SIGKILLed writer cannot clean up: its staging directory (no manifest, hidden name) is never served
     stale = cache.root / f".{key}.abc.tmp"
     stale.mkdir()

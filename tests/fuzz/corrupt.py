@@ -106,9 +106,11 @@ def encode_table(table: pa.Table, header: Any, fmt: str) -> bytes:
 
 def _absurd_array(draw, typ: pa.DataType, n: int) -> pa.Array:
     """``n`` values of ``typ`` built from a short drawn pattern (tables have thousands of rows)."""
+    if pa.types.is_null(typ):  # (a column an earlier mutation retyped to null holds nothing else)
+        return pa.nulls(n)
     if pa.types.is_floating(typ):
         pool: list = ABSURD_FLOATS + [None]
-    elif pa.types.is_integer(typ):
+    elif pa.types.is_integer(typ) or pa.types.is_timestamp(typ):
         pool = ABSURD_INTS + [None]
     elif pa.types.is_boolean(typ):
         pool = [True, False, None]

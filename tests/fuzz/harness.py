@@ -22,8 +22,10 @@ import contextlib
 import importlib
 import io
 import os
+import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +93,19 @@ def _chdir(path: Path):
         os.chdir(old)
 
 
+def _show_warnings_as_a_process_would(stack: contextlib.ExitStack, err: io.TextIOBase) -> None:
+    """Python warnings onto the tool's stderr, filtered as in a fresh interpreter (pytest would otherwise collect
+    them): a numpy RuntimeWarning is a line a user sees, and breaks the one-line error. Every occurrence is shown
+    (a process shows each place once, but each case here is a process of its own)."""
+    stack.enter_context(warnings.catch_warnings())
+    warnings.resetwarnings()
+    warnings.simplefilter("always")
+    for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.simplefilter("ignore", quiet)
+    warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
+        warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def invoke(tool: str, argv: list[str], *, stdin: bytes = b"", cwd: Path | None = None) -> Outcome:
     """Run ``tool argv`` in this process through run_app; return its exit code and captured streams."""
     out_buf, err_buf = io.BytesIO(), io.BytesIO()
@@ -102,6 +117,7 @@ def invoke(tool: str, argv: list[str], *, stdin: bytes = b"", cwd: Path | None =
     with contextlib.ExitStack() as stack:
         if cwd is not None:
             stack.enter_context(_chdir(cwd))
+        _show_warnings_as_a_process_would(stack, err)
         sys.stdout, sys.stderr, sys.stdin = out, err, inp
         try:
             run_app(tool, _app(tool), list(argv))
@@ -138,6 +154,7 @@ def check_contract(tool: str, outcome: Outcome, before: dict[str, int], workdir:
     assert outcome.code in (0, 2), f"{tool}: exit code {outcome.code} (expected 0 or 2): {outcome.describe()}"
     assert "Traceback" not in outcome.stderr, f"{tool}: traceback: {outcome.describe()}"
     assert "internal error" not in outcome.stderr, f"{tool}: internal error: {outcome.describe()}"
+    assert not re.search(r"\b[A-Z]\w*Warning: ", outcome.stderr), f"{tool}: a Python warning: {outcome.describe()}"
     if outcome.code == 2:
         lines = outcome.stderr.splitlines()
         assert len(lines) == 1, f"{tool}: exit 2 with {len(lines)} stderr lines (expected 1): {outcome.describe()}"

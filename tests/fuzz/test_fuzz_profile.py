@@ -62,7 +62,7 @@ def test_cli_args(seeds):
     def body(argv):
         stdin = seeds.plans_bytes if argv[1] == "-" else b""
         run_and_check(TOOL, argv, seeds.plan_files(), stdin=stdin, extra_setup=lambda root: (root / "sub").mkdir(),
-                      allowed_outputs=["cache"])
+                      allowed_outputs=["cache", *(value for flag, value in zip(argv, argv[1:]) if flag == "-o")])
 
     run_cases(TOOL, "cli_args", profile_argv(), body)
 

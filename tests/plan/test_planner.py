@@ -251,6 +251,27 @@ def test_bad_operator_tables_are_one_line_errors(mutate, message):
         load_model_profile(ops)
 
 
+@pytest.mark.parametrize("values, message", [
+    ([None], r"row 0, column 'cluster': a missing value is not a cluster index"),
+    ([7], r"row 0, column 'cluster': 7 is not a cluster index \(0\.\.2\)"),
+    ([2 ** 62], r"row 0, column 'cluster': 4611686018427387904 is not a cluster index"),
+])
+def test_a_bad_cluster_index_is_a_one_line_error_without_warnings(values, message):
+    """A null cluster index reads as NaN: it is named as missing, not cast to a number (which also warned)."""
+    import warnings
+
+    import pyarrow as pa
+
+    ops = gpt_like(num_clusters=3, hidden=256, seq_len=64, batch=8)
+    cluster = ops.table.column("cluster").to_pylist()
+    ops.table = ops.table.set_column(ops.table.column_names.index("cluster"), "cluster",
+                                     pa.array(values + cluster[len(values):], type=pa.int64()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ArenaError, match=message):
+            load_model_profile(ops)
+
+
 def test_empty_operator_table_is_an_error():
     ops = gpt_like(num_clusters=3, hidden=256, seq_len=64, batch=8)
     ops.table = ops.table.slice(0, 0)

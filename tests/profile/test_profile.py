@@ -495,3 +495,13 @@ def test_a_claim_needs_no_write_access_and_falls_back_without_a_lock(tmp_path):
         assert ran == [True]
     finally:
         os.chmod(tmp_path / "c" / "ab", 0o755)
+
+
+@pytest.mark.parametrize("name", ["", " ", ":0", "cpu:x", "cpu:-1", "tpu"])
+def test_a_bad_device_name_is_refused_in_one_line(name):
+    """An empty platform name is not JAX's default device: ``--device ''`` is refused like any other bad name."""
+    from libarena.errors import ArenaError
+    from libarena.profile.device import resolve_device
+
+    with pytest.raises(ArenaError, match=r"^(bad device|device) '.*'"):
+        resolve_device(name)

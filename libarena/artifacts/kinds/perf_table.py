@@ -126,15 +126,15 @@ def check_perf_table(table, source: str) -> None:
         throughput = throughput.astype(np.float64)
         batch = column("global_batch").astype(np.float64)
         given = ~np.isnan(throughput)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(all="ignore"):  # (a zero, tiny or NaN throughput is reported below)
             implied = batch / throughput
         bad = np.flatnonzero(fits & given & ~((throughput > 0) & np.isfinite(throughput) & (implied <= MAX_ITERATION_S)))
         if bad.size:
             row = int(bad[0])
-            fail(row, "throughput", f"{throughput[row]!r} samples/s is not a finite number > 0 giving an iteration "
+            fail(row, "throughput", f"{float(throughput[row])!r} samples/s is not a finite number > 0 giving an iteration "
                                     f"time of at most {MAX_ITERATION_S} s (global_batch / throughput)")
         # both describe one iteration: where they disagree, which one to believe would be a guess
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(all="ignore"):  # (rows that do not fit may hold any time: they are masked out)
             from_time = batch / iter_time
             apart = np.abs(throughput - from_time) > THROUGHPUT_TOLERANCE * np.maximum(throughput, from_time)
         bad = np.flatnonzero(fits & given & apart)
@@ -153,7 +153,7 @@ def check_perf_table(table, source: str) -> None:
             bad |= values > MAX_SECONDS
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            fail(row, name, range_problem(float(values[row]), 0, MAX_SECONDS) or f"negative value {values[row]!r}")
+            fail(row, name, range_problem(float(values[row]), 0, MAX_SECONDS) or f"negative value {float(values[row])!r}")
     _check_conflicting_duplicates(table, source)
 
 
