@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import msgpack
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -66,6 +67,26 @@ def test_text_that_is_not_utf8_in_a_damaged_file_is_a_one_line_error(tmp_path):
     damaged = pa.array([b"a", b"\x90b"], type=pa.binary()).view(pa.string())
     pq.write_table(table.set_column(table.column_names.index("name"), "name", damaged), path)
     with pytest.raises(ArenaError, match=r"t\.parquet: column 'name' is damaged \(.*Invalid UTF8 sequence at string index 1\)$"):
+        read_table(path, "test_table")
+
+
+def test_an_arrow_stream_with_offsets_out_of_range_is_refused_before_any_cast(tmp_path):
+    """The Arrow stream reader checks a batch only lightly: text whose offsets are out of order reads without
+    error, and a cast of damaged text (a column stored as text where the kind declares a number) can crash the
+    interpreter. Every column is checked in full first."""
+    import json
+
+    import pyarrow.ipc as ipc
+
+    offsets = pa.py_buffer(np.array([0, 2, 1], dtype=np.int32).tobytes())  # (decreasing)
+    damaged = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(b"ab")])
+    header = {"kind": "test_table", "schema_version": 3, "provenance": {"tool": "tests"}, "metadata": {}}
+    table = pa.table({"name": ["a", "b"], "value": damaged}).replace_schema_metadata(
+        {b"arena": json.dumps(header).encode()})
+    path = tmp_path / "t.arrow"
+    with open(path, "wb") as f, ipc.new_stream(f, table.schema) as writer:
+        writer.write_table(table)
+    with pytest.raises(ArenaError, match=r"t\.arrow: column 'value' is damaged \("):
         read_table(path, "test_table")
 
 

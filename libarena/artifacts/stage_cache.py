@@ -152,6 +152,8 @@ class StageCache:
         self.refresh = refresh
         self.log = log or (lambda message: None)
         self.warn = warn or self.log
+        #: staged entry -> the cache folders made for it (removed again, if empty, when it is discarded)
+        self._made: dict[Path, list[Path]] = {}
 
     # -- keys ----------------------------------------------------------------------------------------
     def key(self, parameters: Mapping[str, Any], inputs: Iterable[Mapping[str, Any]] = (),
@@ -215,22 +217,30 @@ class StageCache:
             raise
 
     def _staging(self, key: str) -> Path:
-        # the folders this makes are removed again, if left empty, when the staged entry is discarded: a run
-        # that fails leaves nothing behind
-        self._made = [d for d in (*reversed(self.root.parents[:2]), self.root) if not d.exists()]
-        self.root.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(self.root)
-        return Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.{os.getpid()}.", suffix=".tmp"))
+        # the folders this makes are removed again, if left empty, when the staged entry is discarded (a run
+        # that fails leaves nothing behind); another run's discard may remove one meanwhile: made again
+        for attempt in range(3):
+            made = [d for d in (*reversed(self.root.parents[:2]), self.root) if not d.exists()]
+            self.root.mkdir(parents=True, exist_ok=True)
+            remove_stale_temps(self.root)
+            try:
+                staging = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.{os.getpid()}.", suffix=".tmp"))
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                continue
+            self._made[staging] = made
+            return staging
+        raise AssertionError("unreachable")
 
     def _discard(self, staging: Path) -> None:
         """Remove a staged entry that will not be committed, and the cache folders made for it if now empty."""
         shutil.rmtree(staging, ignore_errors=True)
-        for folder in reversed(getattr(self, "_made", [])):
+        for folder in reversed(self._made.pop(staging, [])):
             try:
                 folder.rmdir()
             except OSError:  # not empty: another entry, another run's
                 break
-        self._made = []
 
     def _commit(self, key: str, staging: Path) -> Path:
         """Checksum the staged files, write the manifest last, and rename the directory into place."""

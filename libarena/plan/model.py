@@ -189,14 +189,11 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
 
     flops = _column(table, "flops", source).astype(np.float64)
     moved = _column(table, "bytes_read", source).astype(np.float64) + _column(table, "bytes_written", source).astype(np.float64)
-    raw_cluster = table.column("cluster").to_numpy(zero_copy_only=False)  # (float, NaN for nulls, where any)
-    if raw_cluster.dtype.kind == "f":
-        bad = np.flatnonzero(~np.isfinite(raw_cluster) | (raw_cluster != np.trunc(raw_cluster)))
-        if bad.size:
-            value = "a missing value" if np.isnan(raw_cluster[bad[0]]) else repr(float(raw_cluster[bad[0]]))
-            raise ArenaError(f"{source}: row {int(bad[0])}, column 'cluster': {value} is not a cluster index")
-        raw_cluster = np.clip(raw_cluster, -2, num_clusters)  # (out of range either way: reported below)
-    cluster = raw_cluster.astype(np.int64)
+    cluster_column = table.column("cluster")  # int64 (read_table casts): nulls would read as NaN
+    if cluster_column.null_count:
+        row = int(np.flatnonzero(cluster_column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ArenaError(f"{source}: row {row}, column 'cluster': a missing value is not a cluster index")
+    cluster = cluster_column.to_numpy(zero_copy_only=False).astype(np.int64)
     bad = np.flatnonzero((cluster < -1) | (cluster >= num_clusters))
     if bad.size:
         raise ArenaError(

@@ -257,8 +257,11 @@ def test_submit_reads_its_job_back_through_the_database_name(tmp_path, monkeypat
                 Path(f"{self.path}{suffix}").unlink(missing_ok=True)
             if change == "replace with a text file":
                 self.path.write_text("not a database")
-            elif change == "replace with another database":
-                Store(tmp_path / "other.db", create=True).close()
+            elif change == "replace with another database":  # whose jobs have the same ids
+                other = Store(tmp_path / "other.db", create=True)
+                for _ in range(3):
+                    original(other, JobSubmission(MODEL, BATCH, 99))
+                other.close()
                 os.replace(tmp_path / "other.db", self.path)
             return job_id
 

@@ -409,6 +409,8 @@ def submit_job(state: str | Path, sub: JobSubmission, not_before: float | None =
     try:
         with state_database_errors(state):
             job_id = store.submit(sub, not_before=not_before)
+            # the row as written: a database made at the same path meanwhile may hold a job of the same id
+            row = store.conn.execute("SELECT job_id, spec, submitted_wall FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
     finally:
         store.close()
     found = False
@@ -416,7 +418,8 @@ def submit_job(state: str | Path, sub: JobSubmission, not_before: float | None =
         if state.exists():
             conn = _connect_existing(state)
             try:
-                found = conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None
+                found = conn.execute("SELECT job_id, spec, submitted_wall FROM jobs WHERE job_id = ?",
+                                     (job_id,)).fetchone() == row
             finally:
                 conn.close()
     except sqlite3.OperationalError as exc:
@@ -424,7 +427,7 @@ def submit_job(state: str | Path, sub: JobSubmission, not_before: float | None =
             raise ArenaError(f"{state}: job {job_id} was submitted, but reading it back failed ({exc}); see "
                              "arena-schedule status before submitting it again") from None
     except sqlite3.DatabaseError:
-        pass  # replaced by a file that is not a database
+        pass  # replaced by a file that is not a database (a damaged one would not have taken the job either)
     if not found:
         raise ArenaError(f"{state}: the state database was removed or replaced while job {job_id} was submitted "
                          "(a serve that fails to start removes the database it made if it holds no job); submit it again")
