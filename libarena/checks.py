@@ -23,6 +23,8 @@ MAX_OVERHEAD_S = 7 * 86400
 MAX_TICK_S = 86400
 MIN_TICK_S = 1.0
 MAX_ITERATION_S = 86400
+#: A measured collective's volume per device (a comm table's ``bytes``): 1 B to 1 PiB.
+MAX_COMM_BYTES = 1 << 50
 #: Iterations of a job (a trace row, a job file).
 MAX_ITERATIONS = 10**12
 #: Training steps of one arena-run at most (--steps; a billion).

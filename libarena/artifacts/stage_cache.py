@@ -217,21 +217,23 @@ class StageCache:
             raise
 
     def _staging(self, key: str) -> Path:
-        # the folders this makes are removed again, if left empty, when the staged entry is discarded (a run
-        # that fails leaves nothing behind); another run's discard may remove one meanwhile: made again
-        for attempt in range(3):
+        # the cache's own folders (root, stages/, the stage's) that this makes are removed again, if left empty,
+        # when the staged entry is discarded (a run that fails leaves nothing behind); another run's discard may
+        # remove one meanwhile: made again
+        attempt = 0
+        while True:
             made = [d for d in (*reversed(self.root.parents[:2]), self.root) if not d.exists()]
             self.root.mkdir(parents=True, exist_ok=True)
             remove_stale_temps(self.root)
             try:
                 staging = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.{os.getpid()}.", suffix=".tmp"))
             except FileNotFoundError:
-                if attempt == 2:
+                attempt += 1
+                if attempt == 3:
                     raise
                 continue
             self._made[staging] = made
             return staging
-        raise AssertionError("unreachable")
 
     def _discard(self, staging: Path) -> None:
         """Remove a staged entry that will not be committed, and the cache folders made for it if now empty."""
@@ -257,6 +259,7 @@ class StageCache:
             f.write(json.dumps(manifest, indent=1, sort_keys=True))
             f.flush()
             os.fsync(f.fileno())
+        self._made.pop(staging, None)  # committed: its folders hold an entry now
         entry = self.entry_path(key)
         old = None
         if entry.exists():  # a refresh (--no-cache) or a corrupt entry: move it aside, then swap

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts.untrusted import check_keys, is_toml, load_spec_file, parse_spec_bytes
+from libarena.artifacts.untrusted import MAX_SPEC_BYTES, check_keys, is_toml, parse_spec_bytes, read_bounded
 from libarena.checks import MAX_GPUS, MAX_GPUS_PER_NODE, brief, range_problem
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import GPUSpec, get_gpu
@@ -149,7 +149,7 @@ def cluster_from_dict(data: Any, source: str = "cluster spec") -> ClusterSpec:
 def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
     """A cluster spec file (YAML, or TOML by suffix), read as untrusted input (libarena.artifacts.untrusted)."""
     p = Path(path)
-    return cluster_from_dict(load_spec_file(p, "cluster spec"), source=str(p))
+    return cluster_from_bytes(read_bounded(p, MAX_SPEC_BYTES, "cluster spec"), p)
 
 
 def cluster_from_bytes(raw: bytes, source: str | os.PathLike[str]) -> ClusterSpec:

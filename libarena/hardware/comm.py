@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from libarena.checks import MAX_COMM_BYTES, MAX_ITERATION_S, range_problem
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import get_gpu
 
@@ -187,10 +188,12 @@ class MeasuredCommModel(CommModel):
                 raise ArenaError(f"{where}: missing value (bytes, latency_s and crosses_nodes are required)")
             if not (isinstance(devices, (int, np.integer)) and devices >= 1):
                 raise ArenaError(f"{where}: num_devices must be a positive integer, got {devices!r}")
-            if not (math.isfinite(volume) and volume > 0):
-                raise ArenaError(f"{where}: bytes must be positive, got {volume!r}")
-            if not (math.isfinite(latency) and latency > 0):
-                raise ArenaError(f"{where}: latency_s must be positive, got {latency!r}")
+            problem = range_problem(volume, 1, MAX_COMM_BYTES)
+            if problem:
+                raise ArenaError(f"{where}, column 'bytes': {problem}")
+            problem = range_problem(latency, 0, MAX_ITERATION_S, lo_open=True)
+            if problem:
+                raise ArenaError(f"{where}, column 'latency_s': {problem}")
             key = (prim, normalize_gpu_type(gpu_type), int(devices), bool(crosses))
             points.setdefault(key, {}).setdefault(float(volume), []).append(float(latency))
         if not points:

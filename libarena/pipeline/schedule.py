@@ -28,11 +28,13 @@ def _report_skipped(skipped: list[str], report: Report) -> None:
         report.warn(f"skipped {len(skipped)} bad row(s); first: {skipped[0]}")
 
 
-def _report_unschedulable(run_dir: Path, report: Report) -> None:
+def _report_unschedulable(run_dir: Path, metrics: dict[str, Any], report: Report) -> None:
     """Warn which jobs of the run in ``run_dir`` the policy could never place, and why (cache hits too)."""
     from libarena.artifacts import read_table
     from libarena.schedule.metrics import unschedulable_notes
 
+    if not metrics.get("unschedulable_jobs"):
+        return
     for line in unschedulable_notes(read_table(run_dir / "jobs.parquet", "job_records").table):
         report.warn(line)  # each reason names the policy
 
@@ -62,7 +64,7 @@ def simulate(trace: Path, perf: Path, cluster: Path, policy: Any, config: Any, o
     if outcome.cache_hit:
         report.log(f"cached: {output}/ from {outcome.entry} ({len(outcome.files)} files; --no-cache simulates again)")
     report.log(summary_line(metrics))
-    _report_unschedulable(output, report)
+    _report_unschedulable(output, metrics, report)
     return outcome, metrics
 
 
@@ -96,5 +98,5 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
         for name in policies:
             report.log(summary_line(metrics[name]))
     for name in policies:
-        _report_unschedulable(output / name, report)
+        _report_unschedulable(output / name, metrics[name], report)
     return outcome, metrics, json.loads((output / "compare.json").read_text())

@@ -339,6 +339,29 @@ def test_serve_gives_its_profiles_and_jobs_the_cluster_content_it_loaded(tmp_pat
         server.close()
 
 
+def test_a_damaged_state_database_is_a_one_line_error(tmp_path):
+    """A database whose pages are damaged opens, then fails on the first query ("database disk image is
+    malformed", an sqlite3.DatabaseError that is not an OperationalError): one line, exit 2, for every command."""
+    import sqlite3
+
+    state = tmp_path / "state.db"
+    for i in range(3):
+        run("submit", job_file(tmp_path, f"j{i}.yaml", GOOD), "--state", state)
+    conn = sqlite3.connect(state)
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'jobs'").fetchone()
+    conn.close()
+    with open(state, "r+b") as f:  # the jobs table's first page
+        f.seek((root - 1) * page_size)
+        f.write(b"\xff" * 64)
+    for command in (["status"], ["status", "--json"], ["logs", "job-1"],
+                    ["submit", job_file(tmp_path, "j.yaml", GOOD)]):
+        p = run(*command, "--state", state, check_rc=2)
+        assert p.stderr.strip().endswith("cannot use the scheduler state database (database disk image is malformed)"), \
+            (command, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1
+
+
 def test_serve_refuses_options_it_would_ignore(tmp_path):
     cluster, perf = write_inputs(tmp_path)
     base = ["serve", "--cluster", cluster, "--perf", perf, "--state", tmp_path / "s.db", "--launcher", "perf-table"]

@@ -2,12 +2,13 @@
 (the pipeline's analyze -> plan -> profile on one local device: ``arena-schedule perf build --pair``) before
 it is scheduled.
 
-Profiling runs one (model, batch) at a time, each as a detached shell script in its own directory (so it
-survives a scheduler restart, which then picks up its result or restarts it). The script is a template with
-{model}, {batch}, {cluster} (the server's copy of its cluster file, in its workdir), {out} (the perf table to
-write) and {schedule} (this environment's arena-schedule); the default is the pipeline's perf build. A profile that runs longer than its time limit is killed with what it
-started, and its jobs rejected. A failed profile's end is what later jobs of its pair meet too, until the retry
-interval has passed since it failed: the next job then has it profiled again.
+Profiling runs one (model, batch) at a time, each as a detached shell script in its own directory (so it survives
+a scheduler restart, which then picks up its result or restarts it). The script is a template with {model},
+{batch}, {cluster} (the server's copy of its cluster file, in its workdir), {out} (the perf table to write) and
+{schedule} (this environment's arena-schedule); the default is the pipeline's perf build. A profile that runs
+longer than its time limit is killed with what it started, and its jobs rejected. A failed profile's end is what
+later jobs of its pair meet too, until the retry interval has passed since it failed: the next job then has it
+profiled again.
 """
 
 from __future__ import annotations

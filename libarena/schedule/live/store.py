@@ -89,11 +89,12 @@ def check_not_before(not_before: float | None) -> None:
 
 @contextmanager
 def state_database_errors(path: str | Path, what: str = "the scheduler state database") -> Iterator[None]:
-    """SQLite's operational errors on a state database in use (read-only, locked past the busy timeout, a full
-    disk) as one-line errors naming it (``what``: also the other databases the command uses)."""
+    """SQLite's errors on a state database in use (read-only, locked past the busy timeout, a full disk, a damaged
+    file: "database disk image is malformed") as one-line errors naming it (``what``: also the other databases
+    the command uses)."""
     try:
         yield
-    except sqlite3.OperationalError as exc:
+    except sqlite3.DatabaseError as exc:  # (OperationalError is one)
         raise ArenaError(f"{path}: cannot use {what} ({exc})") from None
 
 
@@ -399,6 +400,9 @@ def _connect_existing(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=30.0)
 
 
+_SUBMITTED_ROW = "SELECT job_id, spec, submitted_wall FROM jobs WHERE job_id = ?"
+
+
 def submit_job(state: str | Path, sub: JobSubmission, not_before: float | None = None) -> str:
     """``arena-schedule submit``: the job inserted into the state database (made if there is none yet: a job may
     be submitted before the server first starts) and read back through its name; returns its id. A first serve
@@ -410,20 +414,19 @@ def submit_job(state: str | Path, sub: JobSubmission, not_before: float | None =
         with state_database_errors(state):
             job_id = store.submit(sub, not_before=not_before)
             # the row as written: a database made at the same path meanwhile may hold a job of the same id
-            row = store.conn.execute("SELECT job_id, spec, submitted_wall FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            row = store.conn.execute(_SUBMITTED_ROW, (job_id,)).fetchone()
     finally:
         store.close()
     found = False
     try:
-        if state.exists():
-            conn = _connect_existing(state)
-            try:
-                found = conn.execute("SELECT job_id, spec, submitted_wall FROM jobs WHERE job_id = ?",
-                                     (job_id,)).fetchone() == row
-            finally:
-                conn.close()
+        conn = _connect_existing(state)
+        try:
+            found = conn.execute(_SUBMITTED_ROW, (job_id,)).fetchone() == row
+        finally:
+            conn.close()
     except sqlite3.OperationalError as exc:
-        if "no such table" not in str(exc):  # locked past the busy timeout, an I/O error: cannot tell
+        gone = "no such table" in str(exc) or not state.exists()
+        if not gone:  # locked past the busy timeout, an I/O error: cannot tell
             raise ArenaError(f"{state}: job {job_id} was submitted, but reading it back failed ({exc}); see "
                              "arena-schedule status before submitting it again") from None
     except sqlite3.DatabaseError:
