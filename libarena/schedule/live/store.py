@@ -366,17 +366,18 @@ class ServerLock:
     def check(self) -> None:
         """A one-line ArenaError once the state's name no longer leads to the locked file (removed, or replaced by
         another file): this server's writes would be lost, and another server could take the new file."""
-        if self.fd is None or self._names_locked_file(self.fd):
+        if self.fd is None:
             return
         try:
-            os.stat(self._path)
+            st, locked = os.stat(self._path), os.fstat(self.fd)
         except FileNotFoundError:
             raise ArenaError(f"{self.state}: the state database was removed or moved away while this server held "
                              "it; stopped (a moved one can be served under its new name)") from None
         except OSError as exc:
             raise ArenaError(f"{self.state}: cannot check the state database ({exc.strerror or exc}); stopped") from None
-        raise ArenaError(f"{self.state}: the state database was replaced by another file while this server held it; "
-                         "stopped (the new file can be served now)")
+        if (st.st_dev, st.st_ino) != (locked.st_dev, locked.st_ino):
+            raise ArenaError(f"{self.state}: the state database was replaced by another file while this server held "
+                             "it; stopped (the new file can be served now)")
 
     def _abandon(self, fd: int) -> None:
         """Give up a lock that cannot be taken (no locks on this file system): an empty file this attempt made is
