@@ -106,13 +106,15 @@ def lower_train_step(model: Any, global_batch: int, seq_len: int | None, dtype: 
         # keep_unused: entry parameter i is flattened input leaf i, whatever the step reads.
         lowered = jax.jit(step, keep_unused=True).lower(params, opt_state, batch)
         out_shapes = lowered.out_info  # the output shapes without tracing the step a second time
-    except (TypeError, ValueError) as exc:
+        # XLA refuses shapes that JAX accepts (an element count past int64: "overflow in static extent
+        # product") only when it converts the module
+        module = xla_cost.hlo_module_of(lowered)
+    except (TypeError, ValueError, RuntimeError) as exc:
         first = " ".join(str(exc).split())[:200]
         raise ArenaError(
             f"{model.name} cannot be built at global batch {global_batch}"
             f"{'' if seq_len is None else f', seq_len {seq_len}'}: {first}"
         ) from None
-    module = xla_cost.hlo_module_of(lowered)
     return LoweredStep(
         hlo_module=module,
         text=xla_cost.module_text(module),
@@ -124,6 +126,10 @@ def lower_train_step(model: Any, global_batch: int, seq_len: int | None, dtype: 
 
 # --------------------------------------------------------------------------------------------------
 # Per-instruction XLA costs through probe modules
+
+
+#: a %name in HLO text (names are letters, digits, '.', '_' and '-')
+_HLO_NAME = re.compile(r"%([\w.\-]+)")
 
 
 class ProbeCoster:
@@ -154,10 +160,10 @@ class ProbeCoster:
         return cached
 
     def _canonical_attributes(self, instr: Instruction) -> str:
-        attrs = instr.attributes
-        for callee in instr.called:
-            attrs = attrs.replace(f"%{callee}", f"#{self._canonical_id(callee)}")
-        return attrs
+        # whole names only: %region_1.4 must not rewrite the start of %region_1.45
+        called = set(instr.called)
+        return _HLO_NAME.sub(lambda m: f"#{self._canonical_id(m.group(1))}" if m.group(1) in called else m.group(0),
+                             instr.attributes)
 
     def _canonical_id(self, name: str) -> int:
         cached = self._canonical.get(name)
@@ -350,6 +356,13 @@ def _flatten(step: LoweredStep, module: HloModuleText, scopes: _Scopes) -> tuple
             if instr.opcode == "call" and len(instr.called) == 1:
                 local[instr.name] = emit(instr.called[0], operands, (*context, instr.op_name), f"{prefix}{instr.name}/")
                 continue
+            if instr.opcode in ("while", "conditional"):
+                # XLA prices a loop's body once and a conditional's every branch; the table would count the
+                # loop's work once per step however many times it runs
+                what = "a while loop (lax.scan, lax.fori_loop, lax.while_loop)" if instr.opcode == "while" else \
+                    "a conditional (lax.cond, lax.switch)"
+                raise ArenaError(f"the training step contains {what} at {instr.op_name or comp_name}; "
+                                 "arena-analyze counts straight-line code only: unroll it in the model")
             row = len(emitted)
             local[instr.name] = row
             # Data flow sees through tuple / get-tuple-element pairs (call results, multi-output

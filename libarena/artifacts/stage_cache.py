@@ -141,6 +141,16 @@ class StageOutcome:
         return data
 
 
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its ancestors that do not exist yet, outermost first (what ``mkdir(parents=True)`` makes)."""
+    missing = []
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    return missing[::-1]
+
+
 class StageCache:
     """The output cache of one stage (``arena-plan``, ``arena-schedule simulate``, ...) under ``cache_dir``."""
 
@@ -217,12 +227,12 @@ class StageCache:
             raise
 
     def _staging(self, key: str) -> Path:
-        # the cache's own folders (root, stages/, the stage's) that this makes are removed again, if left empty,
-        # when the staged entry is discarded (a run that fails leaves nothing behind); another run's discard may
-        # remove one meanwhile: made again
+        # the folders this makes (the stage's, stages/, the cache dir and any missing parents of a nested
+        # --cache-dir) are removed again, if left empty, when the staged entry is discarded (a run that fails
+        # leaves nothing behind); another run's discard may remove one meanwhile: made again
         attempt = 0
         while True:
-            made = [d for d in (*reversed(self.root.parents[:2]), self.root) if not d.exists()]
+            made = _missing_folders(self.root)
             self.root.mkdir(parents=True, exist_ok=True)
             remove_stale_temps(self.root)
             try:

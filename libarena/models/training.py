@@ -215,6 +215,52 @@ def backward_from_inputs(model: ModelDef, params: Sequence[Params], inputs: Sequ
     return grads, gradient
 
 
+class StagePass:
+    """The forward and backward pass of pipeline stage [start, stop) on one worker, as the runtime's executor runs
+    them and the profiler times them: what the forward keeps for the backward leaves it as flat arrays with a
+    leading axis of 1 (stacked by data-parallel replica in the runtime), from which the backward rebuilds it.
+
+    Without recomputation that is the stage's vjp closure, minus the parameters themselves (a matmul's saved
+    weight): the backward is given the parameters again, where stacking them would copy them per micro-batch
+    in flight (memory the planner does not count, and bytes every forward moves). With recomputation only the
+    units' input activations are kept (``forward_keeping_inputs``)."""
+
+    def __init__(self, model: ModelDef, start: int, stop: int, dtype: Any, remat: bool, first: bool):
+        self.model, self.start, self.stop, self.dtype, self.remat, self.first = model, start, stop, dtype, remat, first
+        # how the kept arrays fold back, recorded when the forward is traced (the backward is traced after it)
+        self._treedef: Any = None
+        self._from_params: list[int | None] = []
+
+    def forward(self, params: Sequence[Params], carry: Carry, batch: Batch) -> tuple[Carry, list[Any]]:
+        """(the stage's output, the arrays kept for the backward, each with a leading axis of 1)."""
+        import jax
+
+        model, start, stop, dtype = self.model, self.start, self.stop, self.dtype
+        if self.remat:
+            out, kept = forward_keeping_inputs(model, params, carry, batch, start, stop, dtype)
+        elif self.first:
+            out, kept = jax.vjp(lambda p: apply_units(model, p, None, batch, start, stop, dtype), params)
+        else:
+            out, kept = jax.vjp(lambda p, c: apply_units(model, p, c, batch, start, stop, dtype), params, carry)
+        leaves, self._treedef = jax.tree.flatten(kept)
+        param_index = {id(leaf): i for i, leaf in enumerate(jax.tree.leaves(params))}
+        self._from_params = [param_index.get(id(leaf)) for leaf in leaves]
+        return out, [leaf[None] for leaf in leaves if id(leaf) not in param_index]
+
+    def backward(self, params: Sequence[Params], batch: Batch, kept: Sequence[Any],
+                 cotangent: Carry) -> tuple[Any, Carry | None]:
+        """(the parameters' gradients, the gradient of the stage's input; None for the first stage)."""
+        import jax
+
+        param_leaves, stacked = jax.tree.leaves(params), iter(kept)
+        leaves = [next(stacked)[0] if i is None else param_leaves[i] for i in self._from_params]
+        rebuilt = jax.tree.unflatten(self._treedef, leaves)
+        if self.remat:
+            return backward_from_inputs(self.model, params, rebuilt, batch, self.start, self.stop, self.dtype, cotangent)
+        grads = rebuilt(cotangent)
+        return grads[0], (None if self.first else grads[1])
+
+
 def _apply_named_unit(model: ModelDef, index: int, dtype: Any, params: Params, carry: Carry, batch: Batch) -> Carry:
     return apply_units(model, [params], carry, batch, index, index + 1, dtype)
 

@@ -28,11 +28,16 @@ def _report_skipped(skipped: list[str], report: Report) -> None:
         report.warn(f"skipped {len(skipped)} bad row(s); first: {skipped[0]}")
 
 
-def _report_unschedulable(run_dir: Path, metrics: dict[str, Any], report: Report) -> None:
-    """Warn which jobs of the run in ``run_dir`` the policy could never place, and why (cache hits too)."""
+def _report_run_notes(run_dir: Path, metrics: dict[str, Any], report: Report) -> None:
+    """Warn which jobs of the run in ``run_dir`` the policy could never place, and why, and when its decisions
+    depended on the host's speed (cache hits too)."""
     from libarena.artifacts import read_table
     from libarena.schedule.metrics import unschedulable_notes
 
+    hits = metrics.get("ilp_time_limit_hits") or 0
+    if hits:
+        report.warn(f"{metrics['policy']}: {hits} ILP solve(s) stopped at the time limit (ilp_time_limit_s): those "
+                    "decisions depend on this host's speed and load, so the run may not repeat exactly")
     if not metrics.get("unschedulable_jobs"):
         return
     for line in unschedulable_notes(read_table(run_dir / "jobs.parquet", "job_records").table):
@@ -64,7 +69,7 @@ def simulate(trace: Path, perf: Path, cluster: Path, policy: Any, config: Any, o
     if outcome.cache_hit:
         report.log(f"cached: {output}/ from {outcome.entry} ({len(outcome.files)} files; --no-cache simulates again)")
     report.log(summary_line(metrics))
-    _report_unschedulable(output, metrics, report)
+    _report_run_notes(output, metrics, report)
     return outcome, metrics
 
 
@@ -98,5 +103,5 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
         for name in policies:
             report.log(summary_line(metrics[name]))
     for name in policies:
-        _report_unschedulable(output / name, metrics[name], report)
+        _report_run_notes(output / name, metrics[name], report)
     return outcome, metrics, json.loads((output / "compare.json").read_text())

@@ -19,7 +19,9 @@ Memory per GPU (mixed-precision Adam, Megatron-style TP dividing weights and act
 * the P2P receive and send buffers of one micro-batch: ``(act_in + act_out) / (B * dp)``.
 
 Recomputation costs one more forward pass of the stage: ``forward seconds / (dp * tp)`` per iteration, from
-the fusion-aware roofline of its forward instructions (``recompute_seconds``).
+the fusion-aware roofline of its forward instructions (``recompute_seconds``), and the forward pass's
+collectives again: a recomputing stage's per-micro-batch communication is ``RECOMPUTE_COMM_FACTOR`` = 1.5 times
+(the recorded volumes are a forward and a backward half).
 
 Communication of a stage, split as eq. 4 needs it:
 
@@ -47,6 +49,10 @@ import numpy as np
 from libarena.hardware import GPUSpec
 from libarena.hardware.comm import CommModel
 from libarena.plan.model import ModelProfile
+
+#: A recomputing stage runs its forward pass twice: the forward half of its collectives (the TP all-reduces and
+#: MoE all-to-alls, half of each recorded volume) again, 1.5 times the communication of a micro-batch.
+RECOMPUTE_COMM_FACTOR = 1.5
 
 
 @dataclass
@@ -128,9 +134,9 @@ class StageCostModel:
             self._comm_prefix[key] = np.concatenate([[0.0], np.cumsum(per_cluster)])
         return self._comm_prefix[key]
 
-    def comm_per_microbatch(self, a, b, dp: int, tp: int, num_microbatches: int):
+    def comm_per_microbatch(self, a, b, dp: int, tp: int, num_microbatches: int, remat: bool = False):
         pre = self.cluster_comm_prefix(dp, tp, num_microbatches)
-        return pre[b] - pre[a]
+        return (pre[b] - pre[a]) * (RECOMPUTE_COMM_FACTOR if remat else 1.0)
 
     def p2p_per_microbatch(self, ends, dp, gpus, offsets, num_microbatches: int) -> list[float]:
         """One-direction P2P time per micro-batch across each stage boundary j -> j+1: the activation

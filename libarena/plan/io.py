@@ -178,7 +178,12 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
         raise ArenaError(f"{source}: plans of several models ({', '.join(models)}); one model per plans file")
     if models and models[0] != meta["model"]["name"]:
         raise ArenaError(f"{source}: plans for {models[0]} but the operator table in metadata is for {meta['model']['name']}")
-    for r, row in enumerate(artifact.table.to_pylist(), start=1):
+    rows = artifact.table.to_pylist()
+    rows_per_grid: dict[tuple, int] = {}
+    for row in rows:
+        key = _grid_key(row)
+        rows_per_grid[key] = rows_per_grid.get(key, 0) + 1
+    for r, row in enumerate(rows, start=1):
         def bad(column: str, problem: str) -> ArenaError:
             return ArenaError(f"{source}: row {r}, column {column!r}: {problem}")
 
@@ -192,6 +197,10 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
             if row[column] is not None and row[column] < 0:
                 raise bad(column, f"expected a non-negative integer, got {row[column]!r}")
         if not row["feasible"]:
+            # an infeasible grid is one row, its reason: beside plans of the same grid it contradicts them
+            if rows_per_grid[_grid_key(row)] > 1:
+                raise bad("feasible", f"an infeasible row of a grid ({row['gpu_type']} x{row['num_gpus']}, "
+                                      f"{row['pipeline_degree']} stages) that also has other rows")
             continue
         for column in ("computation_bias", "communication_load", "memory_per_gpu_bytes") if costs else ():
             if not _finite_non_negative(row[column]):
@@ -209,8 +218,9 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
             if values is None or len(values) != degree or not all(_finite_non_negative(v) for v in values):
                 raise bad(column, f"expected {degree} finite non-negative values (one per stage), got {values!r}")
         p2p = row["p2p_per_microbatch_s"]
-        if costs and (p2p is None or not all(_finite_non_negative(v) for v in p2p)):
-            raise bad("p2p_per_microbatch_s", f"expected finite non-negative values, got {p2p!r}")
+        if costs and (p2p is None or len(p2p) != degree - 1 or not all(_finite_non_negative(v) for v in p2p)):
+            raise bad("p2p_per_microbatch_s", f"expected {degree - 1} finite non-negative values (one per stage "
+                                              f"boundary), got {p2p!r}")
         gpus, dp, tp = row["gpus_per_stage"], row["dp_per_stage"], row["tp_per_stage"]
         if any(g != d * t or g <= 0 for g, d, t in zip(gpus, dp, tp)) or sum(gpus) != row["num_gpus"]:
             raise bad("gpus_per_stage", f"stages {gpus!r} (dp {dp!r} x tp {tp!r}) do not use the grid's "
@@ -230,6 +240,10 @@ def _number(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
+def _grid_key(row: dict[str, Any]) -> tuple:
+    return (row["model"], row["global_batch"], row["gpu_type"], row["num_gpus"], row["num_nodes"], row["pipeline_degree"])
+
+
 def planset_from_artifact(artifact: Any, require_costs: bool = True) -> PlanSet:
     """The :class:`PlanSet` of a plans artifact. ``require_costs=False`` accepts plans without the planner's
     cost estimates (enumerated outside arena-plan): what the profiler and the runtime read, since they
@@ -241,7 +255,7 @@ def planset_from_artifact(artifact: Any, require_costs: bool = True) -> PlanSet:
     order: list[tuple] = []
     by_grid: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        key = (row["model"], row["global_batch"], row["gpu_type"], row["num_gpus"], row["num_nodes"], row["pipeline_degree"])
+        key = _grid_key(row)
         if key not in by_grid:
             order.append(key)
             by_grid[key] = []

@@ -51,6 +51,38 @@ PARTITION_CHUNK = 1 << 16
 MAX_PARTITIONS = 2_000_000
 
 
+#: Entries of one StageTable (options x (O+1)^2 x s): its few float arrays of that shape stay within a few GiB.
+MAX_STAGE_TABLE_ENTRIES = 50_000_000
+
+
+def _check_partition_count(profile: ModelProfile, stages: int) -> None:
+    """Refuse, before enumerating them, more partitions than the planner handles (they are all built at once)."""
+    total = math.comb(profile.num_clusters - 1, stages - 1)
+    if total > MAX_PARTITIONS:
+        raise ArenaError(
+            f"{profile.source}: {profile.num_clusters} clusters into {stages} stages is {total:,} partitions per grid "
+            f"(limit {MAX_PARTITIONS:,}); cluster the model into fewer operators (O = 16 is the usual)"
+        )
+
+
+def _check_planning_size(profile: ModelProfile, grids: list[Grid], config: PlannerConfig) -> None:
+    """Every grid's partitions and stage table within bounds, checked before any is built."""
+    O = profile.num_clusters
+    for s in sorted({g.pipeline_degree for g in grids}):
+        if config.exhaustive or profile.global_batch < config.microbatches(s):
+            continue  # the exhaustive path checks its own total; a grid of too few samples is infeasible
+        _check_partition_count(profile, s)
+        max_gpus = max(g.num_gpus for g in grids if g.pipeline_degree == s)
+        options = sum(len(intra_stage_options(1 << level, config.allow_zero, config.allow_remat))
+                      for level in range(max_gpus.bit_length()))
+        entries = options * (O + 1) ** 2 * s
+        if entries > MAX_STAGE_TABLE_ENTRIES:
+            raise ArenaError(
+                f"{profile.source}: {O} clusters into {s} stages needs a stage table of {entries:,} entries "
+                f"(limit {MAX_STAGE_TABLE_ENTRIES:,}); cluster the model into fewer operators (O = 16 is the usual)"
+            )
+
+
 class StageTable:
     """Best intra-stage choice for every stage (a, b, log2 c, k) of one GPU type and pipeline degree s.
 
@@ -84,11 +116,12 @@ class StageTable:
         a_safe = np.minimum(a, O - 1)
         valid = a < b
         mem = costs.memory(a_safe, b, dp, tp, zero, inflight, B, remat)  # (opt, a, b, k)
-        comm = np.stack([costs.comm_per_microbatch(a_safe[0, :, :, 0], b[0, :, :, 0], o[1], o[2], B) for o in options])
+        comm = np.stack([costs.comm_per_microbatch(a_safe[0, :, :, 0], b[0, :, :, 0], o[1], o[2], B, o[4]) for o in options])
         grad = np.stack([costs.grad_sync(a_safe[0, :, :, 0], b[0, :, :, 0], o[1], o[2], o[3]) for o in options])
         comm = comm[:, :, :, None]
         grad = grad[:, :, :, None]
-        # A recomputing stage pays one more forward pass (spread over its GPUs) beside its communication.
+        # A recomputing stage pays one more forward pass (spread over its GPUs) beside its communication (whose
+        # forward collectives it repeats: comm_per_microbatch's remat).
         recompute = np.where(remat, costs.recompute_seconds(a_safe[0, :, :, 0], b[0, :, :, 0])[None, :, :, None] / (dp * tp), 0.0)
         obj = np.where(valid & (mem <= costs.capacity), B * comm + grad + recompute, np.inf)
         full = obj.shape
@@ -260,13 +293,9 @@ def plan_grid(
         table = StageTable(costs, n, s, B, profile.global_batch, config.allow_zero, config.allow_remat)
     if forward_loads is None:
         forward_loads = profile.forward_loads(costs.gpu)
+    _check_partition_count(profile, s)
     starts_all, ends_all = partitions(profile.num_clusters, s)
     total = starts_all.shape[0]
-    if total > MAX_PARTITIONS:
-        raise ArenaError(
-            f"{profile.source}: {profile.num_clusters} clusters into {s} stages is {total:,} partitions per grid "
-            f"(limit {MAX_PARTITIONS:,}); cluster the model into fewer operators (O = 16 is the usual)"
-        )
     bias = np.empty(total)
     l_comm = np.full(total, np.inf)
     # Peak memory per partition: of the chosen options when it fits, else the least any option needs.
@@ -340,7 +369,6 @@ def plan_grid_exhaustive(
     """
     n, s = grid.num_gpus, grid.pipeline_degree
     B = config.microbatches(s)
-    starts_all, ends_all = partitions(profile.num_clusters, s)
     compositions = power_of_two_compositions(n, s)
     samples_per_microbatch = profile.global_batch / B
     option_cache: dict[int, list[tuple[int, int, bool, bool]]] = {}
@@ -348,12 +376,13 @@ def plan_grid_exhaustive(
         option_cache[c] = [o for o in intra_stage_options(c, config.allow_zero, config.allow_remat)
                            if o[0] <= samples_per_microbatch]
     per_comp = sum(math.prod(len(option_cache[c]) for c in comp) for comp in compositions)
-    total = per_comp * starts_all.shape[0]
+    total = per_comp * math.comb(profile.num_clusters - 1, s - 1)  # before the partitions are built
     if total > config.exhaustive_limit:
         raise ArenaError(
             f"--exhaustive: grid {grid.label} has {total:,} candidate plans (limit {config.exhaustive_limit:,}); "
             "narrow it with --gpu-type, --num-gpus and --stages"
         )
+    starts_all, ends_all = partitions(profile.num_clusters, s)
     d = loads / loads.sum() * n
     forward_loads = profile.forward_loads(costs.gpu)
     capacity = costs.capacity
@@ -373,7 +402,7 @@ def plan_grid_exhaustive(
                 choices = []
                 for dp, tp, zero, remat in option_cache[int(gpus[j])]:
                     mem = float(costs.memory(a, b, dp, tp, zero, s - j, B, remat))
-                    cm = float(costs.comm_per_microbatch(a, b, dp, tp, B))
+                    cm = float(costs.comm_per_microbatch(a, b, dp, tp, B, remat))
                     gs = float(costs.grad_sync(a, b, dp, tp, zero))
                     cost = B * cm + gs + (float(costs.recompute_seconds(a, b)) / (dp * tp) if remat else 0.0)
                     choices.append((dp, tp, zero, remat, mem, cm, gs, cost))
@@ -426,6 +455,7 @@ def plan_job(
         operator_table = read_table(operator_table, "operator_table")
     profile = operator_table if isinstance(operator_table, ModelProfile) else load_model_profile(operator_table)
     grids = enumerate_grids(profile.name, profile.global_batch, profile.num_clusters, cluster, config)
+    _check_planning_size(profile, grids, config)
     if require_measured_comm:
         if not isinstance(comm, MeasuredCommModel):
             raise ArenaError("a measured communication table is required but none was given (--comm)")

@@ -27,6 +27,7 @@ from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommMo
 from libarena.models import ModelDef, get_model
 from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan, replica_microbatch
 from libarena.plan.config import USABLE_MEMORY_FRACTION
+from libarena.plan.costs import RECOMPUTE_COMM_FACTOR
 from libarena.profile.cache import ProfileCache, claim_notes, default_cache_dir
 from libarena.profile.corun import CoRunItem, CoRunTiming, SpmdStage, profile_corun
 from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
@@ -599,6 +600,8 @@ def stage_communication(
             count = max(1, sum(2 * u.alltoalls for u in members))
             volume = float(c.get("alltoall_bytes", 0.0)) / (B * dp)
             comm_mb += count * _price(comm, "all-to-all", volume / count, dp, gpu_type, dp * tp > g, used)
+    if stage.remat:  # the recomputed forward pass runs its collectives again (the forward half of each)
+        comm_mb *= RECOMPUTE_COMM_FACTOR
     offsets = plan.stage_gpu_offsets
     p2p = 0.0
     if j + 1 < s:

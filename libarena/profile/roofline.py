@@ -101,7 +101,7 @@ def priced_data_parallel_plan(profile: ModelProfile, grid: Grid, comm: CommModel
     if not fits:
         zero, remat = choices[0]
     plan = data_parallel_plan(grid, O, B)
-    stage = replace(plan.stages[0], zero=zero, remat=remat, comm_per_microbatch_s=float(costs.comm_per_microbatch(0, O, n, 1, B)),
+    stage = replace(plan.stages[0], zero=zero, remat=remat, comm_per_microbatch_s=float(costs.comm_per_microbatch(0, O, n, 1, B, remat)),
                     grad_sync_s=float(costs.grad_sync(0, O, n, 1, zero)))
     return replace(plan, stages=(stage,)), fits
 

@@ -367,9 +367,7 @@ def _stage_functions(spec: StageSpec, view: WorkerView, optimizer: Any) -> tuple
     its units' input activations (models.training.forward_keeping_inputs)."""
     import jax
 
-    from libarena.models.training import (
-        OptimizerConfig, apply_units, backward_from_inputs, compute_dtype, forward_keeping_inputs,
-    )
+    from libarena.models.training import OptimizerConfig, StagePass, compute_dtype
 
     model = get_model(spec.model)
     dtype = compute_dtype(spec.dtype)
@@ -377,30 +375,18 @@ def _stage_functions(spec: StageSpec, view: WorkerView, optimizer: Any) -> tuple
     start, stop = spec.start, spec.stop
 
     # As the runtime's stage does (libarena.run.executor.StageRuntime): what the backward pass needs leaves the
-    # forward as flat leaves stacked by replica (a leading axis of 1 per worker), which makes XLA copy the ones
-    # that are parameters -- 14-20% more bytes moved per forward on the tiny models, part of the stage's time.
-    residual_layout: dict[str, Any] = {}
+    # forward as flat arrays stacked by replica (a leading axis of 1 per worker), the parameters among them not
+    # copied.
+    stage_pass = StagePass(model, start, stop, dtype, spec.remat, first)
 
     def accumulate(grad_acc: Any, param_grads: Any) -> Any:
         return jax.tree.map(lambda acc, g: acc + g.astype(acc.dtype), grad_acc, param_grads)
 
     def forward(params: Any, carry: Any, batch: Any) -> Any:
-        if spec.remat:  # only the units' input activations are kept (the backward recomputes the rest)
-            out, kept = forward_keeping_inputs(model, params, carry, batch, start, stop, dtype)
-        elif first:
-            out, kept = jax.vjp(lambda p: apply_units(model, p, None, batch, start, stop, dtype), params)
-        else:
-            out, kept = jax.vjp(lambda p, c: apply_units(model, p, c, batch, start, stop, dtype), params, carry)
-        leaves, residual_layout["treedef"] = jax.tree.flatten(kept)
-        return out, [leaf[None] for leaf in leaves]
+        return stage_pass.forward(params, carry, batch)
 
     def backward(params: Any, batch: Any, residuals: Any, cotangent: Any, grad_acc: Any) -> Any:
-        kept = jax.tree.unflatten(residual_layout["treedef"], [r[0] for r in residuals])
-        if spec.remat:
-            param_grads, carry_grad = backward_from_inputs(model, params, kept, batch, start, stop, dtype, cotangent)
-        else:
-            grads = kept(cotangent)
-            param_grads, carry_grad = grads[0], (None if first else grads[1])
+        param_grads, carry_grad = stage_pass.backward(params, batch, residuals, cotangent)
         return (accumulate(grad_acc, param_grads),) if first else (accumulate(grad_acc, param_grads), carry_grad)
 
     tx = (optimizer or OptimizerConfig()).build()

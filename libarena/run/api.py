@@ -11,6 +11,7 @@ from typing import Any
 
 from libarena.checks import MAX_BATCH, MAX_SEED, MAX_STEPS, Range, check_fields
 from libarena.errors import ArenaError
+from libarena.hardware import normalize_dtype
 from libarena.models.training import OptimizerConfig
 from libarena.run.checkpoint import DEFAULT_CHECKPOINT_EVERY
 from libarena.run.cluster import JobSpec, LocalClusterConfig
@@ -114,6 +115,10 @@ class RunRequest:
         })
         if self.selection not in SELECTIONS:
             raise ArenaError(f"--search: unknown selection {self.selection!r} (one of {', '.join(SELECTIONS)})")
+        try:  # checked here, not first on a Ray worker; one spelling, the one a checkpoint records
+            object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        except ArenaError as exc:
+            raise ArenaError(f"--dtype: {exc}") from None
         if not self.use_ray and self.address:
             raise ArenaError("--no-ray runs in this process: drop --address")
         if self.local.num_devices < 1:
@@ -154,15 +159,19 @@ def _check_checkpoint(request: RunRequest, model: Any) -> tuple[int | None, list
     from libarena.run.train import check_target
 
     store = CheckpointStore(request.checkpoint_dir)
-    meta, skipped = store.newest_usable(model, request.global_batch, request.data_seed, request.optimizer)
-    check_target(meta, request.steps, store)
+    try:
+        meta, skipped = store.newest_usable(model, request.global_batch, request.data_seed, request.optimizer,
+                                            dtype=request.dtype)
+        check_target(meta, request.steps, store)
+    finally:
+        store.close()
     return (None if meta is None else meta.step), skipped
 
 
 def run(request: RunRequest) -> dict[str, Any]:
     """Choose the plan and train; returns the run report (JSON-able)."""
     from libarena.run.cluster import available_gpus, connect, run_job
-    from libarena.run.search import full_search, measure_in_process, pruned_search
+    from libarena.run.search import full_search, measure_in_process, pruned_search, runnable_plan
 
     if not request.use_ray:
         ensure_host_devices(request.local.num_devices)  # before anything imports JAX
@@ -171,7 +180,8 @@ def run(request: RunRequest) -> dict[str, Any]:
     searching = request.selection in ("pruned", "full") and not request.plan_id
     if searching and grid is None:
         raise ArenaError("--search needs --grid GPU_TYPE,NUM_GPUS[,S]: the allocated resources")
-    chosen = None if searching else RunPlan.from_plan(select_plan(planset, grid, request.plan_id), planset.layout, model)
+    chosen = None if searching else RunPlan.from_plan(runnable_plan(select_plan(planset, grid, request.plan_id), request.global_batch),
+                                                      planset.layout, model)
     gpu_type = chosen.gpu_type if chosen else grid.gpu_type
     need = chosen.num_gpus if chosen else grid.num_gpus
     started_ray = False
@@ -247,14 +257,14 @@ def _search_on_ray(request: RunRequest, gpu_type: str, num_gpus: int) -> Any:
     """Run the search inside one actor holding the allocated devices."""
     import ray
 
-    from libarena.run.cluster import gpu_type_resource, ray_worker_env
+    from libarena.run.cluster import gpu_type_resource, ray_get, ray_worker_env
 
     # the searcher times candidate plans on host devices, started as the job's workers are
     env = ray_worker_env(num_gpus)
     searcher = ray.remote(_search_task).options(
         num_cpus=1, num_gpus=num_gpus, resources={gpu_type_resource(gpu_type): num_gpus}, runtime_env={"env_vars": env}, max_retries=0,
     )
-    return ray.get(searcher.remote(asdict_request(request), gpu_type, num_gpus))
+    return ray_get(searcher.remote(asdict_request(request), gpu_type, num_gpus))
 
 
 def asdict_request(request: RunRequest) -> dict[str, Any]:
@@ -278,14 +288,14 @@ def _search_task(req: dict[str, Any], gpu_type: str, num_gpus: int) -> Any:
 
 def skipped_checkpoints(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Every checkpoint a run (its report) could not resume from, once each: found before the run (unreadable
-    metadata) or while restoring (unreadable arrays), in-process or on Ray."""
-    seen, out = set(), []
+    metadata) or while restoring (unreadable arrays), in-process or on Ray, with where the run set it aside."""
+    by_step: dict[int, dict[str, Any]] = {}
     run = result.get("train") or {}
     chunks = (result.get("job") or {}).get("chunks") or []
     for entry in [*result.get("skipped_checkpoints", []), *run.get("skipped_checkpoints", []),
                   *(e for c in chunks for e in c.get("skipped_checkpoints", []))]:
-        if entry["step"] not in seen:
-            seen.add(entry["step"])
-            out.append(entry)
-    return out
+        first = by_step.setdefault(entry["step"], dict(entry))  # the first reason found; a later report moved it
+        if entry.get("set_aside_as") and not first.get("set_aside_as"):
+            first["set_aside_as"] = entry["set_aside_as"]
+    return list(by_step.values())
 

@@ -190,13 +190,13 @@ class CheckpointStore:
         return CheckpointMeta.from_dict(meta, where)
 
     def newest_usable(self, model: ModelDef, global_batch: int, data_seed: int, optimizer: OptimizerConfig,
-                      below: int | None = None) -> tuple[CheckpointMeta | None, list[dict[str, Any]]]:
+                      below: int | None = None, dtype: str | None = None) -> tuple[CheckpointMeta | None, list[dict[str, Any]]]:
         """The newest checkpoint (older than ``below``) whose metadata reads and is consistent, and the newer ones
         skipped on the way, each with why (``{"step", "path", "why"}``): a corrupt or empty latest checkpoint
         (a save killed half-way, a full disk) does not block resuming from an earlier one. When none is usable
         the first problem is an error (starting over would overwrite them). A readable checkpoint of another job
-        (model, batch, data seed, optimizer, parameter shapes) is an error too: it is not damage, and training
-        over it would mix two jobs."""
+        (model, batch, data seed, optimizer, parameter shapes, compute dtype when ``dtype`` is given) is an error
+        too: it is not damage, and training over it would mix two jobs."""
         skipped: list[dict[str, Any]] = []
         for step in sorted(self.steps(), reverse=True):
             if below is not None and step >= below:
@@ -212,15 +212,18 @@ class CheckpointStore:
             except ArenaError as exc:
                 skipped.append({"step": step, "path": str(self.directory / str(step)), "why": str(exc)})
                 continue
-            self.check_compatible(meta, model, global_batch, data_seed, optimizer)
+            self.check_compatible(meta, model, global_batch, data_seed, optimizer, dtype)
             return meta, skipped
         if skipped:
             raise ArenaError(f"{skipped[0]['why']}; no earlier checkpoint in {self.directory} is usable (move the "
                              f"directory aside to start over)")
         return None, skipped
 
-    def check_compatible(self, meta: CheckpointMeta, model: ModelDef, global_batch: int, data_seed: int, optimizer: OptimizerConfig) -> None:
+    def check_compatible(self, meta: CheckpointMeta, model: ModelDef, global_batch: int, data_seed: int, optimizer: OptimizerConfig,
+                         dtype: str | None = None) -> None:
         where = f"checkpoint {self.directory / str(meta.step)}"
+        if dtype is not None and meta.dtype != dtype:
+            raise ArenaError(f"{where} was trained in {meta.dtype}, not {dtype} (resuming keeps the compute dtype)")
         if meta.model != model.name:
             raise ArenaError(f"{where} is for model {meta.model!r}, not {model.name!r}")
         if meta.global_batch != global_batch:
@@ -264,6 +267,29 @@ class CheckpointStore:
             for shapes, leaves in zip(abstract_optimizer_state(state["params"], optimizer), state["opt"])
         ]
         return list(state["params"]), opt, meta
+
+    def set_aside(self, step: int) -> Path | None:
+        """Rename the unusable checkpoint of ``step`` to ``unusable-<step>[-k]`` in the same directory (None: it is
+        gone). A run that resumed from an earlier one saves that step again, which a damaged directory of the same
+        step would refuse; orbax's keep-the-newest cleanup would count it too, and delete the good ones first.
+        Kept, not deleted: a checkpoint that failed to read for a passing reason (a network file system) is
+        still there to be looked at."""
+        source = self.directory / str(step)
+        for k in range(1000):
+            target = self.directory / (f"unusable-{step}" if k == 0 else f"unusable-{step}-{k}")
+            if target.exists():
+                continue
+            try:
+                os.rename(source, target)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise ArenaError(f"cannot set the unusable checkpoint {source} aside: {exc.strerror or exc}") from None
+            if self._manager is not None:
+                with _quiet_orbax():
+                    self._manager.reload()
+            return target
+        raise ArenaError(f"cannot set the unusable checkpoint {source} aside: {self.directory} holds 1000 such copies")
 
     def save(self, unit_params: list[Any], unit_opt: list[Any], meta: CheckpointMeta) -> Path:
         import jax

@@ -139,6 +139,21 @@ def _own_signal_handlers() -> Iterator[None]:
                 signal.signal(signum, handler)
 
 
+def ray_get(refs: Any, timeout: float | None = None) -> Any:
+    """``ray.get``, with an ArenaError raised in a task or actor raised here as the same one line (Ray wraps it
+    in a RayTaskError whose text is the remote traceback)."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, ArenaError):
+            raise ArenaError(cause.message) from None
+        raise
+
+
 def available_gpus(gpu_type: str) -> int:
     import ray
 
@@ -256,12 +271,12 @@ class _HostGroup:
         if spec.num_hosts > 1:
             from libarena.run.distributed import ProcessGroup
 
-            ends = ray.get([a.endpoints.remote() for a in self.actors], timeout=start_timeout_s)
+            ends = ray_get([a.endpoints.remote() for a in self.actors], timeout=start_timeout_s)
             # Actor 0 (bundle 0) hosts the coordination service; every actor runs a transfer server.
             self.coordinator = f"{ends[0][0]}:{ends[0][1]}"
             groups = [ProcessGroup(self.coordinator, spec.num_hosts, h, f"{ip}:{port}", int(start_timeout_s))
                       for h, (ip, _, port) in enumerate(ends)]
-            ray.get([a.join.remote(g) for a, g in zip(self.actors, groups)], timeout=start_timeout_s)
+            ray_get([a.join.remote(g) for a, g in zip(self.actors, groups)], timeout=start_timeout_s)
 
     def run(self, target: int) -> list[Any]:
         """Submit ``train_until(target)`` to every actor (they run the same steps in lockstep)."""
@@ -277,7 +292,7 @@ class _HostGroup:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for r in ready:
-                results[r] = ray.get(r)
+                results[r] = ray_get(r)
         return [results[r] for r in refs]
 
     def stop(self) -> None:
@@ -294,7 +309,7 @@ def _usable_step(store: Any, spec: JobSpec) -> int:
     """The step the job resumes from: its newest usable checkpoint's (a corrupt newer one is skipped)."""
     from libarena.models import get_model
 
-    meta, _ = store.newest_usable(get_model(spec.model), spec.global_batch, spec.data_seed, spec.optimizer)
+    meta, _ = store.newest_usable(get_model(spec.model), spec.global_batch, spec.data_seed, spec.optimizer, dtype=spec.dtype)
     return 0 if meta is None else meta.step
 
 
@@ -336,9 +351,9 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, li
     chunks: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
     history: dict[int, float] = {}
-    done = _usable_step(store, spec)
     chunk_index = 0
     try:
+        done = _usable_step(store, spec)
         while done < spec.steps:
             every = spec.checkpoint_every if spec.checkpoint_every > 0 else spec.steps
             target = min(spec.steps, (done // every + 1) * every)
@@ -371,6 +386,7 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, li
         if hosts is not None:
             hosts.stop()
         remove_placement_group(group)
+        store.close()
     return JobReport(
         completed_steps=done, restarts=restarts, losses=sorted(history.items()), chunks=chunks, failures=failures,
         wall_s=time.perf_counter() - t0,

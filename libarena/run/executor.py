@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +35,9 @@ from libarena.errors import ArenaError
 from libarena.models import ModelDef
 from libarena.models.training import (
     OptimizerConfig,
+    StagePass,
     abstract_optimizer_state,
-    apply_units,
-    backward_from_inputs,
     compute_dtype,
-    forward_keeping_inputs,
     init_params,
     update_units,
 )
@@ -143,9 +141,6 @@ class StageRuntime:
                 optax.tree_map_params(tx, moment_sharding, state_shape, shard_tree, transform_non_params=lambda _: self.replicated)
             )
 
-        def run(params, carry, batch):
-            return apply_units(model, params, carry, batch, start, stop, dtype_)
-
         # Data parallelism is manual (shard_map over ``dp``; ``tp`` stays with GSPMD): every replica runs its
         # share of the micro-batch and adds its own gradient to its own slot of the accumulator (leading ``dp``
         # dimension), so micro-batches need no communication; the replicas' gradients are summed once per
@@ -155,28 +150,18 @@ class StageRuntime:
         dp = stage.dp
         manual = frozenset({DP_AXIS})
         by_replica = P(DP_AXIS)
-        residual_layout: dict[str, Any] = {}
+        # what a micro-batch's forward keeps for its backward (the vjp closure less the parameters, or with
+        # recomputation the units' inputs) leaves the manual region stacked by replica: each keeps its own
+        stage_pass = StagePass(model, start, stop, dtype_, stage.remat, first)
 
         def local_forward(params, carry, batch):
-            if stage.remat:  # only the units' input activations are kept (the backward recomputes the rest)
-                out, kept = forward_keeping_inputs(model, params, carry, batch, start, stop, dtype_)
-            elif first:
-                out, kept = jax.vjp(lambda p: run(p, None, batch), params)
-            else:
-                out, kept = jax.vjp(lambda p, c: run(p, c, batch), params, carry)
-            leaves, residual_layout["treedef"] = jax.tree.flatten(kept)
-            # Residuals leave the manual region stacked by replica (each keeps its own).
-            return (out[None] if last else out), [leaf[None] for leaf in leaves]
+            out, kept = stage_pass.forward(params, carry, batch)
+            return (out[None] if last else out), kept
 
         def local_backward(params, batch, residuals, cotangent, accumulated):
-            kept = jax.tree.unflatten(residual_layout["treedef"], [r[0] for r in residuals])
             # The step's loss is the mean of the replicas' losses: each replica's share of the cotangent.
             cotangent = cotangent / dp if last else cotangent
-            if stage.remat:
-                param_grads, carry_grad = backward_from_inputs(model, params, kept, batch, start, stop, dtype_, cotangent)
-            else:
-                grads = kept(cotangent)
-                param_grads, carry_grad = grads[0], (None if first else grads[1])
+            param_grads, carry_grad = stage_pass.backward(params, batch, residuals, cotangent)
             accumulated = jax.tree.map(lambda acc, g: acc + g[None].astype(acc.dtype), accumulated, param_grads)
             return (accumulated,) if first else (accumulated, carry_grad)
 
@@ -217,7 +202,6 @@ class StageRuntime:
 
         self.update = jax.jit(update, out_shardings=(self.param_shardings, self.opt_shardings, self.grad_shardings),
                               donate_argnums=(0, 1, 2))
-        self.loss_cotangent: Any = None
 
     def fresh_params(self, model: ModelDef, seed: int) -> list[Any]:
         """Fresh parameters of the stage's units (unit i's depend on (seed, i) only: identical under every plan),
@@ -246,16 +230,25 @@ def _host_zeros(shapes: Any) -> Any:
     return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
 
-_STAGE_CACHE: dict[tuple, StageRuntime] = {}
+#: compiled stages, shared by the plans of a search that place the same stage on the same devices; the least
+#: recently used go first (a full search builds hundreds, each holding its executables)
+_STAGE_CACHE: OrderedDict[tuple, StageRuntime] = OrderedDict()
+STAGE_CACHE_SIZE = 64
 
 
 def stage_runtime(model: ModelDef, stage: StagePlan, units: range, devices: Sequence[Any], microbatch: int, dtype: str,
                   optimizer: OptimizerConfig, first: bool, last: bool) -> StageRuntime:
-    key = (model.name, units.start, units.stop, stage.dp, stage.tp, stage.zero, stage.remat, microbatch, dtype, optimizer,
-           tuple(d.id for d in devices), first, last)
-    if key not in _STAGE_CACHE:
-        _STAGE_CACHE[key] = StageRuntime(model, stage, units, devices, microbatch, dtype, optimizer, first, last)
-    return _STAGE_CACHE[key]
+    # A stage's executables depend on everything here and on nothing of the rest of the plan (the number of
+    # micro-batches is the executor's: it scales the loss's cotangent, not the stage).
+    key = (type(model), model.name, model.config, units.start, units.stop, stage.dp, stage.tp, stage.zero, stage.remat,
+           microbatch, dtype, optimizer, tuple(d.id for d in devices), first, last)
+    runtime = _STAGE_CACHE.pop(key, None)
+    if runtime is None:
+        runtime = StageRuntime(model, stage, units, devices, microbatch, dtype, optimizer, first, last)
+    _STAGE_CACHE[key] = runtime
+    while len(_STAGE_CACHE) > STAGE_CACHE_SIZE:
+        _STAGE_CACHE.popitem(last=False)
+    return runtime
 
 
 def one_f_one_b(num_stages: int, num_microbatches: int) -> list[tuple[int, str, int]]:
@@ -335,6 +328,8 @@ class PipelineExecutor:
         #: per stage, the gradient accumulators the last update zeroed for the next step (None: none yet)
         self.grads: list[Any] = []
         self.step_count = 0
+        #: d(mean loss over the B micro-batches)/d(one micro-batch's loss), on the last stage's devices
+        self.loss_cotangent: Any = None
 
     # -- state ------------------------------------------------------------------------------------------
 
@@ -399,8 +394,8 @@ class PipelineExecutor:
         for rt in self.stages:
             stage_batches.append([distributed.place_tree(p, {k: rt.batch_sharding for k in p}) for p in pieces] if rt.uses_batch else [{}] * B)
         last = self.stages[-1]
-        if last.loss_cotangent is None:
-            last.loss_cotangent = distributed.place(np.float32(1.0 / B), last.replicated)
+        if self.loss_cotangent is None:
+            self.loss_cotangent = distributed.place(np.float32(1.0 / B), last.replicated)
         # the zeroed accumulators the last update returned (placed from the host on the first step, or after a
         # step that did not finish: its buffers may have been donated)
         grads = [rt.zero_grads() if g is None else g for rt, g in zip(self.stages, self.grads)]
@@ -424,7 +419,7 @@ class PipelineExecutor:
                     out = self._move(out, rt, self.stages[j + 1])
                     activations[(j, i)] = out
             else:
-                cotangent = last.loss_cotangent if rt.last else cotangents.pop((j, i))
+                cotangent = self.loss_cotangent if rt.last else cotangents.pop((j, i))
                 if rt.first:
                     grads[j] = rt.backward(self.params[j], stage_batches[j][i], vjps.pop((j, i)), cotangent, grads[j])
                     out = grads[j]

@@ -34,7 +34,8 @@ from libarena.checks import MAX_SEED, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models import ModelDef
 from libarena.hardware import get_gpu
-from libarena.plan import MICROBATCHES_PER_STAGE, Grid, StageLayout, make_plan, microbatch_count, runnable_microbatch_count
+from libarena.plan import (MICROBATCHES_PER_STAGE, Grid, ParallelPlan, StageLayout, make_plan, microbatch_count,
+                           runnable_microbatch_count)
 from libarena.plan.costs import intra_stage_options
 from libarena.plan.partition import computation_bias, partitions, power_of_two_compositions
 from libarena.run.plan import RunPlan
@@ -127,6 +128,14 @@ def cluster_loads(clusters: Sequence[Mapping[str, Any]], gpu_type: str, dtype: s
 def microbatches(global_batch: int, stages: int, per_stage: int) -> int:
     """arena-plan's B for ``stages`` stages, as many as the runtime can split the global batch into."""
     return runnable_microbatch_count(global_batch, microbatch_count(stages, per_stage))
+
+
+def runnable_plan(plan: ParallelPlan, global_batch: int) -> ParallelPlan:
+    """``plan`` with as many micro-batches as the runtime can split ``global_batch`` into: arena-plan prices B
+    micro-batches even where B does not divide the global batch (:func:`libarena.plan.microbatch_count`)."""
+    if global_batch % plan.num_microbatches == 0:
+        return plan
+    return replace(plan, num_microbatches=runnable_microbatch_count(global_batch, plan.num_microbatches))
 
 
 @dataclass(frozen=True)
@@ -285,10 +294,7 @@ def pruned_search(space: SearchSpace, planset: Any, measure: MeasureFn, config: 
         for g in grids.values():
             if g.proxy is None:
                 continue
-            plan = g.proxy
-            if space.global_batch % plan.num_microbatches:  # same micro-batch rule as the candidates
-                plan = replace(plan, num_microbatches=microbatches(space.global_batch, plan.pipeline_degree, config.microbatches_per_stage))
-            proxies.append(RunPlan.from_plan(plan, space.layout, space.model))
+            proxies.append(RunPlan.from_plan(runnable_plan(g.proxy, space.global_batch), space.layout, space.model))
         selection_trials = _run_trials(proxies, measure, space.num_gpus)
         selection_cost = sum(t.cost_device_s for t in selection_trials)
         ok = [t for t in selection_trials if not t.error]
@@ -307,11 +313,20 @@ def pruned_search(space: SearchSpace, planset: Any, measure: MeasureFn, config: 
 
 def measure_in_process(model: ModelDef, config: SearchConfig, dtype: str = "fp32", devices: Sequence[Any] | None = None) -> MeasureFn:
     """A MeasureFn timing candidates with :func:`libarena.run.train.measure_plan` on this process's devices."""
+    import jax
+
     from libarena.run.train import measure_plan
 
     def measure(plan: RunPlan) -> float:
-        return measure_plan(model, plan, warmup=config.warmup_steps, steps=config.timed_steps, devices=devices, dtype=dtype,
-                            profile_stages=False).step_time_s
+        try:
+            return measure_plan(model, plan, warmup=config.warmup_steps, steps=config.timed_steps, devices=devices, dtype=dtype,
+                                profile_stages=False).step_time_s
+        except jax.errors.JaxRuntimeError as exc:
+            # a candidate that does not fit the devices' memory is a failed trial, not the end of the search
+            if "RESOURCE_EXHAUSTED" not in str(exc):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
+            raise ArenaError(f"plan {plan.plan_id} ran out of device memory: {first[:300]}") from None
 
     return measure
 

@@ -97,7 +97,8 @@ def train(model: ModelDef, plan: RunPlan, config: TrainConfig, devices: Sequence
     store = CheckpointStore(config.checkpoint_dir) if config.checkpoint_dir else None
     resume_meta, skipped = None, []
     if store is not None:
-        resume_meta, skipped = store.newest_usable(model, config.global_batch, config.data_seed, config.optimizer)
+        resume_meta, skipped = store.newest_usable(model, config.global_batch, config.data_seed, config.optimizer,
+                                                   dtype=config.dtype)
         check_target(resume_meta, config.steps, store)
     # Everything is validated before the first write: bad input leaves an existing checkpoint untouched.
     executor = PipelineExecutor(model, plan, devices, config.dtype, config.optimizer)
@@ -109,11 +110,16 @@ def train(model: ModelDef, plan: RunPlan, config: TrainConfig, devices: Sequence
         except ArenaError as exc:
             skipped.append({"step": resume_meta.step, "path": str(store.directory / str(resume_meta.step)), "why": str(exc)})
             resume_meta, more = store.newest_usable(model, config.global_batch, config.data_seed, config.optimizer,
-                                                    below=resume_meta.step)
+                                                    below=resume_meta.step, dtype=config.dtype)
             skipped += more
             if resume_meta is None:
                 raise ArenaError(f"{exc}; no earlier checkpoint in {store.directory} is usable (move the directory "
                                  f"aside to start over)") from None
+    if store is not None and distributed.process_index() == 0:
+        for entry in skipped:  # every skipped one is newer than the resume point: this run saves its step again
+            moved = store.set_aside(entry["step"])
+            if moved is not None:
+                entry["set_aside_as"] = str(moved)
     if restored is not None:
         params, opt, meta = restored
         executor.load_state(params, opt, meta.step)

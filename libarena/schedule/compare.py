@@ -108,29 +108,34 @@ def compare_table(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str
     ref_name = reference_policy(list(metrics))
     ref = metrics[ref_name]
     table = Table(title=f"policies compared (relative to {ref_name})")
+    # The average over every job counts a dropped job until it was dropped, and an unfinished one until the run
+    # ended: the jobs both finished are the fair comparison, beside it.
     for col in ("policy", "avg JCT (h)", f"{ref_name} JCT reduction", "both finished", f"JCT both ({ref_name} / it, h)",
-                "avg queuing (h)", "finished", "unfinished", "avg thr (samples/s)", f"{ref_name} thr gain", "peak thr",
-                "resched/job", "decision ms (median)"):
+                f"{ref_name} reduction (both)", "avg queuing (h)", "finished", "unfinished", "dropped",
+                "avg thr (samples/s)", f"{ref_name} thr gain", "peak thr", "resched/job", "decision ms (median)"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
     for name, m in metrics.items():
         jct, rjct = m["avg_jct_s"], ref["avg_jct_s"]
         red = f"{100 * (1 - rjct / jct):.1f}%" if jct > 0 and name != ref_name else "-"
         gain = f"{ref['avg_throughput'] / m['avg_throughput']:.2f}x" if m["avg_throughput"] > 0 and name != ref_name else "-"
         pair = (paired or {}).get(name)
-        both, both_jct = "-", "-"
+        both, both_jct, both_red = "-", "-", "-"
         if pair is not None:
             both = str(pair["jobs"])
             if pair["jobs"]:
-                both_jct = f"{pair['reference']['avg_jct_s'] / 3600:.2f} / {pair['policy']['avg_jct_s'] / 3600:.2f}"
-        table.add_row(name, f"{jct / 3600:.2f}", red, both, both_jct, f"{m['avg_queuing_s'] / 3600:.2f}",
-                      str(m["finished_jobs"]), str(m["unfinished_jobs"]), f"{m['avg_throughput']:.1f}", gain,
+                ours, theirs = pair["reference"]["avg_jct_s"], pair["policy"]["avg_jct_s"]
+                both_jct = f"{ours / 3600:.2f} / {theirs / 3600:.2f}"
+                both_red = f"{100 * (1 - ours / theirs):.1f}%" if theirs > 0 else "-"
+        table.add_row(name, f"{jct / 3600:.2f}", red, both, both_jct, both_red, f"{m['avg_queuing_s'] / 3600:.2f}",
+                      str(m["finished_jobs"]), str(m["unfinished_jobs"]), str(m["dropped_jobs"]),
+                      f"{m['avg_throughput']:.1f}", gain,
                       f"{m['peak_throughput']:.1f}", f"{m['reschedules_per_job']:.2f}",
                       f"{1000 * m['decision_time_per_tick_median_s']:.2f}")
     return table
 
 
 def compare_table_text(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]] | None = None,
-                       width: int = 200) -> str:
+                       width: int = 280) -> str:
     """The comparison table as plain text (what ``arena-schedule compare`` prints, and table.txt of a sweep)."""
     import io
 

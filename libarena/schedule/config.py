@@ -108,7 +108,8 @@ class SimulatorConfig:
     tick_s: float = 300.0
     #: Stop at this many seconds after the first submission (None: run until every job finishes).
     horizon_s: float | None = None
-    #: Seed for everything random (trace adaptation, priorities drawn for traces without a priority column).
+    #: Seed for everything random: trace adaptation, and the priorities of jobs without a priority column (a
+    #: hash of the job id and the seed; seed 0 hashes the id alone).
     seed: int = 0
     overheads: OverheadConfig = field(default_factory=OverheadConfig)
     #: A cluster idle with queued jobs for this many consecutive ticks without a decision ends the run

@@ -129,6 +129,8 @@ def summarize(res: SimulationResult, records: pa.Table | None = None) -> dict:
         "makespan_s": float(res.end_time - res.start_time),
         "stopped_by": res.stopped_by,
         "simulation_wall_s": res.wall_s,
+        # solves whose answer depends on the host's speed (the baselines' ILP, ilp_time_limit_s)
+        "ilp_time_limit_hits": int(res.counters.get("ilp_time_limit_hits", 0)),
     }
 
 

@@ -9,8 +9,10 @@ way" (absent from the table, or not fitting in memory). Rules:
 - Node layout: the simulator always places a job on the fewest nodes (buddy allocation), so only rows with
   ``num_nodes`` 0 (unspecified) or equal to that fewest-nodes layout are used.
 - Rows of GPU types absent from the cluster, or with a count that is not a power of two, are ignored.
-- Execution truth is the ``ap`` view where present; where a config has no ``ap`` row, the best other known
-  runnable plan (``arena`` proxy plan or ``dp``) is the truth, since AP's search space contains both.
+- Execution truth is the best known runnable plan of a config: the largest of its ``ap``, ``arena`` and ``dp``
+  rows. AP's search space contains the other two plans, so ``ap`` is the truth where it is the largest (in
+  the shipped tables, everywhere it is present); a proxy or DP row above it is a plan the search missed, and
+  a job running it does at least that well.
 - ``dp-linear`` (Sia's bootstrapped estimate, §2.3): per GPU type, the dp throughput at the smallest count
   that fits, extrapolated linearly (thr_n = thr_n0 x n / n0), offered only where the table has the config.
 - ``truth``: the execution truth itself, for a policy that profiles nothing and learns only from running a

@@ -48,6 +48,8 @@ class SimulationResult:
         "view_throughput": [], "true_throughput": []})
     stopped_by: str = "completion"
     wall_s: float = 0.0
+    #: what the policy counted on the way (``Simulator.count``), e.g. ILP solves stopped by their time limit
+    counters: dict[str, int] = field(default_factory=dict)
 
 
 class Simulator:
@@ -78,7 +80,7 @@ class Simulator:
                 raise ArenaError(f"{trace_source}: row {s.row}, column 'gpu_type': GPU type {s.requested_type!r} "
                                  f"is not in cluster {cluster.name} ({', '.join(perf.gpu_types)})")
             mp = perf.get(s.model, s.global_batch)
-            prio = s.priority if s.priority is not None else _default_priority(s.job_id, num_queues)
+            prio = s.priority if s.priority is not None else _default_priority(s.job_id, num_queues, self.config.seed)
             self.jobs.append(Job(idx, s, perf.type_index[s.requested_type], min(max(1, prio), num_queues),
                                  mp.views[policy.view], mp.truth))
         self._init_state(self.jobs[0].spec.submit_time)
@@ -270,6 +272,10 @@ class Simulator:
         self.push(SchedulingTickEvent(self.now + self.config.tick_s))
 
     # -- actions for policies ----------------------------------------------------------------------
+    def count(self, what: str) -> None:
+        """Count an event of the policy's in the run's result (``SimulationResult.counters``)."""
+        self.result.counters[what] = self.result.counters.get(what, 0) + 1
+
     def can_place(self, t: int, c: int) -> bool:
         return self.pools[t].can_place(1 << c)
 
@@ -290,6 +296,7 @@ class Simulator:
         job.state = JobState.STARTING
         job.version += 1
         job.profiled = True
+        job.profiles_at = profiles_at
         if job.first_start is None:
             job.first_start = self.now
         job.overhead_s += overhead
@@ -338,10 +345,11 @@ class Simulator:
 
     def _restart_on(self, job: Job, alloc: Allocation) -> None:
         """Restart an active job on ``alloc`` (its GPUs already held): checkpoint-resume and the AP search, or the
-        wait for a reused plan, as rescale_overhead says."""
+        wait for a reused plan, as rescale_overhead says. A job still starting keeps waiting for its profiles."""
         t, c = alloc.type_index, alloc.count_index
-        plan_at = self._plan_ready_at(job, t, c, self.now)
-        self._note_ready(job, t, c, self.now, plan_at)
+        profiles_at = max(self.now, job.profiles_at)
+        plan_at = self._plan_ready_at(job, t, c, profiles_at)
+        self._note_ready(job, t, c, profiles_at, plan_at)
         self._reallocate(job, alloc, "rescale", self.overheads.checkpoint_resume_s + plan_at - self.now)
 
     def migrate(self, job: Job, blocks: tuple[tuple[int, int], ...]) -> None:
@@ -349,8 +357,10 @@ class Simulator:
         unchanged, so only checkpoint-resume is paid. ``blocks`` must already be occupied by the caller."""
         old = job.alloc
         self.cluster.release(old)
-        self._reallocate(job, Allocation(old.type_index, old.count_index, blocks), "migrate",
-                         self.overheads.checkpoint_resume_s)
+        overhead = self.overheads.checkpoint_resume_s
+        if job.state == JobState.STARTING:  # its profiling and search go on: it starts no sooner than planned
+            overhead = max(overhead, job.starts_at - self.now)
+        self._reallocate(job, Allocation(old.type_index, old.count_index, blocks), "migrate", overhead)
 
     def drop(self, job: Job) -> None:
         if job.state != JobState.QUEUED:
@@ -381,11 +391,12 @@ class Simulator:
 
     def _plan_ready_at(self, job: Job, t: int, c: int, profiles_at: float) -> float:
         """When the job's plan for 2**c GPUs of type t is ready: after its own AP search (once its profiles
-        are), or, where plans are reused, when another job's search of that configuration ends if sooner."""
+        are), or, where plans are reused, when another job's search of that configuration ends if sooner, but
+        never before its profiles (where each job profiles itself, a reused plan does not spare that)."""
         own = profiles_at + self.overheads.ap_search_s(self.policy.ap_search)
         if self.overheads.reuse_plans:
             config = (job.spec.model, job.spec.global_batch, t, c)
-            return min(own, max(self.now, self.plans_ready.get(config, own)))
+            return min(own, max(profiles_at, self.plans_ready.get(config, own)))
         return own
 
     def _note_ready(self, job: Job, t: int, c: int, profiles_at: float, plan_at: float) -> None:
@@ -403,7 +414,7 @@ class Simulator:
     def rescale_overhead(self, job: Job, t: int, c: int) -> float:
         """What moving the running job to (t, c) costs: checkpoint-resume and the AP search (or the wait for a
         reused plan)."""
-        return self.overheads.checkpoint_resume_s + self._plan_ready_at(job, t, c, self.now) - self.now
+        return self.overheads.checkpoint_resume_s + self._plan_ready_at(job, t, c, max(self.now, job.profiles_at)) - self.now
 
     # -- where the simulated cluster and a live one differ ------------------------------------------
     # The simulator predicts when a (re)started job begins training and when it completes; a live cluster
@@ -411,7 +422,8 @@ class Simulator:
     # from it instead. Everything else (state, actions, the policies) is shared.
     def _start_after(self, job: Job, overhead: float, action: str) -> None:
         event = LaunchEvent if action == "launch" else RescaleEvent
-        self.push(event(self.now + overhead, job, job.version))
+        job.starts_at = self.now + overhead
+        self.push(event(job.starts_at, job, job.version))
 
     def _expect_completion(self, job: Job) -> None:
         self.push(CompletionEvent(float(self.now + job.remaining / job.rate), job, job.version))
@@ -459,9 +471,12 @@ class Simulator:
             d["true_throughput"].append(float(job.true_thr[alloc.type_index, alloc.count_index]))
 
 
-def _default_priority(job_id: str, num_queues: int) -> int:
-    """Priority for traces without a priority column: a stable hash of the job id spread over the queues
-    (independent of row order and seed, identical for every policy)."""
+def _default_priority(job_id: str, num_queues: int, seed: int = 0) -> int:
+    """Priority for traces without a priority column: a stable hash of the job id and the seed spread over the
+    queues (independent of row order, identical for every policy). Seed 0 hashes the id alone, as every figure
+    before seeds drew priorities did; another seed draws another assignment, so a sweep over seeds varies the
+    priorities on traces that are not adapted (where the seed changes nothing else)."""
     import zlib
 
-    return zlib.crc32(job_id.encode()) % num_queues + 1
+    key = job_id if seed == 0 else f"{seed}\x00{job_id}"
+    return zlib.crc32(key.encode()) % num_queues + 1

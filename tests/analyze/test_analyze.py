@@ -290,3 +290,48 @@ def test_analyze_model_takes_a_model_name_too():
 def test_a_sequence_longer_than_the_model_supports_is_a_clear_error():
     with pytest.raises(ArenaError, match="cannot be built"):
         analyze_model(AnalyzeConfig("gpt__tiny", 2, seq_len=64))
+
+
+def test_sizes_xla_cannot_represent_are_a_clear_error():
+    """Batch and image side within AnalyzeConfig's ranges whose activation has more than 2^63 elements: JAX
+    lowers it, XLA refuses it on conversion (a RuntimeError, "overflow in static extent product")."""
+    with pytest.raises(ArenaError, match=r"wide_resnet__tiny cannot be built at global batch 1048576, seq_len 1048576: .*overflow"):
+        analyze_model(AnalyzeConfig("wide_resnet__tiny", 1 << 20, seq_len=1 << 20))
+
+
+@pytest.mark.parametrize("construct", ["fori_loop", "cond"])
+def test_a_loop_or_conditional_in_the_step_is_refused(construct):
+    """XLA prices a while loop's body once (a 10-step scan of a matmul costs one matmul) and a conditional's
+    every branch: an operator table of either would be wrong by the trip count, so arena-analyze refuses it."""
+    import jax
+
+    from libarena.analyze import operators
+    from libarena.models.zoo.transformer import GPTModel, TransformerConfig
+
+    class LoopingGPT(GPTModel):
+        def apply_unit(self, index, params, carry, batch, compute_dtype):
+            if construct == "fori_loop":
+                return jax.lax.fori_loop(0, 3, lambda _, c: c, super().apply_unit(index, params, carry, batch, compute_dtype))
+            out = super().apply_unit(index, params, carry, batch, compute_dtype)
+            return jax.lax.cond(jax.numpy.sum(out) > 0, lambda x: x, lambda x: x * 2, out)
+
+    model = LoopingGPT("micro", TransformerConfig(0.0, 8, 16, 2, 2, vocab_size=32))
+    step = operators.lower_train_step(model, 4, None, "fp32", share_traces=False)
+    what = "a while loop" if construct == "fori_loop" else "a conditional"
+    with pytest.raises(ArenaError, match=f"the training step contains {what} .*unroll it in the model"):
+        operators.build_rows(step, [u.name for u in model.units])
+
+
+def test_called_computations_are_renamed_by_whole_name():
+    """Identical instructions share one probe when their called computations are the same up to renaming; an
+    instruction calling %region_1.4 and %region_1.45 (select-and-scatter's select and scatter) must not have
+    the second read as the first followed by "5"."""
+    import types
+
+    from libarena.analyze.operators import ProbeCoster
+
+    coster = object.__new__(ProbeCoster)
+    coster._canonical = {"region_1.4": 7, "region_1.45": 9}  # their canonical ids, as computed before
+    instr = types.SimpleNamespace(attributes="select=%region_1.4, scatter=%region_1.45, metadata={op_name=\"%x\"}",
+                                  called=["region_1.4", "region_1.45"])
+    assert coster._canonical_attributes(instr) == "select=#7, scatter=#9, metadata={op_name=\"%x\"}"

@@ -144,6 +144,10 @@ def test_killed_writer_leaves_nothing_that_is_served(tmp_path):
         cache.produce_table(key, "-", killed)
     assert not cache.entry_path(key).exists()
     assert not (tmp_path / "cache").exists()  # the staging directory is removed, and the folders made for it
+    nested = StageCache(tmp_path / "a" / "b" / "cache", "s")  # --cache-dir a/b/cache: a/ and a/b/ were made too
+    with pytest.raises(KeyboardInterrupt):
+        nested.produce_table(key, "-", killed)
+    assert list(tmp_path.iterdir()) == []
     # folders that were there before stay (another stage's entries, or empty), whatever fails
     (tmp_path / "cache" / "stages" / "other").mkdir(parents=True)
     for output in ("-", None):

@@ -80,3 +80,25 @@ def test_buddy_placement_keeps_small_stages_inside_a_node():
             assert off % size == 0  # aligned: with power-of-two nodes a stage that fits never straddles
         spans = sorted((int(o), int(o) + s) for o, s in zip(offsets, sizes))
         assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(points=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=40))
+def test_the_pareto_front_is_exactly_the_non_dominated_points(points):
+    """Every point off the front is dominated by (or duplicates) a point on it; no point on it is dominated;
+    of duplicates one is kept (small integer coordinates make ties and duplicates common)."""
+    from libarena.plan.frontier import pareto_front
+
+    bias = np.array([p[0] for p in points], dtype=float)
+    comm = np.array([p[1] for p in points], dtype=float)
+    front = [int(i) for i in pareto_front(bias, comm)]
+
+    def dominates(i, j):
+        return bias[i] <= bias[j] and comm[i] <= comm[j] and (bias[i] < bias[j] or comm[i] < comm[j])
+
+    assert len(set(front)) == len(front)
+    assert not any(dominates(j, i) for i in front for j in range(len(points)))
+    assert len({points[i] for i in front}) == len(front)  # one of each set of duplicates
+    for j in set(range(len(points))) - set(front):
+        assert any(dominates(i, j) or points[i] == points[j] for i in front)
+    assert [points[i] for i in front] == sorted(points[i] for i in front)  # by bias, then comm

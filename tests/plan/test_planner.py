@@ -93,14 +93,14 @@ def test_vectorised_plans_match_the_exhaustive_reference(ops):
     slow = plan_job(ops, cluster, PlannerConfig(max_gpus=4, frontier_cap=0, exhaustive=True))
     for quick, full in zip(fast.grids, slow.grids):
         assert quick.grid == full.grid
-        by_structure = {
-            (tuple(p.stage_boundaries), tuple(p.gpus_per_stage), tuple(p.dp_per_stage), tuple(p.tp_per_stage), tuple(p.zero_per_stage)): p
-            for p in full.plans
-        }
+        def structure(p):
+            return (tuple(p.stage_boundaries), tuple(p.gpus_per_stage), tuple(p.dp_per_stage), tuple(p.tp_per_stage),
+                    tuple(p.zero_per_stage), tuple(p.remat_per_stage))
+
+        by_structure = {structure(p): p for p in full.plans}
+        assert len(by_structure) == len(full.plans)  # the key tells every plan apart
         for plan in quick.plans:
-            twin = by_structure[
-                (tuple(plan.stage_boundaries), tuple(plan.gpus_per_stage), tuple(plan.dp_per_stage), tuple(plan.tp_per_stage), tuple(plan.zero_per_stage))
-            ]
+            twin = by_structure[structure(plan)]
             assert twin.plan_id == plan.plan_id
             assert twin.computation_bias == pytest.approx(plan.computation_bias, abs=1e-9)
             assert twin.communication_load == pytest.approx(plan.communication_load, rel=1e-9, abs=1e-15)
@@ -344,6 +344,21 @@ def test_recomputation_is_chosen_only_where_it_pays():
     assert [p.plan_id for p in on.plans()] == [p.plan_id for p in off.plans()]
 
 
+def test_a_recomputing_stage_repeats_its_forward_collectives():
+    """Recomputation runs the forward pass again, its TP all-reduces included (half the recorded volume, which
+    is a forward and a backward pass's): 1.5 x the micro-batch's communication, in the plan's costs."""
+    from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.plan.costs import StageCostModel
+
+    # Weights that need tp = 2 on four A100s and activations that need recomputation beside it.
+    ops = gpt_like(num_clusters=4, hidden=8192, seq_len=2048, batch=256)
+    (stage,) = plan_job(ops, _single("a100", 1, 4), PlannerConfig(num_gpus=(4,), pipeline_degrees=(1,))).grids[0].proxy.stages
+    assert stage.remat and stage.tp == 2
+    costs = StageCostModel(load_model_profile(ops), get_gpu("a100"), 4, AlphaBetaCommModel(), 0.9)
+    plain = float(costs.comm_per_microbatch(0, 4, stage.dp, stage.tp, 4))
+    assert plain > 0 and stage.comm_per_microbatch_s == pytest.approx(1.5 * plain)
+
+
 def test_recomputing_stages_pay_a_forward_pass_in_the_bias_and_the_objective():
     from libarena.hardware.comm import AlphaBetaCommModel
     from libarena.plan.costs import StageCostModel
@@ -442,3 +457,48 @@ def test_a_version_1_operator_table_with_an_absurd_unit_index_is_refused(tmp_pat
     pq.write_table(table.replace_schema_metadata({b"arena": json.dumps(header).encode()}), path)
     with pytest.raises(ArenaError, match="unit_index outside"):
         read_table(path, "operator_table")
+
+
+def test_too_many_clusters_is_refused_before_any_partition_is_built():
+    """34 clusters into 16 stages is C(33, 15) ~ 1e9 partitions: one line at once, not the memory of building
+    them (the check used to run after the enumeration); the exhaustive reference checks its total first too."""
+    import resource
+
+    records = [cluster_record(i, flops=1e12, bytes_=1e9, param_count=1e6, activation_bytes=1e6) for i in range(34)]
+    ops = operator_table(records, global_batch=256)
+    cluster = _single("a100", 2, 8)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ArenaError, match=r"34 clusters into 16 stages is 1,037,158,320 partitions per grid"):
+        plan_job(ops, cluster, PlannerConfig(num_gpus=(16,), pipeline_degrees=(16,)))
+    with pytest.raises(ArenaError, match=r"--exhaustive: grid .* candidate plans \(limit 2,000,000\)"):
+        plan_job(ops, cluster, PlannerConfig(num_gpus=(16,), pipeline_degrees=(16,), exhaustive=True))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500_000  # KiB: far from the tuples' ~100 GiB
+
+
+def test_a_plans_file_with_contradicting_or_misshapen_rows_is_refused():
+    """An infeasible row beside a grid's plans (it became a zero-stage plan, or hid the plans when first) and a
+    P2P list whose length is not the stage boundaries' (it was replaced by zeros) are one-line errors."""
+    import pyarrow as pa
+
+    from libarena.artifacts import TableArtifact
+    from libarena.artifacts.registry import get_kind
+    from libarena.plan.io import _infeasible_row, planset_from_artifact, planset_metadata, planset_to_table
+
+    ops = gpt_like(num_clusters=4, hidden=512, seq_len=128, batch=64)
+    planset = plan_job(ops, _single("a100", 1, 4), PlannerConfig(num_gpus=(4,), pipeline_degrees=(2,)))
+    rows = planset_to_table(planset).to_pylist()
+
+    def artifact(table_rows):
+        table = pa.Table.from_pylist(table_rows, schema=get_kind("plans").arrow_schema())
+        return TableArtifact("plans", table, Provenance("test"), planset_metadata(planset), 2, "crafted.parquet")
+
+    assert planset_from_artifact(artifact(rows)).grids[0].feasible
+    infeasible = dict(_infeasible_row(planset.grids[0]), infeasible_reason="out of memory")
+    for crafted, row in ((rows + [infeasible], len(rows) + 1), ([infeasible] + rows, 1)):
+        with pytest.raises(ArenaError, match=rf"crafted.parquet: row {row}, column 'feasible': an infeasible row of a grid "
+                                             r"\(a100 x4, 2 stages\) that also has other rows"):
+            planset_from_artifact(artifact(crafted))
+    misshapen = [dict(r) for r in rows]
+    misshapen[0]["p2p_per_microbatch_s"] = [1.0, 2.0, 3.0]
+    with pytest.raises(ArenaError, match=r"row 1, column 'p2p_per_microbatch_s': expected 1 finite non-negative values"):
+        planset_from_artifact(artifact(misshapen))

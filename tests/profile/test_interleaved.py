@@ -359,7 +359,7 @@ def test_host_benchmark_spreads_are_across_runs_of_per_run_lower_quartiles():
 @pytest.mark.slow
 def test_profiled_stage_compiles_to_the_runtimes_own_forward_and_backward(tmp_path):
     """The disaggregated stage is the runtime's stage: same HLO traffic (XLA's cost analysis) for one worker
-    (the runtime's residuals leave the forward stacked by replica, which copies the parameters among them)."""
+    (the runtime's residuals leave the forward stacked by replica, the parameters among them not copied)."""
     import jax
     import numpy as np
 

@@ -153,6 +153,26 @@ def test_cpu_plans_without_a_comm_table_need_one(tmp_path, cache_dir):
     assert seconds > 0 and used == ["all-reduce/2xcpu: measured"]
 
 
+def test_a_recomputing_stage_repeats_its_forward_collectives(tmp_path):
+    """As in the planner (plan.costs.RECOMPUTE_COMM_FACTOR): recomputation runs the forward pass's TP
+    all-reduces again, 1.5 x a micro-batch's collectives; P2P and the gradient sync are unchanged."""
+    from dataclasses import replace
+
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+    from libarena.profile.profiler import ProfiledJob, stage_communication
+
+    plans = enumerate_grid_plans(MODEL, BATCH, 2, "cpu", 2)
+    path = tmp_path / "p.parquet"
+    write_plans_table(str(path), MODEL, BATCH, plans, model_clusters(MODEL, BATCH, num_clusters=2))
+    job = ProfiledJob.of(read_plans(path, require_costs=False))
+    plan = next(p for p in job.planset.plans() if p.pipeline_degree == 1 and p.stages[0].tp == 2 and not p.stages[0].remat)
+    recomputing = replace(plan, stages=(replace(plan.stages[0], remat=True),))
+    fake = [{"activation_out_bytes": 0.0, "activation_in_bytes": 0.0, "param_bytes": 1e6}]
+    plain = stage_communication(job, plan, 0, fake, _cpu_comm(), [])
+    again = stage_communication(job, recomputing, 0, fake, _cpu_comm(), [])
+    assert plain[0] > 0 and again[0] == pytest.approx(1.5 * plain[0]) and again[1:] == plain[1:]
+
+
 # -- CLI ----------------------------------------------------------------------------------------------
 
 

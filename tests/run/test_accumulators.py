@@ -51,3 +51,23 @@ def test_updates_zero_the_accumulators_and_steps_match_the_fused_step(monkeypatc
     diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
                for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(params), strict=True))
     assert diff < 1e-5
+
+
+def test_a_stage_reused_by_a_plan_of_more_microbatches_scales_the_loss_by_that_plan() -> None:
+    """Compiled stages are shared by plans that place the same stage alike, whatever their number of micro-batches
+    B; the loss's cotangent 1/B is the plan's: a stage first used with B = 1 must not keep 1 for a plan of B = 2."""
+    from libarena.run.executor import PipelineExecutor
+    from libarena.run.plan import simple_plan
+    from libarena.run.train import batch_for_step
+    from libarena.run.verify import check_plans
+    from tests.run.micro import micro_gpt
+
+    model = micro_gpt()
+    one = simple_plan(model, 4, [0], [1], [1], 1)  # micro-batches of 4: the same stage as below
+    two = simple_plan(model, 8, [0], [1], [1], 2)
+    executor = PipelineExecutor(model, one, optimizer=TEST_OPTIMIZER)
+    executor.init_state(0)
+    executor.step(batch_for_step(model, 0, 4, 0))
+    assert PipelineExecutor(model, two, optimizer=TEST_OPTIMIZER).stages[-1] is executor.stages[-1]
+    (check,) = check_plans(model, [two], 8, optimizer=TEST_OPTIMIZER)
+    assert check.max_param_error < 1e-5 and check.max_moment_error < 1e-4, check

@@ -104,13 +104,21 @@ def test_resume_falls_back_past_a_corrupt_latest_checkpoint(trained, gpt_tiny_pl
     for manifest in (work / "4" / "state").rglob("manifest.ocdbt"):
         manifest.write_bytes(b"garbage")
     (work / "6").mkdir()
-    proc = arena_run(*args, "--steps", "5", "--json")
+    proc = arena_run(*args, "--steps", "6", "--checkpoint-every", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
-    assert report["resumed_from"] == 2 and [s for s, _ in report["train"]["losses"]] == [3, 4, 5]
+    # it trains through the damaged steps and saves them anew: they were set aside, not in its way
+    assert report["resumed_from"] == 2 and [s for s, _ in report["train"]["losses"]] == [3, 4, 5, 6]
+    assert report["train"]["checkpoints"] == [4, 6]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: skipped checkpoint")]
-    assert len(warnings) == 2 and f"{work}/6:" in warnings[0] and f"{work}/4:" in warnings[1]
+    assert len(warnings) == 2, proc.stderr
+    assert f"{work}/6 (set aside as {work}/unusable-6):" in warnings[0]
+    assert f"{work}/4 (set aside as {work}/unusable-4):" in warnings[1]
     assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["4", "6", "unusable-4", "unusable-6"]  # the newest two kept
+    proc = arena_run(*args, "--steps", "7", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["resumed_from"] == 6, proc.stderr[-2000:]
+    assert "warning" not in proc.stderr
 
 
 def test_steps_below_the_checkpoint_say_so(trained, gpt_tiny_plans: Path) -> None:
@@ -129,3 +137,26 @@ def test_checkpoint_dir_parents_are_not_created(gpt_tiny_plans: Path, tmp_path: 
                      "--steps", "1", "--checkpoint-dir", str(tmp_path / "no" / "such" / "ckpt"), "--no-ray")
     _one_line_error(proc, "does not exist (only the checkpoint directory itself is created)")
     assert not (tmp_path / "no").exists()
+
+
+def test_the_proxy_plan_runs_where_its_micro_batch_count_does_not_divide_the_global_batch(tmp_path: Path) -> None:
+    """arena-plan prices a 2-stage grid at B = 8 micro-batches; a global batch of 12 splits into 6 at most (as
+    the search's candidates do), where before the proxy plan was refused ("not divisible into 8 micro-batches")."""
+    from tests.run.conftest import make_plans
+
+    plans = make_plans("gpt__tiny", 12, tmp_path)
+    proc = arena_run("--plan", str(plans), "--grid", "a100,2,2", "--model", "gpt__tiny", "--global-batch", "12", "--steps", "1",
+                     "--checkpoint-dir", str(tmp_path / "c"), "--no-ray", "--json", "--devices", "2", devices=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["plan"]["is_proxy"] and report["plan"]["pipeline_degree"] == 2 and report["plan"]["num_microbatches"] == 6
+    assert [s for s, _ in report["train"]["losses"]] == [1]
+
+
+def test_resuming_in_another_dtype_is_refused(trained, gpt_tiny_plans: Path) -> None:
+    ckpt, _ = trained  # trained in fp32
+    before = _digest(ckpt)
+    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+                     "--checkpoint-dir", str(ckpt), "--no-ray", "--devices", "1", "--steps", "3", "--dtype", "bf16")
+    _one_line_error(proc, "was trained in fp32, not bf16 (resuming keeps the compute dtype)")
+    assert _digest(ckpt) == before

@@ -105,6 +105,7 @@ def test_job_hosts_spread_the_gpus_evenly() -> None:
     ({"use_ray": False, "address": "head:6379"}, "--no-ray runs in this process: drop --address"),
     ({"num_hosts": -1}, "--hosts: "),
     ({"checkpoint_every": -1}, "--checkpoint-every: "),
+    ({"dtype": "int8"}, r"--dtype: unknown dtype 'int8' \(known: "),
 ])
 def test_a_run_request_checks_its_values(kwargs, message) -> None:
     """The library's callers get the checks the arena-run tool relies on (the tool repeats none of them)."""
@@ -115,3 +116,10 @@ def test_a_run_request_checks_its_values(kwargs, message) -> None:
         RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", **kwargs)
     with pytest.raises(ArenaError, match="--devices: a run needs at least 1 device, got 0"):
         RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", local=LocalClusterConfig(num_devices=0))
+
+
+def test_a_run_request_spells_its_dtype_one_way() -> None:
+    """A checkpoint records the dtype it was trained in and a resume must match it: "bfloat16" is "bf16"."""
+    from libarena.run.api import RunRequest
+
+    assert RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", dtype="bfloat16").dtype == "bf16"

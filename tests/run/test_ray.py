@@ -83,3 +83,31 @@ def test_job_larger_than_the_cluster_or_uneven_hosts(tmp_path: Path, local_ray) 
     with pytest.raises(ArenaError, match="do not split evenly over 4 hosts"):
         run_job(JobSpec(model.name, uneven, 8, 2, str(tmp_path / "uneven"), num_hosts=4))
     assert not (tmp_path / "big").exists() and not (tmp_path / "uneven").exists()
+
+
+def test_an_error_in_a_task_is_one_line_and_a_refused_job_leaves_no_placement_group(tmp_path: Path, local_ray) -> None:
+    """An ArenaError raised on a worker reaches the driver as itself (Ray wraps it in a RayTaskError whose text
+    is the remote traceback); a job refused after its GPUs were reserved (another job's checkpoint in its
+    directory) gives the reservation back."""
+    import ray
+    from ray.util import placement_group_table
+
+    from libarena.errors import ArenaError
+    from libarena.run.cluster import JobSpec, ray_get, run_job
+    from libarena.run.train import TrainConfig, train
+
+    @ray.remote(num_cpus=0)
+    def refuse() -> None:
+        raise ArenaError("the job's input is bad")
+
+    with pytest.raises(ArenaError) as caught:
+        ray_get(refuse.remote())
+    assert type(caught.value) is ArenaError and str(caught.value) == "the job's input is bad"
+
+    model = get_model("gpt__tiny")
+    other_batch = tmp_path / "ckpt"
+    train(model, simple_plan(model, 4, [0], [1], [1], 1), TrainConfig(4, 1, checkpoint_dir=str(other_batch)))
+    plan = simple_plan(model, 8, [0], [1], [1], 1, gpu_type="a100")
+    with pytest.raises(ArenaError, match="global batch 4, not 8"):
+        run_job(JobSpec(model.name, plan, 8, 2, str(other_batch)))
+    assert all(group["state"] == "REMOVED" for group in placement_group_table().values())

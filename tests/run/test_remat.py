@@ -57,3 +57,29 @@ def test_fused_training_step_with_recomputation_is_the_same(name: str) -> None:
     recomputing = jax.jit(make_train_step(model, "fp32", TEST_OPTIMIZER, remat=True))(params, state, batch)
     assert float(recomputing[2]) == pytest.approx(float(plain[2]), rel=1e-6)
     assert _max_diff(recomputing[0], plain[0]) < 1e-5
+
+
+def test_a_stage_keeps_per_micro_batch_its_inputs_with_recomputation_and_no_parameter_copies_without() -> None:
+    """What a stage's forward keeps for its backward, per micro-batch in flight: with recomputation only the
+    units' inputs (a small fraction of the activations); without it, the activations but never the stage's
+    parameters (a matmul's saved weight is the parameter itself: stacked per micro-batch it would be a copy,
+    which the planner's memory model does not count)."""
+    import jax
+
+    from libarena.run.executor import PipelineExecutor
+    from libarena.run.plan import simple_plan
+    from libarena.run.train import batch_for_step
+
+    model = get_model("gpt__tiny")
+    kept = {}
+    for remat in (0, 1):
+        plan = simple_plan(model, 8, [0, 3], [1, 1], [1, 1], 4, remat=[remat, remat])
+        executor = PipelineExecutor(model, plan, [jax.devices()[0]] * 2, dtype="fp32", optimizer=TEST_OPTIMIZER)
+        executor.init_state(0)
+        stage = executor.stages[0]
+        piece = jax.device_put(executor.microbatches(batch_for_step(model, 0, 8, 0))[0], stage.batch_sharding)
+        _, residuals = stage.forward(executor.params[0], piece)
+        param_shapes = {leaf.shape for leaf in jax.tree.leaves(executor.params[0]) if leaf.ndim >= 2}
+        assert not [r.shape for r in residuals if r.shape[1:] in param_shapes], remat
+        kept[remat] = sum(r.nbytes for r in residuals)
+    assert 0 < kept[1] * 10 < kept[0], kept

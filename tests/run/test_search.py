@@ -87,3 +87,42 @@ def test_searches_pick_the_fastest_and_count_cost(space_and_plans) -> None:
     assert pruned.cost_device_s > pruned.grid_selection_cost_device_s
     same = pruned_search(space, planset, fake_step_time, SearchConfig(), pipeline_degree=2)
     assert same.grid_selection_cost_device_s == 0 and same.pipeline_degree == 2
+
+
+def test_a_candidate_out_of_device_memory_is_a_failed_trial(space_and_plans, monkeypatch) -> None:
+    """On a GPU a candidate that does not fit raises XLA's RESOURCE_EXHAUSTED: that trial fails, the search goes on
+    and picks among the others; any other runtime error still ends it."""
+    import importlib
+    import types
+
+    import jax
+
+    from libarena.run.search import measure_in_process
+
+    train_module = importlib.import_module("libarena.run.train")  # the package's ``train`` is the function
+
+    space, _ = space_and_plans
+    config = SearchConfig(max_candidates=6, sample_seed=1)
+
+    too_large: list[str] = []
+
+    def measure_plan(model, plan, **kwargs):
+        if len(too_large) < 3:  # the first three candidates do not fit
+            too_large.append(plan.plan_id)
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes.")
+        return types.SimpleNamespace(step_time_s=0.01 * plan.pipeline_degree)
+
+    monkeypatch.setattr(train_module, "measure_plan", measure_plan)
+    measure = measure_in_process(space.model, config)
+    result = full_search(space, measure, config)
+    failed = [t for t in result.trials if t.error]
+    assert [t.plan.plan_id for t in failed] == too_large and len(result.trials) == 6
+    assert all("ran out of device memory" in t.error and "RESOURCE_EXHAUSTED" in t.error for t in failed)
+    assert result.best.plan.plan_id not in too_large and result.best.step_time_s < float("inf")
+
+    def broken(model, plan, **kwargs):
+        raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    monkeypatch.setattr(train_module, "measure_plan", broken)
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        full_search(space, measure_in_process(space.model, config), config)

@@ -222,3 +222,22 @@ def test_full_philly_trace_with_arena(inputs, traces_dir):
     assert m["submitted_jobs"] == 1938
     assert m["finished_jobs"] + m["unfinished_jobs"] == 1938 and m["stopped_by"] == "completion"
     assert m["decision_time_per_tick_median_s"] < 0.05
+
+
+def test_the_comparison_table_shows_the_reduction_on_the_jobs_both_finished_and_the_dropped_jobs():
+    """The average over every job rewards dropping jobs (a dropped job counts until it was dropped): the table
+    puts the reduction on the jobs both finished and the dropped count beside it."""
+    from libarena.schedule.compare import compare_table_text
+
+    def metrics(policy: str, jct_h: float, dropped: int) -> dict:
+        return {"policy": policy, "avg_jct_s": jct_h * 3600, "avg_throughput": 10.0, "peak_throughput": 20.0,
+                "finished_jobs": 10 - dropped, "unfinished_jobs": 0, "dropped_jobs": dropped, "avg_queuing_s": 0.0,
+                "reschedules_per_job": 0.0, "decision_time_per_tick_median_s": 0.001}
+
+    table = {"arena": metrics("arena", 4.0, 0), "elasticflow": metrics("elasticflow", 1.0, 7)}
+    paired = {"elasticflow": {"jobs": 3, "reference": {"avg_jct_s": 2.0 * 3600}, "policy": {"avg_jct_s": 8.0 * 3600}}}
+    text = compare_table_text(table, paired, width=400)
+    row = next(line for line in text.splitlines() if "elasticflow" in line)
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    # all jobs: arena 300% "worse" (elasticflow dropped 7 jobs early); on the 3 both finished 75% better
+    assert cells[:6] == ["elasticflow", "1.00", "-300.0%", "3", "2.00 / 8.00", "75.0%"] and cells[9] == "7", cells

@@ -108,3 +108,41 @@ def test_a_solve_writes_nothing_to_stdout():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[None, 0]"
     assert "HiGHS" not in r.stderr
+
+
+def test_a_solve_stopped_by_the_time_limit_is_counted_and_reported():
+    """A solve that stops at its wall-clock limit gives an answer that depends on the host: the run counts such
+    solves (metrics ``ilp_time_limit_hits``) and the tools warn, so a run that may not repeat says so."""
+    from libarena.pipeline.schedule import _report_run_notes
+    from libarena.progress import SilentReport
+    from libarena.schedule.api import make_policy, run_policy
+    from libarena.schedule.config import SimulatorConfig
+    from libarena.schedule.metrics import summarize
+    from tests.schedule.helpers import NO_OVERHEADS, cluster, hand_table, job, workload
+
+    groups = [[(0, 2, 1.0), (0, 4, 1.5)], [(0, 2, 2.0)]]
+    hits: list[int] = []
+    solve_assignment(groups, [False, False], np.array([4]), time_limit_s=10, on_time_limit=lambda: hits.append(1))
+    assert hits == []
+    solve_assignment(groups, [False, False], np.array([4]), time_limit_s=1e-9, on_time_limit=lambda: hits.append(1))
+    assert hits == [1]
+
+    table = hand_table({("gpt__1.3B", "a100"): {"dp": {1: 10.0, 2: 20.0}, "ap": {1: 10.0, 2: 20.0}}})
+    jobs = [job(f"j{i}", "gpt__1.3B", 100, 1, "a100", submit=10.0 * i, row=i + 1) for i in range(3)]
+    w = workload(jobs, table, cluster([("a100", 1, 4)]))
+    config = SimulatorConfig(overheads=NO_OVERHEADS, horizon_s=3000.0)
+
+    class Warnings(SilentReport):
+        def __init__(self) -> None:
+            self.said: list[str] = []
+
+        def warn(self, message: str) -> None:
+            self.said.append(message)
+
+    for limit, expect_hits in ((10.0, False), (1e-9, True)):
+        metrics = summarize(run_policy(w, make_policy("sia", ilp_time_limit_s=limit), config))
+        assert (metrics["ilp_time_limit_hits"] > 0) == expect_hits, limit
+        report = Warnings()
+        _report_run_notes(None, metrics, report)
+        assert bool(report.said) == expect_hits
+        assert all(line.startswith("sia: ") and "ILP solve(s) stopped at the time limit" in line for line in report.said)

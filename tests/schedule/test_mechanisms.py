@@ -53,6 +53,9 @@ def test_reused_profiles_and_plans_are_paid_once_per_pair_and_configuration():
     assert paid("arena", reuse_plans=True) == [560, 0, 0]
     assert paid("gavel", reuse_plans=True) == [1100, 0, 0]
     assert paid("fcfs") == [300, 300, 300]  # FCFS profiles nothing
+    # a reused plan does not spare a job its own profiling where profiles are not reused
+    assert paid("arena", reuse_profiles=False, reuse_plans=True) == [560, 500, 500]
+    assert paid("gavel", reuse_profiles=False, reuse_plans=True) == [1100, 800, 800]
 
 
 @pytest.mark.parametrize("reuse_plans", [False, True])
@@ -166,3 +169,75 @@ def test_the_tick_bound_advises_what_was_not_given(horizon, advice):
         run_policy(w, make_policy("fcfs"), SimulatorConfig(tick_s=300.0, horizon_s=horizon, max_ticks=5,
                                                            overheads=NO_OVERHEADS))
     assert advice in str(err.value)
+
+
+def test_elasticflow_shrinks_running_jobs_only_when_the_freed_gpus_place_the_admitted_job():
+    """Two running jobs fill both 4-GPU nodes; a job admitted for 4 GPUs by its deadline fits by count once both
+    halve, but their freed halves are two GPUs on each node: no 4-GPU block. The shrinks would cost both jobs
+    half their speed (and a rescale) for nothing, so ElasticFlow does not make them; the job launches when a
+    node frees up."""
+    spec = cluster([("a100", 2, 4)])
+    table = hand_table({("gpt__1.3B", "a100"): {"dp": {2: 20.0, 4: 40.0}, "ap": {2: 20.0, 4: 40.0}}})
+    jobs = [job("r1", "gpt__1.3B", 20000, 4, "a100", submit=0.0, row=1),
+            job("r2", "gpt__1.3B", 40000, 4, "a100", submit=0.0, row=2),
+            # 1,000 iterations: 12,800 s on 2 GPUs, 6,400 s on 4: admitted for 4 GPUs by its deadline
+            job("late", "gpt__1.3B", 1000, 4, "a100", submit=1000.0, deadline=1000.0 + 10000.0, row=3)]
+    res = simulate(jobs, table, spec, "elasticflow")
+    d = res.decisions
+    ids = [res.jobs[j].spec.job_id for j in d["job_index"]]
+    shrinks = [(i, n) for i, a, n in zip(ids, d["action"], d["num_gpus"]) if a == "rescale" and n == 2 and i in ("r1", "r2")]
+    assert not shrinks
+    finish = {r["job_id"]: r["finish_time_s"] for r in job_records(res).to_pylist()}
+    launched = _launch_times(res)
+    assert launched["late"] >= finish["r1"] and finish["r1"] == pytest.approx(20000 * 256 / 40.0)
+
+
+def test_the_seed_draws_the_priorities_of_jobs_without_one():
+    """A trace without a priority column gets a hash of each job id spread over Arena's queues: seed 0 hashes
+    the id alone (as before seeds drew priorities), another seed draws another assignment, so a sweep over
+    seeds on a trace that is not adapted does not repeat one simulation. A priority in the trace is kept."""
+    import zlib
+
+    from libarena.schedule.api import make_policy
+    from libarena.schedule.config import SimulatorConfig
+    from libarena.schedule.simulator import Simulator
+    from tests.schedule.helpers import workload
+
+    spec = cluster([("a100", 1, 4)])
+    jobs = [job(f"job-{i}", "gpt__1.3B", 10, 1, "a100", submit=float(i), row=i + 1, priority=None) for i in range(40)]
+    jobs.append(job("given", "gpt__1.3B", 10, 1, "a100", submit=50.0, row=41, priority=2))
+
+    def priorities(seed: int) -> dict[str, int]:
+        w = workload(jobs, TABLE, spec)  # the priorities jobs enter with (Arena's queues promote them as they wait)
+        sim = Simulator(w.jobs, w.perf, w.cluster, make_policy("arena", view="ap"), SimulatorConfig(seed=seed))
+        return {j.spec.job_id: j.priority for j in sim.jobs}
+
+    zero, one, again = priorities(0), priorities(1), priorities(1)
+    assert zero == {**{f"job-{i}": zlib.crc32(f"job-{i}".encode()) % 3 + 1 for i in range(40)}, "given": 2}
+    assert one == again and one["given"] == 2
+    assert sum(zero[k] != one[k] for k in zero) >= 10
+
+
+def test_a_job_moved_before_it_starts_still_waits_for_its_profiles():
+    """A job migrated or rescaled in the round it launched, while its profiling runs: it starts no sooner than
+    planned (a migration), or than its profiles plus a search on the new configuration (a rescale), and the
+    pair's profiles count as ready when that profiling ends, not at the move, for every later job of the pair."""
+    from libarena.schedule.api import make_policy
+    from libarena.schedule.config import SimulatorConfig
+    from libarena.schedule.entities import JobState
+    from libarena.schedule.simulator import Simulator
+    from tests.schedule.helpers import workload
+
+    overheads = OverheadConfig(grid_profiling_s=500, full_profiling_s=800, bootstrap_profiling_s=200,
+                               pruned_ap_search_s=60, full_ap_search_s=300, checkpoint_resume_s=100)
+    w = workload([job("j0", "gpt__1.3B", 1000, 2, "a100", row=1)], TABLE, cluster([("a100", 1, 8)]))
+    sim = Simulator(w.jobs, w.perf, w.cluster, make_policy("arena", view="ap"), SimulatorConfig(overheads=overheads))
+    (j0,) = sim.jobs
+    j0.state = JobState.QUEUED  # as on its arrival
+    sim.queued_count += 1
+    assert sim.launch(j0, 0, 1)  # profiling 500 s, then the search 60 s
+    assert (j0.profiles_at, j0.starts_at) == (500, 560)
+    sim.migrate(j0, sim.pools[0].place(2))
+    assert j0.state == JobState.STARTING and j0.starts_at == 560  # not checkpoint-resume (100 s) from now
+    assert sim.rescale(j0, 0, 2)
+    assert j0.starts_at == 100 + 560 and sim.profiles_ready[("gpt__1.3B", 256)] == 500

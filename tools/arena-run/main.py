@@ -85,7 +85,8 @@ def _notices(result: dict, quiet: bool) -> None:
     from libarena.run.api import skipped_checkpoints
 
     for entry in skipped_checkpoints(result):
-        stderr_console.print(f"warning: skipped checkpoint {entry['path']}: {entry['why']}", markup=False, soft_wrap=True)
+        aside = f" (set aside as {entry['set_aside_as']})" if entry.get("set_aside_as") else ""
+        stderr_console.print(f"warning: skipped checkpoint {entry['path']}{aside}: {entry['why']}", markup=False, soft_wrap=True)
     resumed, steps = result.get("resumed_from"), result.get("steps")
     if resumed is not None and steps is not None and resumed >= steps:
         stderr_console.print(f"nothing to train: the checkpoint is already at step {resumed} (--steps {steps})",

@@ -57,6 +57,8 @@ class Job:
     active_seq: int = 0
     reschedules: int = 0
     overhead_s: float = 0.0
+    starts_at: float = 0.0  # when a STARTING job begins to train (its overhead paid)
+    profiles_at: float = 0.0  # when the job's profiles are (or were) ready, from its launch on
     profiled: bool = False
     #: why the policy can never place the job (its view has no configuration within the cluster); None while it can
     unschedulable: str | None = None

@@ -81,6 +81,7 @@ class LiveCluster(Simulator):
     # -- the two hooks where a live cluster differs from the simulated one ---------------------------
     def _start_after(self, job: Job, overhead: float, action: str) -> None:
         a = job.alloc
+        job.starts_at = self.now + overhead  # the estimate; the launcher reports the real start
         prev = self.requests.get(job.spec.job_id)
         previous = None if prev is None else prev.version
         if prev is not None and any(r is prev for r in self.intents):

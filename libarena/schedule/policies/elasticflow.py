@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from libarena.schedule.config import APSearch, ElasticFlowConfig, ProfilingKind
-from libarena.schedule.entities import Job, JobState
+from libarena.schedule.entities import Job, JobState, TypePool
 from libarena.schedule.policies.base import Policy, register_policy
 
 
@@ -71,8 +71,10 @@ class ElasticFlowPolicy(Policy):
         for c in self._counts(job):
             if cur is None:
                 o = sim.launch_overhead(job, t, c)
+            elif c == cur:  # a starting job still pays the rest of its overhead
+                o = max(0.0, job.starts_at - sim.now) if job.state == JobState.STARTING else 0.0
             else:
-                o = 0.0 if c == cur else sim.rescale_overhead(job, t, c)
+                o = sim.rescale_overhead(job, t, c)
             if sim.estimated_finish(job, t, c, o) <= deadline:
                 return c
         return None
@@ -170,10 +172,13 @@ class ElasticFlowPolicy(Policy):
                 break
             total += 1 << target[best]
             target[best] += 1
-        # apply: shrinks, then launches, then growths
-        for job in running:
-            if target[job.index] < job.alloc.count_index:
-                sim.rescale(job, t, target[job.index])
+        # apply: shrinks, then launches, then growths; shrinks only where they let more launches be placed (the
+        # halves they free may be scattered over nodes, where an aligned block is needed: the job would pay the
+        # rescale and lose its GPUs for nothing)
+        if self._shrinks_place_more(pool, running, waiting, target):
+            for job in running:
+                if target[job.index] < job.alloc.count_index:
+                    sim.rescale(job, t, target[job.index])
         launched = set()
         for job in waiting:
             if job.index in target and sim.launch(job, t, target[job.index]):
@@ -183,6 +188,39 @@ class ElasticFlowPolicy(Policy):
         for job in running:
             if target[job.index] > job.alloc.count_index:
                 sim.rescale(job, t, target[job.index])
+
+    @staticmethod
+    def _shrinks_place_more(pool, running: list[Job], waiting: list[Job], target: dict[int, int]) -> bool:
+        """Whether shrinking the running jobs to their targets lets more of the waiting jobs' launches be placed
+        than without (tried on the pool and undone, as the simulator would place them)."""
+        shrinking = [job for job in running if target[job.index] < job.alloc.count_index]
+        launches = [target[job.index] for job in waiting if job.index in target]
+        if not shrinking or not launches:
+            return False
+
+        def placeable() -> int:
+            placed = [blocks for blocks in (pool.place(1 << c) for c in launches) if blocks is not None]
+            for blocks in reversed(placed):
+                pool.release(blocks)
+            return len(placed)
+
+        without = placeable()
+        undo = []
+        for job in shrinking:  # as Simulator.rescale: one halving in place, else a fresh placement
+            old, c = job.alloc.blocks, target[job.index]
+            if c == job.alloc.count_index - 1:
+                _, freed = TypePool.shrink_blocks(old)
+                pool.release(freed)
+                undo.append((freed, None))
+            else:
+                pool.release(old)
+                undo.append((old, pool.place(1 << c)))
+        more = placeable() > without
+        for released, placed in reversed(undo):
+            if placed is not None:
+                pool.release(placed)
+            pool.occupy(released)
+        return more
 
 
 @register_policy

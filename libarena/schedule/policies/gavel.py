@@ -84,7 +84,8 @@ class GavelPolicy(Policy):
             jobs.append(job)
         if not groups:
             return
-        choice = solve_assignment(groups, must, np.maximum(capacity, 0), self.config.ilp_time_limit_s)
+        choice = solve_assignment(groups, must, np.maximum(capacity, 0), self.config.ilp_time_limit_s,
+                                  on_time_limit=lambda: sim.count("ilp_time_limit_hits"))
         launched = set()
         self.apply_moves([(job, opts[k][0], count_index(opts[k][1])) for job, opts, k in zip(jobs, groups, choice)
                           if k is not None and k != 0 and job.state != JobState.QUEUED])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -28,7 +28,9 @@ Option = tuple[int, int, float]  # (type index, gpus, weight)
 
 
 def solve_assignment(groups: list[list[Option]], must: list[bool], capacity: np.ndarray,
-                     time_limit_s: float) -> list[int | None]:
+                     time_limit_s: float, on_time_limit: Callable[[], None] | None = None) -> list[int | None]:
+    """The chosen option of each group (None: none). ``on_time_limit`` hears of a solve stopped by the time limit:
+    its answer then depends on the host's speed (and load), where every other answer is the same anywhere."""
     import highspy  # imported on first solve: keeps start-up fast
 
     flat = [(g, k, opt) for g, opts in enumerate(groups) for k, opt in enumerate(opts)]
@@ -60,6 +62,8 @@ def solve_assignment(groups: list[list[Option]], must: list[bool], capacity: np.
                 raise RuntimeError(f"HiGHS {highs.version()} refuses option {name}={setting!r} (Arena needs highspy >= 1.11)")
         highs.passModel(lp)
         highs.run()
+    if on_time_limit is not None and highs.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+        on_time_limit()
     if highs.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
         return [0 if m else None for m in must]
     x = highs.getSolution().col_value

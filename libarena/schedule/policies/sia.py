@@ -93,7 +93,8 @@ class SiaPolicy(Policy):
             configs.append(cand)
         if not groups:
             return
-        choice = solve_assignment(groups, must, np.maximum(capacity, 0), self.config.ilp_time_limit_s)
+        choice = solve_assignment(groups, must, np.maximum(capacity, 0), self.config.ilp_time_limit_s,
+                                  on_time_limit=lambda: sim.count("ilp_time_limit_hits"))
         chosen = [(job, cand[k]) for job, cand, k in zip(jobs, configs, choice) if k is not None]
         # shrinks first, then moves and growths (retried after the others free GPUs), then launches
         for job, (t, c) in chosen:
