@@ -56,7 +56,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 METRICS = ("submitted_jobs", "finished_jobs", "unfinished_jobs", "unschedulable_jobs", "dropped_jobs", "avg_jct_s",
            "avg_jct_finished_s", "avg_queuing_s", "avg_throughput", "peak_throughput", "avg_gpu_utilization",
            "reschedules_per_job", "decision_time_per_tick_median_s", "decision_time_per_tick_max_s",
-           "simulation_wall_s")
+           "simulation_wall_s", "ilp_time_limit_hits")
 
 
 def _log(message: str) -> None:

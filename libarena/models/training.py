@@ -221,9 +221,11 @@ class StagePass:
     leading axis of 1 (stacked by data-parallel replica in the runtime), from which the backward rebuilds it.
 
     Without recomputation that is the stage's vjp closure, minus the parameters themselves (a matmul's saved
-    weight): the backward is given the parameters again, where stacking them would copy them per micro-batch
-    in flight (memory the planner does not count, and bytes every forward moves). With recomputation only the
-    units' input activations are kept (``forward_keeping_inputs``)."""
+    weight in fp32): the backward is given the parameters again, where stacking them would copy them per
+    micro-batch in flight (memory the planner does not count, and bytes every forward moves). In a 16-bit
+    compute dtype what is saved is the weight's cast copy, kept per micro-batch, which the planner counts
+    (``saved_constant_bytes``). With recomputation only the units' input activations are kept
+    (``forward_keeping_inputs``)."""
 
     def __init__(self, model: ModelDef, start: int, stop: int, dtype: Any, remat: bool, first: bool):
         self.model, self.start, self.stop, self.dtype, self.remat, self.first = model, start, stop, dtype, remat, first
@@ -254,6 +256,8 @@ class StagePass:
 
         param_leaves, stacked = jax.tree.leaves(params), iter(kept)
         leaves = [next(stacked)[0] if i is None else param_leaves[i] for i in self._from_params]
+        if next(stacked, None) is not None:  # the layout is the last traced forward's: it must be this one's
+            raise AssertionError("StagePass.backward: more kept arrays than its forward's layout")
         rebuilt = jax.tree.unflatten(self._treedef, leaves)
         if self.remat:
             return backward_from_inputs(self.model, params, rebuilt, batch, self.start, self.stop, self.dtype, cotangent)

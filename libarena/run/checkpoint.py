@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from libarena.errors import ArenaError
+from libarena.hardware import normalize_dtype
 from libarena.models import ModelDef
 from libarena.models.training import OptimizerConfig
 
@@ -126,6 +127,14 @@ def _this_process_only() -> Any:
     return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"arena-run-p{me}")
 
 
+def _dtype_name(dtype: str) -> str:
+    """One spelling of a dtype (a checkpoint written before names were normalised may say "bfloat16")."""
+    try:
+        return normalize_dtype(dtype)
+    except ArenaError:
+        return dtype
+
+
 class CheckpointStore:
     """Checkpoints of one job in ``directory`` (one orbax step directory per save, the newest few kept)."""
 
@@ -222,7 +231,7 @@ class CheckpointStore:
     def check_compatible(self, meta: CheckpointMeta, model: ModelDef, global_batch: int, data_seed: int, optimizer: OptimizerConfig,
                          dtype: str | None = None) -> None:
         where = f"checkpoint {self.directory / str(meta.step)}"
-        if dtype is not None and meta.dtype != dtype:
+        if dtype is not None and _dtype_name(meta.dtype) != _dtype_name(dtype):
             raise ArenaError(f"{where} was trained in {meta.dtype}, not {dtype} (resuming keeps the compute dtype)")
         if meta.model != model.name:
             raise ArenaError(f"{where} is for model {meta.model!r}, not {model.name!r}")

@@ -116,7 +116,7 @@ def train(model: ModelDef, plan: RunPlan, config: TrainConfig, devices: Sequence
                 raise ArenaError(f"{exc}; no earlier checkpoint in {store.directory} is usable (move the directory "
                                  f"aside to start over)") from None
     if store is not None and distributed.process_index() == 0:
-        for entry in skipped:  # every skipped one is newer than the resume point: this run saves its step again
+        for entry in skipped:  # newer than the resume point: orbax would keep it as the newest, or refuse to save its step
             moved = store.set_aside(entry["step"])
             if moved is not None:
                 entry["set_aside_as"] = str(moved)

@@ -441,6 +441,8 @@ class Simulator:
             job.progress_time = self.now
 
     def _reallocate(self, job: Job, alloc: Allocation, action: str, overhead: float) -> None:
+        if job.state == JobState.STARTING:  # the start-up it had not finished is replaced, not paid on top
+            job.overhead_s -= max(0.0, job.starts_at - self.now)
         self._settle(job)
         job.alloc = alloc
         job.state = JobState.STARTING

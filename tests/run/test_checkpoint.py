@@ -4,6 +4,8 @@ checkpoint untouched."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import hashlib
 import json
 from pathlib import Path
@@ -85,6 +87,11 @@ def test_checkpoint_roundtrip_and_mismatch(tmp_path: Path) -> None:
         store.check_compatible(meta, micro_moe(), 8, 0, OptimizerConfig())
     with pytest.raises(ArenaError, match="optimizer"):
         store.check_compatible(meta, model, 8, 0, OptimizerConfig(learning_rate=0.5))
+    # the compute dtype, in any of its spellings (a checkpoint may record "float32" or "bfloat16")
+    store.check_compatible(meta, model, 8, 0, OptimizerConfig(), dtype="float32")
+    with pytest.raises(ArenaError, match="was trained in fp32, not bf16"):
+        store.check_compatible(meta, model, 8, 0, OptimizerConfig(), dtype="bf16")
+    store.check_compatible(replace(meta, dtype="bfloat16"), model, 8, 0, OptimizerConfig(), dtype="bf16")
     assert _tree_digest(root) == before
 
 

@@ -61,9 +61,10 @@ def test_fused_training_step_with_recomputation_is_the_same(name: str) -> None:
 
 def test_a_stage_keeps_per_micro_batch_its_inputs_with_recomputation_and_no_parameter_copies_without() -> None:
     """What a stage's forward keeps for its backward, per micro-batch in flight: with recomputation only the
-    units' inputs (a small fraction of the activations); without it, the activations but never the stage's
-    parameters (a matmul's saved weight is the parameter itself: stacked per micro-batch it would be a copy,
-    which the planner's memory model does not count)."""
+    units' inputs (a small fraction of the activations); without it, in fp32, the activations but never the
+    stage's parameters (a matmul's saved weight is the parameter itself: stacked per micro-batch it would be a
+    copy, which the planner's memory model does not count; in bf16 the saved weight is its cast copy, which the
+    planner counts per micro-batch as a saved constant)."""
     import jax
 
     from libarena.run.executor import PipelineExecutor

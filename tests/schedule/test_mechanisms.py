@@ -236,8 +236,36 @@ def test_a_job_moved_before_it_starts_still_waits_for_its_profiles():
     j0.state = JobState.QUEUED  # as on its arrival
     sim.queued_count += 1
     assert sim.launch(j0, 0, 1)  # profiling 500 s, then the search 60 s
-    assert (j0.profiles_at, j0.starts_at) == (500, 560)
+    assert (j0.profiles_at, j0.starts_at, j0.overhead_s) == (500, 560, 560)
     sim.migrate(j0, sim.pools[0].place(2))
     assert j0.state == JobState.STARTING and j0.starts_at == 560  # not checkpoint-resume (100 s) from now
     assert sim.rescale(j0, 0, 2)
     assert j0.starts_at == 100 + 560 and sim.profiles_ready[("gpt__1.3B", 256)] == 500
+    assert j0.overhead_s == 660  # the start-up it waits for once, not the launch's, the migration's and this one's
+
+
+def test_elasticflow_counts_admitted_launches_before_best_effort_ones():
+    """Shrinking R from 4 GPUs to 1 places it afresh on node 1, which frees node 0 for the admitted 4-GPU job A
+    but leaves no room for the best-effort B that fits without the shrink: one launch either way, and the admitted
+    one wins. The trial leaves the pool as it was."""
+    import types
+
+    from libarena.schedule.entities import TypePool
+    from libarena.schedule.policies.elasticflow import ElasticFlowPolicy
+
+    pool = TypePool(0, "a100", 2, 4)
+    pool.occupy(((0, 0b1111),))  # R
+    pool.occupy(((1, 0b0011),))  # another running job, not shrinking
+    before = list(pool.masks)
+
+    def job(index, count_index=None, blocks=None, admitted=None):
+        alloc = None if blocks is None else types.SimpleNamespace(count_index=count_index, blocks=blocks)
+        return types.SimpleNamespace(index=index, alloc=alloc, policy_state={} if admitted is None else {"admitted": admitted})
+
+    r, a, b = job(0, 2, ((0, 0b1111),)), job(1, admitted=True), job(2, admitted=False)
+    target = {r.index: 0, a.index: 2, b.index: 1}
+    assert ElasticFlowPolicy._shrinks_place_more(pool, [r], [a, b], target)
+    assert list(pool.masks) == before
+    b.policy_state["admitted"] = True  # two admitted jobs: one placed either way, the shrink buys nothing
+    assert not ElasticFlowPolicy._shrinks_place_more(pool, [r], [a, b], target)
+    assert list(pool.masks) == before

@@ -64,7 +64,7 @@ class LiveCluster(Simulator):
             raise ArenaError(f"job {spec.job_id}: {spec.model} (batch {spec.global_batch}) is not in the performance table")
         mp = self.perf.get(spec.model, spec.global_batch)
         view = mp.views[self.policy.view]
-        prio = spec.priority if spec.priority is not None else _default_priority(spec.job_id, self.num_queues)
+        prio = spec.priority if spec.priority is not None else _default_priority(spec.job_id, self.num_queues, self.config.seed)
         # the index is the submission number (spec.row), stable across restarts: policies break ties by it
         job = Job(spec.row - 1, spec, self.perf.type_index[spec.requested_type], min(max(1, prio), self.num_queues),
                   view, mp.truth)
@@ -225,7 +225,7 @@ class LiveCluster(Simulator):
             "enqueue_seq": job.enqueue_seq, "version": job.version, "progress": job.progress,
             "progress_time": job.progress_time, "rate": job.rate, "first_start": job.first_start,
             "finish_time": job.finish_time, "reschedules": job.reschedules, "overhead_s": job.overhead_s,
-            "profiled": job.profiled,
+            "profiled": job.profiled, "starts_at": job.starts_at, "profiles_at": job.profiles_at,
             # the policy's per-job decisions (e.g. ElasticFlow's admission); list values are caches, recomputed
             "policy_state": {k: v for k, v in job.policy_state.items() if isinstance(v, (bool, int, float, str))},
             "alloc": None if a is None else {"gpu_type": self.perf.gpu_types[a.type_index], "count_index": a.count_index,
@@ -249,6 +249,8 @@ class LiveCluster(Simulator):
         job.reschedules = snap["reschedules"]
         job.overhead_s = snap["overhead_s"]
         job.profiled = snap["profiled"]
+        job.starts_at = float(snap.get("starts_at", 0.0))  # absent from snapshots written before they were kept
+        job.profiles_at = float(snap.get("profiles_at", 0.0))
         if job.profiled:  # its profiles exist (the server's saved reuse state covers finished jobs' pairs)
             self.profiles_ready.setdefault((spec.model, spec.global_batch), self.now)
         job.policy_state.update(snap.get("policy_state") or {})

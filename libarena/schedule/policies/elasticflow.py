@@ -191,18 +191,25 @@ class ElasticFlowPolicy(Policy):
 
     @staticmethod
     def _shrinks_place_more(pool, running: list[Job], waiting: list[Job], target: dict[int, int]) -> bool:
-        """Whether shrinking the running jobs to their targets lets more of the waiting jobs' launches be placed
-        than without (tried on the pool and undone, as the simulator would place them)."""
+        """Whether shrinking the running jobs to their targets lets more admitted jobs' launches be placed than
+        without, or as many and more best-effort ones (tried on the pool in the launches' order and undone, as
+        the simulator would place them)."""
         shrinking = [job for job in running if target[job.index] < job.alloc.count_index]
-        launches = [target[job.index] for job in waiting if job.index in target]
+        launches = [(target[job.index], bool(job.policy_state.get("admitted"))) for job in waiting if job.index in target]
         if not shrinking or not launches:
             return False
 
-        def placeable() -> int:
-            placed = [blocks for blocks in (pool.place(1 << c) for c in launches) if blocks is not None]
+        def placeable() -> tuple[int, int]:
+            placed, admitted, best_effort = [], 0, 0
+            for c, is_admitted in launches:
+                blocks = pool.place(1 << c)
+                if blocks is not None:
+                    placed.append(blocks)
+                    admitted += is_admitted
+                    best_effort += not is_admitted
             for blocks in reversed(placed):
                 pool.release(blocks)
-            return len(placed)
+            return admitted, best_effort
 
         without = placeable()
         undo = []
