@@ -32,12 +32,11 @@ def _report_run_notes(run_dir: Path, metrics: dict[str, Any], report: Report) ->
     """Warn which jobs of the run in ``run_dir`` the policy could never place, and why, and when its decisions
     depended on the host's speed (cache hits too)."""
     from libarena.artifacts import read_table
-    from libarena.schedule.metrics import unschedulable_notes
+    from libarena.schedule.metrics import time_limit_note, unschedulable_notes
 
-    hits = metrics.get("ilp_time_limit_hits") or 0
-    if hits:
-        report.warn(f"{metrics['policy']}: {hits} ILP solve(s) stopped at the time limit (ilp_time_limit_s): those "
-                    "decisions depend on this host's speed and load, so the run may not repeat exactly")
+    note = time_limit_note(metrics)
+    if note:
+        report.warn(note)
     if not metrics.get("unschedulable_jobs"):
         return
     for line in unschedulable_notes(read_table(run_dir / "jobs.parquet", "job_records").table):

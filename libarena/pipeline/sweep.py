@@ -385,7 +385,7 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
     from libarena.artifacts import write_bytes, write_json
     from libarena.schedule.api import is_output_file
     from libarena.schedule.compare import compare_json, compare_table_text, paired_comparison
-    from libarena.schedule.metrics import read_metrics, summary_line
+    from libarena.schedule.metrics import read_metrics, summary_line, time_limit_note
 
     waiting = {group: len(members) for group, members in groups.items()}
     total = len(points)
@@ -420,6 +420,9 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
             rec.metrics = read_metrics(output / rec.output / "metrics.json")
             report.log(f"[{finished}/{total}] {rec.label}{' (cached)' if status == 'cached' else ''}: "
                        f"{summary_line(rec.metrics)}")
+            note = time_limit_note(rec.metrics)
+            if note:
+                report.warn(f"[{finished}/{total}] {rec.label}: {note}")
         group = points[i].group
         waiting[group] -= 1
         if not waiting[group]:

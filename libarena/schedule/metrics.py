@@ -134,6 +134,15 @@ def summarize(res: SimulationResult, records: pa.Table | None = None) -> dict:
     }
 
 
+def time_limit_note(m: dict) -> str | None:
+    """The warning a run whose ILP solves stopped at their time limit deserves (None: none did)."""
+    hits = m.get("ilp_time_limit_hits") or 0
+    if not hits:
+        return None
+    return (f"{m['policy']}: {hits} ILP solve(s) stopped at the time limit (ilp_time_limit_s): those decisions depend "
+            "on this host's speed and load, so the run may not repeat exactly")
+
+
 def json_safe(metrics: dict) -> dict:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
 

@@ -141,19 +141,27 @@ def test_status_never_shows_a_training_job_complete(tmp_path):
     assert row["progress"] == 1.0
 
 
+def _started_job(server, clock):
+    """Job "a" submitted, launched at 10 s and reported running by the launcher: (the live cluster, the job)."""
+    from libarena.schedule.live.launchers import RunStatus
+
+    server.step()
+    server.store.submit(JobSubmission(MODEL, BATCH, 600, "a"))
+    clock.t = 10.0
+    server.step()
+    live = server.live
+    job = live.by_id["a"]
+    live.apply({"a": RunStatus("a", job.version, "running", 10.0, None, 0.0)}, False)
+    return live, job
+
+
 def test_a_finish_learnt_late_is_recorded_when_it_happened(tmp_path):
     """A completion reported after scheduler time moved past it (a restart, a slow poll) keeps its own time."""
     from libarena.schedule.live.launchers import RunStatus
 
     server, clock = _server(tmp_path)
     try:
-        server.step()
-        server.store.submit(JobSubmission(MODEL, BATCH, 600, "a"))
-        clock.t = 10.0
-        server.step()
-        live = server.live
-        job = live.by_id["a"]
-        live.apply({"a": RunStatus("a", job.version, "running", 10.0, None, 0.0)}, False)
+        live, job = _started_job(server, clock)
         live.advance(500.0)
         live.apply({"a": RunStatus("a", job.version, "finished", 10.0, 123.0, 600.0)}, False)
         live.advance(500.0)
@@ -290,3 +298,20 @@ def test_close_releases_the_lock_after_the_database_whatever_fails(tmp_path):
     with pytest.raises(sqlite3.ProgrammingError):  # closed
         server.store.conn.execute("SELECT 1")
     assert server.lock.fd is None
+
+
+def test_a_measured_iteration_count_is_as_of_the_poll(tmp_path):
+    """arena-run reports the iterations it has done when polled; the progress model then adds rate x time from
+    the poll on. Stamped with the last pass's time instead, the time since that pass was counted twice."""
+    from libarena.schedule.live.launchers import RunStatus
+
+    server, clock = _server(tmp_path)
+    try:
+        live, job = _started_job(server, clock)
+        live.advance(100.0)
+        assert job.state.value == "running" and job.rate > 0
+        live.apply({"a": RunStatus("a", job.version, "running", 10.0, None, 50.0)}, True, polled_at=400.0)
+        assert (job.progress, job.progress_time) == (50.0, 400.0)
+        assert job.remaining_at(400.0) == job.spec.num_iterations - 50.0
+    finally:
+        server.close()

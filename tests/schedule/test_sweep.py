@@ -260,6 +260,20 @@ def test_spec_with_variants_and_seeds(inputs, tmp_path):
 
 
 
+def test_a_sweep_warns_of_runs_whose_ilp_solves_hit_the_time_limit(inputs, tmp_path):
+    """As simulate and compare do: a run whose decisions depended on the host's speed says so."""
+    d, cluster = inputs
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"cluster: {cluster}\n"
+                    f"traces: {{philly: {{trace: {d / 'philly.csv'}, perf: {d / 'perf.parquet'}}}}}\n"
+                    "policies: [sia]\nvariants: {default: {}, rushed: {options: {ilp_time_limit_s: 1.0e-9}}}\n"
+                    "simulator: {horizon: 100000}\n")
+    r = cli("sweep", str(spec), "--sequential", "--cache-dir", str(tmp_path / "cache"), "-o", str(tmp_path / "out"), cwd=d)
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if "stopped at the time limit" in line]
+    assert len(warned) == 1 and "rushed" in warned[0] and "sia: " in warned[0], r.stderr
+
+
 @pytest.mark.slow
 def test_sequential_sweep_equals_compare_and_shares_the_cache(inputs, tmp_path):
     d, cluster = inputs

@@ -132,8 +132,10 @@ class LiveCluster(Simulator):
         self.touched[job.spec.job_id] = job
 
     # -- launcher reports ---------------------------------------------------------------------------------
-    def apply(self, statuses: dict[str, RunStatus], measured_progress: bool) -> list[LaunchRequest]:
-        """Turn the launcher's reports into events on the heap; returns the requests of lost versions to relaunch."""
+    def apply(self, statuses: dict[str, RunStatus], measured_progress: bool, polled_at: float | None = None) -> list[LaunchRequest]:
+        """Turn the launcher's reports into events on the heap; returns the requests of lost versions to relaunch.
+        ``polled_at``: the scheduler time the reports were taken (a measured iteration count is as of then; default
+        the cluster's clock)."""
         lost = []
         for job_id, st in sorted(statuses.items()):
             job = self.by_id.get(job_id)
@@ -159,7 +161,8 @@ class LiveCluster(Simulator):
             elif st.phase == "running" and measured_progress and st.iterations_done is not None \
                     and job.state == JobState.RUNNING:
                 job.progress = min(float(job.spec.num_iterations), float(st.iterations_done))
-                job.progress_time = self.now
+                # as of the poll, not of the last pass: the progress model adds rate x time only after it
+                job.progress_time = self.now if polled_at is None else max(self.now, float(polled_at))
         return lost
 
     def fail(self, job: Job, why: str) -> None:

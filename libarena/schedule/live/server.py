@@ -242,6 +242,10 @@ class Server:
             if self.live.active or queued:
                 Store.log(c, self.live.now, None, "recover", {"queued": len(queued), "active": len(self.live.active),
                                                               "reissued": [f"{r.job_id}/v{r.version}" for r in reissue]})
+        # as _execute does: every version leaving its GPUs stops before any starts (an interrupted trade gives two
+        # jobs each other's GPUs)
+        for req in reissue:
+            self.launcher.vacate(req)
         for req in reissue:
             self.launcher.launch(req)
             self.store.mark_launch(req.job_id, req.version, "launched")
@@ -346,7 +350,7 @@ class Server:
         live = self.live
         if reports is None:
             reports = self._poll(t)
-        lost = live.apply(reports, self.launcher.measured_progress)
+        lost = live.apply(reports, self.launcher.measured_progress, polled_at=t)
         live.advance(t)
         decision_s = live.tick()
         decisions = live.decisions_this_tick
@@ -383,6 +387,9 @@ class Server:
             self.last_tick = t
         self._execute(intents)
         for req in lost:
+            job = live.by_id.get(req.job_id)
+            if job is None or not job.active or job.version != req.version:
+                continue  # this pass moved or ended the job: _execute stopped the lost version, no relaunch
             key = (req.job_id, req.version)
             self._relaunches[key] = self._relaunches.get(key, 0) + 1
             if self._relaunches[key] > self.max_relaunches:
