@@ -60,7 +60,7 @@ CONCURRENCY_MODELS = ("co-run", "cpu-time", "measured", "independent")
 #: 6: timed with the C heap's thresholds fixed (libarena.run.heap.steady_malloc);
 #: 7: timings carry the calling thread's CPU to issue them (dispatch_cpu_s: the 1F1B model's dispatch bound);
 #: 8: a stage child's C heap is on huge pages (libarena.run.heap.huge_page_heap_env)
-STAGE_RECORD_VERSION = 8
+STAGE_RECORD_VERSION = 9  # 9: the key holds the burst and, on CPU, the host
 #: Record key of each statistic.
 _STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
 
@@ -181,12 +181,18 @@ class ProfileResult:
 # One stage
 
 
-def stage_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) -> str:
+def stage_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str, *, burst: int) -> str:
+    """The key of a stage's profile: what builds its executables, the device and how it was timed (``burst``
+    runs per timed region; on CPU the host too, whose cores are the device: a cache shared between hosts must
+    not serve one host's times to another)."""
+    import platform
+
     import jax
 
     from libarena.models import get_model
 
     view = worker_view(spec)
+    host = (platform.node(), os.cpu_count()) if local.platform == "cpu" else ()
     return content_digest(
         "stage-profile",
         STAGE_RECORD_VERSION,
@@ -196,6 +202,8 @@ def stage_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) -> str
         local.kind,
         timer_name,
         jax.__version__,
+        int(burst),
+        list(host),
     )
 
 
@@ -218,7 +226,7 @@ def profile_stage(
     ``compiled``: its executables compiled ahead (``compile_ahead``), which took ``compile_device_s`` of
     the profiling run's wall time (its share of a parallel compilation). ``log``: says when the stage is being
     profiled by another run sharing the cache (this one waits for it)."""
-    key = stage_cache_key(spec, local, timer.name)
+    key = stage_cache_key(spec, local, timer.name, burst=burst)
     return _profiled_once(cache, key, spec, log, lambda: _profile_stage(spec, key, local, timer, cache, warmup, repeats, seed,
                                                                         burst, compiled, compile_device_s, budget_s))
 
@@ -291,8 +299,10 @@ def profile_stage_in_child(spec: StageSpec, local: LocalDevice, timer: Timer, ca
             child.time(warmup, repeats)
             return child.record()
 
-    return _profiled_once(cache, content_digest("stage-profile-in-child", stage_cache_key(spec, local, timer.name)), spec,
-                          log, profile)
+    # the child runs under the threading layout given (the in-process profile under this process's)
+    key = content_digest("stage-profile-in-child", stage_cache_key(spec, local, timer.name, burst=burst),
+                         getattr(threading, "name", None))
+    return _profiled_once(cache, key, spec, log, profile)
 
 
 def _stage_record(spec: StageSpec, execs: Any, key: str, local: LocalDevice, timer_name: str, microbatch: Timing, opt_key: str,
@@ -348,7 +358,7 @@ class StageSession:
 
     def build(self, spec: StageSpec, repeats: int = 7) -> str:
         """Compile the stage (once) and time its per-step host work; returns its profile key."""
-        key = stage_cache_key(spec, self.local, self.timer.name)
+        key = stage_cache_key(spec, self.local, self.timer.name, burst=self.burst)
         if key not in self._execs:
             t0 = time.perf_counter()
             execs = build_stage_executables(spec, device=self.local.device, seed=self.seed, with_optimizer=True)
@@ -372,12 +382,12 @@ class StageSession:
         state["device_s"] += t2 - t0
 
     def device_s(self, spec: StageSpec) -> float:
-        return self._state[stage_cache_key(spec, self.local, self.timer.name)]["device_s"]
+        return self._state[stage_cache_key(spec, self.local, self.timer.name, burst=self.burst)]["device_s"]
 
     def record(self, spec: StageSpec, chunk: int | None = None) -> dict[str, Any]:
         """The stage's record from every sample so far, or (``chunk``) from the samples of that ``time`` call only
         (a benchmark pairs each turn of the estimate side with the measurement's turn beside it)."""
-        key = stage_cache_key(spec, self.local, self.timer.name)
+        key = stage_cache_key(spec, self.local, self.timer.name, burst=self.burst)
         execs, state = self._execs[key], self._state[key]
         if not state["microbatch"]:
             raise ArenaError(f"stage {spec.model}[{spec.start}:{spec.stop}] has not been timed yet")
@@ -393,7 +403,7 @@ class StageSession:
                              execs.compile_s, state["timed"])
 
     def release(self, spec: StageSpec) -> None:
-        self._execs.pop(stage_cache_key(spec, self.local, self.timer.name), None)
+        self._execs.pop(stage_cache_key(spec, self.local, self.timer.name, burst=self.burst), None)
 
 
 def _pooled(timings: list[Timing]) -> Timing:
@@ -799,7 +809,7 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
         if plan.grid.gpu_type == local.gpu_type:
             for j, spec in enumerate(job.stage_specs(plan)):
                 item = corun_item(plan, j, spec)
-                by_devices.setdefault(plan.grid.num_gpus, {})[(stage_cache_key(spec, local, timer.name), item)] = item
+                by_devices.setdefault(plan.grid.num_gpus, {})[(stage_cache_key(spec, local, timer.name, burst=config.burst), item)] = item
     out: dict[tuple[int, str, CoRunItem], CoRunTiming] = {}
     cost: dict[int, float] = {}
     layout = XLA_THREADING.get(config.xla_threading)
@@ -915,7 +925,7 @@ def profile_plans(
     # isolated: each stage built in a child of its own, so nothing is queued to compile ahead here
     to_compile = [] if isolated else [spec for stages in plan_pieces for pieces in stages for spec in pieces]
     for spec in to_compile:
-        key = stage_cache_key(spec, local, timer.name)
+        key = stage_cache_key(spec, local, timer.name, burst=config.burst)
         if key in keys_queued or cache.get(key) is not None:
             continue
         opt_key = optimizer_cache_key(spec, local, timer.name)

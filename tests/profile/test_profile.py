@@ -436,7 +436,7 @@ def test_a_run_waits_for_a_stage_another_run_is_profiling(tmp_path):
             "from libarena.profile.stage import StageSpec\n"
             "from libarena.profile.timers import HostTimer\n"
             "local, spec, timer = resolve_device('cpu'), StageSpec('gpt__tiny', 0, 2, 2), HostTimer()\n"
-            "print(stage_cache_key(spec, local, timer.name), flush=True)\n"
+            "print(stage_cache_key(spec, local, timer.name, burst=4), flush=True)\n"
             "sys.stdin.readline()\n"
             "t0 = time.perf_counter()\n"
             f"record, cached = profile_stage(spec, local, timer, ProfileCache({str(tmp_path)!r}), warmup=0, repeats=1,\n"
@@ -525,3 +525,21 @@ def test_a_bad_device_name_is_refused_in_one_line(name):
 
     with pytest.raises(ArenaError, match=r"^(bad device|device) '.*'"):
         resolve_device(name)
+
+
+def test_a_stage_profile_is_keyed_by_how_it_was_timed_and_on_cpu_by_the_host(monkeypatch):
+    """A profile timed in bursts of 4 is not served to a run that times single runs, and on CPU (the host's cores
+    are the device) a cache shared between hosts does not serve one host's times to another."""
+    import platform
+
+    from libarena.profile.device import resolve_device
+    from libarena.profile.profiler import stage_cache_key
+    from libarena.profile.stage import StageSpec
+
+    local, spec = resolve_device("cpu"), StageSpec("gpt__tiny", 0, 2, 2)
+    four = stage_cache_key(spec, local, "host", burst=4)
+    assert four == stage_cache_key(spec, local, "host", burst=4)
+    assert four != stage_cache_key(spec, local, "host", burst=1)
+    assert four != stage_cache_key(StageSpec("gpt__tiny", 0, 2, 2, remat=True), local, "host", burst=4)
+    monkeypatch.setattr(platform, "node", lambda: "another-host")
+    assert four != stage_cache_key(spec, local, "host", burst=4)
