@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -179,10 +180,7 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
     if models and models[0] != meta["model"]["name"]:
         raise ArenaError(f"{source}: plans for {models[0]} but the operator table in metadata is for {meta['model']['name']}")
     rows = artifact.table.to_pylist()
-    rows_per_grid: dict[tuple, int] = {}
-    for row in rows:
-        key = _grid_key(row)
-        rows_per_grid[key] = rows_per_grid.get(key, 0) + 1
+    rows_per_grid = Counter(_grid_key(row) for row in rows)
     for r, row in enumerate(rows, start=1):
         def bad(column: str, problem: str) -> ArenaError:
             return ArenaError(f"{source}: row {r}, column {column!r}: {problem}")

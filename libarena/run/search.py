@@ -325,7 +325,7 @@ def measure_in_process(model: ModelDef, config: SearchConfig, dtype: str = "fp32
             # a candidate that does not fit the devices' memory is a failed trial, not the end of the search
             if "RESOURCE_EXHAUSTED" not in str(exc):
                 raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
+            first = str(exc).strip().splitlines()[0]  # not empty: it holds RESOURCE_EXHAUSTED
             raise ArenaError(f"plan {plan.plan_id} ran out of device memory: {first[:300]}") from None
 
     return measure

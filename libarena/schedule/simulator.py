@@ -347,8 +347,7 @@ class Simulator:
         """Restart an active job on ``alloc`` (its GPUs already held): checkpoint-resume and the AP search, or the
         wait for a reused plan, as rescale_overhead says. A job still starting keeps waiting for its profiles."""
         t, c = alloc.type_index, alloc.count_index
-        profiles_at = max(self.now, job.profiles_at)
-        plan_at = self._plan_ready_at(job, t, c, profiles_at)
+        profiles_at, plan_at = self._restart_ready_at(job, t, c)
         self._note_ready(job, t, c, profiles_at, plan_at)
         self._reallocate(job, alloc, "rescale", self.overheads.checkpoint_resume_s + plan_at - self.now)
 
@@ -414,7 +413,13 @@ class Simulator:
     def rescale_overhead(self, job: Job, t: int, c: int) -> float:
         """What moving the running job to (t, c) costs: checkpoint-resume and the AP search (or the wait for a
         reused plan)."""
-        return self.overheads.checkpoint_resume_s + self._plan_ready_at(job, t, c, max(self.now, job.profiles_at)) - self.now
+        return self.overheads.checkpoint_resume_s + self._restart_ready_at(job, t, c)[1] - self.now
+
+    def _restart_ready_at(self, job: Job, t: int, c: int) -> tuple[float, float]:
+        """(profiles, plan) ready times of an active job restarting now on (t, c): its profiles exist, or are still
+        being made when it has not started yet."""
+        profiles_at = max(self.now, job.profiles_at)
+        return profiles_at, self._plan_ready_at(job, t, c, profiles_at)
 
     # -- where the simulated cluster and a live one differ ------------------------------------------
     # The simulator predicts when a (re)started job begins training and when it completes; a live cluster
