@@ -17,6 +17,7 @@ from libarena.plan.config import (
     MICROBATCHES_PER_STAGE,
     PlannerConfig,
     microbatch_count,
+    planned_microbatch_count,
     replica_microbatch,
     runnable_microbatch_count,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "microbatch_count",
     "operator_table_digest",
     "plan_job",
+    "planned_microbatch_count",
     "planset_from_artifact",
     "planset_metadata",
     "planset_to_table",

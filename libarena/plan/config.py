@@ -12,11 +12,10 @@ MICROBATCHES_PER_STAGE = 4
 
 
 def microbatch_count(stages: int, per_stage: int = MICROBATCHES_PER_STAGE, fixed: int | None = None) -> int:
-    """B, the micro-batches of one iteration: ``fixed``, or ``per_stage`` x the pipeline degree.
+    """The nominal micro-batch count: ``fixed``, or ``per_stage`` x the pipeline degree (the paper's 4 x s).
 
-    The planner and the profiler price plans at this B even when it does not divide the global batch (the
-    micro-batch size G / B is then fractional, see :func:`replica_microbatch`); the runtime needs whole
-    micro-batches and runs ``runnable_microbatch_count(G, B)`` of them.
+    A global batch smaller than it is too small for the grid. Plans run (and are priced at)
+    :func:`planned_microbatch_count`, this count lowered until it splits the global batch evenly.
     """
     return fixed if fixed else per_stage * stages
 
@@ -27,6 +26,15 @@ def runnable_microbatch_count(global_batch: int, count: int) -> int:
     while b > 1 and global_batch % b:
         b -= 1
     return b
+
+
+def planned_microbatch_count(global_batch: int, stages: int, per_stage: int = MICROBATCHES_PER_STAGE,
+                             fixed: int | None = None) -> int:
+    """B, the micro-batches of one iteration of a plan with ``stages`` stages: the nominal count, lowered to the
+    largest one that splits ``global_batch`` evenly. The runtime needs whole micro-batches, so the planner, the
+    profiler and the runtime all use this B: a fractional G / B would price smaller micro-batches (less
+    activation memory, a smaller pipeline bubble) than the ones that run."""
+    return runnable_microbatch_count(global_batch, microbatch_count(stages, per_stage, fixed))
 
 
 def replica_microbatch(global_batch: int, num_microbatches: int, dp: int = 1) -> int:
@@ -43,7 +51,8 @@ USABLE_MEMORY_FRACTION = 0.9
 class PlannerConfig:
     #: Largest GPU count of a grid (grids use powers of two up to it and up to what the cluster has).
     max_gpus: int = 16
-    #: Micro-batches per iteration B = microbatches_per_stage x s (the paper uses 4 x s) ...
+    #: Micro-batches per iteration B = microbatches_per_stage x s (the paper uses 4 x s), lowered until B
+    #: divides the global batch ...
     microbatches_per_stage: int = MICROBATCHES_PER_STAGE
     #: ... unless fixed here.
     num_microbatches: int | None = None
@@ -80,5 +89,10 @@ class PlannerConfig:
         for value in self.pipeline_degrees or ():
             check_range(value, "--stages", 1, 1024, integer=True)
 
-    def microbatches(self, stages: int) -> int:
+    def nominal_microbatches(self, stages: int) -> int:
+        """The nominal count (4 x s unless fixed): a global batch smaller than it is too small for the grid."""
         return microbatch_count(stages, self.microbatches_per_stage, self.num_microbatches)
+
+    def microbatches(self, stages: int, global_batch: int) -> int:
+        """B, the micro-batches plans of ``stages`` stages run and are priced at (:func:`planned_microbatch_count`)."""
+        return planned_microbatch_count(global_batch, stages, self.microbatches_per_stage, self.num_microbatches)

@@ -37,7 +37,7 @@ Known simplifications: all weights and saved activations count as TP-sharded (Me
 inputs and dropout masks replicated, so TP memory is slightly optimistic); recomputation is all or nothing per
 stage (every unit of the stage recomputes);
 MoE expert weights are counted as replicated across dp even though the all-to-all assumes expert
-parallelism (memory is pessimistic there); the micro-batch size G / B may be fractional.
+parallelism (memory is pessimistic there).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def _check_planning_size(profile: ModelProfile, grids: list[Grid], config: Plann
     """Every grid's partitions and stage table within bounds, checked before any is built."""
     O = profile.num_clusters
     for s in sorted({g.pipeline_degree for g in grids}):
-        if config.exhaustive or profile.global_batch < config.microbatches(s):
+        if config.exhaustive or profile.global_batch < config.nominal_microbatches(s):
             continue  # the exhaustive path checks its own total; a grid of too few samples is infeasible
         _check_partition_count(profile, s)
         max_gpus = max(g.num_gpus for g in grids if g.pipeline_degree == s)
@@ -103,7 +103,7 @@ class StageTable:
             (level, dp, tp, zero, remat)
             for level in range(levels)
             for dp, tp, zero, remat in intra_stage_options(1 << level, allow_zero, allow_remat)
-            if dp <= global_batch / B  # a replica needs at least one sample per micro-batch
+            if (global_batch // B) % dp == 0  # the runtime splits a micro-batch evenly over the replicas
         ]
         lv = np.array([o[0] for o in options])
         dp = np.array([o[1] for o in options], dtype=np.float64)[:, None, None, None]
@@ -283,10 +283,11 @@ def plan_grid(
     computation bias of a plan with recomputing stages is measured against the load-proportional assignment
     of those effective loads (the same value as before for plans without recomputation)."""
     n, s = grid.num_gpus, grid.pipeline_degree
-    B = config.microbatches(s)
-    if profile.global_batch < B:
-        reason = f"global batch {profile.global_batch} is smaller than the {B} micro-batches of {s} stages"
-        return GridResult(grid, (), B, 0, 0, reason)
+    B = config.microbatches(s, profile.global_batch)
+    nominal = config.nominal_microbatches(s)
+    if profile.global_batch < nominal:
+        reason = f"global batch {profile.global_batch} is smaller than the {nominal} micro-batches of {s} stages"
+        return GridResult(grid, (), nominal, 0, 0, reason)
     if config.exhaustive:
         return plan_grid_exhaustive(profile, grid, loads, costs, config)
     if table is None:
@@ -368,13 +369,13 @@ def plan_grid_exhaustive(
     Scalar code on purpose (it doubles as the oracle for the vectorised path in the tests).
     """
     n, s = grid.num_gpus, grid.pipeline_degree
-    B = config.microbatches(s)
+    B = config.microbatches(s, profile.global_batch)
     compositions = power_of_two_compositions(n, s)
-    samples_per_microbatch = profile.global_batch / B
+    samples_per_microbatch = profile.global_batch // B
     option_cache: dict[int, list[tuple[int, int, bool, bool]]] = {}
     for c in {c for comp in compositions for c in comp}:
         option_cache[c] = [o for o in intra_stage_options(c, config.allow_zero, config.allow_remat)
-                           if o[0] <= samples_per_microbatch]
+                           if samples_per_microbatch % o[0] == 0]
     per_comp = sum(math.prod(len(option_cache[c]) for c in comp) for comp in compositions)
     total = per_comp * math.comb(profile.num_clusters - 1, s - 1)  # before the partitions are built
     if total > config.exhaustive_limit:
@@ -481,11 +482,11 @@ def plan_job(
             forward_loads_by_type[gpu_type] = profile.forward_loads(gpu)
             costs_by_type[gpu_type] = StageCostModel(profile, gpu, grid.gpus_per_node, comm, config.usable_memory_fraction)
         table = None
-        if not config.exhaustive and profile.global_batch >= config.microbatches(s):
+        if not config.exhaustive and profile.global_batch >= config.nominal_microbatches(s):
             key = (gpu_type, s)
             if key not in tables:
                 tables[key] = StageTable(
-                    costs_by_type[gpu_type], max_gpus_by_type[gpu_type], s, config.microbatches(s),
+                    costs_by_type[gpu_type], max_gpus_by_type[gpu_type], s, config.microbatches(s, profile.global_batch),
                     profile.global_batch, config.allow_zero, config.allow_remat,
                 )
             table = tables[key]

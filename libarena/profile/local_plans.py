@@ -16,7 +16,8 @@ from typing import Any
 
 from libarena.artifacts import Provenance
 from libarena.models import get_model
-from libarena.plan import MICROBATCHES_PER_STAGE, Grid, GridResult, ParallelPlan, PlanSet, make_plan, microbatch_count, write_plans
+from libarena.plan import (MICROBATCHES_PER_STAGE, Grid, GridResult, ParallelPlan, PlanSet, make_plan,
+                           microbatch_count, planned_microbatch_count, write_plans)
 from libarena.plan.partition import power_of_two_compositions
 
 
@@ -72,12 +73,14 @@ def enumerate_grid_plans(
     microbatches_per_stage: int = MICROBATCHES_PER_STAGE,
     max_stages: int | None = None,
 ) -> list[ParallelPlan]:
-    """Every plan of one grid (one node of ``num_gpus`` GPUs) whose micro-batches split evenly; the first is
-    marked as the proxy."""
+    """Every plan of one grid (one node of ``num_gpus`` GPUs) whose micro-batches split evenly over each stage's
+    replicas (arena-plan's micro-batch count); the first is marked as the proxy."""
     plans = []
     max_stages = min(max_stages or num_gpus, num_gpus, num_clusters)
     for s in range(1, max_stages + 1):
-        B = microbatch_count(s, microbatches_per_stage)
+        if global_batch < microbatch_count(s, microbatches_per_stage):
+            continue  # too small a batch for the grid, as arena-plan judges it
+        B = planned_microbatch_count(global_batch, s, microbatches_per_stage)
         grid = Grid(model_name, global_batch, gpu_type, num_gpus, 1, num_gpus, s)
         for cuts in itertools.combinations(range(1, num_clusters), s - 1):
             bounds = [0, *cuts]

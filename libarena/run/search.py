@@ -34,7 +34,7 @@ from libarena.checks import MAX_SEED, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models import ModelDef
 from libarena.hardware import get_gpu
-from libarena.plan import (MICROBATCHES_PER_STAGE, Grid, ParallelPlan, StageLayout, make_plan, microbatch_count,
+from libarena.plan import (MICROBATCHES_PER_STAGE, Grid, ParallelPlan, StageLayout, make_plan, planned_microbatch_count,
                            runnable_microbatch_count)
 from libarena.plan.costs import intra_stage_options
 from libarena.plan.partition import computation_bias, partitions, power_of_two_compositions
@@ -125,14 +125,10 @@ def cluster_loads(clusters: Sequence[Mapping[str, Any]], gpu_type: str, dtype: s
     return loads
 
 
-def microbatches(global_batch: int, stages: int, per_stage: int) -> int:
-    """arena-plan's B for ``stages`` stages, as many as the runtime can split the global batch into."""
-    return runnable_microbatch_count(global_batch, microbatch_count(stages, per_stage))
-
-
 def runnable_plan(plan: ParallelPlan, global_batch: int) -> ParallelPlan:
-    """``plan`` with as many micro-batches as the runtime can split ``global_batch`` into: arena-plan prices B
-    micro-batches even where B does not divide the global batch (:func:`libarena.plan.microbatch_count`)."""
+    """``plan`` with as many micro-batches as the runtime can split ``global_batch`` into. arena-plan's plans
+    already divide it (:func:`libarena.plan.planned_microbatch_count`); a plans file written before that rule,
+    or by hand, may not."""
     if global_batch % plan.num_microbatches == 0:
         return plan
     return replace(plan, num_microbatches=runnable_microbatch_count(global_batch, plan.num_microbatches))
@@ -180,7 +176,7 @@ def full_space(space: SearchSpace, config: SearchConfig) -> list[RunPlan]:
     out = []
     n, O = space.num_gpus, space.num_clusters
     for s in range(1, min(n, O) + 1):
-        B = microbatches(space.global_batch, s, config.microbatches_per_stage)
+        B = planned_microbatch_count(space.global_batch, s, config.microbatches_per_stage)
         starts, _ = partitions(O, s)
         for bounds in starts.tolist():
             for gpus in power_of_two_compositions(n, s):
@@ -206,7 +202,7 @@ def pruned_space(space: SearchSpace, frontier: Sequence[Any], pipeline_degree: i
         for st in p.stages:
             fixed.setdefault((st.first_cluster, st.end_cluster), set()).add(st.intra)
     s, n, O = pipeline_degree, space.num_gpus, space.num_clusters
-    B = microbatches(space.global_batch, s, config.microbatches_per_stage)
+    B = planned_microbatch_count(space.global_batch, s, config.microbatches_per_stage)
     out, seen = [], set()
     starts, _ = partitions(O, s)
     for bounds in starts.tolist():

@@ -29,7 +29,7 @@ def _check_planset(planset, config: PlannerConfig, num_clusters: int):
         grid = result.grid
         if not result.feasible:
             if result.infeasible_reason.startswith("global batch"):
-                assert planset.global_batch < config.microbatches(grid.pipeline_degree)
+                assert planset.global_batch < config.nominal_microbatches(grid.pipeline_degree)
                 continue
             assert result.infeasible_reason.startswith("out of memory")
             assert result.plans_out_of_memory == result.plans_considered > 0
@@ -43,6 +43,10 @@ def _check_planset(planset, config: PlannerConfig, num_clusters: int):
         if config.frontier_cap:
             assert len(front) <= config.frontier_cap
         for plan in result.plans:
+            # Priced at the micro-batches the runtime runs: whole ones, split evenly over each stage's replicas.
+            B = plan.num_microbatches
+            assert B == config.microbatches(grid.pipeline_degree, planset.global_batch)
+            assert planset.global_batch % B == 0 and all((planset.global_batch // B) % st.dp == 0 for st in plan.stages)
             assert sum(plan.gpus_per_stage) == grid.num_gpus
             assert all(c > 0 and c & (c - 1) == 0 for c in plan.gpus_per_stage)
             assert len(plan.stages) == grid.pipeline_degree
@@ -502,3 +506,19 @@ def test_a_plans_file_with_contradicting_or_misshapen_rows_is_refused():
     misshapen[0]["p2p_per_microbatch_s"] = [1.0, 2.0, 3.0]
     with pytest.raises(ArenaError, match=r"row 1, column 'p2p_per_microbatch_s': expected 1 finite non-negative values"):
         planset_from_artifact(artifact(misshapen))
+
+
+def test_plans_are_priced_at_the_micro_batches_the_runtime_runs():
+    """4 x s micro-batches do not always split the global batch; the runtime then runs fewer, larger ones
+    (``runnable_microbatch_count``), and the planner must price those, not a fractional G / (4 s)."""
+    ops = gpt_like(num_clusters=6, hidden=512, seq_len=128, batch=40)
+    planset = plan_job(ops, _single("a40", 1, 4), PlannerConfig(max_gpus=4, frontier_cap=0))
+    counts = {g.grid.pipeline_degree: {p.num_microbatches for p in g.plans} for g in planset.grids if g.grid.num_gpus == 4}
+    assert counts == {1: {4}, 2: {8}, 3: {10}, 4: {10}}  # 12 and 16 do not divide 40: 10 micro-batches of 4
+    single_stage = [p for g in planset.grids if g.grid.num_gpus == 4 and g.grid.pipeline_degree == 1 for p in g.plans]
+    # a micro-batch of 10 splits over 2 replicas, not over 4
+    assert single_stage and all(p.stages[0].dp in (1, 2) for p in single_stage)
+    from libarena.run.search import runnable_plan
+    for g in planset.grids:
+        for plan in g.plans:
+            assert runnable_plan(plan, 40) is plan
