@@ -313,23 +313,36 @@ class Simulator:
             return True
         if not job.true_thr[t, c] > 0:
             raise AssertionError(f"job {job.spec.job_id} cannot run on {1 << c} x {self.perf.gpu_types[t]}")
-        pool = self.pools[t]
-        blocks = None
-        if t == old.type_index and c == old.count_index + 1:
-            blocks = pool.try_grow_in_place(old.blocks)
+        blocks = self.place_resized(old, t, c)
         if blocks is None:
-            if t == old.type_index and c == old.count_index - 1:
-                keep, free = TypePool.shrink_blocks(old.blocks)
-                pool.release(free)
-                blocks = keep
-            else:
-                self.cluster.release(old)
-                blocks = pool.place(1 << c)
-                if blocks is None:
-                    self.cluster.occupy(old)
-                    return False
+            return False
         self._restart_on(job, Allocation(t, c, blocks))
         return True
+
+    def place_resized(self, alloc: Allocation, t: int, c: int) -> tuple[tuple[int, int], ...] | None:
+        """Take from the pools the GPUs a job on ``alloc`` holds once moved to 2**c GPUs of type t: its block
+        grown in place where it can be, one halving in place, else a fresh placement once its GPUs are given
+        back. None, the pools unchanged, where it does not fit. ``rescale`` moves jobs with it; a policy that
+        weighs a move first tries it with it and takes it back with :meth:`unplace_resized`."""
+        pool = self.pools[t]
+        if t == alloc.type_index and c == alloc.count_index + 1:
+            blocks = pool.try_grow_in_place(alloc.blocks)
+            if blocks is not None:
+                return blocks
+        if t == alloc.type_index and c == alloc.count_index - 1:
+            keep, free = TypePool.shrink_blocks(alloc.blocks)
+            pool.release(free)
+            return keep
+        self.pools[alloc.type_index].release(alloc.blocks)
+        blocks = pool.place(1 << c)
+        if blocks is None:
+            self.pools[alloc.type_index].occupy(alloc.blocks)
+        return blocks
+
+    def unplace_resized(self, alloc: Allocation, t: int, blocks: tuple[tuple[int, int], ...]) -> None:
+        """Undo :meth:`place_resized`: the pools as they were with the job on ``alloc``."""
+        self.pools[t].release(blocks)
+        self.pools[alloc.type_index].occupy(alloc.blocks)
 
     def trade(self, a: Job, b: Job) -> None:
         """Two running jobs trade their GPUs: each restarts on the other's allocation (GPU type, count and the

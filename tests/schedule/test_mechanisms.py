@@ -248,24 +248,29 @@ def test_elasticflow_counts_admitted_launches_before_best_effort_ones():
     """Shrinking R from 4 GPUs to 1 places it afresh on node 1, which frees node 0 for the admitted 4-GPU job A
     but leaves no room for the best-effort B that fits without the shrink: one launch either way, and the admitted
     one wins. The trial leaves the pool as it was."""
+    import functools
     import types
 
     from libarena.schedule.entities import TypePool
     from libarena.schedule.policies.elasticflow import ElasticFlowPolicy
+    from libarena.schedule.simulator import Simulator
 
     pool = TypePool(0, "a100", 2, 4)
+    sim = types.SimpleNamespace(pools=[pool])  # the simulator's placement rule on this one pool
+    sim.place_resized = functools.partial(Simulator.place_resized, sim)
+    sim.unplace_resized = functools.partial(Simulator.unplace_resized, sim)
     pool.occupy(((0, 0b1111),))  # R
     pool.occupy(((1, 0b0011),))  # another running job, not shrinking
     before = list(pool.masks)
 
     def job(index, count_index=None, blocks=None, admitted=None):
-        alloc = None if blocks is None else types.SimpleNamespace(count_index=count_index, blocks=blocks)
+        alloc = None if blocks is None else types.SimpleNamespace(type_index=0, count_index=count_index, blocks=blocks)
         return types.SimpleNamespace(index=index, alloc=alloc, policy_state={} if admitted is None else {"admitted": admitted})
 
     r, a, b = job(0, 2, ((0, 0b1111),)), job(1, admitted=True), job(2, admitted=False)
     target = {r.index: 0, a.index: 2, b.index: 1}
-    assert ElasticFlowPolicy._shrinks_place_more(pool, [r], [a, b], target)
+    assert ElasticFlowPolicy._shrinks_place_more(sim, pool, [r], [a, b], target)
     assert list(pool.masks) == before
     b.policy_state["admitted"] = True  # two admitted jobs: one placed either way, the shrink buys nothing
-    assert not ElasticFlowPolicy._shrinks_place_more(pool, [r], [a, b], target)
+    assert not ElasticFlowPolicy._shrinks_place_more(sim, pool, [r], [a, b], target)
     assert list(pool.masks) == before

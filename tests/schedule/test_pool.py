@@ -53,3 +53,37 @@ def test_random_place_release_never_overlaps(ops):
                 used[node] = used.get(node, 0) | mask
         assert all(pool.masks[i] == used.get(i, 0) for i in range(pool.num_nodes))
         assert pool.free_total == 16 - sum(m.bit_count() for m in used.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=10), st.integers(0, 9), st.integers(0, 4))
+def test_a_tried_resize_is_undone_exactly(sizes, which, count_index):
+    """The simulator's placement rule for a moved job (grow in place, halve in place, else place afresh) leaves
+    the job's new GPUs taken and nothing else changed, and taking the trial back restores every node's mask:
+    what ElasticFlow's and Arena's what-if placements rely on."""
+    import functools
+    import types
+
+    from libarena.schedule.entities import Allocation
+    from libarena.schedule.simulator import Simulator
+
+    pool = TypePool(0, "a100", 4, 4)
+    sim = types.SimpleNamespace(pools=[pool])
+    allocs = []
+    for n in sizes:
+        blocks = pool.place(n)
+        if blocks is not None:
+            allocs.append(Allocation(0, n.bit_length() - 1, blocks))
+    alloc = allocs[which % len(allocs)]
+    before = list(pool.masks)
+    blocks = Simulator.place_resized(sim, alloc, 0, count_index)
+    if blocks is None:
+        assert list(pool.masks) == before
+        return
+    assert sum(b.bit_count() for _, b in blocks) == 1 << count_index
+    held = dict(alloc.blocks)
+    others = [m & ~held.get(node, 0) for node, m in enumerate(before)]
+    new = dict(blocks)
+    assert [m for m in pool.masks] == [o | new.get(node, 0) for node, o in enumerate(others)]
+    Simulator.unplace_resized(sim, alloc, 0, blocks)
+    assert list(pool.masks) == before

@@ -34,7 +34,7 @@ from bisect import insort
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from libarena.schedule.config import APSearch, ArenaPolicyConfig, Objective, ProfilingKind
-from libarena.schedule.entities import Job, JobState, TypePool
+from libarena.schedule.entities import Job, JobState
 from libarena.schedule.policies.base import Policy, register_policy
 from libarena.schedule.policies.objectives import OBJECTIVES
 
@@ -216,8 +216,8 @@ class ArenaPolicy(Policy):
         """Halve running jobs on ``types`` in place, in victim order and at most D of them, until ``fits()``;
         ``admit(victim)`` may pass a victim over (False) or end the search (None). Every halving is undone:
         returns the victims to halve for real if the job then fits, else None."""
-        pools = self.sim.pools
-        tentative: list[tuple[Job, TypePool, tuple]] = []
+        sim = self.sim
+        tentative: list[tuple[Job, tuple]] = []
         placed = False
         for victim in self._victims_in_order(types):
             if len(tentative) >= self.config.search_depth:
@@ -230,16 +230,13 @@ class ArenaPolicy(Policy):
                 break
             if not verdict:
                 continue
-            pool = pools[a.type_index]
-            _, freed = TypePool.shrink_blocks(a.blocks)
-            pool.release(freed)
-            tentative.append((victim, pool, freed))
+            tentative.append((victim, sim.place_resized(a, a.type_index, a.count_index - 1)))  # a halving in place
             if fits():
                 placed = True
                 break
-        for _, pool, freed in reversed(tentative):
-            pool.occupy(freed)
-        return [victim for victim, _, _ in tentative] if placed else None
+        for victim, kept in reversed(tentative):
+            sim.unplace_resized(victim.alloc, victim.alloc.type_index, kept)
+        return [victim for victim, _ in tentative] if placed else None
 
     def _grow_at_launch(self, job: Job, t: int, c: int) -> tuple[int, int]:
         """Scale a launching job up for free (it pays no rescale yet) into idle GPUs that the jobs queued

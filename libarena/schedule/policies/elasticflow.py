@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from libarena.schedule.config import APSearch, ElasticFlowConfig, ProfilingKind
-from libarena.schedule.entities import Job, JobState, TypePool
+from libarena.schedule.entities import Job, JobState
 from libarena.schedule.policies.base import Policy, register_policy
 
 
@@ -175,7 +175,7 @@ class ElasticFlowPolicy(Policy):
         # apply: shrinks, then launches, then growths; shrinks only where they let more launches be placed (the
         # halves they free may be scattered over nodes, where an aligned block is needed: the job would pay the
         # rescale and lose its GPUs for nothing)
-        if self._shrinks_place_more(pool, running, waiting, target):
+        if self._shrinks_place_more(sim, pool, running, waiting, target):
             for job in running:
                 if target[job.index] < job.alloc.count_index:
                     sim.rescale(job, t, target[job.index])
@@ -190,7 +190,7 @@ class ElasticFlowPolicy(Policy):
                 sim.rescale(job, t, target[job.index])
 
     @staticmethod
-    def _shrinks_place_more(pool, running: list[Job], waiting: list[Job], target: dict[int, int]) -> bool:
+    def _shrinks_place_more(sim, pool, running: list[Job], waiting: list[Job], target: dict[int, int]) -> bool:
         """Whether shrinking the running jobs to their targets lets more admitted jobs' launches be placed than
         without, or as many and more best-effort ones (tried on the pool in the launches' order and undone, as
         the simulator would place them)."""
@@ -212,21 +212,11 @@ class ElasticFlowPolicy(Policy):
             return admitted, best_effort
 
         without = placeable()
-        undo = []
-        for job in shrinking:  # as Simulator.rescale: one halving in place, else a fresh placement
-            old, c = job.alloc.blocks, target[job.index]
-            if c == job.alloc.count_index - 1:
-                _, freed = TypePool.shrink_blocks(old)
-                pool.release(freed)
-                undo.append((freed, None))
-            else:
-                pool.release(old)
-                undo.append((old, pool.place(1 << c)))
+        moved = [(job.alloc, sim.place_resized(job.alloc, job.alloc.type_index, target[job.index])) for job in shrinking]
         more = placeable() > without
-        for released, placed in reversed(undo):
-            if placed is not None:
-                pool.release(placed)
-            pool.occupy(released)
+        for alloc, blocks in reversed(moved):
+            if blocks is not None:
+                sim.unplace_resized(alloc, alloc.type_index, blocks)
         return more
 
 
