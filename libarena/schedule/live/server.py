@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,9 @@ class Server:
         try:
             self._open(config)
         except BaseException:
+            launcher = getattr(self, "launcher", None)
+            if launcher is not None:
+                launcher.close()
             store = getattr(self, "store", None)
             # a database this failed start made holds nothing, unless a job was submitted into it meanwhile
             remove = created and not holds_jobs(config.state, store.conn if store is not None else None)
@@ -163,7 +167,7 @@ class Server:
             if changed:
                 raise ArenaError(f"{config.state}: was served with different {', '.join(changed)} "
                                  f"(e.g. {changed[0]}={stored.get(changed[0])!r}); use a new --state")
-        origin = float(self.store.get_meta("wall_origin")) if stored is not None else time.time()
+        origin = self._stored_number("wall_origin") if stored is not None else time.time()
         self.clock = VirtualClock(origin, config.compression)
         self.cluster_spec = cluster_from_bytes(cluster_bytes, config.cluster)
         self.perf = load_perf(config.perf, self.cluster_spec)
@@ -173,13 +177,18 @@ class Server:
             self.perf.extend(pa.table(rows))
         self.policy = make_policy(config.policy, **config.policy_options)
         self.sim_config = SimulatorConfig(tick_s=config.tick_s, overheads=config.overheads)
-        self.last_tick: float | None = self.store.get_meta("last_tick")
+        self.last_tick: float | None = self._stored_number("last_tick", optional=True)
         # the latest pass, periodic or not: scheduler time never goes back across a restart
-        last_pass = self.store.get_meta("last_pass", self.last_tick)
+        last_pass = self._stored_number("last_pass", optional=True)
+        if last_pass is None:
+            last_pass = self.last_tick
         self.live = LiveCluster(self.perf, self.cluster_spec, self.policy, self.sim_config,
                                 now=last_pass if last_pass is not None else 0.0)
-        for name, value in (self.store.get_meta("policy_state") or {}).items():
-            setattr(self.policy, name, value)
+        with self._stored("setting 'policy_state'"):
+            for name, value in (self.store.get_meta("policy_state") or {}).items():
+                if name not in getattr(self.policy, "persistent_attrs", ()):
+                    raise ValueError(f"{config.policy} keeps no {name!r}")
+                setattr(self.policy, name, value)
         # the launcher's files of the jobs already running live in the workdir the database was served with
         served_in = self.store.get_meta("workdir") if stored is not None else None
         if config.workdir is not None and served_in is not None and Path(config.workdir).resolve() != Path(served_in):
@@ -204,38 +213,65 @@ class Server:
         self.ticks: list[TickStats] = []
         #: a version the launcher keeps losing (its process dies without an exit code) fails the job
         self.max_relaunches = 3
-        self._relaunches: dict[tuple[str, int], int] = {}
+        # kept in the database: a server restarted after each loss must not relaunch a dying version for ever
+        with self._stored("setting 'relaunches'"):
+            self._relaunches: dict[tuple[str, int], int] = {
+                (str(job_id), int(version)): int(count) for job_id, version, count in self.store.get_meta("relaunches") or []}
         self._stop = False
         #: the signal that stopped ``serve`` (None: it ran to its end)
         self.stop_signal: int | None = None
         self._recover()
 
     # -- recovery -------------------------------------------------------------------------------------
+    @contextmanager
+    def _stored(self, what: str):
+        """Stored JSON of the wrong shape (a hand edit, another version's database) is a one-line error naming
+        what is damaged, not an exception from deep in the restore."""
+        try:
+            yield
+        except ArenaError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, AssertionError) as e:
+            raise ArenaError(f"{self.config.state}: {what} is damaged ({type(e).__name__}: {str(e):.200}); "
+                             "restore the database from a copy or serve a new --state") from None
+
+    def _stored_number(self, key: str, optional: bool = False) -> float | None:
+        value = self.store.get_meta(key)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ArenaError(f"{self.config.state}: setting {key!r} is damaged (not a number: {str(value):.80})")
+        return float(value)
+
     def _recover(self) -> None:
         queued = []
         with self.store.transaction() as c:
-            self.live.restore_reuse_state(self.store.get_meta("reuse_state"))
+            with self._stored("setting 'reuse_state'"):
+                self.live.restore_reuse_state(self.store.get_meta("reuse_state"))
             for row in self.store.jobs((st.PROFILING, st.ARRIVING, st.QUEUED, st.STARTING, st.RUNNING)):
-                state = row["state"] or {}
-                if row["status"] == st.PROFILING:
-                    sub = JobSubmission.from_dict(row["spec"])
-                    self.profiler.request(sub.model, sub.global_batch, new_job=False)
-                    continue
-                spec = JobSpec(**state["spec"])
-                if row["status"] == st.ARRIVING:
-                    self.live.submit(spec, row["arrival_time"])
-                    continue
-                job = self.live.restore(spec, state["snapshot"])
-                if row["status"] == st.QUEUED:
-                    queued.append(job)
-            self.live.reorder_active(self.store.get_meta("active_order") or [])
+                with self._stored(f"job {row['job_id']}'s stored state"):
+                    state = row["state"] or {}
+                    if row["status"] == st.PROFILING:
+                        sub = JobSubmission.from_dict(row["spec"])
+                        self.profiler.request(sub.model, sub.global_batch, new_job=False)
+                        continue
+                    spec = JobSpec(**state["spec"])
+                    if row["status"] == st.ARRIVING:
+                        self.live.submit(spec, row["arrival_time"])
+                        continue
+                    job = self.live.restore(spec, state["snapshot"])
+                    if row["status"] == st.QUEUED:
+                        queued.append(job)
+            with self._stored("setting 'active_order'"):
+                self.live.reorder_active(self.store.get_meta("active_order") or [])
             self.live.requeue(queued)
             reissue = []
             for rec in self.store.launches(("intent",)):
                 job = self.live.by_id.get(rec["job_id"])
                 current = job is not None and job.active and job.version == rec["version"]
                 if current:
-                    reissue.append(LaunchRequest.from_dict(rec["request"]))
+                    with self._stored(f"job {rec['job_id']}'s launch request (version {rec['version']})"):
+                        reissue.append(LaunchRequest.from_dict(rec["request"]))
                 else:
                     c.execute("UPDATE launches SET state = 'superseded' WHERE job_id = ? AND version = ?",
                               (rec["job_id"], rec["version"]))
@@ -398,12 +434,15 @@ class Server:
                 self.launcher.stop(req.job_id, req.version)
                 _, entries, _ = live.drain()
                 with self.store.transaction() as c:
+                    self._save_relaunches(c)
                     Store.set_status(c, req.job_id, live.status_of(job),
                                      state={"spec": dataclasses.asdict(job.spec), "snapshot": live.snapshot(job)},
                                      error=live.error_of(job))
                     for time_, job_id, kind, detail in entries:
                         Store.log(c, time_, job_id, kind, detail)
                 continue
+            with self.store.transaction() as c:  # counted before it is tried: a crash in between counts it anyway
+                self._save_relaunches(c)
             self.launcher.relaunch(req)
             with self.store.transaction() as c:
                 Store.log(c, t, req.job_id, "relaunch", {"version": req.version, "why": "lost by the launcher"})
@@ -414,6 +453,13 @@ class Server:
                           periodic)
         self.ticks.append(stats)
         return stats
+
+    def _save_relaunches(self, c) -> None:
+        # only the versions still in flight: a finished or failed job is never relaunched again
+        live = self.live
+        kept = [[job_id, version, n] for (job_id, version), n in sorted(self._relaunches.items())
+                if job_id in live.by_id and live.by_id[job_id].active]
+        self.store.set_meta("relaunches", kept, c)
 
     def _execute(self, intents: list[LaunchRequest]) -> None:
         latest: dict[str, int] = {}

@@ -30,13 +30,32 @@ class PerfTableLauncher(JobLauncher):
         context.workdir.mkdir(parents=True, exist_ok=True)
         self.path = Path(context.workdir) / "emulated-hosts.db"
         self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("CREATE TABLE IF NOT EXISTS runs (job_id TEXT NOT NULL, version INTEGER NOT NULL, "
-                          "request TEXT NOT NULL, start_progress REAL NOT NULL, train_start REAL NOT NULL, "
-                          "rate REAL NOT NULL, stopped_at REAL, PRIMARY KEY (job_id, version))")
         self._cache: dict[tuple[str, int], tuple[LaunchRequest, float, float, float, float | None]] = {}
-        for j, v, r, sp, ts, rate, stop in self.conn.execute("SELECT * FROM runs"):
-            self._cache[(j, v)] = (LaunchRequest.from_dict(json.loads(r)), sp, ts, rate, stop)
+        try:
+            self._load()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _load(self) -> None:
+        try:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("CREATE TABLE IF NOT EXISTS runs (job_id TEXT NOT NULL, version INTEGER NOT NULL, "
+                              "request TEXT NOT NULL, start_progress REAL NOT NULL, train_start REAL NOT NULL, "
+                              "rate REAL NOT NULL, stopped_at REAL, PRIMARY KEY (job_id, version))")
+            rows = self.conn.execute("SELECT * FROM runs").fetchall()
+        except sqlite3.DatabaseError as e:
+            raise ArenaError(f"{self.path}: not an emulated-hosts database ({e})") from None
+        for row in rows:
+            try:
+                j, v, r, sp, ts, rate, stop = row
+                numbers = (sp, ts, rate) if stop is None else (sp, ts, rate, stop)
+                if not all(isinstance(x, (int, float)) for x in numbers):
+                    raise ValueError("a time, progress or rate that is not a number")
+                self._cache[(j, v)] = (LaunchRequest.from_dict(json.loads(r)), sp, ts, rate, stop)
+            except (KeyError, TypeError, ValueError) as e:  # json's decode error is a ValueError
+                raise ArenaError(f"{self.path}: the run of job {row[0]!s:.80} is damaged ({type(e).__name__}: "
+                                 f"{str(e):.200})") from None
 
     def _rate(self, req: LaunchRequest) -> float:
         mp = self.perf.get(req.model, req.global_batch)
