@@ -222,3 +222,31 @@ def test_inputs_are_read_within_a_bound(tmp_path, monkeypatch):
         read_table(big, "perf_table")
     with pytest.raises(ArenaError, match="refused as an input: larger than"):
         input_ref(big)
+
+
+def test_a_table_that_decodes_past_the_bounds_is_refused_before_it_is_in_memory(tmp_path, monkeypatch):
+    """A few hundred kilobytes of Parquet (one value repeated) decode to gigabytes: refused by the footer's row
+    count, and by the decoded size batch by batch, with one line, whatever the table's kind."""
+    from libarena.artifacts import io as artifact_io
+    from libarena.artifacts.registry import get_kind
+    from libarena.schedule.config import MAX_TICKS
+    from libarena.schedule.traces import MAX_SCALED_JOBS
+
+    # the kinds Arena writes most rows of are read back at the sizes its own limits allow
+    assert get_kind("job_records").max_rows >= MAX_SCALED_JOBS and get_kind("timeseries").max_rows >= 100 * MAX_TICKS
+    many = tmp_path / "many.parquet"
+    pq.write_table(pa.table({"x": pa.array(np.zeros(get_kind("perf_table").max_rows + 1))}), many, compression="zstd")
+    assert many.stat().st_size < 1 << 20
+    with pytest.raises(ArenaError, match=r"many\.parquet: refused: the table decodes to more than 1,000,000 rows"):
+        read_table(many, "perf_table")
+    wide = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"junk": pa.array(["x" * 100] * 200_000)}), wide, compression="zstd")
+    stream = tmp_path / "wide.arrows"
+    table = pa.table({"junk": pa.array(["x" * 100] * 200_000)})
+    with pa.ipc.new_stream(stream, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=10_000):
+            writer.write_batch(batch)
+    monkeypatch.setattr(artifact_io, "MAX_DECODED_BYTES", 1 << 20)  # 20 MB of text against 1 MiB
+    for path in (wide, stream):
+        with pytest.raises(ArenaError, match="refused: the table decodes to more than"):
+            read_table(path, "perf_table")

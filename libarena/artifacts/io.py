@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -36,6 +36,11 @@ METADATA_KEY = b"arena"
 STDIO = "-"
 #: the largest artifact read (Arena's own are kilobytes to megabytes): a bound on memory for any input
 MAX_ARTIFACT_BYTES = 1 << 30
+#: the most bytes a table decodes to: a small compressed file (one value repeated millions of times) can expand
+#: to gigabytes. Rows are bounded per kind (ArtifactKind.max_rows): what reads a table builds objects per row.
+MAX_DECODED_BYTES = 1 << 30
+#: rows decoded at a time, so a table over the bounds is refused before it is all in memory
+_DECODE_BATCH_ROWS = 1 << 16
 _PARQUET_MAGIC = b"PAR1"
 _IPC_STREAM_MAGIC = b"\xff\xff\xff\xff"
 
@@ -196,6 +201,15 @@ def resolve_output(path: str | os.PathLike[str]) -> Path:
     if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)):
         raise ArenaError(f"cannot write {path}: it is not a regular file, a device or a FIFO")
     return target
+
+
+def check_table_output(path: str | os.PathLike[str]) -> None:
+    """``check_writable``, and a table output not named as a text file: tables are written as Parquet (an Arrow
+    stream on stdout), so ``-o perf.csv`` would be a Parquet file named .csv."""
+    if str(path) != STDIO and Path(path).suffix.lower() in (".csv", ".tsv", ".txt", ".json"):
+        raise ArenaError(f"-o {path}: tables are written as Parquet (an Arrow stream on stdout); name the output "
+                         f"{Path(path).with_suffix('.parquet').name}")
+    check_writable(path)
 
 
 def check_writable(path: str | os.PathLike[str]) -> None:
@@ -480,14 +494,38 @@ def _check_header(header: dict[str, Any], expect: tuple[str, ...], source: str) 
     return spec
 
 
-def _decode_table(data: bytes, source: str) -> pa.Table:
+def _too_large(source: str, max_rows: int) -> ArenaError:
+    return ArenaError(f"{source}: refused: the table decodes to more than {max_rows:,} rows or "
+                      f"{MAX_DECODED_BYTES >> 20} MiB (far more than such a table holds)")
+
+
+def _bounded_batches(batches: Iterable[pa.RecordBatch], source: str, max_rows: int) -> Iterator[pa.RecordBatch]:
+    """``batches`` as they decode, refused once past ``max_rows`` or MAX_DECODED_BYTES."""
+    rows = size = 0
+    for batch in batches:
+        rows += batch.num_rows
+        size += batch.nbytes
+        if rows > max_rows or size > MAX_DECODED_BYTES:
+            raise _too_large(source, max_rows)
+        yield batch
+
+
+def _decode_table(data: bytes, source: str, max_rows: int) -> pa.Table:
     try:
         if data[:4] == _PARQUET_MAGIC:
             # use_threads=False: reading through a Python file object with Arrow's thread pool can abort or
             # hang the interpreter at exit (apache/arrow#34314, #50482); artifacts are small enough for one thread.
-            table = pq.read_table(io.BytesIO(data), use_threads=False)
+            parquet = pq.ParquetFile(io.BytesIO(data))
+            if parquet.metadata.num_rows > max_rows:  # the footer says so: refused before decoding
+                raise _too_large(source, max_rows)
+            schema = parquet.schema_arrow
+            batches = parquet.iter_batches(batch_size=_DECODE_BATCH_ROWS, use_threads=False)
+            table = pa.Table.from_batches(list(_bounded_batches(batches, source, max_rows)), schema=schema)
+            # the file's own schema metadata (Arena's header) is kept as pq.read_table keeps it
+            table = table.replace_schema_metadata(schema.metadata)
         elif data[:4] == _IPC_STREAM_MAGIC:
-            table = ipc.open_stream(io.BytesIO(data)).read_all()
+            reader = ipc.open_stream(io.BytesIO(data))
+            table = pa.Table.from_batches(list(_bounded_batches(reader, source, max_rows)), schema=reader.schema)
         else:
             raise ArenaError(f"{source}: not a Parquet file or Arrow stream")
         table.column_names  # noqa: B018 - names are decoded lazily: a damaged one must fail here, not deep inside
@@ -523,16 +561,19 @@ def read_table(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> T
     """
     kinds = (expect,) if isinstance(expect, str) else tuple(expect)
     source = describe(path)
+    max_rows = max(get_kind(k).max_rows for k in kinds)
     data = _read_input_bytes(path)
     if data[:4] not in (_PARQUET_MAGIC, _IPC_STREAM_MAGIC):
         importable = [get_kind(k) for k in kinds if get_kind(k).importable]
         if importable and _looks_like_text(data):
             table = _read_csv(data, source)
+            if table.num_rows > max_rows:
+                raise _too_large(source, max_rows)
             spec = importable[0]
             table = conform_table(spec, table, source=source, fill_defaults=True)
             return TableArtifact(spec.name, table, Provenance(tool="import"), {}, spec.version, source, native=False)
         raise ArenaError(f"{source}: not a {' or '.join(kinds)} artifact (not a Parquet file or Arrow stream)")
-    table = _decode_table(data, source)
+    table = _decode_table(data, source, max_rows)
     header = _arena_header(table.schema.metadata, source)
     if header is None:
         importable = [get_kind(k) for k in kinds if get_kind(k).importable]

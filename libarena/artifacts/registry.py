@@ -69,6 +69,9 @@ class ArtifactKind:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: Readers of older versions: ``(v, upgrade)`` turns a version-v table into version v + 1 (tables only).
     upgrades: tuple[tuple[int, Upgrade], ...] = ()
+    #: The most rows a table of this kind is read with (a small compressed file can decode to millions of rows):
+    #: well above what Arena writes
+    max_rows: int = 1_000_000
 
     def readable_versions(self) -> list[int]:
         """This version and every older one a chain of upgrades reaches."""

@@ -151,6 +151,10 @@ def _missing_folders(folder: Path) -> list[Path]:
     return missing[::-1]
 
 
+class UncacheableInput(OSError):
+    """An input the key cannot name by content (a pipe, ``<(...)``): nothing of that run is served or stored."""
+
+
 class StageCache:
     """The output cache of one stage (``arena-plan``, ``arena-schedule simulate``, ...) under ``cache_dir``."""
 
@@ -164,12 +168,23 @@ class StageCache:
         self.warn = warn or self.log
         #: staged entry -> the cache folders made for it (removed again, if empty, when it is discarded)
         self._made: dict[Path, list[Path]] = {}
+        #: keys of runs with an input named only by its path (see ``key``) -> why
+        self._uncacheable: dict[str, str] = {}
 
     # -- keys ----------------------------------------------------------------------------------------
     def key(self, parameters: Mapping[str, Any], inputs: Iterable[Mapping[str, Any]] = (),
             versions: Mapping[str, str] | None = None) -> str:
-        return content_digest("arena-stage-cache", CACHE_FORMAT, self.stage, __version__, code_digest(),
-                              dict(versions or library_versions()), dict(parameters), [dict(i) for i in inputs])
+        """The entry of a run: its stage, Arena's code, library versions, parameters and inputs. An input entry
+        with a path but no sha256 (a pipe or process substitution, whose path a later, different input reuses)
+        makes the run uncacheable: the key is returned but never served or stored."""
+        inputs = [dict(i) for i in inputs]
+        key = content_digest("arena-stage-cache", CACHE_FORMAT, self.stage, __version__, code_digest(),
+                             dict(versions or library_versions()), dict(parameters), inputs)
+        unnamed = [str(i["path"]) for i in inputs if "path" in i and "sha256" not in i]
+        if unnamed:
+            self._uncacheable[key] = f"{unnamed[0]} is not a regular file, so its content cannot be keyed"
+            self.log(f"not cached: {self._uncacheable[key]}")
+        return key
 
     def entry_path(self, key: str) -> Path:
         return self.root / key
@@ -177,7 +192,7 @@ class StageCache:
     # -- reading -------------------------------------------------------------------------------------
     def lookup(self, key: str) -> dict[str, Path] | None:
         """The files of a complete, intact entry (name -> path), or None (missing, or corrupt and removed)."""
-        if self.refresh:
+        if self.refresh or key in self._uncacheable:
             return None
         entry = self.entry_path(key)
         try:
@@ -227,6 +242,8 @@ class StageCache:
             raise
 
     def _staging(self, key: str) -> Path:
+        if key in self._uncacheable:
+            raise UncacheableInput(self._uncacheable[key])
         # the folders this makes (the stage's, stages/, the cache dir and any missing parents of a nested
         # --cache-dir) are removed again, if left empty, when the staged entry is discarded (a run that fails
         # leaves nothing behind); another run's discard may remove one meanwhile: made again
@@ -302,8 +319,7 @@ class StageCache:
             try:
                 staging = self._staging(key)
             except OSError as exc:
-                outcome.store_error = _os_reason(exc)
-                self.warn(f"cannot write the stage cache {self.root}: {outcome.store_error}")
+                self._not_stored(outcome, exc)
                 produce(output)
                 return outcome
             try:
@@ -331,7 +347,7 @@ class StageCache:
         try:
             staging = self._staging(key)
         except OSError as exc:
-            self.warn(f"cannot write the stage cache {self.root}: {_os_reason(exc)}")
+            self._not_stored(None, exc)
             path = Path(scratch) / TABLE_OUTPUT
             produce(str(path))
             return path
@@ -347,6 +363,7 @@ class StageCache:
         """A directory output's cached files, restored as a whole into ``out_dir`` (built under a temp name and
         renamed, libarena.artifacts.io.atomic_directory); None when the cache has no entry. ``replaceable``:
         as for produce_tree."""
+        self.refuse_inside(out_dir)
         hit = self.lookup(key)
         if hit is None:
             return None
@@ -357,6 +374,15 @@ class StageCache:
                 target.parent.mkdir(parents=True, exist_ok=True)  # inside the output being built
                 shutil.copyfile(path, target)
         return StageOutcome(str(out_dir), True, key, entry=str(self.entry_path(key)), files=sorted(hit))
+
+    def refuse_inside(self, out_dir: str | os.PathLike[str]) -> None:
+        """A directory output is rebuilt as a whole (built under a temp name, swapped in): a cache inside it would
+        be swapped out with the old output, the entries this run stored with it."""
+        cache_dir = self.root.parent.parent
+        out, inside = Path(os.path.realpath(out_dir)), Path(os.path.realpath(cache_dir))
+        if inside == out or out in inside.parents:
+            raise ArenaError(f"--cache-dir {cache_dir} is inside the output {out_dir}, which is rebuilt as a whole: "
+                             "put the cache elsewhere")
 
     def produce_tree(self, key: str, out_dir: str | os.PathLike[str], produce: Callable[[Path], None],
                      replaceable: Callable[[str], bool]) -> StageOutcome:
@@ -382,8 +408,15 @@ class StageCache:
             outcome.entry = str(self.store(outcome.key, files))
             outcome.stored = True
         except OSError as exc:
-            outcome.store_error = _os_reason(exc)
-            self.warn(f"cannot write the stage cache {self.root}: {outcome.store_error}")
+            self._not_stored(outcome, exc)
+
+    def _not_stored(self, outcome: StageOutcome | None, exc: OSError) -> None:
+        if isinstance(exc, UncacheableInput):  # said once, by ``key``
+            return
+        reason = _os_reason(exc)
+        if outcome is not None:
+            outcome.store_error = reason
+        self.warn(f"cannot write the stage cache {self.root}: {reason}")
 
 
 # --------------------------------------------------------------------------------------------------

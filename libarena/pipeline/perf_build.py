@@ -16,6 +16,7 @@ The live scheduler calls the same step for the (model, batch) of a job that arri
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -25,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from libarena.artifacts import Provenance, input_ref, write_table
-from libarena.artifacts.io import check_writable, refuse_overwriting_inputs
+from libarena.artifacts.io import check_table_output, refuse_overwriting_inputs
 from libarena.artifacts.registry import get_kind
 from libarena.artifacts.stage_cache import StageOutcome, library_versions
 from libarena.checks import MAX_SEED, check_range
@@ -89,6 +90,11 @@ def pair_rows(model: str, global_batch: int, cluster: ClusterSpec, config: PerfB
         return roofline_rows(profile, planset, cluster, config.roofline)
     from libarena.profile import ProfileConfig, profile_plans
 
+    if not any(g.feasible for g in planset.grids):
+        # nothing of the model fits anywhere: no rows (the scheduler refuses its jobs), and nothing is built here
+        report.warn(f"{model} global batch {global_batch}: no feasible plan on {cluster.name} "
+                    f"({planset.grids[0].infeasible_reason if planset.grids else 'no grids'}); no rows")
+        return []
     result = profile_plans(planset, ProfileConfig(cache_dir=cache.root / "profiles", granularity=config.granularity),
                            log=report.log, progress=report.progress)
     return result.table.to_pylist()
@@ -111,17 +117,17 @@ def build_perf_table(pairs: Iterable[tuple[str, int]], cluster: ClusterSpec, out
     report.progress(ProgressUpdate("building the performance table", len(pairs), len(pairs)))
     columns = {c.name for c in kind.columns}
     table = pa.Table.from_pylist([{k: v for k, v in r.items() if k in columns} for r in rows], schema=kind.arrow_schema())
-    params = {"mode": config.mode, "dtype": config.dtype, "num_clusters": config.num_clusters,
-              "achieved_fraction": config.roofline.achieved_fraction, "pairs": [list(p) for p in pairs]}
+    params = {**asdict(config), "pairs": [list(p) for p in pairs]}  # every setting: planner, roofline, granularity
     write_table(output, "perf_table", table, Provenance(STAGE, params, inputs or []), {"cluster": cluster.name})
     return table
 
 
-def trace_pairs(trace: str | os.PathLike[str], cluster: ClusterSpec, seed: int = 0, skip_bad_rows: bool = False) -> list[tuple[str, int]]:
+def trace_pairs(trace: str | os.PathLike[str], cluster: ClusterSpec, seed: int = 0, skip_bad_rows: bool = False,
+                text: str | None = None) -> list[tuple[str, int]]:
     """The (model, global batch) pairs a trace's jobs use (after adaptation, for ElasticFlow/ITP traces)."""
     from libarena.schedule.traces import read_trace
 
-    parsed = read_trace(trace, gpu_types=cluster.gpu_types, seed=seed, skip_bad_rows=skip_bad_rows)
+    parsed = read_trace(trace, gpu_types=cluster.gpu_types, seed=seed, skip_bad_rows=skip_bad_rows, text=text)
     return sorted({(job.model, job.global_batch) for job in parsed.jobs})
 
 
@@ -145,17 +151,25 @@ def perf_build(cluster: Path, output: str, config: PerfBuildConfig, *, trace: Pa
     """The cache-keyed ``perf build`` run: the table of a trace's pairs (and of ``pairs``) to ``output``."""
     refuse_overwriting_inputs(output, {"--cluster": cluster, "--trace": trace})
     check_range(seed, "--seed", 0, MAX_SEED, integer=True)
-    check_writable(output)
+    check_table_output(output)
     spec = load_cluster(cluster)
-    wanted = sorted(set(pairs) | set(trace_pairs(trace, spec, seed, skip_bad_rows) if trace is not None else ()))
+    trace_ref, text = [], None
+    if trace is not None:
+        trace_ref = [input_ref(trace)]
+        if str(trace) == "-":  # named by its content, read once
+            from libarena.schedule.traces import read_trace_text
+
+            text = read_trace_text("-")
+            trace_ref = [{"path": "stdin", "sha256": hashlib.sha256(text.encode()).hexdigest()}]
+    wanted = sorted(set(pairs) | set(trace_pairs(trace, spec, seed, skip_bad_rows, text) if trace is not None else ()))
     if not wanted:
         raise ArenaError("perf build needs --trace or --pair (the (model, global batch) pairs to build rows for)")
-    inputs = ([input_ref(trace)] if trace is not None else []) + [input_ref(cluster)]
+    inputs = trace_ref + [input_ref(cluster)]
     device = None
     if any(mode_for(model, config.mode) == "local" for model, _ in wanted):
         from libarena.profile import resolve_device  # local profiles measure this machine: its device is in the key
 
-        device = resolve_device("local").describe()
+        device = resolve_device("local").cache_identity()
     where = "stdout" if str(output) == "-" else str(output)
     stage = cache.stage(STAGE, report)
     key = stage.key({**asdict(config), "pairs": [list(p) for p in wanted], "seed": seed, "skip_bad_rows": skip_bad_rows,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from libarena.artifacts import Provenance, input_ref, read_table
-from libarena.artifacts.io import check_writable, refuse_overwriting_inputs
+from libarena.artifacts.io import check_table_output, refuse_overwriting_inputs
 from libarena.artifacts.stage_cache import StageOutcome, cache_input, library_versions
 from libarena.checks import MAX_REPEATS, check_range
 from libarena.errors import ArenaError
@@ -40,7 +40,7 @@ def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, o
     from libarena.profile.profiler import ProfiledJob, check_comm_model
 
     refuse_overwriting_inputs(output, {"--plans": plans, "--comm": comm, "--ops": ops})
-    check_writable(output)
+    check_table_output(output)
     artifact = read_table(plans, "plans")
     if ops is not None:
         from libarena.plan.model import operator_table_digest
@@ -55,14 +55,15 @@ def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, o
     ProfiledJob.of(planset)
     check_comm_model(comm_model or AlphaBetaCommModel(), planset)
     local = resolve_device(config.device)
-    inputs = [input_ref(plans, "plans")] if plans != "-" else [{"path": "-", "kind": "plans"}]
+    # plans piped on stdin are named by their decoded content (the bytes are gone once read)
+    inputs = [input_ref(plans, "plans") if plans != "-" else cache_input(plans, artifact, "plans")]
     if comm is not None:
         inputs.append(input_ref(comm, "comm_table"))
     stage = cache.stage(STAGE, report)
     # where and how fast stages compile does not change the output
     parameters = {k: v for k, v in asdict(config).items() if k not in ("cache_dir", "compile_workers", "compile_ahead")}
     key = stage.key({**parameters, "measure": measure.enabled, "measure_repeats": measure.repeats,
-                     "device_resolved": local.describe()},
+                     "device_resolved": local.cache_identity()},
                     [cache_input(plans, artifact), *inputs[1:]], library_versions("jax", "jaxlib"))
     summary: dict[str, Any] = {"device": local.describe()}
 
@@ -80,7 +81,7 @@ def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, o
         parameters = {"device": config.device, "timer": s["timer"], "selection": config.selection,
                       "granularity": config.granularity, "statistic": config.statistic, "warmup": config.warmup,
                       "repeats": config.repeats, "burst": config.burst, "timing_budget_s": config.timing_budget_s,
-                      "isolation": config.isolation,
+                      "isolation": config.isolation, "include_dp": config.include_dp, "concurrency": config.concurrency,
                       "measure": measure.enabled}
         write_perf_table(path, result, Provenance("arena-profile", parameters, inputs))
 

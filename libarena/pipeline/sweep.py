@@ -205,10 +205,16 @@ class SweepRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+#: the version of sweep.json's layout
+SUMMARY_VERSION = 1
+
+
 @dataclass
 class SweepSummary:
     output: str
     records: list[SweepRecord]
+    #: provenance entries (path, sha256) of the spec file, the cluster spec, the traces and the performance tables
+    inputs: list[dict[str, Any]] = field(default_factory=list)
     #: the comparisons written (group folder -> policies), those left out for a failed simulation
     groups: dict[str, list[str]] = field(default_factory=dict)
     incomplete_groups: list[str] = field(default_factory=list)
@@ -229,7 +235,8 @@ class SweepSummary:
     def to_dict(self) -> dict[str, Any]:
         from libarena.schedule.metrics import json_safe
 
-        return {"output": self.output, "total": len(self.records), "cached": self.count("cached"),
+        return {"schema_version": SUMMARY_VERSION, "inputs": self.inputs,
+                "output": self.output, "total": len(self.records), "cached": self.count("cached"),
                 "simulated": self.count("simulated"), "failed": self.count("failed"),
                 "comparisons": self.groups, "incomplete_comparisons": self.incomplete_groups,
                 "simulations": [{**r.__dict__, "metrics": json_safe(r.metrics)} for r in self.records]}
@@ -290,6 +297,8 @@ def _refuse_writing_inputs(spec: Any, output: Path, groups: Iterable[str], run_d
     folders = [real / d for d in run_dirs]
     inputs = [("--cluster", spec.cluster)] + [x for t in spec.traces for x in ((f"trace {t.name!r}", t.trace),
                                                                           (f"perf of trace {t.name!r}", t.perf))]
+    if spec.spec_file is not None:
+        inputs.append(("spec", spec.spec_file))
     for what, path in inputs:
         p = Path(os.path.realpath(path))
         if p in files or any(p == d or d in p.parents for d in folders):
@@ -319,7 +328,8 @@ def _sweep(spec: Any, output: Path, executor: Executor, plot: bool, cache: Cache
                                     dict(point.variant.options), config, spec.skip_bad_rows))
         records.append(SweepRecord(point.label, point.group, point.trace.name, point.variant.name, point.seed,
                                    point.policy, point.output))
-    summary = SweepSummary(str(output), records)
+    spec_ref = [input_ref(spec.spec_file, "sweep_spec")] if spec.spec_file is not None else []
+    summary = SweepSummary(str(output), records, spec_ref + [refs[path] for path in sorted(refs)])
     groups: dict[str, list[int]] = {}
     for i, point in enumerate(points):
         groups.setdefault(point.group, []).append(i)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts.io import json_default, remove_stale_temps
+from libarena.artifacts.io import content_digest, json_default, remove_stale_temps
 from libarena.errors import ArenaError
 
 CACHE_FORMAT = 1
@@ -77,6 +77,9 @@ class ProfileCache:
     misses: int = 0
     writes: int = 0
     stale_removed: int = 0
+    #: the timing protocol (warmup, repeats, time budget, statistic) the entries were measured with: one run's
+    #: entries are not served to a run that asks for another (a profile of 2 timed runs is not one of 7)
+    namespace: str | None = None
     _memory: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -93,14 +96,24 @@ class ProfileCache:
         return sum(len(remove_stale_temps(shard, stale_after_s=STALE_TMP_S)) for shard in self.root.glob("??")
                    if shard.is_dir())
 
+    def within(self, namespace: str) -> ProfileCache:
+        """The same folder, seen through ``namespace`` (its entries apart from this view's)."""
+        return ProfileCache(self.root, namespace=namespace)
+
+    def scoped(self, key: str) -> str:
+        """``key`` within this cache's namespace (what names its file)."""
+        return key if self.namespace is None else content_digest("profile-cache-namespace", self.namespace, key)
+
     def path(self, key: str) -> Path:
+        key = self.scoped(key)
         return self.root / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> dict[str, Any] | None:
+        key = self.scoped(key)
         if key in self._memory:
             self.hits += 1
             return self._memory[key]
-        path = self.path(key)
+        path = self.root / key[:2] / f"{key}.json"
         try:
             entry = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -115,6 +128,7 @@ class ProfileCache:
 
     def put(self, key: str, value: dict[str, Any]) -> None:
         path = self.path(key)
+        key = self.scoped(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
@@ -141,6 +155,7 @@ class ProfileCache:
         without the claim. Not reentrant: a process claims one key at a time."""
         import fcntl
 
+        key = self.scoped(key)
         path = self.root / key[:2] / f".{key}.lock"
         fd = None
         try:

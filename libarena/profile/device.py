@@ -5,6 +5,7 @@ measured once by a microbenchmark and cached).
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
@@ -65,6 +66,15 @@ class LocalDevice:
 
     def describe(self) -> dict[str, Any]:
         return {"label": self.label, "platform": self.platform, "kind": self.kind, "gpu_type": self.gpu_type, "memory_bytes": self.memory_bytes}
+
+    def host(self) -> list[Any]:
+        """On CPU the host, whose cores are the device (node name, core count): what a cache key holds so that a
+        cache shared between hosts never serves one host's CPU times to another. Empty on a GPU."""
+        return [platform.node(), os.cpu_count()] if self.platform == "cpu" else []
+
+    def cache_identity(self) -> dict[str, Any]:
+        """What names this device in the key of a cached profile: ``describe()`` and, on CPU, the host."""
+        return {**self.describe(), "host": self.host()}
 
 
 def _device_memory(device: Any) -> float:

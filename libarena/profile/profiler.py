@@ -181,18 +181,21 @@ class ProfileResult:
 # One stage
 
 
+def timing_namespace(config: ProfileConfig) -> str:
+    """How a profiling run times a region (warmup and timed runs, time budget) and reduces the samples of a co-run
+    (its records keep the reduced times): the namespace of its stage and co-run cache entries."""
+    return content_digest("timing", config.warmup, config.repeats, config.timing_budget_s, config.statistic)
+
+
 def stage_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str, *, burst: int) -> str:
     """The key of a stage's profile: what builds its executables, the device and how it was timed (``burst``
     runs per timed region; on CPU the host too, whose cores are the device: a cache shared between hosts must
     not serve one host's times to another)."""
-    import platform
-
     import jax
 
     from libarena.models import get_model
 
     view = worker_view(spec)
-    host = (platform.node(), os.cpu_count()) if local.platform == "cpu" else ()
     return content_digest(
         "stage-profile",
         STAGE_RECORD_VERSION,
@@ -203,7 +206,7 @@ def stage_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str, *, bur
         timer_name,
         jax.__version__,
         int(burst),
-        list(host),
+        local.host(),
     )
 
 
@@ -866,20 +869,29 @@ def profile_plans(
     log = log or (lambda message: None)
     progress = progress or no_progress
     job = ProfiledJob.of(planset)
+    if not any(g.feasible for g in planset.grids):
+        raise ArenaError(f"{job.model.name}: nothing to profile: the plans file has no feasible plan (every grid is "
+                         "out of memory or too small for its micro-batches; arena-plan show lists why)")
     comm = comm or AlphaBetaCommModel()
     check_comm_model(comm, planset)
     local = resolve_device(config.device)
     timer = select_timer(config.timer, local.device)
     cache = ProfileCache(config.cache_dir or default_cache_dir())
+    # the host's calibrations (roofline, dispatch overhead, concurrency) come from ``cache``; the timings of stages
+    # and co-runs from its part for this run's timing protocol
+    timed = cache.within(timing_namespace(config))
     needs_scaling = any(g.grid.gpu_type != local.gpu_type for g in planset.grids)
     local_spec = local_roofline(local, cache) if needs_scaling else None
     log(f"device {local.label} ({local.kind}, counts as {local.gpu_type}); timer {timer.name}; comm {comm.describe()}")
 
     selected = select_plans(planset, config.selection)
-    # One grid per allocation stands for it (its pipeline degree does not matter to the dp plan).
+    # One grid per allocation stands for it (its pipeline degree does not matter to the dp plan). An allocation
+    # with no feasible grid gets no dp plan either: nothing of the model fits there, and building its whole
+    # model on the local device to find that out can take more memory than the host has.
     allocations: dict[Resources, Any] = {}
     for g in planset.grids:
-        allocations.setdefault(g.grid.resources, g.grid)
+        if g.feasible:
+            allocations.setdefault(g.grid.resources, g.grid)
     resources = sorted(allocations, key=lambda r: (r.gpu_type, r.num_gpus, r.num_nodes, r.global_batch))
     num_clusters = job.layout.num_clusters
     dp_plans = {r: data_parallel_plan(replace(allocations[r], pipeline_degree=1), num_clusters) for r in resources} if config.include_dp else {}
@@ -898,7 +910,7 @@ def profile_plans(
             "each stage demands the cores its profile kept busy")
     elif concurrency.slowdowns:
         log(f"host concurrency: {', '.join(f'{k} devices at once run {v:.2f}x slower' for k, v in concurrency.slowdowns)} ({concurrency.source})")
-    corun, corun_cost = corun_timings(job, work, config, local, timer, cache, log)
+    corun, corun_cost = corun_timings(job, work, config, local, timer, timed, log)
     # A plan's profiling cost is what its stages cost to profile, charged to the first plan of this run that needs
     # each (an identical stage is profiled once), taken from the stage's record whether it was profiled now or
     # served from the cache: a table rebuilt from its own build's cache reports the same costs. (A stage's record
@@ -926,10 +938,10 @@ def profile_plans(
     to_compile = [] if isolated else [spec for stages in plan_pieces for pieces in stages for spec in pieces]
     for spec in to_compile:
         key = stage_cache_key(spec, local, timer.name, burst=config.burst)
-        if key in keys_queued or cache.get(key) is not None:
+        if key in keys_queued or timed.get(key) is not None:
             continue
         opt_key = optimizer_cache_key(spec, local, timer.name)
-        with_opt = opt_key not in optimizers_queued and cache.get(opt_key) is None
+        with_opt = opt_key not in optimizers_queued and timed.get(opt_key) is None
         optimizers_queued.add(opt_key)
         keys_queued.add(key)
         queued.add(spec)
@@ -953,10 +965,10 @@ def profile_plans(
                     ahead.update(compiled)
                     ahead_cost.update(shares)
                 if isolated:
-                    record, cached = profile_stage_in_child(spec, local, timer, cache, config.warmup, config.repeats, config.seed,
+                    record, cached = profile_stage_in_child(spec, local, timer, timed, config.warmup, config.repeats, config.seed,
                                                             config.burst, child_threading, log=log)
                 else:
-                    record, cached = profile_stage(spec, local, timer, cache, config.warmup, config.repeats, config.seed,
+                    record, cached = profile_stage(spec, local, timer, timed, config.warmup, config.repeats, config.seed,
                                                    config.burst, ahead.pop(spec, None), ahead_cost.pop(spec, None),
                                                    config.timing_budget_s, log=log)
                 stages_needed += 1

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,8 @@ class SweepSpec:
     overheads: OverheadConfig = field(default_factory=OverheadConfig)
     #: where each comparison goes under the output, from LAYOUT_FIELDS (None: the dimensions with several values)
     layout: str | None = None
+    #: the spec file it was read from (None: options only): an input the sweep must not write over
+    spec_file: Path | None = None
 
     def __post_init__(self) -> None:
         from libarena.schedule.policies import get_policy
@@ -327,4 +329,5 @@ def build_sweep_spec(spec_file: str | Path | None = None, *, traces: list[str] =
     data["simulator"] = sim
     if layout is not None:
         data["layout"] = layout
-    return sweep_spec_from_dict(data, source, base)
+    spec = sweep_spec_from_dict(data, source, base)
+    return spec if spec_file is None else replace(spec, spec_file=Path(os.path.abspath(spec_file)))

@@ -369,14 +369,16 @@ def trace_csv(jobs: list[JobSpec]) -> str:
 
 
 def write_scaled_trace(source: str | os.PathLike[str], output: str | os.PathLike[str], scale: TraceScale, *,
-                       gpu_types: list[str] | None = None, skip_bad_rows: bool = False) -> Trace:
-    """``arena-schedule trace scale``: read (and adapt, seeded by ``scale.seed``) the trace ``source``, write
-    its ``scale.copies`` copies to ``output`` (a file, written atomically, or ``-``) as an arena-ae trace;
-    returns the scaled trace."""
+                       cluster: str | os.PathLike[str] | None = None, skip_bad_rows: bool = False) -> Trace:
+    """``arena-schedule trace scale``: read (and adapt to ``cluster``'s GPU types, seeded by ``scale.seed``) the
+    trace ``source``, write its ``scale.copies`` copies to ``output`` (a file, written atomically, or ``-``) as an
+    arena-ae trace; returns the scaled trace."""
     from libarena.artifacts import write_bytes
     from libarena.artifacts.io import refuse_overwriting_inputs
+    from libarena.hardware import load_cluster
 
-    refuse_overwriting_inputs(output, {"trace": source})
+    refuse_overwriting_inputs(output, {"trace": source, "--cluster": cluster})
+    gpu_types = load_cluster(cluster).gpu_types if cluster is not None else None
     trace = read_trace(source, gpu_types=gpu_types, seed=scale.seed, skip_bad_rows=skip_bad_rows)
     jobs = scale_trace(trace.jobs, scale)
     write_bytes(output, trace_csv(jobs).encode())

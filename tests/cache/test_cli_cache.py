@@ -184,6 +184,25 @@ def test_profile_is_cached_and_keyed_by_the_device(work):
     assert not any(p.name == "stages" for p in (work / "pc").glob("*/*.json"))
 
 
+def test_profiles_are_served_only_to_runs_that_time_them_alike_on_the_same_host(work, monkeypatch):
+    """A stage profiled with 1 timed run is not served to a run that asks for 2; on CPU, a profile (or a whole
+    output) made on one host is not served on another, whose cores are another device."""
+    import platform
+
+    ok(invoke("arena-plan", ["--ops", "ops.parquet", "--cluster", "cluster.yaml", "--max-gpus", "1", "--gpu-type", "a40",
+                             "-o", "one-b.parquet"], cwd=work))
+    argv = ["-i", "one-b.parquet", "--no-dp", "--warmup", "0", "--cache-dir", "pc-b", "--json"]
+    first = summary(invoke("arena-profile", [*argv, "--repeats", "1", "-o", "t1.parquet"], cwd=work))
+    assert first["stages_profiled"] > 0 and first["stages_skipped"] == 0
+    again = summary(invoke("arena-profile", [*argv, "--repeats", "1", "--no-cache", "-o", "t1b.parquet"], cwd=work))
+    assert again["stages_profiled"] == 0 and again["stages_skipped"] == first["stages_profiled"]
+    more = summary(invoke("arena-profile", [*argv, "--repeats", "2", "-o", "t2.parquet"], cwd=work))
+    assert more["stages_profiled"] == first["stages_profiled"]
+    monkeypatch.setattr(platform, "node", lambda: "another-host")
+    elsewhere = summary(invoke("arena-profile", [*argv, "--repeats", "1", "-o", "t3.parquet"], cwd=work))
+    assert elsewhere["cache"]["hit"] is False and elsewhere["stages_profiled"] == first["stages_profiled"]
+
+
 def test_one_cache_serves_analyze_plan_model_and_perf_build(work):
     """The operator table arena-analyze caches is the one arena-plan --model and perf build --pair read (no second
     analysis); arena-plan --model plans exactly what arena-plan --ops plans from that table."""
@@ -202,3 +221,50 @@ def test_one_cache_serves_analyze_plan_model_and_perf_build(work):
     assert pair["pairs"] == [["gpt__tiny", 8]] and entries(work, "arena-analyze") == analyses
     bad = invoke("arena-plan", ["--model", "gpt__tiny", "--cluster", "cluster.yaml", "-o", "x.parquet"], cwd=work)
     assert bad.code == 2 and "--global-batch" in bad.stderr
+
+
+def test_a_pipe_input_is_neither_served_from_nor_stored_in_the_cache(work):
+    """A pipe has no content digest (nor has ``<(...)``, whose /dev/fd path bash gives the next one too): keyed by
+    its path alone, a run with another cluster through the same path was served the first run's plans."""
+    import os
+    import threading
+
+    from libarena.plan import read_plans
+
+    fifo = work / "cluster.fifo"
+    os.mkfifo(fifo)
+    for i, groups in enumerate((CLUSTER["node_groups"], CLUSTER["node_groups"][:1])):
+        text = yaml.safe_dump(dict(CLUSTER, node_groups=groups))
+        writer = threading.Thread(target=fifo.write_text, args=(text,), daemon=True)
+        writer.start()
+        outcome = invoke("arena-plan", ["--ops", "ops.parquet", "--cluster", str(fifo), "--max-gpus", "2", "--json",
+                                        "-o", f"fifo{i}.parquet"], cwd=work)
+        writer.join(timeout=30)
+        doc = summary(outcome)
+        assert doc["cache"]["hit"] is False and doc["cache"]["stored"] is False
+        assert "not cached: " in outcome.stderr and "not a regular file" in outcome.stderr
+    assert {g.grid.gpu_type for g in read_plans(work / "fifo1.parquet").grids} == {"a40"}
+
+
+def test_profiling_a_plans_file_without_a_feasible_plan_is_a_one_line_error(work):
+    """Every grid infeasible (16 micro-batches of a global batch of 8): no stage is built, not even the whole
+    model's data-parallel one (for a large model that alone can exhaust the host's memory)."""
+    ok(invoke("arena-plan", ["--ops", "ops.parquet", "--cluster", "cluster.yaml", "--max-gpus", "1",
+                             "--num-microbatches", "16", "-o", "none.parquet"], cwd=work))
+    failed = invoke("arena-profile", ["-i", "none.parquet", "--cache-dir", "pc-none", "-o", "none-perf.parquet"], cwd=work)
+    assert failed.code != 0 and "nothing to profile: the plans file has no feasible plan" in failed.stderr
+    assert len(failed.stderr.strip().splitlines()) == 1 and "Traceback" not in failed.stderr
+    assert not (work / "none-perf.parquet").exists()
+
+
+def test_outputs_that_would_lose_a_cache_or_misname_a_table_are_refused(work):
+    """A cache inside a directory output would be swapped out with the old output when the new one is moved in
+    (and the entries just stored with it); a table named .csv would be a Parquet file under a CSV name."""
+    sim = ["simulate", "--trace", "trace.csv", "--perf", "perf.parquet", "--cluster", "cluster.yaml", "--policy", "fcfs"]
+    inside = invoke("arena-schedule", [*sim, "-o", "run-in", "--cache-dir", "run-in/cache"], cwd=work)
+    assert inside.code != 0 and "--cache-dir run-in/cache is inside the output run-in" in inside.stderr
+    assert len(inside.stderr.strip().splitlines()) == 1 and not (work / "run-in").exists()
+    text = invoke("arena-schedule", ["perf", "build", "--pair", "gpt__1.3B,256", "--cluster", "cluster.yaml",
+                                     "--mode", "roofline", "-o", "perf.csv"], cwd=work)
+    assert text.code != 0 and "-o perf.csv: tables are written as Parquet" in text.stderr
+    assert "name the output perf.parquet" in text.stderr and not (work / "perf.csv").exists()

@@ -122,8 +122,12 @@ def test_stage_breakdown_follows_the_1f1b_model(first_run):
 def test_second_run_is_served_from_the_cache(plans_path, cache_dir, first_run):
     from libarena.profile import ProfileConfig, profile_plans
 
-    again = profile_plans(read_plans(plans_path, require_costs=False), ProfileConfig(cache_dir=cache_dir, granularity="unit"), comm=_cpu_comm())
+    config = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3, granularity="unit")  # timed as first_run
+    again = profile_plans(read_plans(plans_path, require_costs=False), config, comm=_cpu_comm())
     assert again.summary["stages_profiled"] == 0 and again.summary["stages_skipped"] == 24
+    # a profile of 3 timed runs is not served to a run that asks for 7
+    more = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=7, granularity="unit")
+    assert profile_plans(read_plans(plans_path, require_costs=False), more, comm=_cpu_comm()).summary["stages_skipped"] < 24
     before = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in first_run.table.to_pylist()}
     after = {(r["gpu_type"], r["view"]): r["iter_time_s"] for r in again.table.to_pylist()}
     assert before == pytest.approx(after)
@@ -210,8 +214,8 @@ def comm_table_path(tmp_path_factory):
 
 def test_cli_stdin_plans_to_perf_table_and_show(plans_path, cache_dir, comm_table_path, tmp_path, first_run):
     out = tmp_path / "perf.parquet"
-    proc = _cli("--device", "local", "--granularity", "unit", "--cache-dir", cache_dir, "--comm", comm_table_path, "-o", out,
-                stdin=plans_path.read_bytes())
+    proc = _cli("--device", "local", "--granularity", "unit", "--warmup", "1", "--repeats", "3", "--cache-dir", cache_dir,
+                "--comm", comm_table_path, "-o", out, stdin=plans_path.read_bytes())
     assert proc.returncode == 0, proc.stderr.decode()
     log = proc.stderr.decode()
     assert "timer host" in log and "24 skipped" in log and "measured" in log
@@ -300,7 +304,7 @@ def test_memory_check_against_the_device(plans_path, cache_dir, first_run):
     """Same (cached) profiles, a device budget too small for the stage's state: rows do not fit."""
     from libarena.profile import ProfileConfig, profile_plans
 
-    tight = profile_plans(read_plans(plans_path, require_costs=False), ProfileConfig(cache_dir=cache_dir, memory_fraction=1e-9, granularity="unit"),
+    tight = profile_plans(read_plans(plans_path, require_costs=False), ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3, memory_fraction=1e-9, granularity="unit"),
                           comm=_cpu_comm())
     assert tight.summary["stages_profiled"] == 0
     assert not any(r["fits_in_memory"] for r in tight.table.to_pylist())
@@ -342,7 +346,7 @@ def test_cli_sigterm_mid_run_exits_2_keeps_the_cache_valid_and_a_rerun_resumes(p
         assert entry["key"] == path.stem and "value" in entry
     finished = stage_entries()
     assert finished
-    rerun = _cli("-i", plans_path, "--cache-dir", cache, "--no-dp", "-o", out)
+    rerun = _cli("-i", plans_path, "--cache-dir", cache, "--no-dp", "--repeats", "300", "--timing-budget", "0", "-o", out)
     assert rerun.returncode == 0, rerun.stderr.decode()
     meta = read_table(out, "perf_table").metadata
     # Every unit profile finished before the kill is reused, not profiled again.

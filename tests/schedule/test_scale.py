@@ -100,6 +100,12 @@ def test_scale_refuses_bad_input(tmp_path):
         TraceScale(2, -1.0)
     with pytest.raises(ArenaError, match="overwrite"):
         write_scaled_trace(src, src, TraceScale(2))
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("name: c\nnode_groups: [{gpu_type: a100, nodes: 1, gpus_per_node: 8}]\n")
+    before = cluster.read_bytes()
+    with pytest.raises(ArenaError, match="is the input --cluster"):
+        write_scaled_trace(src, cluster, TraceScale(2), cluster=cluster)
+    assert cluster.read_bytes() == before
     clash = _generated_trace(2)
     clash[1] = job("j0-x1", "gpt__760M", 10, 1, "a100", submit=5.0, row=2)
     with pytest.raises(ArenaError, match="already in the trace"):

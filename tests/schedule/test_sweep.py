@@ -156,6 +156,16 @@ def test_a_sweep_never_writes_over_its_inputs(tmp_path, inputs):
         assert target.read_text() == trace_text
         assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == sorted(
             {where, *(str(q.as_posix()) for q in Path(where).parents if str(q) != ".")})
+    # the spec file itself, where the summary goes: refused, and left as it was
+    spec_dir = tmp_path / "spec-here"
+    spec_dir.mkdir()
+    spec_file = spec_dir / "sweep.json"
+    spec_text = json.dumps({"cluster": str(cluster), "policies": ["fcfs"],
+                            "traces": {"t": {"trace": str(d / "philly.csv"), "perf": str(d / "perf.parquet")}}})
+    spec_file.write_text(spec_text)
+    with pytest.raises(ArenaError, match=r"would write over its input \(spec\)"):
+        sweep(build_sweep_spec(spec_file), spec_dir, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+    assert spec_file.read_text() == spec_text
     beside = tmp_path / "beside"
     (beside / "t").mkdir(parents=True)
     (beside / "t" / "trace.csv").write_text(trace_text)
@@ -293,6 +303,8 @@ def test_sequential_sweep_equals_compare_and_shares_the_cache(inputs, tmp_path):
         assert "policies compared" in (d / "seq" / trace / "table.txt").read_text()
     summary = json.loads((d / "seq" / "sweep.json").read_text())
     assert (summary["total"], summary["simulated"], summary["cached"], summary["failed"]) == (12, 12, 0, 0)
+    assert summary["schema_version"] == 1 and all(len(ref["sha256"]) == 64 for ref in summary["inputs"])
+    assert {Path(ref["path"]).name for ref in summary["inputs"]} >= {"philly.csv", "venus.csv", "perf.parquet"}
 
     # simulate of one of them is a cache hit (the same key), and so is the whole sweep again
     s = cli("simulate", "--trace", str(d / "venus.csv"), "--perf", str(d / "perf.parquet"), "--cluster", str(cluster),

@@ -46,7 +46,8 @@ def analyze(
     """Analyze a model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
-    from libarena.analyze import AnalyzeConfig, check_writable
+    from libarena.analyze import AnalyzeConfig
+    from libarena.artifacts.io import check_table_output
     from libarena.pipeline import CacheSettings
     from libarena.pipeline.analyze import analyze as run_analyze
 
@@ -68,7 +69,7 @@ def analyze(
     config = AnalyzeConfig(model, global_batch, seq_len, dtype, num_clusters)
     refuse_json_with_stdout_data(as_json, output)
     refuse_binary_to_terminal(output)
-    check_writable(output)
+    check_table_output(output)
     where = "stdout" if output == "-" else output
     with Reporter(quiet=quiet, prefix="arena-analyze: ") as reporter:
         outcome = run_analyze(config, output, CacheSettings(cache_dir, no_cache), reporter)

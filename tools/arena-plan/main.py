@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 
 from libarena.artifacts import refuse_overwriting_inputs, write_bytes
-from libarena.artifacts.io import check_writable
+from libarena.artifacts.io import check_table_output
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
     print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
@@ -76,7 +76,7 @@ def plan(
         raise ArenaError("no operator table: pipe one from arena-analyze, pass --ops FILE, or --model and --global-batch")
     refuse_binary_to_terminal(output)
     refuse_json_with_stdout_data(as_json, output)
-    check_writable(output)
+    check_table_output(output)
     step = PlanStep(cluster, PlannerConfig(
         max_gpus=max_gpus,
         microbatches_per_stage=microbatches_per_stage,

@@ -32,7 +32,7 @@ app = typer.Typer(
 def profile(
     ctx: typer.Context,
     plans: str = typer.Option("-", "--plans", "-i", help="plans (Parquet, or '-' for an Arrow stream on stdin)"),
-    output: str = typer.Option("-", "--output", "-o", help="performance table (Parquet/CSV by suffix), '-' = stdout"),
+    output: str = typer.Option("-", "--output", "-o", help="performance table (Parquet; '-' = an Arrow stream on stdout)"),
     device: str = typer.Option("local", "--device", help="device to profile on: local, cpu, gpu, or platform:index"),
     timer: str = typer.Option("auto", "--timer", help="auto (cupti on an NVIDIA GPU, else host), cupti or host"),
     all_frontier: bool = typer.Option(False, "--all-frontier", help="profile every frontier plan, not only the proxies"),

@@ -27,7 +27,7 @@ import typer
 
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
-    print_json, refuse_json_with_stdout_data, run_app,
+    print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
 )
 from libarena.errors import ArenaError
 from libarena.schedule.live.profiling import DEFAULT_PROFILE_RETRY_S, DEFAULT_PROFILE_TIMEOUT_S
@@ -271,11 +271,9 @@ def trace_scale_cmd(
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="leave bad rows out, with a count"),
 ) -> None:
     """Replicate a trace N times with seeded jitter of the submission times (job ids made unique)."""
-    from libarena.hardware import load_cluster
     from libarena.schedule.traces import TraceScale, write_scaled_trace
 
-    types = load_cluster(cluster).gpu_types if cluster else None
-    scaled = write_scaled_trace(file, output, TraceScale(copies, jitter, seed), gpu_types=types,
+    scaled = write_scaled_trace(file, output, TraceScale(copies, jitter, seed), cluster=cluster,
                                 skip_bad_rows=skip_bad_rows)
     reporter = Reporter()
     if scaled.skipped:
@@ -299,7 +297,7 @@ def cluster_scale_cmd(
 @perf_app.command("build")
 def perf_build(
     cluster: Path = ClusterOpt,
-    output: Path = typer.Option(..., "-o", "--output"),
+    output: Path = typer.Option(..., "-o", "--output", help="performance table (Parquet; '-' = an Arrow stream on stdout)"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="build the rows every (model, batch) of this trace needs"),
     pair: list[str] = typer.Option([], "--pair", help="and/or these pairs, MODEL,GLOBAL_BATCH (repeatable)"),
     mode: str = typer.Option("auto", "--mode", help="local (profile on this device), roofline (execution-free), auto (local for tiny/small models)"),
@@ -318,6 +316,7 @@ def perf_build(
     from libarena.pipeline.perf_build import PerfBuildConfig, parse_pair, perf_build as run_perf_build
 
     refuse_json_with_stdout_data(as_json, output)
+    refuse_binary_to_terminal(output)
     config = PerfBuildConfig(mode=mode, dtype=dtype, granularity=granularity)
     pairs = [parse_pair(text) for text in pair]
     where = "stdout" if str(output) == "-" else str(output)

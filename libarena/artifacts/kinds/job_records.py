@@ -24,6 +24,7 @@ JOB_RECORDS = register_kind(
         format="table",
         produced_by="arena-schedule",
         description="One row per submitted job of a simulated (or live) schedule: what it asked for and what it got.",
+        max_rows=2_000_000,  # trace scale's MAX_SCALED_JOBS
         columns=(
             Column("job_id", "string", "job identifier from the trace"),
             Column("trace_row", "int64", "1-based data row of the job in the trace"),

@@ -9,6 +9,7 @@ TIMESERIES = register_kind(
         format="table",
         produced_by="arena-schedule",
         description="Cluster state after the scheduling decisions of each tick of a simulation.",
+        max_rows=100_000_000,  # the simulator's --max-ticks ceiling (100 x MAX_TICKS); MAX_DECODED_BYTES bounds it first
         columns=(
             Column("time_s", "float64", "tick time, trace clock"),
             Column("cluster_throughput", "float64", "sum of running jobs' samples/s (execution truth)"),
