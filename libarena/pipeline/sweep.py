@@ -2,7 +2,9 @@
 
 Each simulation is what ``arena-schedule simulate`` runs, cached under the same key in the same stage cache
 (``<cache-dir>/stages/arena-schedule-simulate/``): a sweep serves what ``simulate`` or an earlier sweep
-computed, and the other way round. The driver looks every simulation up first and restores the hits; only
+computed, and the other way round, where ``simulate`` was given the inputs by their absolute paths (a key
+names each input's path as well as its content, so that a served output's provenance names the right file;
+the sweep makes its paths absolute). The driver looks every simulation up first and restores the hits; only
 the misses become tasks, so a sweep whose simulations are all cached starts no Ray at all (nor one with a
 single simulation to run: it runs in process). A task runs the
 simulation and returns its output files (bytes), which the driver writes under the sweep's output and

@@ -382,9 +382,6 @@ def _stage_functions(spec: StageSpec, view: WorkerView, optimizer: Any) -> tuple
     def accumulate(grad_acc: Any, param_grads: Any) -> Any:
         return jax.tree.map(lambda acc, g: acc + g.astype(acc.dtype), grad_acc, param_grads)
 
-    def forward(params: Any, carry: Any, batch: Any) -> Any:
-        return stage_pass.forward(params, carry, batch)
-
     def backward(params: Any, batch: Any, residuals: Any, cotangent: Any, grad_acc: Any) -> Any:
         param_grads, carry_grad = stage_pass.backward(params, batch, residuals, cotangent)
         return (accumulate(grad_acc, param_grads),) if first else (accumulate(grad_acc, param_grads), carry_grad)
@@ -397,7 +394,7 @@ def _stage_functions(spec: StageSpec, view: WorkerView, optimizer: Any) -> tuple
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state
 
-    return forward, backward, update, tx
+    return stage_pass.forward, backward, update, tx
 
 
 def _abstract(tree: Any) -> Any:
