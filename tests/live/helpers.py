@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -93,3 +94,20 @@ def wait_until(pred, timeout: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+@dataclass
+class SetClock:
+    """Scheduler time as the test sets it (a submission arrives at the time it is ingested)."""
+
+    t: float = 0.0
+    compression: float = 1.0
+
+    def now(self) -> float:
+        return self.t
+
+    def at(self, wall: float) -> float:
+        return self.t
+
+    def wall_of(self, virtual: float) -> float:
+        return virtual

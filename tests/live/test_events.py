@@ -8,7 +8,6 @@ with the emulated-hosts launcher, so every time below is exact."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import pytest
 import yaml
@@ -19,26 +18,10 @@ from libarena.schedule.live.jobfile import JobSubmission
 from libarena.schedule.live.server import ServeConfig, Server
 from libarena.schedule.live.status import job_rows
 from libarena.schedule.live.store import Store
+from tests.live.helpers import SetClock
 from tests.schedule.perf_fixtures import synthetic_perf_rows, write_perf
 
 MODEL, BATCH = "gpt__760M", 128
-
-
-@dataclass
-class SetClock:
-    """Scheduler time as the test sets it (a submission arrives at the time it is ingested)."""
-
-    t: float = 0.0
-    compression: float = 1.0
-
-    def now(self) -> float:
-        return self.t
-
-    def at(self, wall: float) -> float:
-        return self.t
-
-    def wall_of(self, virtual: float) -> float:
-        return virtual
 
 
 def _server(tmp_path, event_passes: bool = True, extra_models: tuple = ()) -> tuple[Server, SetClock]:

@@ -7,7 +7,6 @@ runs in memory (they outlive a server, as real processes do) and notes every GPU
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 import pytest
 
@@ -17,27 +16,10 @@ from libarena.schedule.live.jobfile import JobSubmission
 from libarena.schedule.live.launchers import LaunchRequest, RunStatus
 from libarena.schedule.live.launchers.base import JobLauncher
 from libarena.schedule.live.server import ServeConfig, Server
-from tests.live.helpers import write_inputs
+from tests.live.helpers import SetClock, write_inputs
 
 MODEL, BATCH = "gpt__760M", 128
 GPUS_PER_NODE = 4  # write_inputs: one node of 4 A100s and one of 4 V100s (nodes=1)
-
-
-@dataclass
-class SetClock:
-    """Scheduler time as the test sets it."""
-
-    t: float = 0.0
-    compression: float = 1.0
-
-    def now(self) -> float:
-        return self.t
-
-    def at(self, wall: float) -> float:
-        return self.t
-
-    def wall_of(self, virtual: float) -> float:
-        return virtual
 
 
 class FakeHosts(JobLauncher):
