@@ -16,7 +16,6 @@ The live scheduler calls the same step for the (model, batch) of a job that arri
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -156,11 +155,11 @@ def perf_build(cluster: Path, output: str, config: PerfBuildConfig, *, trace: Pa
     trace_ref, text = [], None
     if trace is not None:
         trace_ref = [input_ref(trace)]
-        if str(trace) == "-":  # named by its content, read once
-            from libarena.schedule.traces import read_trace_text
+        if str(trace) == "-":
+            from libarena.schedule.traces import stdin_trace
 
-            text = read_trace_text("-")
-            trace_ref = [{"path": "stdin", "sha256": hashlib.sha256(text.encode()).hexdigest()}]
+            text, ref = stdin_trace()
+            trace_ref = [ref]
     wanted = sorted(set(pairs) | set(trace_pairs(trace, spec, seed, skip_bad_rows, text) if trace is not None else ()))
     if not wanted:
         raise ArenaError("perf build needs --trace or --pair (the (model, global batch) pairs to build rows for)")

@@ -105,15 +105,17 @@ class ProfileCache:
         return key if self.namespace is None else content_digest("profile-cache-namespace", self.namespace, key)
 
     def path(self, key: str) -> Path:
-        key = self.scoped(key)
-        return self.root / key[:2] / f"{key}.json"
+        return self._file(self.scoped(key))
+
+    def _file(self, scoped: str) -> Path:
+        return self.root / scoped[:2] / f"{scoped}.json"
 
     def get(self, key: str) -> dict[str, Any] | None:
         key = self.scoped(key)
         if key in self._memory:
             self.hits += 1
             return self._memory[key]
-        path = self.root / key[:2] / f"{key}.json"
+        path = self._file(key)
         try:
             entry = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -127,8 +129,8 @@ class ProfileCache:
         return entry["value"]
 
     def put(self, key: str, value: dict[str, Any]) -> None:
-        path = self.path(key)
         key = self.scoped(key)
+        path = self._file(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:

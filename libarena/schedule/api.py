@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from enum import Enum
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from libarena.schedule.entities import JobSpec, count_index_at_least
 from libarena.schedule.perf import PerfLookup, load_perf
 from libarena.schedule.policies import Policy, get_policy
 from libarena.schedule.simulator import SimulationResult, Simulator
-from libarena.schedule.traces import Trace, read_trace, read_trace_text
+from libarena.schedule.traces import Trace, read_trace, stdin_trace
 
 
 @dataclass
@@ -67,8 +66,7 @@ def load_workload(trace: Path, perf: Path, cluster: Path, *, seed: int = 0,
     keys = list(refs)
     trace_text = None
     if str(trace) == "-":  # keyed by its content, as a table piped on stdin is
-        trace_text = read_trace_text("-")
-        keys[0] = {"path": "stdin", "sha256": hashlib.sha256(trace_text.encode()).hexdigest()}
+        trace_text, keys[0] = stdin_trace()
         refs[0] = keys[0]
     if str(perf) != "-":
         workload = prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows, trace_text=trace_text)

@@ -38,6 +38,7 @@ import os
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from libarena.checks import MAX_BATCH, MAX_GPUS, MAX_ITERATIONS, MAX_PRIORITY, MAX_SECONDS, brief, range_problem
 from libarena.errors import ArenaError
@@ -131,6 +132,15 @@ def _num(row: dict, col: str, *, optional: bool = False) -> float | int | None:
 
 def _pow2_at_least(n: int) -> int:
     return 1 << count_index_at_least(n)
+
+
+def stdin_trace() -> tuple[str, dict[str, Any]]:
+    """A trace piped on stdin, read once: its text and its provenance entry, named by its content (the bytes are
+    gone once read)."""
+    import hashlib
+
+    text = read_trace_text("-")
+    return text, {"path": "stdin", "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def read_trace_text(path: str | os.PathLike[str]) -> str:

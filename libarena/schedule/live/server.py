@@ -455,11 +455,12 @@ class Server:
         return stats
 
     def _save_relaunches(self, c) -> None:
-        # only the versions still in flight: a finished or failed job is never relaunched again
+        # only the versions of jobs still in flight, here as in the database: a finished or failed job is never
+        # relaunched again
         live = self.live
-        kept = [[job_id, version, n] for (job_id, version), n in sorted(self._relaunches.items())
-                if job_id in live.by_id and live.by_id[job_id].active]
-        self.store.set_meta("relaunches", kept, c)
+        self._relaunches = {(job_id, version): n for (job_id, version), n in sorted(self._relaunches.items())
+                            if job_id in live.by_id and live.by_id[job_id].active}
+        self.store.set_meta("relaunches", [[job_id, version, n] for (job_id, version), n in self._relaunches.items()], c)
 
     def _execute(self, intents: list[LaunchRequest]) -> None:
         latest: dict[str, int] = {}
