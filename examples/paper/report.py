@@ -21,6 +21,7 @@ from typing import Any
 
 from libarena.artifacts import write_bytes, write_json
 from libarena.errors import ArenaError
+from libarena.schedule.metrics import read_summary
 
 #: metrics kept per policy in results.json
 METRICS = ("submitted_jobs", "finished_jobs", "unfinished_jobs", "unschedulable_jobs", "dropped_jobs", "skipped_rows",
@@ -59,14 +60,14 @@ def collect(out: Path, traces: list[str], policies_order: list[str] | None = Non
     results: dict[str, Any] = {}
     for trace in traces:
         compare_dir = out / trace / "compare"
-        comparison = _read_json(compare_dir / "compare.json")["policies"]
+        comparison = read_summary(compare_dir / "compare.json", "comparison")[0]["policies"]
         compared = list(comparison)
         order = [p for p in policies_order if p in compared] if policies_order else compared
         if not order:
             raise ArenaError(f"{compare_dir / 'compare.json'}: none of the policies {', '.join(policies_order or [])}")
         policies = {}
         for policy in order:
-            metrics = _read_json(compare_dir / policy / "metrics.json")
+            metrics = read_summary(compare_dir / policy / "metrics.json", "run_metrics")[0]
             policies[policy] = {k: metrics.get(k) for k in METRICS}
             # JCT over the jobs this policy and the reference (Arena) both finished: the fair comparison
             policies[policy]["vs_reference"] = comparison[policy].get("vs_reference")

@@ -411,8 +411,9 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
             summary.incomplete_groups.append(group)
             return
         metrics = {r.policy: r.metrics for r in members}
-        paired = summary.paired[group] = paired_comparison({r.policy: output / r.output for r in members})
-        write_json(output / group / "compare.json", compare_json(metrics, paired))
+        runs = {r.policy: output / r.output for r in members}
+        paired = summary.paired[group] = paired_comparison(runs)
+        write_json(output / group / "compare.json", compare_json(metrics, paired, runs))
         write_bytes(output / group / "table.txt", compare_table_text(metrics, paired).encode())
         if plot:
             from libarena.schedule.plots import RunSeries, plot_series

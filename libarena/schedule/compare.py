@@ -15,18 +15,39 @@ JSON_METRICS = ("avg_jct_s", "avg_throughput", "peak_throughput", "finished_jobs
                 "decision_time_per_tick_median_s", "submitted_jobs", "simulation_wall_s")
 
 
-def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]] | None = None) -> dict:
-    """``{"reference": name, "policies": {name: {metric: value, "vs_reference": jobs both finished}}}``."""
-    from libarena.schedule.metrics import json_safe
+def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]], runs: dict[str, Path]) -> dict:
+    """compare.json of the runs in ``runs`` (policy -> its run's directory): ``{"arena": header, "reference": name,
+    "policies": {name: {metric: value, "vs_reference": jobs both finished}}}``, the header's provenance gathered
+    from the runs' own (each policy's parameters, every input once)."""
+    from libarena.schedule.metrics import json_safe, summary_document
 
-    paired = paired or {}
     doc: dict[str, Any] = {"reference": reference_policy(list(metrics)), "policies": {}}
     for name, m in metrics.items():
         entry = json_safe({k: m.get(k) for k in JSON_METRICS})
         if name in paired:
             entry["vs_reference"] = paired[name]
         doc["policies"][name] = entry
-    return doc
+    return summary_document("comparison", doc, comparison_provenance(runs))
+
+
+def comparison_provenance(runs: dict[str, Path]) -> Any:
+    """Where a comparison came from: each policy's run parameters and the runs' inputs (each once, in order),
+    from the runs' metrics.json."""
+    import json
+
+    from libarena.artifacts import Provenance
+    from libarena.schedule.metrics import read_summary
+
+    parameters, inputs, seen = {}, [], set()
+    for name, path in runs.items():
+        provenance = read_summary(path / "metrics.json", "run_metrics")[1].get("provenance") or {}
+        parameters[name] = provenance.get("parameters", {})
+        for item in provenance.get("inputs", []):
+            key = json.dumps(item, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                inputs.append(item)
+    return Provenance(tool="arena-schedule compare", parameters={"policies": parameters}, inputs=inputs)
 
 
 def reference_policy(names: list[str]) -> str:
@@ -164,7 +185,8 @@ def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output:
         runs[name] = res
         report.log(summary_line(metrics[name]))
     report.progress(ProgressUpdate("policies", len(policies), len(policies)))
-    write_json(output / "compare.json", compare_json(metrics, paired_comparison({n: output / n for n in policies})))
+    run_dirs = {n: output / n for n in policies}
+    write_json(output / "compare.json", compare_json(metrics, paired_comparison(run_dirs), run_dirs))
     if plot:
         from libarena.schedule.plots import plot_runs
 

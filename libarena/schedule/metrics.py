@@ -11,6 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -175,7 +176,46 @@ def unschedulable_notes(records: pa.Table, limit: int = 3) -> list[str]:
     return lines
 
 
+#: the header key of metrics.json and compare.json: {kind, schema_version, provenance}, as a table's "arena" metadata
+HEADER_KEY = "arena"
+#: kind -> schema version of the summary documents a simulation or comparison writes beside its tables; bump a
+#: version when what its document holds changes (1: the header added, the metrics unchanged at the top level)
+SUMMARY_VERSIONS = {"run_metrics": 1, "comparison": 1}
+
+
+def summary_document(kind: str, body: dict, provenance: Any) -> dict:
+    """``body`` (a run's metrics, a comparison) headed by its kind, schema version and provenance (the inputs it
+    came from), as every artifact is; the body's keys stay at the top level for readers that pick them."""
+    from dataclasses import asdict
+
+    if HEADER_KEY in body:
+        raise ValueError(f"a {kind} document cannot hold a key named {HEADER_KEY!r}")
+    return {HEADER_KEY: {"kind": kind, "schema_version": SUMMARY_VERSIONS[kind], "provenance": asdict(provenance)},
+            **body}
+
+
+def read_summary(path: str | os.PathLike[str], kind: str) -> tuple[dict, dict]:
+    """(body, header) of a document ``summary_document`` wrote; a file that is not one of this kind and version
+    is a one-line error naming it."""
+    from libarena.errors import ArenaError
+
+    name = f"{path}: not a {kind} document"
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ArenaError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ArenaError(f"{name} ({type(exc).__name__}: {exc})") from None
+    header = doc.get(HEADER_KEY) if isinstance(doc, dict) else None
+    if not isinstance(header, dict) or header.get("kind") != kind:
+        raise ArenaError(f"{name} (it has no {HEADER_KEY!r} header naming that kind)")
+    if header.get("schema_version") != SUMMARY_VERSIONS[kind]:
+        raise ArenaError(f"{path}: a {kind} document of schema version {header.get('schema_version')!r}; this Arena "
+                         f"reads version {SUMMARY_VERSIONS[kind]} (simulate again)")
+    return {k: v for k, v in doc.items() if k != HEADER_KEY}, header
+
+
 def read_metrics(path: str | os.PathLike[str]) -> dict:
     """metrics.json as written (NaN stored as null), with null numbers back to NaN for the text summaries."""
-    doc = json.loads(Path(path).read_text())
-    return {k: (float("nan") if v is None else v) for k, v in doc.items()}
+    body, _header = read_summary(path, "run_metrics")
+    return {k: (float("nan") if v is None else v) for k, v in body.items()}

@@ -10,6 +10,7 @@ import yaml
 from hypothesis import strategies as st
 
 from libarena.artifacts import read_document, read_table
+from libarena.schedule.metrics import read_metrics
 from tests.fuzz.corrupt import (corrupt_bytes, mutated_csv, mutated_document_text, mutated_table_bytes,
                                 number_text)
 from tests.fuzz.harness import invoke, run_and_check, run_cases
@@ -27,7 +28,7 @@ def _verify_run(path):
     elif path.name == "decisions.msgpack":
         read_document(path, "decisions")
     elif path.name == "metrics.json":
-        json.loads(path.read_text())
+        read_metrics(path)
 
 
 def _trace_csv(seeds) -> bytes:

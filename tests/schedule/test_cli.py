@@ -47,7 +47,14 @@ def test_simulate_writes_artifacts(inputs):
     assert ts.table.num_rows == metrics["ticks"]
     dec = read_document(d / "run" / "decisions.msgpack", "decisions")
     assert dec.data["action"].count("finish") == 18 and len(dec.data["job_ids"]) == 18
-    assert json.loads((d / "run" / "metrics.json").read_text())["avg_jct_s"] == pytest.approx(metrics["avg_jct_s"])
+    written = json.loads((d / "run" / "metrics.json").read_text())
+    assert written["avg_jct_s"] == pytest.approx(metrics["avg_jct_s"])
+    # headed as every artifact: its kind, schema version and the inputs it came from, by content
+    header = written["arena"]
+    assert header["kind"] == "run_metrics" and header["schema_version"] == 1
+    assert header["provenance"]["parameters"]["policy"] == "arena"
+    assert [Path(i["path"]).name for i in header["provenance"]["inputs"]] == ["trace.csv", "perf.parquet", cluster.name]
+    assert all(len(i["sha256"]) == 64 for i in header["provenance"]["inputs"])
     for png in ("throughput.png", "jct_cdf.png", "queue_length.png"):
         assert (d / "run" / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -186,6 +193,12 @@ def test_compare_json_and_table(inputs):
         assert 0 <= pair["jobs"] <= doc["policies"][name]["finished_jobs"]
         assert set(pair["reference"]) == set(pair["policy"]) == {"avg_jct_s", "p50_jct_s", "p90_jct_s"}
     assert (d / "cmp" / "gavel" / "jobs.parquet").is_file() and (d / "cmp" / "throughput.png").is_file()
+    # compare.json is headed too: each policy's run parameters, the shared inputs once
+    header = json.loads((d / "cmp" / "compare.json").read_text())["arena"]
+    assert header["kind"] == "comparison" and header["schema_version"] == 1 and doc["arena"] == header
+    assert sorted(header["provenance"]["parameters"]["policies"]) == sorted(doc["policies"])
+    assert header["provenance"]["parameters"]["policies"]["sia"]["policy"] == "sia"
+    assert [Path(i["path"]).name for i in header["provenance"]["inputs"]] == ["trace.csv", "perf.parquet", cluster.name]
     r = cli("compare", "--policies", "arena,fcfs", "--trace", "trace.csv", "--perf", "perf.parquet", "--cluster",
             str(cluster), "-o", "cmp2", cwd=d)
     assert r.returncode == 0 and "reduction" in r.stdout and "fcfs" in r.stdout and "both finished" in r.stdout

@@ -262,6 +262,13 @@ def test_spec_with_variants_and_seeds(inputs, tmp_path):
         "default/seed-0/arena/jobs.parquet", "default/seed-0/fcfs/jobs.parquet", "default/seed-1/arena/jobs.parquet",
         "default/seed-1/fcfs/jobs.parquet", "no-hetero/seed-0/arena/jobs.parquet", "no-hetero/seed-1/arena/jobs.parquet"]
     assert _records(out / "no-hetero" / "seed-0" / "arena") != _records(out / "default" / "seed-0" / "arena")
+    # each comparison's compare.json is headed: its runs' parameters (the variant's option) and inputs, once each
+    header = json.loads((out / "no-hetero" / "seed-1" / "compare.json").read_text())["arena"]
+    assert header["kind"] == "comparison" and header["schema_version"] == 1
+    assert header["provenance"]["parameters"]["policies"]["arena"]["seed"] == 1
+    assert str(header["provenance"]["parameters"]["policies"]["arena"]["policy_config"]["hetero"]) == "False"
+    assert sorted(i["path"] for i in header["provenance"]["inputs"]) == sorted(
+        str(x) for x in (cluster, d / "philly.csv", d / "perf.parquet"))
     s = cli("simulate", "--trace", str(d / "philly.csv"), "--perf", str(d / "perf.parquet"), "--cluster", str(cluster),
             "--policy", "arena", "--no-hetero", "--seed", "1", "--horizon", "400000", "--cache-dir", cache,
             "-o", str(tmp_path / "one"), "--json", cwd=d)
