@@ -208,7 +208,7 @@ def read_summary(path: str | os.PathLike[str], kind: str) -> tuple[dict, dict]:
         raise ArenaError(f"{name} ({type(exc).__name__}: {exc})") from None
     header = doc.get(HEADER_KEY) if isinstance(doc, dict) else None
     if not isinstance(header, dict) or header.get("kind") != kind:
-        raise ArenaError(f"{name} (it has no {HEADER_KEY!r} header naming that kind)")
+        raise ArenaError(f"{name} (it has no {HEADER_KEY!r} header naming that kind; an older Arena's output: simulate again)")
     if header.get("schema_version") != SUMMARY_VERSIONS[kind]:
         raise ArenaError(f"{path}: a {kind} document of schema version {header.get('schema_version')!r}; this Arena "
                          f"reads version {SUMMARY_VERSIONS[kind]} (simulate again)")
