@@ -52,6 +52,12 @@ def _read_json(path: Path) -> Any:
         raise ArenaError(f"{path}: not JSON ({exc})") from None
 
 
+def _read_summary(path: Path, kind: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ArenaError(f"{path}: missing (run the stage that writes it first)")
+    return read_summary(path, kind)[0]
+
+
 def collect(out: Path, traces: list[str], policies_order: list[str] | None = None) -> dict[str, Any]:
     """{trace: {"stats": trace stats, "policies": {policy: metrics}}} from the files the pipeline wrote.
 
@@ -60,14 +66,14 @@ def collect(out: Path, traces: list[str], policies_order: list[str] | None = Non
     results: dict[str, Any] = {}
     for trace in traces:
         compare_dir = out / trace / "compare"
-        comparison = read_summary(compare_dir / "compare.json", "comparison")[0]["policies"]
+        comparison = _read_summary(compare_dir / "compare.json", "comparison")["policies"]
         compared = list(comparison)
         order = [p for p in policies_order if p in compared] if policies_order else compared
         if not order:
             raise ArenaError(f"{compare_dir / 'compare.json'}: none of the policies {', '.join(policies_order or [])}")
         policies = {}
         for policy in order:
-            metrics = read_summary(compare_dir / policy / "metrics.json", "run_metrics")[0]
+            metrics = _read_summary(compare_dir / policy / "metrics.json", "run_metrics")
             policies[policy] = {k: metrics.get(k) for k in METRICS}
             # JCT over the jobs this policy and the reference (Arena) both finished: the fair comparison
             policies[policy]["vs_reference"] = comparison[policy].get("vs_reference")

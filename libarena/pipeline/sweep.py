@@ -413,7 +413,8 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
         metrics = {r.policy: r.metrics for r in members}
         runs = {r.policy: output / r.output for r in members}
         paired = summary.paired[group] = paired_comparison(runs)
-        write_json(output / group / "compare.json", compare_json(metrics, paired, runs))
+        spec_inputs = [i for i in summary.inputs if i.get("kind") == "sweep_spec"]
+        write_json(output / group / "compare.json", compare_json(metrics, paired, runs, "arena-schedule sweep", spec_inputs))
         write_bytes(output / group / "table.txt", compare_table_text(metrics, paired).encode())
         if plot:
             from libarena.schedule.plots import RunSeries, plot_series

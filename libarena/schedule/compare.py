@@ -15,10 +15,12 @@ JSON_METRICS = ("avg_jct_s", "avg_throughput", "peak_throughput", "finished_jobs
                 "decision_time_per_tick_median_s", "submitted_jobs", "simulation_wall_s")
 
 
-def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]], runs: dict[str, Path]) -> dict:
+def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]], runs: dict[str, Path],
+                 tool: str = "arena-schedule compare", inputs: list[dict[str, Any]] = ()) -> dict:
     """compare.json of the runs in ``runs`` (policy -> its run's directory): ``{"arena": header, "reference": name,
     "policies": {name: {metric: value, "vs_reference": jobs both finished}}}``, the header's provenance gathered
-    from the runs' own (each policy's parameters, every input once)."""
+    from the runs' own (each policy's parameters, every input once), after ``inputs`` of the comparison's own (a
+    sweep's spec) and naming ``tool``."""
     from libarena.schedule.metrics import json_safe, summary_document
 
     doc: dict[str, Any] = {"reference": reference_policy(list(metrics)), "policies": {}}
@@ -27,27 +29,28 @@ def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str,
         if name in paired:
             entry["vs_reference"] = paired[name]
         doc["policies"][name] = entry
-    return summary_document("comparison", doc, comparison_provenance(runs))
+    return summary_document("comparison", doc, comparison_provenance(runs, tool, inputs))
 
 
-def comparison_provenance(runs: dict[str, Path]) -> Any:
-    """Where a comparison came from: each policy's run parameters and the runs' inputs (each once, in order),
-    from the runs' metrics.json."""
+def comparison_provenance(runs: dict[str, Path], tool: str, inputs: list[dict[str, Any]] = ()) -> Any:
+    """Where a comparison came from: ``inputs``, then each policy's run parameters and the runs' inputs (each
+    once, in order), from the runs' metrics.json."""
     import json
 
     from libarena.artifacts import Provenance
     from libarena.schedule.metrics import read_summary
 
-    parameters, inputs, seen = {}, [], set()
+    parameters, gathered, seen, runs_inputs = {}, [], set(), []
     for name, path in runs.items():
         provenance = read_summary(path / "metrics.json", "run_metrics")[1].get("provenance") or {}
         parameters[name] = provenance.get("parameters", {})
-        for item in provenance.get("inputs", []):
-            key = json.dumps(item, sort_keys=True)
-            if key not in seen:
-                seen.add(key)
-                inputs.append(item)
-    return Provenance(tool="arena-schedule compare", parameters={"policies": parameters}, inputs=inputs)
+        runs_inputs += provenance.get("inputs", [])
+    for item in [*inputs, *runs_inputs]:
+        key = json.dumps(item, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            gathered.append(item)
+    return Provenance(tool=tool, parameters={"policies": parameters}, inputs=gathered)
 
 
 def reference_policy(names: list[str]) -> str:

@@ -181,6 +181,10 @@ HEADER_KEY = "arena"
 #: kind -> schema version of the summary documents a simulation or comparison writes beside its tables; bump a
 #: version when what its document holds changes (1: the header added, the metrics unchanged at the top level)
 SUMMARY_VERSIONS = {"run_metrics": 1, "comparison": 1}
+#: the keys a document of each kind written before the header (version 0, read as it is) always held
+_UNHEADED_KEYS = {"run_metrics": ("policy", "submitted_jobs", "avg_jct_s"), "comparison": ("reference", "policies")}
+#: what writes each kind again (for the error a newer version gets)
+_WRITER = {"run_metrics": "arena-schedule simulate (or compare, sweep)", "comparison": "arena-schedule compare (or sweep)"}
 
 
 def summary_document(kind: str, body: dict, provenance: Any) -> dict:
@@ -195,8 +199,10 @@ def summary_document(kind: str, body: dict, provenance: Any) -> dict:
 
 
 def read_summary(path: str | os.PathLike[str], kind: str) -> tuple[dict, dict]:
-    """(body, header) of a document ``summary_document`` wrote; a file that is not one of this kind and version
-    is a one-line error naming it."""
+    """(body, header) of a document ``summary_document`` wrote, or one an Arena wrote before the header (read as
+    version 0, without provenance, as the tables' readers read their earlier versions); a file that is neither, or
+    of another kind or a newer version, is a one-line error naming it."""
+    from libarena.checks import brief
     from libarena.errors import ArenaError
 
     name = f"{path}: not a {kind} document"
@@ -204,14 +210,21 @@ def read_summary(path: str | os.PathLike[str], kind: str) -> tuple[dict, dict]:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ArenaError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ArenaError(f"{name} ({type(exc).__name__}: {exc})") from None
-    header = doc.get(HEADER_KEY) if isinstance(doc, dict) else None
-    if not isinstance(header, dict) or header.get("kind") != kind:
-        raise ArenaError(f"{name} (it has no {HEADER_KEY!r} header naming that kind; an older Arena's output: simulate again)")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise ArenaError(f"{name} ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(doc, dict):
+        raise ArenaError(f"{name} (a JSON {type(doc).__name__}, not an object)")
+    header = doc.get(HEADER_KEY)
+    if header is None and all(key in doc for key in _UNHEADED_KEYS[kind]):
+        return doc, {"kind": kind, "schema_version": 0, "provenance": {}}
+    if not isinstance(header, dict):
+        raise ArenaError(f"{name} (no {HEADER_KEY!r} header, nor the keys {', '.join(_UNHEADED_KEYS[kind])} of one "
+                         "written before it)")
+    if header.get("kind") != kind:
+        raise ArenaError(f"{name}: its header says {brief(header.get('kind'))}")
     if header.get("schema_version") != SUMMARY_VERSIONS[kind]:
-        raise ArenaError(f"{path}: a {kind} document of schema version {header.get('schema_version')!r}; this Arena "
-                         f"reads version {SUMMARY_VERSIONS[kind]} (simulate again)")
+        raise ArenaError(f"{path}: a {kind} document of schema version {brief(header.get('schema_version'))}; this "
+                         f"Arena reads version {SUMMARY_VERSIONS[kind]} and earlier (write it again with {_WRITER[kind]})")
     return {k: v for k, v in doc.items() if k != HEADER_KEY}, header
 
 

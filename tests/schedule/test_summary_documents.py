@@ -25,11 +25,24 @@ def test_a_written_run_reads_back_without_its_header(tmp_path):
     assert header["provenance"]["inputs"] == PROVENANCE.inputs and body["p90_jct_s"] is None
 
 
+def test_a_document_written_before_the_header_still_reads(tmp_path):
+    """An output folder that make leaves as it is (examples/paper, the demo) keeps working after an upgrade."""
+    path = tmp_path / "metrics.json"
+    path.write_text('{"policy": "fcfs", "submitted_jobs": 3, "avg_jct_s": null}')
+    metrics = read_metrics(path)
+    assert metrics["policy"] == "fcfs" and math.isnan(metrics["avg_jct_s"])
+    assert read_summary(path, "run_metrics")[1] == {"kind": "run_metrics", "schema_version": 0, "provenance": {}}
+    path.write_text('{"reference": "arena", "policies": {}}')
+    assert read_summary(path, "comparison")[0] == {"reference": "arena", "policies": {}}
+
+
 @pytest.mark.parametrize("text,needle", [
-    ('{"policy": "arena", "avg_jct_s": 1.0}', "not a run_metrics document (it has no 'arena' header"),  # the old, flat layout
-    ('[1, 2]', "not a run_metrics document"),
-    ('{"arena": {"kind": "comparison", "schema_version": 1}}', "not a run_metrics document"),
-    ('{"arena": {"kind": "run_metrics", "schema_version": 2}}', "of schema version 2; this Arena reads version 1"),
+    ('{"policy": "arena", "avg_jct_s": 1.0}', "not a run_metrics document (no 'arena' header, nor the keys policy, submitted_jobs, avg_jct_s"),
+    ('{"reference": "arena", "policies": {}}', "not a run_metrics document"),  # a comparison given as a run
+    ('[1, 2]', "not a run_metrics document (a JSON list, not an object)"),
+    ('{"arena": {"kind": "comparison", "schema_version": 1}}', "not a run_metrics document: its header says 'comparison'"),
+    ('{"arena": {"kind": "run_metrics", "schema_version": 2}}', "of schema version 2; this Arena reads version 1 and earlier"),
+    ("[" * 100000 + "]" * 100000, "not a run_metrics document (RecursionError"),
     ('{"arena": {"kind": "run_metrics"', "not a run_metrics document (JSONDecodeError"),
     ("\xff\xfe", "not a run_metrics document"),
 ])

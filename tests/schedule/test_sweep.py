@@ -267,8 +267,10 @@ def test_spec_with_variants_and_seeds(inputs, tmp_path):
     assert header["kind"] == "comparison" and header["schema_version"] == 1
     assert header["provenance"]["parameters"]["policies"]["arena"]["seed"] == 1
     assert str(header["provenance"]["parameters"]["policies"]["arena"]["policy_config"]["hetero"]) == "False"
-    assert sorted(i["path"] for i in header["provenance"]["inputs"]) == sorted(
-        str(x) for x in (cluster, d / "philly.csv", d / "perf.parquet"))
+    assert header["provenance"]["tool"] == "arena-schedule sweep"
+    spec_input, *run_inputs = header["provenance"]["inputs"]
+    assert spec_input["kind"] == "sweep_spec" and spec_input["path"].endswith("spec.yaml")
+    assert sorted(i["path"] for i in run_inputs) == sorted(str(x) for x in (cluster, d / "philly.csv", d / "perf.parquet"))
     s = cli("simulate", "--trace", str(d / "philly.csv"), "--perf", str(d / "perf.parquet"), "--cluster", str(cluster),
             "--policy", "arena", "--no-hetero", "--seed", "1", "--horizon", "400000", "--cache-dir", cache,
             "-o", str(tmp_path / "one"), "--json", cwd=d)
