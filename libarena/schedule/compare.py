@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ JSON_METRICS = ("avg_jct_s", "avg_throughput", "peak_throughput", "finished_jobs
 
 
 def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]], runs: dict[str, Path],
-                 tool: str = "arena-schedule compare", inputs: list[dict[str, Any]] = ()) -> dict:
+                 tool: str = "arena-schedule compare", inputs: Sequence[dict[str, Any]] = ()) -> dict:
     """compare.json of the runs in ``runs`` (policy -> its run's directory): ``{"arena": header, "reference": name,
     "policies": {name: {metric: value, "vs_reference": jobs both finished}}}``, the header's provenance gathered
     from the runs' own (each policy's parameters, every input once), after ``inputs`` of the comparison's own (a
@@ -32,7 +33,7 @@ def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str,
     return summary_document("comparison", doc, comparison_provenance(runs, tool, inputs))
 
 
-def comparison_provenance(runs: dict[str, Path], tool: str, inputs: list[dict[str, Any]] = ()) -> Any:
+def comparison_provenance(runs: dict[str, Path], tool: str, inputs: Sequence[dict[str, Any]] = ()) -> Any:
     """Where a comparison came from: ``inputs``, then each policy's run parameters and the runs' inputs (each
     once, in order), from the runs' metrics.json."""
     import json

@@ -183,6 +183,8 @@ HEADER_KEY = "arena"
 SUMMARY_VERSIONS = {"run_metrics": 1, "comparison": 1}
 #: the keys a document of each kind written before the header (version 0, read as it is) always held
 _UNHEADED_KEYS = {"run_metrics": ("policy", "submitted_jobs", "avg_jct_s"), "comparison": ("reference", "policies")}
+#: the largest summary document read (a run's metrics or a comparison of every policy is a few kilobytes)
+MAX_SUMMARY_BYTES = 16 << 20
 #: what writes each kind again (for the error a newer version gets)
 _WRITER = {"run_metrics": "arena-schedule simulate (or compare, sweep)", "comparison": "arena-schedule compare (or sweep)"}
 
@@ -207,6 +209,8 @@ def read_summary(path: str | os.PathLike[str], kind: str) -> tuple[dict, dict]:
 
     name = f"{path}: not a {kind} document"
     try:
+        if Path(path).stat().st_size > MAX_SUMMARY_BYTES:  # a summary is kilobytes: not read at all
+            raise ArenaError(f"{name} (larger than {MAX_SUMMARY_BYTES / (1 << 20):g} MiB)")
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ArenaError(f"{path}: no such file") from None

@@ -57,6 +57,16 @@ def test_anything_else_is_a_one_line_error_naming_the_file(tmp_path, text, needl
         read_metrics(tmp_path / "absent.json")
 
 
+def test_a_huge_file_is_refused_unread(tmp_path, monkeypatch):
+    import libarena.schedule.metrics as metrics_module
+
+    path = tmp_path / "metrics.json"
+    write_json(path, summary_document("run_metrics", {"policy": "arena", "pad": "x" * 4096}, PROVENANCE))
+    monkeypatch.setattr(metrics_module, "MAX_SUMMARY_BYTES", 1024)
+    with pytest.raises(ArenaError, match=r"not a run_metrics document \(larger than "):
+        read_metrics(path)
+
+
 def test_a_body_cannot_shadow_the_header():
     with pytest.raises(ValueError, match="'arena'"):
         summary_document("comparison", {"arena": {}}, PROVENANCE)
