@@ -55,10 +55,13 @@ Hand-offs on a host. Between GPUs an activation or its gradient moves on a copy 
 compute, so the steady state hides P2P. Between host devices the move is a copy the shared cores make, and the
 receiving stage's call waits for it: in the steady state the bottleneck also takes its sends and receives,
 2 p2p_b per micro-batch (it receives as much as it sends, over the same links; ``handoff_s``: those seconds
-over the step). On the tiny models' two-stage plans the hand-offs take 1-4 ms of a 20-56 ms step
-(bench/results/handoff.json), about what ``2 p2p_b`` prices per micro-batch; with the term, the two-stage
-pipelines of the tiny and small models read within 4% of a direct measurement (bench/results/profile.json;
-docs/profiler-accuracy.md, "The hand-offs").
+over the step). When the term was made the tiny models' two-stage plans spent 1-4 ms of 20-56 ms steps on
+their hand-offs (bench/results/handoff-before-stagepass.json), about what ``2 p2p_b`` prices per micro-batch, and
+with it their pipelines read within 4% of a direct measurement (profile-handoff-part2.json). Their steps are
+about half as long now and the hand-offs cost 0.2-2.5 ms by model (handoff.json), so the flat price reads
+gpt__tiny's and bert__tiny's pipelines 9-14% high and wide_resnet__tiny's 6.5% low (profile.json); the small
+models' are within 5%. What the hand-offs cost per stage boundary is not modelled yet (docs/profiler-accuracy.md,
+"The hand-offs").
 """
 
 from __future__ import annotations
