@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts import write_bytes, write_json
+from libarena.artifacts import read_json_document, write_bytes, write_json
 from libarena.errors import ArenaError
-from libarena.schedule.metrics import read_summary
 
 #: metrics kept per policy in results.json
 METRICS = ("submitted_jobs", "finished_jobs", "unfinished_jobs", "unschedulable_jobs", "dropped_jobs", "skipped_rows",
@@ -55,7 +54,7 @@ def _read_json(path: Path) -> Any:
 def _read_summary(path: Path, kind: str) -> dict[str, Any]:
     if not path.is_file():
         raise ArenaError(f"{path}: missing (run the stage that writes it first)")
-    return read_summary(path, kind)[0]
+    return read_json_document(path, kind).data
 
 
 def collect(out: Path, traces: list[str], policies_order: list[str] | None = None) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The one place that reads and writes artifacts.
 
 Tables are Parquet files (an Arrow IPC stream when written to stdout), msgpack documents hold plans and
-decisions. Every artifact carries, in its metadata under the key ``arena``: its kind, schema version,
+decisions, JSON documents the small summaries people and scripts read (a run's metrics, a comparison). Every
+artifact carries, in its metadata under the key ``arena``: its kind, schema version,
 and provenance (tool, Arena version, inputs with their content hashes, parameters). Writes are atomic
 (temp file in the target directory, then rename); reading a file of the wrong kind or version fails with
 a one-line :class:`ArenaError`.
@@ -671,6 +672,62 @@ def read_document(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -
     return DocumentArtifact(
         spec.name, envelope["data"], Provenance.from_dict(header.get("provenance", {})), spec.version, source
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON documents: the fields at the top level (readers pick keys), the header beside them
+
+
+def json_document(kind: str, data: Mapping[str, Any], provenance: Provenance) -> dict[str, Any]:
+    """``data`` headed by its kind, schema version and provenance under ``arena``, its fields left at the top level."""
+    spec = get_kind(kind)
+    if spec.format != "json":
+        raise ValueError(f"{kind} is not a JSON artifact")
+    if METADATA_KEY.decode() in data:
+        raise ValueError(f"a {kind} document cannot hold a field named {METADATA_KEY.decode()!r}")
+    header = {"kind": spec.name, "schema_version": spec.version, "provenance": asdict(provenance)}
+    return {METADATA_KEY.decode(): header, **data}
+
+
+def write_json_document(path: str | os.PathLike[str], kind: str, data: Mapping[str, Any], provenance: Provenance) -> None:
+    write_json(path, json_document(kind, data, provenance))
+
+
+def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> DocumentArtifact:
+    """A JSON document ``write_json_document`` wrote, or one Arena wrote before the header (a kind's
+    ``headerless_fields`` all present: version 0, empty provenance); anything else is a one-line error."""
+    from libarena.checks import brief
+
+    kinds = (expect,) if isinstance(expect, str) else tuple(expect)
+    source = describe(path)
+    wanted = " or ".join(kinds)
+    limit = min((get_kind(k).max_bytes or MAX_ARTIFACT_BYTES) for k in kinds)
+    data = read_bounded(path, limit, f"{wanted} document", stdin=True, noun="file")
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise ArenaError(f"{source}: not a {wanted} document ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(doc, dict):
+        raise ArenaError(f"{source}: not a {wanted} document (a JSON {type(doc).__name__}, not an object)")
+    key = METADATA_KEY.decode()
+    header = doc.get(key)
+    if header is None:
+        for name in kinds:
+            fields = get_kind(name).headerless_fields
+            if fields and all(f in doc for f in fields):
+                return DocumentArtifact(name, doc, Provenance(tool=""), 0, source)
+        expected = "; ".join(f"{k}: {', '.join(get_kind(k).headerless_fields)}" for k in kinds
+                             if get_kind(k).headerless_fields)
+        raise ArenaError(f"{source}: not a {wanted} document (no {key!r} header"
+                         + (f", nor the fields of one written before it ({expected})" if expected else "") + ")")
+    if not _valid_header(header):
+        raise ArenaError(f"{source}: corrupt Arena metadata (its {key!r} header is {brief(header)})")
+    spec = _check_header(header, kinds, source)
+    if spec.format != "json":
+        raise ArenaError(f"{source}: corrupt Arena metadata ({spec.name} is not a JSON artifact)")
+    body = {k: v for k, v in doc.items() if k != key}
+    return DocumentArtifact(spec.name, body, Provenance.from_dict(header.get("provenance", {})),
+                            int(header["schema_version"]), source)
 
 
 def content_digest(*parts: Any) -> str:

@@ -1,6 +1,6 @@
 """Artifact kinds: every file Arena writes is of a registered kind with a versioned, documented schema.
 
-A kind declares its columns (tables) or top-level fields (msgpack documents). ``schemas/`` is generated
+A kind declares its columns (tables) or top-level fields (msgpack and JSON documents). ``schemas/`` is generated
 from this registry (``make schemas``) and a test fails when the two drift apart.
 """
 
@@ -43,7 +43,7 @@ class Column:
 
 @dataclass(frozen=True)
 class Field:
-    """A documented top-level field of a msgpack document or a metadata entry of a table."""
+    """A documented top-level field of a msgpack or JSON document, or a metadata entry of a table."""
 
     name: str
     type: str
@@ -58,11 +58,13 @@ Upgrade = Callable[[pa.Table, dict[str, Any]], tuple[pa.Table, dict[str, Any]]]
 class ArtifactKind:
     name: str
     version: int
-    format: Literal["table", "msgpack"]
+    #: table: Parquet (Arrow IPC on a pipe); msgpack: {"arena": header, "data": fields}; json: a small summary
+    #: people and scripts read, its fields at the top level beside the "arena" header
+    format: Literal["table", "msgpack", "json"]
     description: str
     produced_by: str
     columns: tuple[Column, ...] = ()
-    #: For tables: documented entries of the ``metadata`` mapping; for msgpack: the document's fields.
+    #: For tables: documented entries of the ``metadata`` mapping; for documents: their fields.
     fields: tuple[Field, ...] = ()
     #: Columns may be imported from CSV/Parquet written outside Arena (e.g. a measured perf table).
     importable: bool = False
@@ -72,13 +74,20 @@ class ArtifactKind:
     #: The most rows a table of this kind is read with (a small compressed file can decode to millions of rows):
     #: well above what Arena writes
     max_rows: int = 1_000_000
+    #: The largest file of this kind read (None: the bound every artifact has, libarena.artifacts.io)
+    max_bytes: int | None = None
+    #: JSON documents Arena wrote before they carried the header: the fields such a file always held. A file
+    #: without the header but with these reads as version 0, without provenance.
+    headerless_fields: tuple[str, ...] = ()
 
     def readable_versions(self) -> list[int]:
-        """This version and every older one a chain of upgrades reaches."""
+        """This version and every older one a chain of upgrades reaches (and 0 for headerless documents)."""
         steps = dict(self.upgrades)
         out = [self.version]
         while out[-1] - 1 in steps:
             out.append(out[-1] - 1)
+        if self.headerless_fields and 0 not in out:
+            out.append(0)
         return sorted(out)
 
     def upgrade(self, version: int, table: pa.Table, metadata: dict[str, Any]) -> tuple[pa.Table, dict[str, Any]]:
@@ -108,6 +117,8 @@ KINDS: Registry[ArtifactKind] = Registry("artifact kind", _load_builtin_kinds)
 
 
 def register_kind(kind: ArtifactKind) -> ArtifactKind:
+    if kind.headerless_fields and kind.format != "json":
+        raise ValueError(f"artifact kind {kind.name!r}: only JSON documents are read without a header")
     for col in kind.columns:
         if col.type not in ARROW_TYPES:
             raise ValueError(f"artifact kind {kind.name!r}: column {col.name!r} has unknown type {col.type!r}")

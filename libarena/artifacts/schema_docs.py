@@ -14,15 +14,27 @@ from typing import Any
 from libarena.artifacts.registry import ArtifactKind, all_kinds
 
 
+FORMATS = {"table": "Parquet (Arrow IPC stream on stdout)", "msgpack": "msgpack", "json": "JSON"}
+_PROVENANCE = "provenance {tool, arena_version, inputs, parameters}"
+HEADERS = {
+    "table": f"arena (JSON: kind, schema_version, {_PROVENANCE}, metadata)",
+    "msgpack": f"arena (JSON: kind, schema_version, {_PROVENANCE}, metadata)",
+    "json": f"arena (an object beside the fields: kind, schema_version, {_PROVENANCE})",
+}
+
+
 def kind_document(kind: ArtifactKind) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "kind": kind.name,
         "schema_version": kind.version,
-        "format": "Parquet (Arrow IPC stream on stdout)" if kind.format == "table" else "msgpack",
+        "format": FORMATS[kind.format],
         "produced_by": kind.produced_by,
         "description": kind.description,
-        "metadata_key": "arena (JSON: kind, schema_version, provenance {tool, arena_version, inputs, parameters}, metadata)",
+        "metadata_key": HEADERS[kind.format],
     }
+    if kind.headerless_fields:
+        doc["headerless"] = (f"a file without the header that holds {', '.join(kind.headerless_fields)} (written "
+                             "before the header) reads as schema version 0, without provenance")
     if kind.columns:
         doc["columns"] = [asdict(c) for c in kind.columns]
     if kind.fields:

@@ -78,10 +78,11 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
     """``arena-schedule compare``: every policy of ``policies`` (name -> made Policy) on the same workload,
     into ``output`` (one sub-directory each, compare.json); returns the metrics by policy and compare.json's body
     (without its header)."""
+    from libarena.artifacts import read_json_document
     from libarena.artifacts.io import refuse_overwriting_inputs
     from libarena.schedule.api import is_output_file, load_workload, policy_parameters
     from libarena.schedule.compare import run_comparison
-    from libarena.schedule.metrics import read_metrics, read_summary, summary_line
+    from libarena.schedule.metrics import read_metrics, summary_line
 
     if not policies:
         raise ArenaError("no policies to compare")
@@ -102,4 +103,4 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
             report.log(summary_line(metrics[name]))
     for name in policies:
         _report_run_notes(output / name, metrics[name], report)
-    return outcome, metrics, read_summary(output / "compare.json", "comparison")[0]
+    return outcome, metrics, read_json_document(output / "compare.json", "comparison").data

@@ -188,8 +188,8 @@ def is_output_file(relative: str) -> bool:
 def write_run(out_dir: str | os.PathLike[str], res: SimulationResult, workload: Workload, config: SimulatorConfig,
               parameters: dict[str, Any], inputs: list[dict[str, Any]], plot: bool = False) -> dict:
     """Write jobs.parquet, timeseries.parquet, decisions.msgpack, metrics.json (and PNGs) into out_dir."""
-    from libarena.artifacts import Provenance, write_document, write_json, write_table
-    from libarena.schedule.metrics import job_records, json_safe, summarize, summary_document, timeseries
+    from libarena.artifacts import Provenance, write_document, write_json_document, write_table
+    from libarena.schedule.metrics import job_records, json_safe, summarize, timeseries
 
     out = Path(out_dir)
     out.mkdir(exist_ok=True)  # its parent is the output being built
@@ -204,7 +204,7 @@ def write_run(out_dir: str | os.PathLike[str], res: SimulationResult, workload: 
     doc = dict(res.decisions)
     doc.update(policy=res.policy, view=res.view, gpu_types=res.gpu_types, job_ids=[j.spec.job_id for j in res.jobs])
     write_document(out / "decisions.msgpack", "decisions", doc, prov)
-    write_json(out / "metrics.json", summary_document("run_metrics", json_safe(metrics), prov))
+    write_json_document(out / "metrics.json", "run_metrics", json_safe(metrics), prov)
     if plot:
         from libarena.schedule.plots import plot_runs
 

@@ -22,7 +22,8 @@ def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str,
     "policies": {name: {metric: value, "vs_reference": jobs both finished}}}``, the header's provenance gathered
     from the runs' own (each policy's parameters, every input once), after ``inputs`` of the comparison's own (a
     sweep's spec) and naming ``tool``."""
-    from libarena.schedule.metrics import json_safe, summary_document
+    from libarena.artifacts import json_document
+    from libarena.schedule.metrics import json_safe
 
     doc: dict[str, Any] = {"reference": reference_policy(list(metrics)), "policies": {}}
     for name, m in metrics.items():
@@ -30,7 +31,7 @@ def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str,
         if name in paired:
             entry["vs_reference"] = paired[name]
         doc["policies"][name] = entry
-    return summary_document("comparison", doc, comparison_provenance(runs, tool, inputs))
+    return json_document("comparison", doc, comparison_provenance(runs, tool, inputs))
 
 
 def comparison_provenance(runs: dict[str, Path], tool: str, inputs: Sequence[dict[str, Any]] = ()) -> Any:
@@ -38,14 +39,13 @@ def comparison_provenance(runs: dict[str, Path], tool: str, inputs: Sequence[dic
     once, in order), from the runs' metrics.json."""
     import json
 
-    from libarena.artifacts import Provenance
-    from libarena.schedule.metrics import read_summary
+    from libarena.artifacts import Provenance, read_json_document
 
     parameters, gathered, seen, runs_inputs = {}, [], set(), []
     for name, path in runs.items():
-        provenance = read_summary(path / "metrics.json", "run_metrics")[1].get("provenance") or {}
-        parameters[name] = provenance.get("parameters", {})
-        runs_inputs += provenance.get("inputs", [])
+        provenance = read_json_document(path / "metrics.json", "run_metrics").provenance
+        parameters[name] = provenance.parameters
+        runs_inputs += provenance.inputs
     for item in [*inputs, *runs_inputs]:
         key = json.dumps(item, sort_keys=True)
         if key not in seen:

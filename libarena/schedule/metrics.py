@@ -7,11 +7,8 @@ the sum of running jobs' samples/s at each tick (execution truth); average and p
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -176,63 +173,9 @@ def unschedulable_notes(records: pa.Table, limit: int = 3) -> list[str]:
     return lines
 
 
-#: the header key of metrics.json and compare.json: {kind, schema_version, provenance}, as a table's "arena" metadata
-HEADER_KEY = "arena"
-#: kind -> schema version of the summary documents a simulation or comparison writes beside its tables; bump a
-#: version when what its document holds changes (1: the header added, the metrics unchanged at the top level)
-SUMMARY_VERSIONS = {"run_metrics": 1, "comparison": 1}
-#: the keys a document of each kind written before the header (version 0, read as it is) always held
-_UNHEADED_KEYS = {"run_metrics": ("policy", "submitted_jobs", "avg_jct_s"), "comparison": ("reference", "policies")}
-#: the largest summary document read (a run's metrics or a comparison of every policy is a few kilobytes)
-MAX_SUMMARY_BYTES = 16 << 20
-#: what writes each kind again (for the error a newer version gets)
-_WRITER = {"run_metrics": "arena-schedule simulate (or compare, sweep)", "comparison": "arena-schedule compare (or sweep)"}
-
-
-def summary_document(kind: str, body: dict, provenance: Any) -> dict:
-    """``body`` (a run's metrics, a comparison) headed by its kind, schema version and provenance (the inputs it
-    came from), as every artifact is; the body's keys stay at the top level for readers that pick them."""
-    from dataclasses import asdict
-
-    if HEADER_KEY in body:
-        raise ValueError(f"a {kind} document cannot hold a key named {HEADER_KEY!r}")
-    return {HEADER_KEY: {"kind": kind, "schema_version": SUMMARY_VERSIONS[kind], "provenance": asdict(provenance)},
-            **body}
-
-
-def read_summary(path: str | os.PathLike[str], kind: str) -> tuple[dict, dict]:
-    """(body, header) of a document ``summary_document`` wrote, or one an Arena wrote before the header (read as
-    version 0, without provenance, as the tables' readers read their earlier versions); a file that is neither, or
-    of another kind or a newer version, is a one-line error naming it."""
-    from libarena.checks import brief
-    from libarena.errors import ArenaError
-
-    name = f"{path}: not a {kind} document"
-    try:
-        if Path(path).stat().st_size > MAX_SUMMARY_BYTES:  # a summary is kilobytes: not read at all
-            raise ArenaError(f"{name} (larger than {MAX_SUMMARY_BYTES / (1 << 20):g} MiB)")
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ArenaError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-        raise ArenaError(f"{name} ({type(exc).__name__}: {str(exc)[:200]})") from None
-    if not isinstance(doc, dict):
-        raise ArenaError(f"{name} (a JSON {type(doc).__name__}, not an object)")
-    header = doc.get(HEADER_KEY)
-    if header is None and all(key in doc for key in _UNHEADED_KEYS[kind]):
-        return doc, {"kind": kind, "schema_version": 0, "provenance": {}}
-    if not isinstance(header, dict):
-        raise ArenaError(f"{name} (no {HEADER_KEY!r} header, nor the keys {', '.join(_UNHEADED_KEYS[kind])} of one "
-                         "written before it)")
-    if header.get("kind") != kind:
-        raise ArenaError(f"{name}: its header says {brief(header.get('kind'))}")
-    if header.get("schema_version") != SUMMARY_VERSIONS[kind]:
-        raise ArenaError(f"{path}: a {kind} document of schema version {brief(header.get('schema_version'))}; this "
-                         f"Arena reads version {SUMMARY_VERSIONS[kind]} and earlier (write it again with {_WRITER[kind]})")
-    return {k: v for k, v in doc.items() if k != HEADER_KEY}, header
-
-
 def read_metrics(path: str | os.PathLike[str]) -> dict:
-    """metrics.json as written (NaN stored as null), with null numbers back to NaN for the text summaries."""
-    body, _header = read_summary(path, "run_metrics")
-    return {k: (float("nan") if v is None else v) for k, v in body.items()}
+    """metrics.json (a run_metrics document, libarena.artifacts.kinds.run_metrics) as written (NaN stored as null),
+    with null numbers back to NaN for the text summaries."""
+    from libarena.artifacts import read_json_document
+
+    return {k: (float("nan") if v is None else v) for k, v in read_json_document(path, "run_metrics").data.items()}

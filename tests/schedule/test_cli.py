@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from libarena.artifacts import read_document, read_table
+from libarena.artifacts import get_kind, read_document, read_table
 from tests.schedule.perf_fixtures import write_perf, zoo_pairs
 
 HEADER = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type\n"
@@ -55,6 +55,8 @@ def test_simulate_writes_artifacts(inputs):
     assert header["provenance"]["parameters"]["policy"] == "arena"
     assert [Path(i["path"]).name for i in header["provenance"]["inputs"]] == ["trace.csv", "perf.parquet", cluster.name]
     assert all(len(i["sha256"]) == 64 for i in header["provenance"]["inputs"])
+    # the file holds exactly the fields its kind documents (schemas/run_metrics.json)
+    assert set(written) - {"arena"} == {f.name for f in get_kind("run_metrics").fields}
     for png in ("throughput.png", "jct_cdf.png", "queue_length.png"):
         assert (d / "run" / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -197,6 +199,7 @@ def test_compare_json_and_table(inputs):
     header = json.loads((d / "cmp" / "compare.json").read_text())["arena"]
     assert header["kind"] == "comparison" and header["schema_version"] == 1 and header["provenance"]["tool"] == "arena-schedule compare"
     assert "arena" not in doc  # stdout is the report, as simulate's and sweep's: the file carries the header
+    assert set(doc) == {f.name for f in get_kind("comparison").fields}
     assert sorted(header["provenance"]["parameters"]["policies"]) == sorted(doc["policies"])
     assert header["provenance"]["parameters"]["policies"]["sia"]["policy"] == "sia"
     assert [Path(i["path"]).name for i in header["provenance"]["inputs"]] == ["trace.csv", "perf.parquet", cluster.name]

@@ -1,0 +1,55 @@
+"""``run_metrics``: a simulation's summary metrics (metrics.json beside its tables)."""
+
+from libarena.artifacts.registry import ArtifactKind, Field, register_kind
+
+#: a summary is a few kilobytes: anything much larger is not one, and is refused unread
+SUMMARY_MAX_BYTES = 16 << 20
+
+RUN_METRICS = register_kind(
+    ArtifactKind(
+        name="run_metrics",
+        version=1,
+        format="json",
+        produced_by="arena-schedule simulate (or compare, sweep)",
+        description="One simulation's summary metrics (§5): JCT, queuing, throughput, utilisation, decision time.",
+        max_bytes=SUMMARY_MAX_BYTES,
+        headerless_fields=("policy", "submitted_jobs", "avg_jct_s"),
+        notes=(
+            "Average JCT counts every submitted job: an unfinished one with its time so far, a dropped one with its "
+            "time until it was dropped.",
+            "A number that is undefined (no deadlines: deadline_satisfaction_ratio) is null.",
+        ),
+        fields=(
+            Field("policy", "str", "scheduling policy"),
+            Field("view", "str", "the policy's decision view"),
+            Field("submitted_jobs", "int", "jobs submitted within the horizon"),
+            Field("finished_jobs", "int", "jobs that finished"),
+            Field("unfinished_jobs", "int", "jobs still queued or running at the end (unschedulable ones included)"),
+            Field("unschedulable_jobs", "int", "jobs the policy could never place"),
+            Field("dropped_jobs", "int", "jobs the policy dropped"),
+            Field("avg_jct_s", "float", "average JCT over every submitted job, seconds"),
+            Field("avg_jct_finished_s", "float", "average JCT over the finished jobs"),
+            Field("p50_jct_s", "float", "median JCT over every submitted job"),
+            Field("p90_jct_s", "float", "90th percentile JCT"),
+            Field("p99_jct_s", "float", "99th percentile JCT"),
+            Field("avg_queuing_s", "float", "average time from submission to first start"),
+            Field("p90_queuing_s", "float", "90th percentile of that"),
+            Field("avg_throughput", "float", "cluster samples/s (execution truth), averaged over ticks"),
+            Field("peak_throughput", "float", "its largest value at a tick"),
+            Field("avg_gpu_utilization", "float", "busy GPUs over all GPUs, averaged over ticks"),
+            Field("deadline_satisfaction_ratio", "float|null", "jobs finished by their deadline over jobs with one"),
+            Field("reschedules_per_job", "float", "reschedules per started job"),
+            Field("decision_time_per_tick_median_s", "float", "the policy's wall time per scheduling tick, median"),
+            Field("decision_time_per_tick_p99_s", "float", "... its 99th percentile"),
+            Field("decision_time_per_tick_max_s", "float", "... its largest"),
+            Field("decision_time_per_job_s", "float", "all decision time over submitted jobs"),
+            Field("scheduled_ticks", "int", "ticks at which the policy decided"),
+            Field("ticks", "int", "ticks simulated"),
+            Field("makespan_s", "float", "first submission to the end of the run"),
+            Field("stopped_by", "str", "what ended the run (all done, the horizon, the tick limit)"),
+            Field("simulation_wall_s", "float", "wall time of the simulation"),
+            Field("ilp_time_limit_hits", "int", "ILP solves stopped at their time limit (their decisions depend on the host)"),
+            Field("skipped_rows", "int", "trace rows skipped as malformed (--skip-bad-rows)"),
+        ),
+    )
+)
