@@ -42,6 +42,7 @@ from typing import Any
 from bench.paper_inputs import (CLUSTER, DEFAULT_PERF, ITERATION_DIVISOR, PAPER_TRACES as SWEEP_TRACES,
                                 POLICIES as SWEEP_POLICIES, REPO, SIM_FLAGS, TRACES, machine_record, perf_table,
                                 prepare, schedule_tool, timed)
+from libarena.artifacts import read_json_document
 
 JITTER_S = 150.0
 TARGETS = {"wall_s_at_scale": 60.0, "arena_median_decision_s_at_scale": 0.005, "arena_max_decision_s_at_scale": 0.5,
@@ -133,7 +134,7 @@ def _compare_numbers(root: Path, traces: tuple[str, ...], layout: str) -> dict[s
             "avg_throughput", "peak_throughput", "reschedules_per_job")
     out = {}
     for trace in traces:
-        doc = json.loads((root / layout.format(trace=trace) / "compare.json").read_text())
+        doc = read_json_document(root / layout.format(trace=trace) / "compare.json", "comparison").data
         out[trace] = {p: {k: m.get(k) for k in keep} for p, m in doc["policies"].items()}
     return out
 

@@ -1,7 +1,8 @@
 """The one place that reads and writes artifacts.
 
-Tables are Parquet files (an Arrow IPC stream when written to stdout), msgpack documents hold plans and
-decisions, JSON documents the small summaries people and scripts read (a run's metrics, a comparison). Every
+Tables (operator tables, plans, performance tables, a run's records) are Parquet files (an Arrow IPC stream
+when written to stdout), msgpack documents hold decisions, JSON documents the small summaries people and scripts
+read (a run's metrics, a comparison). Every
 artifact carries, in its metadata under the key ``arena``: its kind, schema version,
 and provenance (tool, Arena version, inputs with their content hashes, parameters). Writes are atomic
 (temp file in the target directory, then rename); reading a file of the wrong kind or version fails with
@@ -481,15 +482,21 @@ def _valid_header(header: Any) -> bool:
 
 
 def _check_header(header: dict[str, Any], expect: tuple[str, ...], source: str) -> ArtifactKind:
-    found = str(header["kind"])
+    from libarena.checks import brief
+
+    found = header["kind"]
+    if not isinstance(found, str) or len(found) > 64:  # a kind's name is a short word; anything else is garbage
+        raise ArenaError(f"{source}: corrupt Arena metadata (its kind is {brief(found)})")
     if found not in expect:
         raise ArenaError(f"{source}: is a {found} artifact, expected {' or '.join(expect)}")
     spec = get_kind(found)
     version = header["schema_version"]
-    if version not in spec.readable_versions():
+    # an integer (not True, 1.0 or "1"): a header names the version it was written in exactly
+    if type(version) is not int or version not in spec.readable_versions():
         readable = " and ".join(str(v) for v in spec.readable_versions())
+        shown = version if type(version) is int else brief(version)
         raise ArenaError(
-            f"{source}: {found} schema version {version} is not supported (this Arena reads version {readable}; "
+            f"{source}: {found} schema version {shown} is not supported (this Arena reads version {readable}; "
             f"re-run {spec.produced_by} to regenerate it)"
         )
     return spec
@@ -695,10 +702,14 @@ def write_json_document(path: str | os.PathLike[str], kind: str, data: Mapping[s
 
 def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> DocumentArtifact:
     """A JSON document ``write_json_document`` wrote, or one Arena wrote before the header (a kind's
-    ``headerless_fields`` all present: version 0, empty provenance); anything else is a one-line error."""
+    ``headerless_fields`` all present: version 0, empty provenance); its fields are checked against the kind's
+    declared types, and a headed one must hold every declared field. Anything else is a one-line error."""
     from libarena.checks import brief
 
     kinds = (expect,) if isinstance(expect, str) else tuple(expect)
+    for name in kinds:
+        if get_kind(name).format != "json":
+            raise ValueError(f"{name} is not a JSON artifact")
     source = describe(path)
     wanted = " or ".join(kinds)
     limit = min((get_kind(k).max_bytes or MAX_ARTIFACT_BYTES) for k in kinds)
@@ -711,11 +722,13 @@ def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ..
         raise ArenaError(f"{source}: not a {wanted} document (a JSON {type(doc).__name__}, not an object)")
     key = METADATA_KEY.decode()
     header = doc.get(key)
+    body = {k: v for k, v in doc.items() if k != key}
     if header is None:
         for name in kinds:
-            fields = get_kind(name).headerless_fields
-            if fields and all(f in doc for f in fields):
-                return DocumentArtifact(name, doc, Provenance(tool=""), 0, source)
+            spec = get_kind(name)
+            if spec.headerless_fields and all(f in body for f in spec.headerless_fields):
+                _check_fields(spec, body, source, required=spec.headerless_fields)
+                return DocumentArtifact(name, body, Provenance(tool="", arena_version=""), 0, source)
         expected = "; ".join(f"{k}: {', '.join(get_kind(k).headerless_fields)}" for k in kinds
                              if get_kind(k).headerless_fields)
         raise ArenaError(f"{source}: not a {wanted} document (no {key!r} header"
@@ -723,11 +736,42 @@ def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ..
     if not _valid_header(header):
         raise ArenaError(f"{source}: corrupt Arena metadata (its {key!r} header is {brief(header)})")
     spec = _check_header(header, kinds, source)
-    if spec.format != "json":
-        raise ArenaError(f"{source}: corrupt Arena metadata ({spec.name} is not a JSON artifact)")
-    body = {k: v for k, v in doc.items() if k != key}
+    if header["schema_version"] < 1:  # version 0 is a file without the header, never one that says so
+        raise ArenaError(f"{source}: corrupt Arena metadata (a {spec.name} header of schema version 0)")
+    _check_fields(spec, body, source, required=tuple(f.name for f in spec.fields))
     return DocumentArtifact(spec.name, body, Provenance.from_dict(header.get("provenance", {})),
-                            int(header["schema_version"]), source)
+                            header["schema_version"], source)
+
+
+def _check_fields(spec: ArtifactKind, body: Mapping[str, Any], source: str, required: tuple[str, ...]) -> None:
+    """Each of ``required`` present and every declared field of ``body`` of its declared type (``str``, ``int``,
+    ``float`` (or null: NaN), ``dict[...]``, ``list[...]``; others unchecked): what reads the document indexes
+    and formats them."""
+    missing = [name for name in required if name not in body]
+    if missing:
+        raise ArenaError(f"{source}: corrupt {spec.name} document (no field {', '.join(missing[:5])}"
+                         f"{', ...' if len(missing) > 5 else ''})")
+    for field_spec in spec.fields:
+        if field_spec.name in body and not _of_type(body[field_spec.name], field_spec.type):
+            raise ArenaError(f"{source}: corrupt {spec.name} document (field {field_spec.name!r} is a "
+                             f"{type(body[field_spec.name]).__name__}, expected {field_spec.type})")
+
+
+def _of_type(value: Any, declared: str) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if declared == "str":
+        return isinstance(value, str)
+    if declared == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if declared in ("float", "float|null"):  # NaN is written as null
+        return value is None or number
+    if declared == "dict[str, dict]":
+        return isinstance(value, dict) and all(isinstance(v, dict) for v in value.values())
+    if declared.startswith("dict"):
+        return isinstance(value, dict)
+    if declared.startswith("list"):
+        return isinstance(value, list)
+    return True
 
 
 def content_digest(*parts: Any) -> str:

@@ -396,7 +396,7 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
     complete, and the summary."""
     from libarena.artifacts import write_bytes, write_json
     from libarena.schedule.api import is_output_file
-    from libarena.schedule.compare import compare_json, compare_table_text, paired_comparison
+    from libarena.schedule.compare import compare_table_text, paired_comparison, write_comparison
     from libarena.schedule.metrics import read_metrics, summary_line, time_limit_note
 
     waiting = {group: len(members) for group, members in groups.items()}
@@ -414,7 +414,7 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
         runs = {r.policy: output / r.output for r in members}
         paired = summary.paired[group] = paired_comparison(runs)
         spec_inputs = [i for i in summary.inputs if i.get("kind") == "sweep_spec"]
-        write_json(output / group / "compare.json", compare_json(metrics, paired, runs, "arena-schedule sweep", spec_inputs))
+        write_comparison(output / group / "compare.json", metrics, paired, runs, "arena-schedule sweep", spec_inputs)
         write_bytes(output / group / "table.txt", compare_table_text(metrics, paired).encode())
         if plot:
             from libarena.schedule.plots import RunSeries, plot_series

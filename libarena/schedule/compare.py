@@ -16,13 +16,9 @@ JSON_METRICS = ("avg_jct_s", "avg_throughput", "peak_throughput", "finished_jobs
                 "decision_time_per_tick_median_s", "submitted_jobs", "simulation_wall_s")
 
 
-def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]], runs: dict[str, Path],
-                 tool: str = "arena-schedule compare", inputs: Sequence[dict[str, Any]] = ()) -> dict:
-    """compare.json of the runs in ``runs`` (policy -> its run's directory): ``{"arena": header, "reference": name,
-    "policies": {name: {metric: value, "vs_reference": jobs both finished}}}``, the header's provenance gathered
-    from the runs' own (each policy's parameters, every input once), after ``inputs`` of the comparison's own (a
-    sweep's spec) and naming ``tool``."""
-    from libarena.artifacts import json_document
+def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]]) -> dict:
+    """The fields of compare.json (a comparison document, libarena.artifacts.kinds.comparison): ``{"reference":
+    name, "policies": {name: {metric: value, "vs_reference": jobs both finished}}}``."""
     from libarena.schedule.metrics import json_safe
 
     doc: dict[str, Any] = {"reference": reference_policy(list(metrics)), "policies": {}}
@@ -31,7 +27,17 @@ def compare_json(metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str,
         if name in paired:
             entry["vs_reference"] = paired[name]
         doc["policies"][name] = entry
-    return json_document("comparison", doc, comparison_provenance(runs, tool, inputs))
+    return doc
+
+
+def write_comparison(path: Path, metrics: dict[str, dict[str, Any]], paired: dict[str, dict[str, Any]],
+                     runs: dict[str, Path], tool: str, inputs: Sequence[dict[str, Any]] = ()) -> None:
+    """compare.json of the runs in ``runs`` (policy -> its run's directory), its provenance gathered from the
+    runs' own (each policy's parameters, every input once) after ``inputs`` of the comparison's own (a sweep's
+    spec), naming ``tool``."""
+    from libarena.artifacts import write_json_document
+
+    write_json_document(path, "comparison", compare_json(metrics, paired), comparison_provenance(runs, tool, inputs))
 
 
 def comparison_provenance(runs: dict[str, Path], tool: str, inputs: Sequence[dict[str, Any]] = ()) -> Any:
@@ -175,7 +181,6 @@ def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output:
                    plot: bool = False, report: Report = SilentReport()) -> dict[str, dict[str, Any]]:
     """Simulate every policy on ``workload`` one after another: one sub-directory of ``output`` per policy,
     ``compare.json`` and (``plot``) the comparison's figures. Returns the metrics by policy."""
-    from libarena.artifacts import write_json
     from libarena.schedule.api import run_parameters, run_policy, write_run
     from libarena.schedule.metrics import summary_line
 
@@ -190,7 +195,7 @@ def run_comparison(workload: Any, policies: dict[str, Any], config: Any, output:
         report.log(summary_line(metrics[name]))
     report.progress(ProgressUpdate("policies", len(policies), len(policies)))
     run_dirs = {n: output / n for n in policies}
-    write_json(output / "compare.json", compare_json(metrics, paired_comparison(run_dirs), run_dirs))
+    write_comparison(output / "compare.json", metrics, paired_comparison(run_dirs), run_dirs, "arena-schedule compare")
     if plot:
         from libarena.schedule.plots import plot_runs
 

@@ -13,11 +13,14 @@ RUN_METRICS = register_kind(
         produced_by="arena-schedule simulate (or compare, sweep)",
         description="One simulation's summary metrics (§5): JCT, queuing, throughput, utilisation, decision time.",
         max_bytes=SUMMARY_MAX_BYTES,
-        headerless_fields=("policy", "submitted_jobs", "avg_jct_s"),
+        # what the one-line summary and the comparison table read, all in every metrics.json before the header
+        headerless_fields=("policy", "submitted_jobs", "finished_jobs", "unfinished_jobs", "dropped_jobs", "avg_jct_s",
+                           "avg_queuing_s", "avg_throughput", "peak_throughput", "reschedules_per_job",
+                           "decision_time_per_tick_median_s", "simulation_wall_s"),
         notes=(
             "Average JCT counts every submitted job: an unfinished one with its time so far, a dropped one with its "
             "time until it was dropped.",
-            "A number that is undefined (no deadlines: deadline_satisfaction_ratio) is null.",
+            "A float that is undefined (NaN: deadline_satisfaction_ratio without deadlines) is null.",
         ),
         fields=(
             Field("policy", "str", "scheduling policy"),
@@ -37,7 +40,7 @@ RUN_METRICS = register_kind(
             Field("avg_throughput", "float", "cluster samples/s (execution truth), averaged over ticks"),
             Field("peak_throughput", "float", "its largest value at a tick"),
             Field("avg_gpu_utilization", "float", "busy GPUs over all GPUs, averaged over ticks"),
-            Field("deadline_satisfaction_ratio", "float|null", "jobs finished by their deadline over jobs with one"),
+            Field("deadline_satisfaction_ratio", "float", "jobs finished by their deadline over jobs with one"),
             Field("reschedules_per_job", "float", "reschedules per started job"),
             Field("decision_time_per_tick_median_s", "float", "the policy's wall time per scheduling tick, median"),
             Field("decision_time_per_tick_p99_s", "float", "... its 99th percentile"),
