@@ -207,10 +207,6 @@ class SweepRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-#: the version of sweep.json's layout
-SUMMARY_VERSION = 1
-
-
 @dataclass
 class SweepSummary:
     output: str
@@ -235,10 +231,11 @@ class SweepSummary:
         return [r for r in self.records if r.status == "failed"]
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields of sweep.json (a sweep_summary document, libarena.artifacts.kinds.sweep_summary); its inputs
+        are in the header (``provenance``)."""
         from libarena.schedule.metrics import json_safe
 
-        return {"schema_version": SUMMARY_VERSION, "inputs": self.inputs,
-                "output": self.output, "total": len(self.records), "cached": self.count("cached"),
+        return {"output": self.output, "total": len(self.records), "cached": self.count("cached"),
                 "simulated": self.count("simulated"), "failed": self.count("failed"),
                 "comparisons": self.groups, "incomplete_comparisons": self.incomplete_groups,
                 "simulations": [{**r.__dict__, "metrics": json_safe(r.metrics)} for r in self.records]}
@@ -394,7 +391,7 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
               summary: SweepSummary) -> SweepSummary:
     """Run or restore every simulation into ``output`` (the staging folder), each comparison as its simulations
     complete, and the summary."""
-    from libarena.artifacts import write_bytes, write_json
+    from libarena.artifacts import Provenance, write_bytes, write_json_document
     from libarena.schedule.api import is_output_file
     from libarena.schedule.compare import compare_table_text, paired_comparison, write_comparison
     from libarena.schedule.metrics import read_metrics, summary_line, time_limit_note
@@ -474,5 +471,6 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
 
             stage.produce_tree(keys[i], out_dir, produce, is_output_file)
             settle(i, "simulated")
-    write_json(output / SUMMARY, summary.to_dict())
+    write_json_document(output / SUMMARY, "sweep_summary", summary.to_dict(),
+                        Provenance(tool="arena-schedule sweep", inputs=summary.inputs))
     return summary

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from libarena.artifacts import read_document, read_table
+from libarena.artifacts import read_document, read_json_document, read_table
 from libarena.errors import ArenaError
 from libarena.pipeline import CacheSettings
 from libarena.pipeline.sweep import SequentialExecutor, sweep
@@ -310,10 +310,12 @@ def test_sequential_sweep_equals_compare_and_shares_the_cache(inputs, tmp_path):
         for png in ("throughput.png", "jct_cdf.png", "queue_length.png"):  # the same figures as compare's
             assert (d / "seq" / trace / png).read_bytes() == (d / f"cmp-{trace}" / png).read_bytes()
         assert "policies compared" in (d / "seq" / trace / "table.txt").read_text()
-    summary = json.loads((d / "seq" / "sweep.json").read_text())
+    written = read_json_document(d / "seq" / "sweep.json", "sweep_summary")  # a registered artifact: kind, version, inputs
+    summary, inputs = written.data, written.provenance.inputs
     assert (summary["total"], summary["simulated"], summary["cached"], summary["failed"]) == (12, 12, 0, 0)
-    assert summary["schema_version"] == 1 and all(len(ref["sha256"]) == 64 for ref in summary["inputs"])
-    assert {Path(ref["path"]).name for ref in summary["inputs"]} >= {"philly.csv", "venus.csv", "perf.parquet"}
+    assert written.schema_version == 2 and all(len(ref["sha256"]) == 64 for ref in inputs)
+    assert {Path(ref["path"]).name for ref in inputs} >= {"philly.csv", "venus.csv", "perf.parquet"}
+    assert written.provenance.tool == "arena-schedule sweep"
 
     # simulate of one of them is a cache hit (the same key), and so is the whole sweep again
     s = cli("simulate", "--trace", str(d / "venus.csv"), "--perf", str(d / "perf.parquet"), "--cluster", str(cluster),

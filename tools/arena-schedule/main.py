@@ -203,7 +203,8 @@ def sweep(
                      f"{summary.count('simulated')} simulated, {summary.count('failed')} failed) in {output}/; "
                      f"{reporter.elapsed_s():.1f} s")
     if as_json:
-        print_json({"tool": "arena-schedule sweep", **summary.to_dict(), "elapsed_s": round(reporter.elapsed_s(), 4)})
+        print_json({"tool": "arena-schedule sweep", **summary.to_dict(), "inputs": summary.inputs,
+                    "elapsed_s": round(reporter.elapsed_s(), 4)})
     else:
         for group in summary.groups:
             print(f"== {group or output}")
