@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -481,11 +482,14 @@ def _valid_header(header: Any) -> bool:
             and isinstance(header.get("metadata", {}), dict) and isinstance(header.get("provenance", {}), dict))
 
 
+_KIND_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
 def _check_header(header: dict[str, Any], expect: tuple[str, ...], source: str) -> ArtifactKind:
     from libarena.checks import brief
 
     found = header["kind"]
-    if not isinstance(found, str) or len(found) > 64:  # a kind's name is a short word; anything else is garbage
+    if not isinstance(found, str) or not _KIND_NAME.fullmatch(found):  # a kind's name is a short word: else garbage
         raise ArenaError(f"{source}: corrupt Arena metadata (its kind is {brief(found)})")
     if found not in expect:
         raise ArenaError(f"{source}: is a {found} artifact, expected {' or '.join(expect)}")
@@ -697,7 +701,16 @@ def json_document(kind: str, data: Mapping[str, Any], provenance: Provenance) ->
 
 
 def write_json_document(path: str | os.PathLike[str], kind: str, data: Mapping[str, Any], provenance: Provenance) -> None:
-    write_json(path, json_document(kind, data, provenance))
+    """``data`` as a ``kind`` document; what its reader would refuse (a field missing or of another type) is a
+    ValueError here instead, a writer's bug found before the file exists."""
+    document = json_document(kind, data, provenance)
+    written = json.loads(json.dumps(document, default=json_default))  # as the reader will see it (numpy -> JSON)
+    try:
+        _check_fields(get_kind(kind), {k: v for k, v in written.items() if k != METADATA_KEY.decode()}, describe(path),
+                      required=tuple(f.name for f in get_kind(kind).fields))
+    except ArenaError as exc:
+        raise ValueError(str(exc)) from None
+    write_json(path, document)
 
 
 def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> DocumentArtifact:

@@ -27,6 +27,10 @@ ARROW_TYPES: dict[str, pa.DataType] = {
 }
 
 
+#: the scalar types a JSON document's fields may declare (besides dict[...] and list[...])
+JSON_FIELD_TYPES = ("str", "int", "float", "float|null")
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -119,6 +123,10 @@ KINDS: Registry[ArtifactKind] = Registry("artifact kind", _load_builtin_kinds)
 def register_kind(kind: ArtifactKind) -> ArtifactKind:
     if kind.headerless_fields and kind.format != "json":
         raise ValueError(f"artifact kind {kind.name!r}: only JSON documents are read without a header")
+    for fld in kind.fields if kind.format == "json" else ():
+        # the types libarena.artifacts.io checks a JSON document's fields against: no field goes unchecked
+        if fld.type not in JSON_FIELD_TYPES and not fld.type.startswith(("dict[", "list[")):
+            raise ValueError(f"artifact kind {kind.name!r}: field {fld.name!r} has unknown type {fld.type!r}")
     for col in kind.columns:
         if col.type not in ARROW_TYPES:
             raise ValueError(f"artifact kind {kind.name!r}: column {col.name!r} has unknown type {col.type!r}")

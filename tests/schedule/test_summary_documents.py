@@ -160,3 +160,31 @@ def test_a_plain_json_file_is_not_mistaken_for_a_document(tmp_path):
     write_json(path, {"policy": "arena"})
     with pytest.raises(ArenaError, match="no 'arena' header"):
         read_json_document(path, "run_metrics")
+
+
+def test_a_writer_cannot_write_what_its_reader_refuses(tmp_path):
+    path = tmp_path / "metrics.json"
+    with pytest.raises(ValueError, match="no field view"):
+        write_json_document(path, "run_metrics", {k: v for k, v in a_run().items() if k != "view"}, PROVENANCE)
+    with pytest.raises(ValueError, match="field 'ticks' is a str, expected int"):
+        write_json_document(path, "run_metrics", a_run(ticks="3"), PROVENANCE)
+    assert not path.exists()
+    import numpy as np
+
+    write_json_document(path, "run_metrics", a_run(ticks=np.int64(3), avg_jct_s=np.float32(2.5)), PROVENANCE)  # as JSON sees them
+    assert read_metrics(path)["ticks"] == 3
+
+
+def test_a_json_kind_declares_only_types_its_reader_checks():
+    from libarena.artifacts import ArtifactKind, Field, register_kind
+
+    with pytest.raises(ValueError, match="field 'flag' has unknown type 'bool'"):
+        register_kind(ArtifactKind(name="test_json_kind", version=1, format="json", produced_by="tests",
+                                   description="a JSON kind for tests", fields=(Field("flag", "bool", "a flag"),)))
+
+
+def test_a_kind_name_that_is_no_word_is_corrupt_metadata(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps({"arena": {"kind": "\x1b[31mrun_metrics", "schema_version": 1}}))
+    with pytest.raises(ArenaError, match="corrupt Arena metadata \\(its kind is"):
+        read_metrics(path)

@@ -177,7 +177,7 @@ def sweep(
                                           "workers need the inputs at the same paths)"),
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs of the embedded local Ray (default: all)"),
     sequential: bool = typer.Option(False, "--sequential", help="no Ray: one simulation after another in this process"),
-    as_json: bool = typer.Option(False, "--json", help="print the sweep's summary (sweep.json) on stdout"),
+    as_json: bool = typer.Option(False, "--json", help="print the sweep's summary on stdout (sweep.json's fields, its inputs and the time taken)"),
     quiet: bool = QUIET_OPTION,
     no_cache: bool = NO_CACHE_OPTION,
     cache_dir: Optional[Path] = CACHE_DIR_OPTION,

@@ -1,6 +1,5 @@
 """``sweep_summary``: what became of every simulation of a sweep (sweep.json, written last)."""
 
-from libarena.artifacts.kinds.run_metrics import SUMMARY_MAX_BYTES
 from libarena.artifacts.registry import ArtifactKind, Field, register_kind
 
 SWEEP_SUMMARY = register_kind(
@@ -11,9 +10,10 @@ SWEEP_SUMMARY = register_kind(
         version=2,
         format="json",
         produced_by="arena-schedule sweep",
+        # no summary's bound: about 1.6 KB a simulation, more with a failure's report (read with the bound every
+        # artifact has)
         description="Every simulation of a sweep (policies x traces x seeds x ablations): its status, output folder "
                     "and metrics, and the comparisons written.",
-        max_bytes=SUMMARY_MAX_BYTES,
         fields=(
             Field("output", "str", "the sweep's output folder"),
             Field("total", "int", "simulations in the sweep"),
