@@ -758,8 +758,8 @@ def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ..
 
 def _check_fields(spec: ArtifactKind, body: Mapping[str, Any], source: str, required: tuple[str, ...]) -> None:
     """Each of ``required`` present and every declared field of ``body`` of its declared type (``str``, ``int``,
-    ``float`` (or null: NaN), ``dict[...]``, ``list[...]``; others unchecked): what reads the document indexes
-    and formats them."""
+    ``float`` (or null: NaN), ``dict[...]``, ``list[...]``: the only ones a JSON kind may declare, registry.JSON_FIELD_TYPES):
+    what reads the document indexes and formats them."""
     missing = [name for name in required if name not in body]
     if missing:
         raise ArenaError(f"{source}: corrupt {spec.name} document (no field {', '.join(missing[:5])}"
