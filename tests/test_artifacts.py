@@ -250,3 +250,21 @@ def test_a_table_that_decodes_past_the_bounds_is_refused_before_it_is_in_memory(
     for path in (wide, stream):
         with pytest.raises(ArenaError, match="refused: the table decodes to more than"):
             read_table(path, "perf_table")
+
+
+def test_a_failing_upgrade_is_a_short_one_line_error(tmp_path):
+    """An upgrade that cannot read an old table says so in one line of bounded length, whatever it raised."""
+    import json
+
+    def broken(table, metadata):
+        raise ValueError("no such column\n" + "x" * 100_000)
+
+    register_kind(ArtifactKind(name="test_upgrading", version=2, format="table", produced_by="tests",
+                               description="a table with an upgrade that fails", columns=(Column("a", "int64", "a"),),
+                               upgrades=((1, broken),)))
+    path = tmp_path / "old.parquet"
+    header = {"kind": "test_upgrading", "schema_version": 1, "provenance": {}, "metadata": {}}
+    pq.write_table(pa.table({"a": [1]}).replace_schema_metadata({b"arena": json.dumps(header).encode()}), path)
+    with pytest.raises(ArenaError, match="cannot read this test_upgrading of schema version 1 \\(ValueError: no such column") as err:
+        read_table(path, "test_upgrading")
+    assert len(str(err.value)) < len(str(path)) + 400

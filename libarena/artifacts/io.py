@@ -603,7 +603,7 @@ def read_table(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> T
             table, metadata = spec.upgrade(header["schema_version"], table, metadata)
         except (KeyError, TypeError, ValueError, pa.ArrowException) as exc:
             raise ArenaError(f"{source}: cannot read this {spec.name} of schema version {header['schema_version']} "
-                             f"({type(exc).__name__}: {exc}); re-run {spec.produced_by} to regenerate it") from None
+                             f"({type(exc).__name__}: {str(exc)[:200]}); re-run {spec.produced_by} to regenerate it") from None
     table = conform_table(spec, table, source=source)
     return TableArtifact(spec.name, table, Provenance.from_dict(header.get("provenance", {})), metadata, spec.version, source)
 

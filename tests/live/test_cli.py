@@ -165,12 +165,15 @@ def test_an_unmarked_database_is_taken_as_arena_s_only_with_arena_s_tables_and_v
 
     lookalike = make("lookalike.db", "CREATE TABLE meta (key TEXT, value TEXT); CREATE TABLE jobs (id INTEGER, name TEXT);", 1)
     future = make("future.db", _SCHEMA, 7)
-    for (path, digest), needle in ((lookalike, "not Arena's scheduler state database"), (future, "state schema version 7")):
+    garbage = make("garbage.db", _SCHEMA, "x" * 100_000)  # named in the message, bounded
+    for (path, digest), needle in ((lookalike, "not Arena's scheduler state database"), (future, "state schema version 7"),
+                                   (garbage, "state schema version xxx")):
         for create in (True, False):
-            with pytest.raises(ArenaError, match=needle):
+            with pytest.raises(ArenaError, match=needle) as err:
                 Store(path, create=create)
+            assert len(str(err.value)) < len(str(path)) + 200
         assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["future.db", "lookalike.db"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["future.db", "garbage.db", "lookalike.db"]
     old, _ = make("old.db", _SCHEMA, 1)  # a real one from before the marker: accepted, and marked when written
     store = Store(old, create=True)
     store.close()

@@ -212,7 +212,7 @@ def sweep(
     failed = summary.failed
     if failed:
         raise ArenaError(f"{len(failed)} of {len(summary.records)} simulations failed (first: {failed[0].label}: "
-                         f"{failed[0].error}); the others are in {output}/, every outcome in {output}/sweep.json")
+                         f"{(failed[0].error or '')[:300]}); the others are in {output}/, every outcome in {output}/sweep.json")
 
 
 @app.command("policies")

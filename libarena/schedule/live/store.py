@@ -133,7 +133,7 @@ class Store:
                     raise ArenaError(f"{self.path}: not a scheduler state database (no schema version)")
                 self.set_meta("schema_version", SCHEMA_VERSION)
             elif str(version) != str(SCHEMA_VERSION):
-                raise ArenaError(f"{self.path}: state schema version {version}, this arena-schedule reads {SCHEMA_VERSION}")
+                raise ArenaError(f"{self.path}: state schema version {str(version)[:40]}, this arena-schedule reads {SCHEMA_VERSION}")
         except (sqlite3.DatabaseError, ArenaError, ValueError) as e:
             # Closing removes the -wal/-shm files opening created: a refused database is left as it was found.
             if self.conn is not None:
@@ -181,7 +181,7 @@ class Store:
         if version is None:
             return False
         if str(version) != str(SCHEMA_VERSION):
-            raise ArenaError(f"{self.path}: state schema version {version}, this arena-schedule reads {SCHEMA_VERSION}")
+            raise ArenaError(f"{self.path}: state schema version {str(version)[:40]}, this arena-schedule reads {SCHEMA_VERSION}")
         return True
 
     def close(self) -> None:
