@@ -31,11 +31,13 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from libarena import __version__
-from libarena.artifacts.registry import ArtifactKind, get_kind
+from libarena.artifacts.registry import ArtifactKind, get_kind, json_field_matches
 from libarena.artifacts.untrusted import read_bounded
 from libarena.errors import ArenaError
 
 METADATA_KEY = b"arena"
+#: ... and the key of a JSON document's header, beside its fields
+_HEADER_KEY = METADATA_KEY.decode()
 STDIO = "-"
 #: the largest artifact read (Arena's own are kilobytes to megabytes): a bound on memory for any input
 MAX_ARTIFACT_BYTES = 1 << 30
@@ -381,7 +383,11 @@ def write_bytes(path: str | os.PathLike[str], payload: bytes) -> None:
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
     """Atomically write plain JSON (bench results, exports); sorted keys keep output deterministic."""
-    write_bytes(path, (json.dumps(data, indent=2, sort_keys=True, default=json_default) + "\n").encode())
+    write_bytes(path, _json_text(data).encode())
+
+
+def _json_text(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, default=json_default) + "\n"
 
 
 def json_default(value: Any) -> Any:
@@ -694,23 +700,24 @@ def json_document(kind: str, data: Mapping[str, Any], provenance: Provenance) ->
     spec = get_kind(kind)
     if spec.format != "json":
         raise ValueError(f"{kind} is not a JSON artifact")
-    if METADATA_KEY.decode() in data:
-        raise ValueError(f"a {kind} document cannot hold a field named {METADATA_KEY.decode()!r}")
+    if _HEADER_KEY in data:
+        raise ValueError(f"a {kind} document cannot hold a field named {_HEADER_KEY!r}")
     header = {"kind": spec.name, "schema_version": spec.version, "provenance": asdict(provenance)}
-    return {METADATA_KEY.decode(): header, **data}
+    return {_HEADER_KEY: header, **data}
 
 
 def write_json_document(path: str | os.PathLike[str], kind: str, data: Mapping[str, Any], provenance: Provenance) -> None:
     """``data`` as a ``kind`` document; what its reader would refuse (a field missing or of another type) is a
     ValueError here instead, a writer's bug found before the file exists."""
-    document = json_document(kind, data, provenance)
-    written = json.loads(json.dumps(document, default=json_default))  # as the reader will see it (numpy -> JSON)
+    text = _json_text(json_document(kind, data, provenance))
+    written = json.loads(text)  # as the reader will see it (numpy scalars as JSON numbers)
+    spec = get_kind(kind)
     try:
-        _check_fields(get_kind(kind), {k: v for k, v in written.items() if k != METADATA_KEY.decode()}, describe(path),
-                      required=tuple(f.name for f in get_kind(kind).fields))
+        _check_fields(spec, {k: v for k, v in written.items() if k != _HEADER_KEY}, describe(path),
+                      required=tuple(f.name for f in spec.fields))
     except ArenaError as exc:
         raise ValueError(str(exc)) from None
-    write_json(path, document)
+    write_bytes(path, text.encode())
 
 
 def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> DocumentArtifact:
@@ -733,9 +740,8 @@ def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ..
         raise ArenaError(f"{source}: not a {wanted} document ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(doc, dict):
         raise ArenaError(f"{source}: not a {wanted} document (a JSON {type(doc).__name__}, not an object)")
-    key = METADATA_KEY.decode()
-    header = doc.get(key)
-    body = {k: v for k, v in doc.items() if k != key}
+    header = doc.get(_HEADER_KEY)
+    body = {k: v for k, v in doc.items() if k != _HEADER_KEY}
     if header is None:
         for name in kinds:
             spec = get_kind(name)
@@ -744,10 +750,10 @@ def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ..
                 return DocumentArtifact(name, body, Provenance(tool="", arena_version=""), 0, source)
         expected = "; ".join(f"{k}: {', '.join(get_kind(k).headerless_fields)}" for k in kinds
                              if get_kind(k).headerless_fields)
-        raise ArenaError(f"{source}: not a {wanted} document (no {key!r} header"
+        raise ArenaError(f"{source}: not a {wanted} document (no {_HEADER_KEY!r} header"
                          + (f", nor the fields of one written before it ({expected})" if expected else "") + ")")
     if not _valid_header(header):
-        raise ArenaError(f"{source}: corrupt Arena metadata (its {key!r} header is {brief(header)})")
+        raise ArenaError(f"{source}: corrupt Arena metadata (its {_HEADER_KEY!r} header is {brief(header)})")
     spec = _check_header(header, kinds, source)
     if header["schema_version"] < 1:  # version 0 is a file without the header, never one that says so
         raise ArenaError(f"{source}: corrupt Arena metadata (a {spec.name} header of schema version 0)")
@@ -757,34 +763,16 @@ def read_json_document(path: str | os.PathLike[str], expect: str | tuple[str, ..
 
 
 def _check_fields(spec: ArtifactKind, body: Mapping[str, Any], source: str, required: tuple[str, ...]) -> None:
-    """Each of ``required`` present and every declared field of ``body`` of its declared type (``str``, ``int``,
-    ``float`` (or null: NaN), ``dict[...]``, ``list[...]``: the only ones a JSON kind may declare, registry.JSON_FIELD_TYPES):
-    what reads the document indexes and formats them."""
+    """Each of ``required`` present and every declared field of ``body`` of its declared type
+    (registry.json_field_matches): what reads the document indexes and formats them."""
     missing = [name for name in required if name not in body]
     if missing:
         raise ArenaError(f"{source}: corrupt {spec.name} document (no field {', '.join(missing[:5])}"
                          f"{', ...' if len(missing) > 5 else ''})")
     for field_spec in spec.fields:
-        if field_spec.name in body and not _of_type(body[field_spec.name], field_spec.type):
+        if field_spec.name in body and not json_field_matches(body[field_spec.name], field_spec.type):
             raise ArenaError(f"{source}: corrupt {spec.name} document (field {field_spec.name!r} is a "
                              f"{type(body[field_spec.name]).__name__}, expected {field_spec.type})")
-
-
-def _of_type(value: Any, declared: str) -> bool:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if declared == "str":
-        return isinstance(value, str)
-    if declared == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if declared in ("float", "float|null"):  # NaN is written as null
-        return value is None or number
-    if declared == "dict[str, dict]":
-        return isinstance(value, dict) and all(isinstance(v, dict) for v in value.values())
-    if declared.startswith("dict"):
-        return isinstance(value, dict)
-    if declared.startswith("list"):
-        return isinstance(value, list)
-    return True
 
 
 def content_digest(*parts: Any) -> str:

@@ -27,8 +27,29 @@ ARROW_TYPES: dict[str, pa.DataType] = {
 }
 
 
-#: the scalar types a JSON document's fields may declare (besides dict[...] and list[...])
-JSON_FIELD_TYPES = ("str", "int", "float", "float|null")
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: the scalar types a JSON document's fields may declare (besides dict[...] and list[...]), each with what a
+#: field of it may hold: the one list register_kind and the readers (json_field_matches) both go by
+JSON_SCALARS: dict[str, Callable[[Any], bool]] = {
+    "str": lambda value: isinstance(value, str),
+    "int": lambda value: isinstance(value, int) and not isinstance(value, bool),
+    "float": lambda value: value is None or _is_number(value),  # NaN is written as null
+}
+
+
+def json_field_matches(value: Any, declared: str) -> bool:
+    """Whether a JSON document's field holds a value of its ``declared`` type (a JSON_SCALARS name, ``dict[...]``
+    (``dict[str, dict]``: every value an object too) or ``list[...]``)."""
+    if declared in JSON_SCALARS:
+        return JSON_SCALARS[declared](value)
+    if declared == "dict[str, dict]":
+        return isinstance(value, dict) and all(isinstance(v, dict) for v in value.values())
+    if declared.startswith("dict["):
+        return isinstance(value, dict)
+    return declared.startswith("list[") and isinstance(value, list)
 
 
 @dataclass(frozen=True)
@@ -125,7 +146,7 @@ def register_kind(kind: ArtifactKind) -> ArtifactKind:
         raise ValueError(f"artifact kind {kind.name!r}: only JSON documents are read without a header")
     for fld in kind.fields if kind.format == "json" else ():
         # the types libarena.artifacts.io checks a JSON document's fields against: no field goes unchecked
-        if fld.type not in JSON_FIELD_TYPES and not fld.type.startswith(("dict[", "list[")):
+        if fld.type not in JSON_SCALARS and not fld.type.startswith(("dict[", "list[")):
             raise ValueError(f"artifact kind {kind.name!r}: field {fld.name!r} has unknown type {fld.type!r}")
     for col in kind.columns:
         if col.type not in ARROW_TYPES:
