@@ -4,7 +4,7 @@ in-flight exchange and trade."""
 from __future__ import annotations
 
 from libarena.schedule.config import Objective, OverheadConfig
-from tests.schedule.helpers import cluster, hand_table, job, simulate
+from tests.schedule.helpers import NO_OVERHEADS, cluster, hand_table, job, simulate
 
 TABLE = hand_table({
     ("gpt__1.3B", "a100"): {"ap": {1: 10.0, 2: 19.0, 4: 36.0}, "arena": {1: 10.0, 2: 19.0, 4: 36.0}},
@@ -65,6 +65,28 @@ def test_blocked_queue_stops_lower_queues_from_scaling_others_down():
     assert (900.0, "other", 2) in _actions(res, "rescale")
     assert launches["blocked"] > 900.0
 
+
+
+def test_a_launch_halves_running_jobs_only_on_the_type_it_is_placed_on():
+    """The launch handler's search halves running jobs on every type the queued job may use until it fits; the
+    halvings on its other types free GPUs it never takes, so only those on the type it lands on are made."""
+    spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
+    table = hand_table({
+        ("gpt__1.3B", "a100"): {"ap": {2: 100.0, 4: 101.0}, "arena": {2: 100.0, 4: 101.0}},  # barely gains from 4
+        ("moe__2.4B", "v100"): {"ap": {2: 100.0, 4: 150.0}, "arena": {2: 100.0, 4: 150.0}},
+        ("bert__2.6B", "a100"): {"ap": {4: 100.0}, "arena": {4: 100.0}},  # 4 A100s or 2 V100s
+        ("bert__2.6B", "v100"): {"ap": {2: 60.0}, "arena": {2: 60.0}},
+    })
+    jobs = [job("x", "gpt__1.3B", 200000, 2, "a100", row=1), job("y", "moe__2.4B", 200000, 2, "v100", row=2),
+            job("z", "bert__2.6B", 20000, 2, "v100", submit=600.0, row=3)]
+    for overheads in (OverheadConfig(), NO_OVERHEADS):
+        res = simulate(jobs, table, spec, "arena", overheads=overheads)
+        at_launch = [(j, n) for t, j, n in _actions(res, "rescale") if t == 600.0]
+        # x (the cheapest halving, on the A100s) was halved in the search, but z, which 2 A100s cannot hold,
+        # lands on the V100s that halving y frees: x keeps its GPUs
+        assert (600.0, "z", 2) in _actions(res, "launch")
+        assert at_launch == [("y", 2)]
+        assert res.jobs[0].reschedules == 0
 
 def test_exchange_moves_a_job_stranded_on_a_slow_type_by_halving_a_job_that_barely_gains():
     """The in-flight exchange (off by default): "slow" launched on V100s (10x slower) because a job that gains

@@ -207,7 +207,10 @@ class ArenaPolicy(Policy):
             return False
         for victim in victims:
             a = victim.alloc
-            sim.rescale(victim, a.type_index, a.count_index - 1)
+            # the search halved jobs on every type the job may use; only the halvings on the type it is placed
+            # on free GPUs it takes (the pools are per type): the others would pay a restart for nothing
+            if a.type_index == cfg[0]:
+                sim.rescale(victim, a.type_index, a.count_index - 1)
         self._victims = None
         return sim.launch(job, *cfg)
 
