@@ -274,3 +274,20 @@ def test_elasticflow_counts_admitted_launches_before_best_effort_ones():
     b.policy_state["admitted"] = True  # two admitted jobs: one placed either way, the shrink buys nothing
     assert not ElasticFlowPolicy._shrinks_place_more(sim, pool, [r], [a, b], target)
     assert list(pool.masks) == before
+
+
+def test_elasticflow_launches_admitted_jobs_before_best_effort_ones_when_blocks_are_scarce():
+    """ElasticFlow gives admitted jobs their shares first (by deadline), then best-effort ones; the launches
+    follow that order, so a best-effort job that arrived earlier does not take the one aligned block an admitted
+    job's share was given (three 2-GPU nodes; after the short jobs end only node A has two GPUs together)."""
+    spec = cluster([("a100", 3, 2)])
+    table = hand_table({("gpt__1.3B", "a100"): {"dp": {1: 256.0}, "ap": {1: 256.0}},  # 1 iteration/s, 1 GPU only
+                        ("moe__2.4B", "a100"): {"dp": {2: 256.0}, "ap": {2: 256.0}}})  # 2 GPUs only
+    ones = [job(f"r{i}", "gpt__1.3B", iters, 1, "a100", row=i)  # placed in order: r1 r2 on A, r3 r4 on B, r5 r6 on C
+            for i, iters in enumerate((1000, 1000, 100, 100_000, 100, 100_000), start=1)]
+    late = job("best-effort", "moe__2.4B", 5000, 2, "a100", submit=200.0, deadline=210.0, row=7)  # hopeless deadline
+    admitted = job("admitted", "moe__2.4B", 5000, 2, "a100", submit=250.0, deadline=1e6, row=8)
+    res = simulate(ones + [late, admitted], table, spec, "elasticflow-ls")
+    launches = _launch_times(res)
+    assert launches["admitted"] < launches["best-effort"]
+    assert 1000.0 <= launches["admitted"] <= 1200.0

@@ -145,7 +145,9 @@ class ElasticFlowPolicy(Policy):
                 break
             total -= 1 << (target[best] - 1)
             target[best] -= 1
-        for job in sorted(admitted, key=lambda j: (self._deadline(j), j.enqueue_seq)) + best_effort:
+        # the admitted jobs by deadline, then the best-effort ones: the order they are given targets and launched in
+        launch_order = sorted(admitted, key=lambda j: (self._deadline(j), j.enqueue_seq)) + best_effort
+        for job in launch_order:
             c = self._min_share(job) if job.policy_state.get("admitted") else None
             c = self._counts(job)[0] if c is None else c
             if total + (1 << c) <= free:
@@ -175,12 +177,12 @@ class ElasticFlowPolicy(Policy):
         # apply: shrinks, then launches, then growths; shrinks only where they let more launches be placed (the
         # halves they free may be scattered over nodes, where an aligned block is needed: the job would pay the
         # rescale and lose its GPUs for nothing)
-        if self._shrinks_place_more(sim, pool, running, waiting, target):
+        if self._shrinks_place_more(sim, pool, running, launch_order, target):
             for job in running:
                 if target[job.index] < job.alloc.count_index:
                     sim.rescale(job, t, target[job.index])
         launched = set()
-        for job in waiting:
+        for job in launch_order:  # an earlier best-effort arrival does not take the block an admitted job was given
             if job.index in target and sim.launch(job, t, target[job.index]):
                 launched.add(job.index)
         if launched:
