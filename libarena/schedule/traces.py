@@ -257,8 +257,14 @@ def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: R
         deadline = _deadline_after(_num(row, "deadline", optional=True), submit)
     else:
         deadline = submit + max(duration * rng.uniform(0.5, 1.5), MIN_DEADLINE_GAP_S)
+        if deadline > MAX_SECONDS:  # the adapted job is checked as a written trace's row would be
+            raise _RowError("duration", f"{_csv_number(duration)} s adapts to a deadline of {deadline:.4g} s, after "
+                                        f"{MAX_SECONDS} s")
     per_s = rate(model, batch, gpu_type, gpus) if rate is not None else None
     iters = max(1, round(duration * (per_s if per_s else 1.0)))
+    if iters > MAX_ITERATIONS:
+        raise _RowError("duration", f"{_csv_number(duration)} s adapts to {iters:.4g} iterations of {model}, more than "
+                                    f"{MAX_ITERATIONS}")
     return JobSpec(job_id, i, submit, model, batch, iters, gpus, gpu_type, deadline, priority)
 
 

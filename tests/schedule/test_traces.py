@@ -57,6 +57,28 @@ def test_adapted_iterations_follow_the_execution_rate(tmp_path):
     assert 500 <= tr.jobs[0].deadline <= 1500
 
 
+
+def test_an_adapted_job_out_of_a_traces_ranges_is_a_bad_row(tmp_path):
+    """A raw row whose duration adapts to a deadline or an iteration count that a written trace may not hold
+    is refused where it is read (row and column named), so ``trace scale`` never writes a trace its reader
+    refuses; the rest of the trace is kept with --skip-bad-rows."""
+    from libarena.schedule.traces import TraceScale, write_scaled_trace
+
+    p = tmp_path / "raw.csv"
+    p.write_text("job_id,submission_time,duration,num_gpu\nok,0,1000,1\nlong,3100000000,200000000,1\n")
+    with pytest.raises(ArenaError, match=r"row 2, column 'duration': 200000000 s adapts to a deadline of .* after"):
+        read_trace(p)
+    p.write_text("job_id,submission_time,duration,num_gpu\nok,0,1000,1\nfast,0,1000000,1\n")
+    with pytest.raises(ArenaError, match=r"row 2, column 'duration': 1000000 s adapts to 1e\+12 iterations .* more than"):
+        read_trace(p, rate=lambda m, b, t, n: 1e6 + 1)
+    out = tmp_path / "scaled.csv"
+    p.write_text("job_id,submission_time,duration,num_gpu\nok,0,1000,1\nlong,3100000000,200000000,1\n")
+    with pytest.raises(ArenaError, match="column 'duration'"):
+        write_scaled_trace(p, out, TraceScale(copies=1))
+    assert not out.exists()
+    written = write_scaled_trace(p, out, TraceScale(copies=1), skip_bad_rows=True)
+    assert [j.job_id for j in written.jobs] == ["ok"] and [j.job_id for j in read_trace(out).jobs] == ["ok"]
+
 @pytest.mark.parametrize("row,column,problem", [
     ("a,-5,100,gpt__1.3B,5000,256,2,a100", "submission_time", "out of range"),
     ("a,1e18,100,gpt__1.3B,5000,256,2,a100", "submission_time", "out of range"),
