@@ -31,6 +31,8 @@ MAX_ITERATIONS = 10**12
 MAX_STEPS = 10**9
 #: Samples in a global batch.
 MAX_BATCH = 1 << 20
+#: Tokens of a sequence.
+MAX_SEQ_LEN = 1 << 20
 #: GPUs of a job, of a node group or a cluster; GPUs of one node.
 MAX_GPUS = 1 << 20
 MAX_GPUS_PER_NODE = 1024

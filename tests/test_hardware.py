@@ -134,3 +134,23 @@ def test_a_key_given_twice_is_refused(tmp_path):
     assert load_cluster(p).total_gpus == 3  # equal keys in different mappings are fine
     p.write_text("name: t\nnode_groups:\n  - <<: {gpu_type: a10, nodes: 2}\n    nodes: 3\n    gpus_per_node: 1\n")
     assert load_cluster(p).total_gpus == 3  # a merge key's keys may be overridden by the mapping's own
+
+
+def test_a_gpu_type_whose_node_groups_differ_in_node_size_is_refused_by_planner_and_scheduler():
+    """One node of 8 A100s and four of 2: grids of whole nodes would take "2 nodes of 8" that do not exist (the
+    planner used the largest size), and the buddy placement takes one node size per type: both refuse."""
+    from tests.plan.optables import gpt_like
+    from libarena.plan import PlannerConfig, plan_job
+    from libarena.schedule.entities.cluster import ClusterState
+
+    mixed = cluster_from_dict({"name": "mixed", "node_groups": [{"gpu_type": "a100", "nodes": 1, "gpus_per_node": 8},
+                                                                {"gpu_type": "a100", "nodes": 4, "gpus_per_node": 2},
+                                                                {"gpu_type": "v100", "nodes": 2, "gpus_per_node": 4}]})
+    message = r"cluster 'mixed': node groups of a100 differ in GPUs per node \(2, 8\); give each its own GPU type"
+    assert mixed.gpus_per_node("v100") == 4
+    with pytest.raises(ArenaError, match=message):
+        plan_job(gpt_like(num_clusters=3, hidden=256, seq_len=64, batch=8), mixed, PlannerConfig())
+    with pytest.raises(ArenaError, match=message):
+        ClusterState(mixed, ["a100", "v100"])
+    # planned for the other type alone, it is planned
+    assert plan_job(gpt_like(num_clusters=3, hidden=256, seq_len=64, batch=8), mixed, PlannerConfig(gpu_types=("v100",))).grids

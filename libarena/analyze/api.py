@@ -14,7 +14,7 @@ import pyarrow as pa
 from libarena.artifacts import Provenance, read_table, write_table
 from libarena.artifacts.io import check_writable  # noqa: F401 - part of this package's API
 from libarena.artifacts.registry import get_kind
-from libarena.checks import MAX_BATCH, Range, check_fields
+from libarena.checks import MAX_BATCH, MAX_SEQ_LEN, Range, check_fields
 from libarena.errors import ArenaError
 
 KIND = "operator_table"
@@ -25,7 +25,6 @@ Log = Callable[[str], None]
 
 #: Upper bounds on the sizes a step is lowered at: far above any real job, far below int64 shape overflow.
 MAX_GLOBAL_BATCH = MAX_BATCH
-MAX_SEQ_LEN = 1 << 20
 #: Clustered operators O at most (a model has a few thousand distinct instruction shapes).
 MAX_CLUSTERS = 4096
 

@@ -65,11 +65,16 @@ class ClusterSpec:
         return sum(g.nodes for g in self.groups_of(gpu_type))
 
     def gpus_per_node(self, gpu_type: str) -> int:
-        """GPUs per node of a type (the largest, if several groups of that type differ)."""
+        """GPUs per node of a type. Every node of a type must have as many: grids of whole nodes (the planner)
+        and the scheduler's buddy placement take one node size per type."""
         groups = self.groups_of(gpu_type)
         if not groups:
             raise ArenaError(f"cluster {self.name!r} has no {gpu_type} GPUs")
-        return max(g.gpus_per_node for g in groups)
+        sizes = sorted({g.gpus_per_node for g in groups})
+        if len(sizes) > 1:
+            raise ArenaError(f"cluster {self.name!r}: node groups of {gpu_type} differ in GPUs per node "
+                             f"({', '.join(map(str, sizes))}); give each its own GPU type")
+        return sizes[0]
 
     def scaled(self, factor: int) -> ClusterSpec:
         """The cluster replicated ``factor`` times: every node group has ``factor`` times its nodes, of the same

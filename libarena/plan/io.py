@@ -223,6 +223,15 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
         if any(g != d * t or g <= 0 for g, d, t in zip(gpus, dp, tp)) or sum(gpus) != row["num_gpus"]:
             raise bad("gpus_per_stage", f"stages {gpus!r} (dp {dp!r} x tp {tp!r}) do not use the grid's "
                                         f"{row['num_gpus']} GPUs")
+        offsets = row["stage_gpu_offsets"]
+        if offsets:
+            # each stage on GPUs of its own inside the grid, at a multiple of its size (the planner's buddy
+            # placement; the profiler reads from them which stage boundaries cross nodes)
+            spans = sorted(zip(offsets, gpus))
+            if (any(o % g for o, g in spans) or any(o1 + g1 > o2 for (o1, g1), (o2, _) in zip(spans, spans[1:]))
+                    or spans[-1][0] + spans[-1][1] > row["num_gpus"]):
+                raise bad("stage_gpu_offsets", f"stages of {gpus!r} GPUs at {offsets!r} overlap, leave the grid's "
+                                               f"{row['num_gpus']} GPUs or do not start at a multiple of their size")
 
 
 def _costs(row: dict[str, Any], column: str, degree: int, default: float) -> list[float]:

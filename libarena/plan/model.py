@@ -26,8 +26,10 @@ import pyarrow.ipc as ipc
 
 from libarena.artifacts import TableArtifact
 from libarena.artifacts.kinds.operator_table import CLUSTER_FIELDS, check_cluster_records
+from libarena.checks import MAX_BATCH, MAX_SEQ_LEN, brief
 from libarena.errors import ArenaError
 from libarena.hardware import GPUSpec, normalize_dtype
+from libarena.plan.layout import StageLayout
 
 #: Cluster-record fields the planner reads, as float arrays.
 _NUMERIC_FIELDS = tuple(f.name for f in CLUSTER_FIELDS if f.type in ("int", "float") and f.name not in ("index", "num_ops"))
@@ -171,13 +173,18 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
     if not isinstance(model, dict) or not model.get("name"):
         raise ArenaError(f"{source}: operator table metadata 'model' must be a record with a 'name'")
     global_batch = meta["global_batch"]
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch <= 0:
-        raise ArenaError(f"{source}: global_batch must be a positive integer, got {global_batch!r}")
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or not 0 < global_batch <= MAX_BATCH:
+        raise ArenaError(f"{source}: global_batch must be an integer in [1, {MAX_BATCH}], got {brief(global_batch)}")
+    seq_len = meta.get("seq_len")
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 0 <= seq_len <= MAX_SEQ_LEN):
+        raise ArenaError(f"{source}: seq_len must be an integer in [0, {MAX_SEQ_LEN}], got {brief(seq_len)}")
     try:
         dtype = normalize_dtype(str(meta["dtype"]))
     except ArenaError as exc:
         raise ArenaError(f"{source}: {exc}") from None
     clusters_raw = check_cluster_records(meta, source)
+    # the plans file carries the records on: what its readers refuse is refused here (units name the stages)
+    StageLayout.from_cluster_records(clusters_raw, f"{source}: operator table metadata")
     num_clusters = len(clusters_raw)
     arrays = {name: np.zeros(num_clusters) for name in _NUMERIC_FIELDS}
     clusters = []
@@ -201,7 +208,6 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
         )
     if float(flops.sum()) <= 0 and float(moved.sum()) <= 0:
         raise ArenaError(f"{source}: the operator table has no FLOPs and no bytes: nothing to plan")
-    seq_len = meta.get("seq_len") or 0
     opcode = table.column("opcode").to_numpy(zero_copy_only=False).astype(str)
     param_bytes = _column(table, "param_bytes", source).astype(np.float64)
     phase = table.column("phase").to_numpy(zero_copy_only=False).astype(str)
@@ -209,7 +215,7 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
         name=str(model["name"]),
         model=dict(model),
         global_batch=int(global_batch),
-        seq_len=int(seq_len) if isinstance(seq_len, int) else 0,
+        seq_len=int(seq_len or 0),
         dtype=dtype,
         clusters=tuple(clusters),
         arrays=arrays,

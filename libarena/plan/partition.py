@@ -46,11 +46,13 @@ def computation_bias(loads: np.ndarray, boundaries: list[int] | np.ndarray, gpus
     return float(np.sqrt(((np.asarray(gpus, dtype=np.float64) - ideal) ** 2).sum()))
 
 
-def normalize_power_of_two(ideal: np.ndarray, num_gpus: int) -> tuple[np.ndarray, np.ndarray]:
+def normalize_power_of_two(ideal: np.ndarray, num_gpus: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Powers of two per stage summing to ``num_gpus`` closest (Euclidean) to each row of ``ideal``.
 
     Returns (assignment int64 (P, s), computation bias b_comp (P,)). Exact, by DP (see module doc).
-    Ties go to the first-found choice in a fixed order, so results are deterministic.
+    Ties go to the first-found choice in a fixed order, so results are deterministic. ``allowed`` (P, s,
+    levels; bool): whether stage j of row p may hold 2**level GPUs (e.g. whether any of its options fits in
+    memory there); a row with no allowed assignment gets bias inf and an assignment of zeros.
     """
     ideal = np.atleast_2d(np.asarray(ideal, dtype=np.float64))
     count, stages = ideal.shape
@@ -73,7 +75,8 @@ def normalize_power_of_two(ideal: np.ndarray, num_gpus: int) -> tuple[np.ndarray
             lo, hi = max(prev_lo + p, next_lo), min(prev_hi + p, next_hi)
             if lo > hi:
                 continue
-            cand = cost[lo - p : hi - p + 1] + (p - col) ** 2
+            step = (p - col) ** 2 if allowed is None else np.where(allowed[:, j, k], (p - col) ** 2, np.inf)
+            cand = cost[lo - p : hi - p + 1] + step
             better = mask[: hi - lo + 1]
             np.less(cand, new[lo : hi + 1], out=better)  # strict: the smaller power wins ties
             np.copyto(new[lo : hi + 1], cand, where=better)
@@ -84,10 +87,34 @@ def normalize_power_of_two(ideal: np.ndarray, num_gpus: int) -> tuple[np.ndarray
     used = np.full(count, n, dtype=np.int64)
     cols = np.arange(count)
     for j in range(stages - 1, -1, -1):
-        k = choices[j][used, cols].astype(np.int64)
+        k = choices[j][np.clip(used, 0, n), cols].astype(np.int64)  # (clipped: rows with no allowed assignment)
         assignment[:, j] = 1 << k
         used -= assignment[:, j]
+    assignment[~np.isfinite(bias)] = 0
     return assignment, bias
+
+
+def least_peak_over_assignments(values: np.ndarray, num_gpus: int) -> np.ndarray:
+    """min over the power-of-two assignments of ``num_gpus`` GPUs to a row's stages of the largest
+    ``values[p, j, log2 c_j]`` (P, s, levels): e.g. the least peak memory per GPU any assignment of a
+    partition needs. The same DP as :func:`normalize_power_of_two`, with max for the sum."""
+    values = np.asarray(values, dtype=np.float64)
+    count, stages, _ = values.shape
+    n = int(num_gpus)
+    powers = [1 << k for k in range(n.bit_length()) if (1 << k) <= n]
+    cost = np.full((n + 1, count), np.inf)
+    cost[0] = -np.inf
+    for j in range(stages):
+        new = np.full((n + 1, count), np.inf)
+        prev_lo, prev_hi = j, n - (stages - j)
+        next_lo, next_hi = j + 1, n - (stages - j - 1)
+        for k, p in enumerate(powers):
+            lo, hi = max(prev_lo + p, next_lo), min(prev_hi + p, next_hi)
+            if lo > hi:
+                continue
+            np.minimum(new[lo : hi + 1], np.maximum(cost[lo - p : hi - p + 1], values[:, j, k]), out=new[lo : hi + 1])
+        cost = new
+    return cost[n]
 
 
 @lru_cache(maxsize=256)

@@ -38,6 +38,7 @@ from libarena.plan.grids import Grid, enumerate_grids, stage_offsets
 from libarena.plan.model import ModelProfile, load_model_profile
 from libarena.plan.partition import (
     load_proportional_assignment,
+    least_peak_over_assignments,
     normalize_power_of_two,
     partitions,
     power_of_two_compositions,
@@ -317,7 +318,7 @@ def plan_grid(
     feasible = np.isfinite(l_comm)
     oom = total - int(feasible.sum())
     if not feasible.any():
-        min_mem = float(need.min())
+        min_mem = _least_memory(table, n, starts_all, ends_all)
         return GridResult(grid, (), B, total, oom, _oom_reason(grid, costs.gpu, min_mem, costs.capacity), min_mem)
     rows = np.flatnonzero(feasible)
     front = rows[pareto_front(bias[rows], l_comm[rows])]
@@ -338,13 +339,39 @@ def plan_grid(
 
 
 def _normalised_stages(table: StageTable, loads: np.ndarray, n: int, starts: np.ndarray, ends: np.ndarray):
-    """Power-of-two assignment, b_comp and stage-table indices for a block of partitions."""
+    """Power-of-two assignment, b_comp and stage-table indices for a block of partitions: the assignment
+    closest to the load-proportional one among those whose every stage has an option that fits in memory
+    (the closest of all where none fits: the partition is then infeasible)."""
     starts = starts.astype(np.int64)
     ends = ends.astype(np.int64)
     ideal = load_proportional_assignment(loads, n, starts, ends)
     gpus, bias = normalize_power_of_two(ideal, n)
-    level = np.log2(gpus).round().astype(np.int64)
-    return gpus, bias, table.flat_index(starts, ends, level)
+    flat = table.flat_index(starts, ends, np.log2(gpus).round().astype(np.int64))
+    short = np.flatnonzero(~np.isfinite(table.gather("obj", flat)).all(axis=1))
+    if short.size:
+        # the closest assignment leaves a stage without a fitting option: another may fit (more GPUs there)
+        allowed = np.isfinite(_all_levels(table, n, starts[short], ends[short], "obj"))
+        fitted, fitted_bias = normalize_power_of_two(ideal[short], n, allowed)
+        found = np.isfinite(fitted_bias)
+        gpus[short[found]], bias[short[found]] = fitted[found], fitted_bias[found]
+        flat = table.flat_index(starts, ends, np.log2(gpus).round().astype(np.int64))
+    return gpus, bias, flat
+
+
+def _all_levels(table: StageTable, n: int, starts: np.ndarray, ends: np.ndarray, name: str) -> np.ndarray:
+    """``name`` of every stage of the partitions at every power-of-two GPU count up to ``n``: (P, s, levels)."""
+    return np.stack([table.gather(name, table.flat_index(starts, ends, np.full_like(starts, level)))
+                     for level in range(n.bit_length())], axis=2)
+
+
+def _least_memory(table: StageTable, n: int, starts_all: np.ndarray, ends_all: np.ndarray) -> float:
+    """The least peak memory per GPU of any plan of the grid: over every partition and every assignment."""
+    least = np.inf
+    for lo in range(0, starts_all.shape[0], PARTITION_CHUNK):
+        starts = starts_all[lo:lo + PARTITION_CHUNK].astype(np.int64)
+        ends = ends_all[lo:lo + PARTITION_CHUNK].astype(np.int64)
+        least = min(least, float(least_peak_over_assignments(_all_levels(table, n, starts, ends, "min_memory"), n).min()))
+    return least
 
 
 def recomputing_bias(loads: np.ndarray, forward_loads: np.ndarray, starts: np.ndarray, ends: np.ndarray,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from libarena.hardware import cluster_from_dict
 from libarena.plan import PlannerConfig, enumerate_grids, stage_offsets
 from libarena.plan.grids import gpu_counts
-from libarena.plan.partition import normalize_power_of_two, partitions, power_of_two_compositions
+from libarena.plan.partition import least_peak_over_assignments, normalize_power_of_two, partitions, power_of_two_compositions
 
 
 def test_partitions_are_all_contiguous_splits():
@@ -48,6 +48,37 @@ def test_normalisation_is_the_exact_euclidean_minimum(n_exp, data):
         assert all(x & (x - 1) == 0 for x in assignment[row])
         assert abs(np.sqrt(((assignment[row] - ideal[row]) ** 2).sum()) - bias[row]) < 1e-9
 
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_exp=st.integers(0, 4), data=st.data())
+def test_constrained_normalisation_and_least_peak_are_the_exact_optima_over_allowed_assignments(n_exp, data):
+    """The DP restricted to allowed (stage, GPU count) pairs against enumerating the compositions: the closest
+    allowed assignment (bias inf where none is allowed), and the least largest per-stage value of any."""
+    n = 1 << n_exp
+    s = data.draw(st.integers(1, n))
+    count = data.draw(st.integers(1, 5))
+    levels = n.bit_length()
+    ideal = np.array([data.draw(st.lists(st.floats(0, n), min_size=s, max_size=s)) for _ in range(count)])
+    allowed = np.array(data.draw(st.lists(st.booleans(), min_size=count * s * levels, max_size=count * s * levels))
+                       ).reshape(count, s, levels)
+    values = np.array(data.draw(st.lists(st.floats(0, 100), min_size=count * s * levels, max_size=count * s * levels))
+                      ).reshape(count, s, levels)
+    assignment, bias = normalize_power_of_two(ideal, n, allowed)
+    peak = least_peak_over_assignments(values, n)
+    comps = np.array(power_of_two_compositions(n, s), dtype=np.int64)
+    lv = np.log2(comps).round().astype(np.int64)
+    stage = np.arange(s)[None, :]
+    for row in range(count):
+        ok = allowed[row][stage, lv].all(axis=1)
+        assert peak[row] == values[row][stage, lv].max(axis=1).min()
+        if not ok.any():
+            assert np.isinf(bias[row]) and (assignment[row] == 0).all()
+            continue
+        best = np.sqrt(((comps[ok] - ideal[row]) ** 2).sum(axis=1)).min()
+        assert abs(bias[row] - best) < 1e-9 and assignment[row].sum() == n
+        assert allowed[row][np.arange(s), np.log2(assignment[row]).round().astype(np.int64)].all()
+        assert abs(np.sqrt(((assignment[row] - ideal[row]) ** 2).sum()) - bias[row]) < 1e-9
 
 def test_grids_use_whole_nodes_beyond_one_node():
     assert gpu_counts(available=64, gpus_per_node=4, max_gpus=16) == [(1, 1), (2, 1), (4, 1), (8, 2), (16, 4)]

@@ -109,11 +109,15 @@ def test_vectorised_plans_match_the_exhaustive_reference(ops):
             assert twin.computation_bias == pytest.approx(plan.computation_bias, abs=1e-9)
             assert twin.communication_load == pytest.approx(plan.communication_load, rel=1e-9, abs=1e-15)
             assert twin.memory_per_gpu_bytes == pytest.approx(plan.memory_per_gpu_bytes)
+        # a partition whose closest assignment does not fit takes the closest one that does: a grid is
+        # infeasible only when no plan at all fits, and then both name (at most) the same least memory
+        assert quick.feasible == full.feasible
         if quick.feasible:
             # The proxy's b_comp is the smallest any feasible plan of the grid reaches with its partition's
             # normalised assignment; exhaustive plans can only tie or beat it by using other assignments.
-            assert full.feasible
             assert min(p.computation_bias for p in full.plans) <= quick.proxy.computation_bias + 1e-9
+        elif not quick.infeasible_reason.startswith("global batch"):
+            assert quick.min_memory_bytes <= full.min_memory_bytes * (1 + 1e-9)
         assert quick.plans_out_of_memory <= quick.plans_considered
 
 
@@ -191,6 +195,28 @@ def test_model_that_fits_nowhere_lists_every_grid_infeasible():
     assert table.num_rows == len(planset.grids) and not any(table.column("feasible").to_pylist())
 
 
+
+def test_a_partition_whose_closest_assignment_does_not_fit_takes_the_closest_that_does():
+    """The last cluster holds 3e9 parameters (about 45 GiB with its optimizer state: too much for one 48 GB
+    A40) and almost no load, so the load-proportional assignment gives it one GPU; two GPUs (tensor-parallel)
+    hold it. The grid is feasible, with the last stage on two GPUs, as the exhaustive enumeration finds."""
+    ops = operator_table([cluster_record(0, flops=5e15, bytes_=1e9, param_count=1e6),
+                          cluster_record(1, flops=3e15, bytes_=1e9, param_count=1e6),
+                          cluster_record(2, flops=1e12, bytes_=1e9, param_count=3e9)], global_batch=64)
+    config = PlannerConfig(num_gpus=(4,), pipeline_degrees=(3,))
+    (grid,) = plan_job(ops, _single("a40", 1, 4), config).grids
+    (full,) = plan_job(ops, _single("a40", 1, 4), replace(config, exhaustive=True)).grids
+    assert grid.feasible and full.feasible
+    assert grid.proxy.gpus_per_stage == [1, 1, 2] and grid.proxy.plan_id in {p.plan_id for p in full.plans}
+    # where no assignment fits, the message names the least memory any needs, not only the closest one's
+    heavy = operator_table([cluster_record(0, flops=5e15, bytes_=1e9, param_count=1e6),
+                            cluster_record(1, flops=3e15, bytes_=1e9, param_count=1e6),
+                            cluster_record(2, flops=1e12, bytes_=1e9, param_count=7e9)], global_batch=64)
+    (grid,) = plan_job(heavy, _single("a40", 1, 4), config).grids
+    (full,) = plan_job(heavy, _single("a40", 1, 4), replace(config, exhaustive=True)).grids
+    assert not grid.feasible and not full.feasible and "out of memory" in grid.infeasible_reason
+    assert grid.min_memory_bytes == pytest.approx(full.min_memory_bytes)
+
 def test_frontier_cap_keeps_the_proxy():
     rng = np.random.default_rng(3)
     records = [
@@ -246,6 +272,11 @@ def test_fused_loads_charge_bytes_only_where_they_reach_memory_after_fusion():
         (lambda m: m["clusters"][0].update(flops=-1.0), "non-negative"),
         (lambda m: m.update(dtype="int3"), "unknown dtype"),
         (lambda m: m.update(global_batch=0), "global_batch"),
+        # what a plans file's readers would refuse is refused before it is written
+        (lambda m: m.update(global_batch=10**30), r"global_batch must be an integer in \[1, 1048576\], got 1000000"),
+        (lambda m: m.update(seq_len=-3), r"seq_len must be an integer in \[0, 1048576\], got -3"),
+        (lambda m: m.update(seq_len="64"), "seq_len must be an integer"),
+        (lambda m: m["clusters"][1].update(units=[]), r"clusters\[1\] must be a record with a non-empty list of 'units'"),
     ],
 )
 def test_bad_operator_tables_are_one_line_errors(mutate, message):
@@ -506,6 +537,12 @@ def test_a_plans_file_with_contradicting_or_misshapen_rows_is_refused():
     misshapen[0]["p2p_per_microbatch_s"] = [1.0, 2.0, 3.0]
     with pytest.raises(ArenaError, match=r"row 1, column 'p2p_per_microbatch_s': expected 1 finite non-negative values"):
         planset_from_artifact(artifact(misshapen))
+    # stage offsets: each stage on GPUs of its own inside the grid, at a multiple of its size
+    two_stage = next(r for r in rows if r["pipeline_degree"] == 2 and r["gpus_per_stage"] == [2, 2])
+    for offsets in ([0, 100], [0, 0], [1, 2], [2, 3]):
+        with pytest.raises(ArenaError, match=r"column 'stage_gpu_offsets': stages of \[2, 2\] GPUs at "):
+            planset_from_artifact(artifact([dict(r, stage_gpu_offsets=offsets) if r is two_stage else r for r in rows]))
+    assert planset_from_artifact(artifact([dict(r, stage_gpu_offsets=[2, 0]) if r is two_stage else r for r in rows]))
 
 
 def test_plans_are_priced_at_the_micro_batches_the_runtime_runs():

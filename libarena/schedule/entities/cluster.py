@@ -153,11 +153,7 @@ class ClusterState:
     def __init__(self, cluster: ClusterSpec, gpu_types: list[str]):
         self.pools: list[TypePool] = []
         for i, t in enumerate(gpu_types):
-            groups = cluster.groups_of(t)
-            gpns = {g.gpus_per_node for g in groups}
-            if len(gpns) > 1:
-                raise ArenaError(f"cluster {cluster.name}: node groups of {t} differ in GPUs per node; give each its own type")
-            self.pools.append(TypePool(i, t, sum(g.nodes for g in groups), gpns.pop()))
+            self.pools.append(TypePool(i, t, sum(g.nodes for g in cluster.groups_of(t)), cluster.gpus_per_node(t)))
 
     @property
     def free_gpus(self) -> int:
