@@ -71,3 +71,17 @@ def test_a_stage_reused_by_a_plan_of_more_microbatches_scales_the_loss_by_that_p
     assert PipelineExecutor(model, two, optimizer=TEST_OPTIMIZER).stages[-1] is executor.stages[-1]
     (check,) = check_plans(model, [two], 8, optimizer=TEST_OPTIMIZER)
     assert check.max_param_error < 1e-5 and check.max_moment_error < 1e-4, check
+
+
+def test_a_moe_whose_routing_group_is_longer_than_a_sequence_trains_alike_under_any_micro_batching() -> None:
+    """The paper's MoE sizes route groups of 2,048 tokens over sequences of 1,024. A group that spans samples
+    routes a sample's tokens by its micro-batch neighbours, so one-sample micro-batches would train otherwise
+    than the whole batch; routing groups stay within one sample (here group 16 over sequences of 8)."""
+    from libarena.models.zoo.transformer import MoEModel, TransformerConfig
+    from libarena.run.plan import simple_plan
+    from libarena.run.verify import check_plans
+
+    model = MoEModel("micro", TransformerConfig(0.0, 8, 16, 2, 2, vocab_size=32, num_experts=4, expert_group_size=16))
+    assert model.expert_dispatch_shape(8) == (4, 8, 4, 16)  # 8 groups of one sequence, capacity 2 x 8 / 4
+    (check,) = check_plans(model, [simple_plan(model, 8, [0], [1], [1], 8)], 8, optimizer=TEST_OPTIMIZER)
+    assert check.max_param_error < 1e-5 and check.max_moment_error < 1e-4, check

@@ -24,7 +24,8 @@ class TransformerConfig(ModelConfig):
     mlp_ratio: int = 4
     #: > 0 makes every block's MLP a GShard top-2 mixture of experts.
     num_experts: int = 0
-    #: Tokens per routing group (S in the GShard paper); capacity per expert is 2 * group / experts.
+    #: Tokens per routing group (S in the GShard paper), at most one sample's (``_routing_group``); capacity
+    #: per expert is 2 * group / experts.
     expert_group_size: int = 2048
 
     @property
@@ -34,6 +35,14 @@ class TransformerConfig(ModelConfig):
     @property
     def mlp_hidden(self) -> int:
         return self.hidden * self.mlp_ratio
+
+
+def _routing_group(seq_len: int, expert_group_size: int) -> int:
+    """Tokens per routing group: the configured size, within one sample (the gcd with the sequence length). A
+    group that spanned samples would route a sample's tokens by whichever samples share its micro-batch, so
+    plans that split the batch differently (micro-batches, data-parallel replicas) would train differently;
+    the paper's MoE sizes (group 2048, sequence 1024) route in groups of one sequence."""
+    return math.gcd(seq_len, expert_group_size)
 
 
 def _layer_norm(x: Any, scale: Any, bias: Any) -> Any:
@@ -228,9 +237,7 @@ class TransformerModel(ModelDef):
 
         batch, seq, hidden = y.shape
         tokens = batch * seq
-        # Routing groups must tile the tokens; the gcd keeps groups identical under micro-batching whenever
-        # the configured group size divides the sequence length.
-        group = math.gcd(tokens, self.config.expert_group_size)
+        group = _routing_group(seq, self.config.expert_group_size)
         grouped = y.reshape(tokens // group, group, hidden)
         gates = jax.nn.softmax(jnp.einsum("gsh,he->gse", grouped, p["w_gate"]).astype(jnp.float32), axis=-1)
         combine, dispatch = top2_gating(gates)
@@ -254,8 +261,9 @@ class TransformerModel(ModelDef):
         c = self.config
         if not c.num_experts:
             return None
-        tokens = batch_size * (seq_len or c.seq_len)
-        group = math.gcd(tokens, c.expert_group_size)
+        seq = seq_len or c.seq_len
+        tokens = batch_size * seq
+        group = _routing_group(seq, c.expert_group_size)
         return (c.num_experts, tokens // group, max(1, 2 * group // c.num_experts), c.hidden)
 
     # -- data --------------------------------------------------------------------------------------------
