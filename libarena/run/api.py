@@ -121,6 +121,10 @@ class RunRequest:
             raise ArenaError(f"--dtype: {exc}") from None
         if not self.use_ray and self.address:
             raise ArenaError("--no-ray runs in this process: drop --address")
+        if not self.use_ray and self.num_hosts:
+            raise ArenaError("--no-ray runs in this process, on one host: drop --hosts")
+        if self.plan_id and self.selection != "proxy":
+            raise ArenaError("--plan-id and --search exclude each other (the search chooses the plan)")
         if self.local.num_devices < 1:
             raise ArenaError(f"--devices: a run needs at least 1 device, got {self.local.num_devices}")
         # only the checkpoint directory itself is created: a mistyped parent is an error, not a new tree
@@ -177,7 +181,7 @@ def run(request: RunRequest) -> dict[str, Any]:
         ensure_host_devices(request.local.num_devices)  # before anything imports JAX
     model, planset, grid = _prepare(request)
     resumed_from, skipped = _check_checkpoint(request, model)
-    searching = request.selection in ("pruned", "full") and not request.plan_id
+    searching = request.selection in ("pruned", "full")
     if searching and grid is None:
         raise ArenaError("--search needs --grid GPU_TYPE,NUM_GPUS[,S]: the allocated resources")
     chosen = None if searching else RunPlan.from_plan(runnable_plan(select_plan(planset, grid, request.plan_id), request.global_batch),

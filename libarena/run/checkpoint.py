@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from libarena.checks import brief
 from libarena.errors import ArenaError
 from libarena.hardware import normalize_dtype
 from libarena.models import ModelDef
@@ -45,10 +46,25 @@ class CheckpointMeta:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str) -> CheckpointMeta:
+        if not isinstance(data, dict):
+            raise ArenaError(f"checkpoint {where} has incomplete metadata: not a record")
         try:
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+            meta = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
         except TypeError as exc:
             raise ArenaError(f"checkpoint {where} has incomplete metadata: {exc}") from None
+        # every field of its declared type: a damaged file (a null, a string for a number) is skipped like any
+        # other, not a TypeError where it is first used
+        for name, typ in _META_TYPES.items():
+            value = getattr(meta, name)
+            if isinstance(value, bool) or not isinstance(value, typ):
+                raise ArenaError(f"checkpoint {where} has incomplete metadata: {name} is {brief(value)}, "
+                                 f"expected {_META_TYPE_NAMES[typ]}")
+        return meta
+
+
+_META_TYPES = {"model": str, "global_batch": int, "step": int, "data_position": int, "data_seed": int, "dtype": str,
+               "optimizer": dict, "param_signature": str, "plan_id": str, "num_devices": int}
+_META_TYPE_NAMES = {str: "a string", int: "an integer", dict: "a record"}
 
 
 def param_signature(model: ModelDef) -> str:

@@ -123,10 +123,18 @@ def test_newest_usable_skips_corrupt_and_empty_newer_checkpoints(tmp_path: Path)
     shutil.copytree(root / "2", root / "4")
     (root / "4" / "meta" / "metadata").write_text("{not json")
     (root / "6").mkdir()
+    # valid JSON with a field of the wrong type (it used to escape as a TypeError where first multiplied)
+    shutil.copytree(root / "2", root / "8")
+    meta_file = root / "8" / "meta" / "metadata"
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "step": 8, "global_batch": None}))
     before = _tree_digest(root)
     meta, skipped = CheckpointStore(root).newest_usable(model, 8, 0, OptimizerConfig())
     assert meta.step == 2
-    assert [s["step"] for s in skipped] == [6, 4] and all("corrupt" in s["why"] for s in skipped)
+    assert [s["step"] for s in skipped] == [8, 6, 4]
+    assert "incomplete metadata: global_batch is None, expected an integer" in skipped[0]["why"]
+    assert all("corrupt" in s["why"] for s in skipped[1:])
+    shutil.rmtree(root / "8")
+    before = _tree_digest(root)
     assert all("\n" not in s["why"] and len(s["why"]) < 400 for s in skipped)
     # a checkpoint of another job is not damage: an error, not skipped
     with pytest.raises(ArenaError, match="global batch 8, not 16"):

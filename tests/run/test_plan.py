@@ -103,6 +103,8 @@ def test_job_hosts_spread_the_gpus_evenly() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     ({"selection": "best"}, r"--search: unknown selection 'best' \(one of proxy, pruned, full\)"),
     ({"use_ray": False, "address": "head:6379"}, "--no-ray runs in this process: drop --address"),
+    ({"use_ray": False, "num_hosts": 2}, "--no-ray runs in this process, on one host: drop --hosts"),
+    ({"plan_id": "s1-b0-g1-1x1", "selection": "pruned"}, r"--plan-id and --search exclude each other"),
     ({"num_hosts": -1}, "--hosts: "),
     ({"checkpoint_every": -1}, "--checkpoint-every: "),
     ({"dtype": "int8"}, r"--dtype: unknown dtype 'int8' \(known: "),
