@@ -203,3 +203,33 @@ def test_a_rescale_stops_what_is_left_of_a_version_whose_script_died(tmp_path):
             except ProcessLookupError:
                 pass
         launcher.close()
+
+
+def test_a_version_that_ends_while_it_is_polled_is_finished_not_lost(tmp_path, monkeypatch):
+    """The script writes its exit code, then exits: a poll that found no exit code and then no process looks for
+    the exit code again before it calls the version lost (which would have it relaunched: a finished job run
+    twice, a failure's code erased). The end is made to fall between the two looks."""
+    import libarena.schedule.live.launchers.arena_run as arena_run
+
+    commands = {"arena-run": _script(tmp_path, "fake-run", FAKE_RUN), "arena-analyze": _script(tmp_path, "fa", FAKE_TOOL),
+                "arena-plan": _script(tmp_path, "fp", FAKE_TOOL)}
+    clock = VirtualClock(time.time(), 1.0)
+    ctx = LauncherContext(tmp_path / "work", tmp_path / "cluster.yaml", clock, None, LauncherOptions(commands=commands))
+    launcher = get_launcher("arena-run", ctx)
+    request = LaunchRequest("job", 1, "launch", "gpt__tiny", 8, 40, "a100", 1, (0,), 0.0, 0.0)
+    launcher.launch(request)
+    run_dir = launcher.run_dir("job", 1)
+    wait_until(lambda: (run_dir / "exit_code").exists(), 60)
+    code = (run_dir / "exit_code").read_text()
+    (run_dir / "exit_code").unlink()  # as it was a moment before the script wrote it ...
+    looked = []
+
+    def ends_while_looked_for(path):  # ... and the script writes it and exits while the poll looks for its process
+        looked.append(path)
+        (run_dir / "exit_code").write_text(code)
+        return None
+
+    monkeypatch.setattr(arena_run, "running_pid", ends_while_looked_for)
+    status = launcher.poll(clock.now(), {"job": 1})["job"]
+    assert looked and status.phase == "finished" and status.iterations_done == 40
+    launcher.close()

@@ -578,3 +578,32 @@ def test_a_profile_that_writes_no_table_says_so(tmp_path):
     wait_until(lambda: bool(done.extend(profiler.poll()) or done), 30)
     ((_, _, path, message),) = done
     assert path is None and "profiling exited with 0 but wrote no table at" in message
+
+
+def test_a_profile_started_by_a_server_killed_before_recording_it_is_found_on_restart(tmp_path, monkeypatch):
+    """The profile script records its own pid first: a server killed between starting it and recording its pid
+    finds it running on restart instead of starting the profile a second time beside it."""
+    import os
+    import time
+
+    import libarena.schedule.live.profiling as profiling
+    from tests.live.helpers import wait_until
+
+    script = "echo run >> {out}.runs; sleep 600 # {model} {batch}"
+    first = profiling.ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml", script)
+    monkeypatch.setattr(profiling, "write_pid_file", lambda path, pid: None)  # killed before it recorded the pid
+    first.request("gpt__2.6B", 256)
+    assert first.poll() == []
+    d = first.dir_of("gpt__2.6B", 256)
+    wait_until(lambda: (d / "perf.parquet.runs").exists(), 30)
+    monkeypatch.undo()
+    pid = int((d / "pid").read_text().split()[0])  # recorded by the script itself
+    try:
+        restarted = profiling.ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml", script)
+        restarted.request("gpt__2.6B", 256, new_job=False)
+        assert restarted.poll() == [] and restarted.poll() == []
+        time.sleep(0.3)
+        assert (d / "perf.parquet.runs").read_text() == "run\n"  # one profile, not two
+        assert int((d / "pid").read_text().split()[0]) == pid
+    finally:
+        os.killpg(pid, 9)

@@ -8,10 +8,12 @@ with the emulated-hosts launcher, so every time below is exact."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
+from libarena.errors import ArenaError
 from libarena.schedule.config import OverheadConfig
 from libarena.schedule.live import store as st
 from libarena.schedule.live.jobfile import JobSubmission
@@ -298,3 +300,38 @@ def test_a_measured_iteration_count_is_as_of_the_poll(tmp_path):
         assert job.remaining_at(400.0) == job.spec.num_iterations - 50.0
     finally:
         server.close()
+
+
+def test_a_new_database_does_not_take_over_another_databases_workdir(tmp_path):
+    """Job files are named by job id and version, which every database starts afresh at job-1: a new database
+    served in the workdir of a deleted one would find that one's job-1 finished (or its process running, its
+    checkpoints) and report its own job-1 done without running it. The workdir names the database it serves."""
+    from libarena.schedule.live.jobfile import JobSubmission
+    from libarena.schedule.live.server import WORKDIR_OWNER
+
+    server, clock = _server(tmp_path)
+    try:
+        server.step()
+        job_id = server.store.submit(JobSubmission(MODEL, BATCH, 600))
+        clock.t = 10.0
+        server.step()
+        clock.t = 290.0
+        server.step()
+        assert server.store.job(job_id)["status"] == "finished"
+        owner = (server.workdir / WORKDIR_OWNER).read_text().strip()
+        assert owner == server.store.get_meta("state_id") and len(owner) == 32
+    finally:
+        server.close()
+    # the same database is served again in its workdir
+    again, _ = _server(tmp_path)
+    again.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{tmp_path / 'state.db'}{suffix}").unlink(missing_ok=True)
+    with pytest.raises(ArenaError, match=rf"state.db: --workdir .*state.db.d holds the jobs of another state database "
+                                         rf"\({WORKDIR_OWNER} names {owner}\); serve that database, or give this one"):
+        _server(tmp_path)
+    assert not (tmp_path / "state.db").exists()  # the refused start leaves no database behind
+    # a workdir damaged beyond naming its owner is refused too, in one line
+    (tmp_path / "state.db.d" / WORKDIR_OWNER).write_bytes(b"\x00" * 100_000)
+    with pytest.raises(ArenaError, match=r"is not a state id \(this workdir's owner file is damaged"):
+        _server(tmp_path)

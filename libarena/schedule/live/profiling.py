@@ -23,7 +23,8 @@ from pathlib import Path
 from libarena.checks import brief
 from libarena.errors import ArenaError
 from libarena.schedule.live.launchers.arena_run import tool
-from libarena.schedule.live.processes import process_env, recorded_group, running_pid, write_pid_file
+from libarena.schedule.live.processes import (process_env, recorded_group, running_pid, shell_records_own_pid,
+                                              write_pid_file)
 
 #: wall seconds a profile may run before it is stopped and its jobs rejected (a hung script would otherwise hold
 #: every later new (model, batch) behind it: profiles run one at a time)
@@ -115,7 +116,10 @@ class ArrivalProfiler:
         q = shlex.quote
         body = self.script.format(model=q(key[0]), batch=key[1], cluster=q(str(self.cluster_path.resolve())),
                                   out=q(str(d / "perf.parquet")), schedule=q(tool("arena-schedule")))
-        (d / "run.sh").write_text(f"{body}\ncode=$?; echo $code > exit_code.tmp; mv -f exit_code.tmp exit_code; exit $code\n")
+        # the script records its own pid first: a scheduler killed between starting it and recording the pid
+        # still finds it on restart (and does not start the profile twice)
+        (d / "run.sh").write_text(f"{shell_records_own_pid(d / 'pid')}\n{body}\n"
+                                  "code=$?; echo $code > exit_code.tmp; mv -f exit_code.tmp exit_code; exit $code\n")
         with open(d / "output.log", "ab") as log:
             proc = subprocess.Popen(["/bin/sh", str(d / "run.sh")], cwd=str(d), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, env=process_env(d))
@@ -171,6 +175,8 @@ class ArrivalProfiler:
                 self.pending.remove(key)
                 done.append((key[0], key[1], None, f"profiling ran longer than {self.timeout_s:g} s and was stopped "
                                                    f"(see {d / 'output.log'}){retry}"))
+            elif code_file.exists():
+                continue  # it wrote its exit code and ended since it was looked for: the next poll reads it
             elif (d / "pid").exists():
                 (d / "pid").unlink()  # died without an exit code (host restart): start again below
         if not busy:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import secrets
 import signal
 import time
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from libarena.artifacts import write_bytes
 from libarena.checks import MAX_TICK_S, MIN_TICK_S, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.hardware import cluster_from_bytes
@@ -130,6 +132,26 @@ class TickStats:
     periodic: bool = True
 
 
+#: the file in a server's workdir naming the state database (its ``state_id``) whose jobs the workdir holds
+WORKDIR_OWNER = "state-id"
+
+
+def read_workdir_owner(workdir: Path) -> str | None:
+    """The state id a workdir's owner file names (None: no such file)."""
+    path = workdir / WORKDIR_OWNER
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(65)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ArenaError(f"{path}: unreadable ({e.strerror or e})") from None
+    text = raw.decode("ascii", "replace").strip()
+    if len(raw) > 64 or not text or not all(c in "0123456789abcdef" for c in text):
+        raise ArenaError(f"{path}: is not a state id (this workdir's owner file is damaged; move the workdir aside)")
+    return text
+
+
 class Server:
     def __init__(self, config: ServeConfig):
         # one server per state database, for its whole life: taken before anything is read or written
@@ -196,6 +218,13 @@ class Server:
                              "serve it with that one (or none), or use a new --state")
         workdir = config.workdir or served_in or config.state.with_name(config.state.name + ".d")
         self.workdir = Path(workdir).resolve()
+        # the workdir's files are named by job id and version, which every database starts afresh: one that another
+        # database served would hand this one's jobs that one's runs, checkpoints and profiles
+        state_id = self.store.get_meta("state_id")
+        owner = read_workdir_owner(self.workdir)
+        if owner is not None and owner != state_id:
+            raise ArenaError(f"{config.state}: --workdir {self.workdir} holds the jobs of another state database "
+                             f"({WORKDIR_OWNER} names {owner}); serve that database, or give this one its own --workdir")
         # profiles and jobs read the content this start loaded, even if the file is edited while it serves
         cluster_copy = cluster_copy_path(self.workdir, Path(config.cluster), cluster_sha256)
         self.profiler = ArrivalProfiler(self.workdir / "profiles", cluster_copy, config.profile_script,
@@ -209,6 +238,11 @@ class Server:
             self.store.set_meta("settings", settings)
             self.store.set_meta("wall_origin", origin)
         self.store.set_meta("workdir", str(self.workdir))
+        if state_id is None:  # (a database served before the workdir was marked takes its workdir now)
+            state_id = secrets.token_hex(16)
+            self.store.set_meta("state_id", state_id)
+        if owner is None:
+            write_bytes(self.workdir / WORKDIR_OWNER, f"{state_id}\n".encode())
         self.default_type = max(self.perf.gpu_types, key=lambda t: (self.cluster_spec.num_gpus(t), -self.perf.gpu_types.index(t)))
         self.ticks: list[TickStats] = []
         #: a version the launcher keeps losing (its process dies without an exit code) fails the job

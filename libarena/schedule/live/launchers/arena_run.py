@@ -188,7 +188,9 @@ class ArenaRunLauncher(JobLauncher):
             started = clock.at(started_wall)
             done = self.progress(job_id)
             code_file = run_dir / "exit_code"
-            if code_file.exists():
+            if not code_file.exists() and running_pid(run_dir / "pid") is not None:
+                out[job_id] = RunStatus(job_id, version, "running", started, None, done)
+            elif code_file.exists():  # (looked at again once the process is gone: the script writes it, then exits)
                 code = code_file.read_text().strip()
                 exit_wall = code_file.stat().st_mtime
                 finished = clock.at(exit_wall)
@@ -198,8 +200,6 @@ class ArenaRunLauncher(JobLauncher):
                 else:
                     out[job_id] = RunStatus(job_id, version, "failed", started, finished, done,
                                             message=f"arena-run exited with {code} (see {run_dir / 'output.log'})")
-            elif running_pid(run_dir / "pid") is not None:
-                out[job_id] = RunStatus(job_id, version, "running", started, None, done)
             else:
                 out[job_id] = RunStatus(job_id, version, "lost", started, None, done, message="process gone")
         return out
