@@ -58,6 +58,31 @@ def test_table_round_trip_keeps_provenance_and_metadata(tmp_path):
     assert art.schema_version == 3 and art.native
 
 
+
+def test_a_header_nested_too_deeply_is_corrupt_metadata(tmp_path):
+    """The JSON parser takes a header nested 600 levels deep, the recursive code that later walks it (the
+    provenance's dataclasses.asdict for a table piped on stdin) does not: refused as corrupt where it is read."""
+    import json
+
+    from libarena.artifacts.io import MAX_HEADER_DEPTH, METADATA_KEY
+
+    path = tmp_path / "t.parquet"
+    write_table(path, "test_table", _table(), Provenance(tool="tests"))
+    table = pq.read_table(path)
+    header = json.loads(table.schema.metadata[METADATA_KEY])
+    nested: dict = {}
+    for _ in range(600):
+        nested = {"x": nested}
+    deep = tmp_path / "deep.parquet"
+    for parameters, ok in ((nested, False), (json.loads('{"x":' * (MAX_HEADER_DEPTH - 3) + "1" + "}" * (MAX_HEADER_DEPTH - 3)), True)):
+        header["provenance"]["parameters"] = parameters
+        pq.write_table(table.replace_schema_metadata({**table.schema.metadata, METADATA_KEY: json.dumps(header).encode()}), deep)
+        if ok:
+            assert read_table(deep, "test_table").provenance.parameters == parameters
+        else:
+            with pytest.raises(ArenaError, match=r"deep.parquet: corrupt Arena metadata$"):
+                read_table(deep, "test_table")
+
 def test_text_that_is_not_utf8_in_a_damaged_file_is_a_one_line_error(tmp_path):
     """Parquet has no checksum over its values: a damaged file can decode into a string column that fails only
     when read. The reader validates every column and names the damaged one."""
@@ -268,3 +293,45 @@ def test_a_failing_upgrade_is_a_short_one_line_error(tmp_path):
     with pytest.raises(ArenaError, match="cannot read this test_upgrading of schema version 1 \\(ValueError: no such column") as err:
         read_table(path, "test_upgrading")
     assert len(str(err.value)) < len(str(path)) + 400
+
+
+def test_a_users_hidden_tmp_file_beside_an_output_is_not_removed_as_a_stale_temp(tmp_path):
+    """Only names as Arena writes them (``.<target>.<pid>.<random>.tmp``, their writer dead) are a killed
+    write's leftovers beside an output; a user's ``.out.parquet.my-notes.tmp`` is kept however old."""
+    import os
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    leftover = tmp_path / f".out.parquet.{int(dead.stdout)}.k2j3h4ab.tmp"
+    notes = tmp_path / ".out.parquet.my-notes.tmp"
+    pid_like = tmp_path / f".out.parquet.{int(dead.stdout)}.my-notes.tmp"
+    for path in (leftover, notes, pid_like):
+        path.write_text("x")
+        os.utime(path, (0, 0))
+    with atomic_output(tmp_path / "out.parquet") as out:
+        out.write(b"data")
+    assert not leftover.exists() and notes.read_text() == "x" and pid_like.read_text() == "x"
+
+
+@pytest.mark.parametrize("store_schema", [False, True])
+def test_a_tiny_parquet_file_that_would_expand_to_gigabytes_is_refused_in_bounded_memory(tmp_path, store_schema):
+    """One 32 KiB text value repeated over 65,536 rows is a file of a kilobyte (dictionary-encoded) and 2 GiB
+    decoded: it is decoded as its dictionary and its expanded size counted before any value is copied (the
+    first batch used to take several GiB before the size check; stored as an Arrow dictionary column, the cast
+    to text did)."""
+    import os
+    import resource
+
+    n = 65_536
+    name = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array(["x" * 32_768]))
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"name": name, "value": pa.array([1.0] * n)}), path, store_schema=store_schema)
+    assert os.path.getsize(path) < 10_000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ArenaError, match=r"bomb.parquet: refused: the table decodes to more than .* or 1024 MiB"):
+        read_table(path, "test_table")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300_000  # KiB
+    # the same shape at a sane size reads, text as text
+    small = pa.DictionaryArray.from_arrays(pa.array([0, 0, 0], pa.int32()), pa.array(["abc"]))
+    pq.write_table(pa.table({"name": small, "value": pa.array([1.0, 2.0, 3.0])}), path, store_schema=store_schema)
+    table = read_table(path, "test_table").table
+    assert table.column("name").type == pa.string() and table.column("name").to_pylist() == ["abc"] * 3

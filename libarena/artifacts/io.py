@@ -122,10 +122,12 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 # Atomic output
 
 
-#: Temp files and directories are named ``.<target>.<pid>.<random>.tmp`` next to their target; one whose
-#: process is gone (a killed run's) is removed by the next write of the same target. Names without a pid (an
-#: older Arena's) are removed once they are this old.
+#: Temp files and directories are named ``.<target>.<pid>.<random>.tmp`` next to their target (random: the
+#: letters and digits mkstemp and mkdtemp draw); one whose process is gone (a killed run's) is removed by the next write
+#: of the same target. Arena's own caches also remove names without a pid (an older Arena's) once they are this
+#: old; beside a user's output such a name may be the user's own file, and is left alone.
 _STALE_TEMP_S = 3600.0
+_TEMP_RANDOM = re.compile(r"[a-z0-9_]{6,16}")
 
 
 def _temp_prefix(name: str) -> str:
@@ -146,10 +148,11 @@ def pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temps(directory: str | os.PathLike[str], name: str | None = None,
-                       stale_after_s: float = _STALE_TEMP_S) -> list[Path]:
+                       stale_after_s: float | None = None) -> list[Path]:
     """Remove the temp files and directories that killed runs left in ``directory`` (for the target ``name``,
-    or for every target): those whose writer's process is gone, and pid-less ones older than ``stale_after_s``.
-    Returns what was removed; what cannot be removed is left (never an error)."""
+    or for every target): those named as Arena names them whose writer's process is gone, and (only where
+    ``stale_after_s`` is given: Arena's own cache folders) pid-less ones older than that. Returns what was
+    removed; what cannot be removed is left (never an error)."""
     import glob
     import shutil
     import time
@@ -159,10 +162,10 @@ def remove_stale_temps(directory: str | os.PathLike[str], name: str | None = Non
     for path in Path(directory).glob(f".{glob.escape(name)}.*.tmp" if name is not None else ".*.tmp"):
         parts = path.name[: -len(".tmp")].rsplit(".", 2)  # [".<target>", pid, random] for Arena's own names
         try:
-            if len(parts) == 3 and parts[1].isdigit():
+            if len(parts) == 3 and parts[1].isdigit() and _TEMP_RANDOM.fullmatch(parts[2]):
                 stale = not pid_alive(int(parts[1]))
             else:
-                stale = now - path.lstat().st_mtime > stale_after_s
+                stale = stale_after_s is not None and now - path.lstat().st_mtime > stale_after_s
             if stale:
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
                 removed.append(path)
@@ -306,7 +309,10 @@ def refuse_overwriting_inputs(output: str | os.PathLike[str] | None, inputs: Map
     out = Path(output)
     out_real = Path(os.path.realpath(out))
     for flag, path in inputs.items():
-        if path is None or str(path) == STDIO:
+        if path is None:
+            continue
+        if str(path) == STDIO:
+            _refuse_overwriting_stdin(output, out, flag, directory)
             continue
         src = Path(path)
         if _same_file(out, src) or out_real == Path(os.path.realpath(src)):
@@ -315,6 +321,34 @@ def refuse_overwriting_inputs(output: str | os.PathLike[str] | None, inputs: Map
         if directory and out_real in Path(os.path.realpath(src)).parents:
             raise ArenaError(f"-o {output} holds the input {flag} {path}, and the output directory is replaced "
                              f"as a whole: write the output elsewhere")
+
+
+def _refuse_overwriting_stdin(output: str | os.PathLike[str], out: Path, flag: str, directory: bool) -> None:
+    """An input read from stdin is a file when stdin is redirected from one (``< FILE``): the output may not be
+    that file (or, for a directory output, hold it) either."""
+    import stat
+
+    try:
+        st_in = os.fstat(0)
+    except OSError:
+        return  # no stdin at all
+    if not stat.S_ISREG(st_in.st_mode):
+        return  # a pipe or a terminal: nothing to overwrite
+    try:
+        st_out = os.stat(out)
+    except OSError:
+        return  # the output does not exist yet
+    if (st_out.st_dev, st_out.st_ino) == (st_in.st_dev, st_in.st_ino):
+        raise ArenaError(f"-o {output} is the file on stdin ({flag} -): refusing to overwrite an input "
+                         f"(write the output elsewhere)")
+    if directory and stat.S_ISDIR(st_out.st_mode):
+        for root, _, files in os.walk(out):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(root, name))
+                    if (st.st_dev, st.st_ino) == (st_in.st_dev, st_in.st_ino):
+                        raise ArenaError(f"-o {output} holds the file on stdin ({flag} -), and the output "
+                                         f"directory is replaced as a whole: write the output elsewhere")
 
 
 def foreign_files(directory: Path, replaceable: Callable[[str], bool]) -> list[str]:
@@ -482,10 +516,29 @@ def _arena_header(schema_metadata: Mapping[bytes, bytes] | None, source: str) ->
         raise ArenaError(f"{source}: corrupt Arena metadata") from None
 
 
+#: how deeply an artifact's header may nest (Arena's own nest a few levels; the JSON parser takes about a thousand,
+#: deeper than the recursive code that later walks a header, such as dataclasses.asdict, can go)
+MAX_HEADER_DEPTH = 64
+
+
 def _valid_header(header: Any) -> bool:
-    """The envelope every artifact carries: kind and version, and mappings for metadata and provenance."""
+    """The envelope every artifact carries: kind and version, and mappings for metadata and provenance, nested
+    at most MAX_HEADER_DEPTH levels."""
     return (isinstance(header, dict) and "kind" in header and "schema_version" in header
-            and isinstance(header.get("metadata", {}), dict) and isinstance(header.get("provenance", {}), dict))
+            and isinstance(header.get("metadata", {}), dict) and isinstance(header.get("provenance", {}), dict)
+            and _nests_within(header, MAX_HEADER_DEPTH))
+
+
+def _nests_within(value: Any, limit: int) -> bool:
+    """Whether ``value``'s lists and dicts nest at most ``limit`` levels (without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return False
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return True
 
 
 _KIND_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -528,6 +581,30 @@ def _bounded_batches(batches: Iterable[pa.RecordBatch], source: str, max_rows: i
         yield batch
 
 
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _check_expanded_size(table: pa.Table, source: str, max_rows: int) -> None:
+    """Refuse a table whose dictionary-encoded columns would expand past MAX_DECODED_BYTES once decoded (what
+    reading or casting them does): each text value counted at its length for every row that holds it."""
+    import pyarrow.compute as pc
+
+    total = 0
+    for column in table.columns:
+        if not pa.types.is_dictionary(column.type):
+            total += column.nbytes
+            continue
+        for chunk in column.chunks:
+            if _is_text(chunk.type.value_type):
+                lengths = pc.binary_length(chunk.dictionary)
+                total += (pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + 8 * len(chunk)
+            else:
+                total += len(chunk) * -(-chunk.dictionary.nbytes // max(1, len(chunk.dictionary)))
+        if total > MAX_DECODED_BYTES:
+            raise _too_large(source, max_rows)
+
+
 def _decode_table(data: bytes, source: str, max_rows: int) -> pa.Table:
     try:
         if data[:4] == _PARQUET_MAGIC:
@@ -537,13 +614,23 @@ def _decode_table(data: bytes, source: str, max_rows: int) -> pa.Table:
             if parquet.metadata.num_rows > max_rows:  # the footer says so: refused before decoding
                 raise _too_large(source, max_rows)
             schema = parquet.schema_arrow
-            batches = parquet.iter_batches(batch_size=_DECODE_BATCH_ROWS, use_threads=False)
-            table = pa.Table.from_batches(list(_bounded_batches(batches, source, max_rows)), schema=schema)
+            # Text is decoded as its dictionary first: one long value repeated over a column compresses to a
+            # few kilobytes and would expand to gigabytes in the first batch, before any size check.
+            texts = [f.name for f in schema if _is_text(f.type)]
+            if texts:
+                parquet = pq.ParquetFile(io.BytesIO(data), read_dictionary=texts)
+            batches = list(_bounded_batches(parquet.iter_batches(batch_size=_DECODE_BATCH_ROWS, use_threads=False),
+                                            source, max_rows))
+            table = pa.Table.from_batches(batches) if batches else schema.empty_table()
+            _check_expanded_size(table, source, max_rows)
+            table = pa.table([c.cast(f.type) if f.name in texts else c for f, c in zip(schema, table.columns)],
+                             schema=schema)
             # the file's own schema metadata (Arena's header) is kept as pq.read_table keeps it
             table = table.replace_schema_metadata(schema.metadata)
         elif data[:4] == _IPC_STREAM_MAGIC:
             reader = ipc.open_stream(io.BytesIO(data))
             table = pa.Table.from_batches(list(_bounded_batches(reader, source, max_rows)), schema=reader.schema)
+            _check_expanded_size(table, source, max_rows)
         else:
             raise ArenaError(f"{source}: not a Parquet file or Arrow stream")
         table.column_names  # noqa: B018 - names are decoded lazily: a damaged one must fail here, not deep inside

@@ -54,6 +54,8 @@ CACHE_FORMAT = 1
 #: The default cache root (relative to the working directory): every stage's entries, and perf build's stage profiles.
 DEFAULT_CACHE_DIR = Path(".arena-cache")
 MANIFEST = "MANIFEST.json"
+#: seconds after which a pid-less staging folder in the cache (an older Arena's) is removed
+STALE_TEMP_S = 3600.0
 #: The file name of a single-table output inside its entry.
 TABLE_OUTPUT = "output.parquet"
 
@@ -251,7 +253,7 @@ class StageCache:
         while True:
             made = _missing_folders(self.root)
             self.root.mkdir(parents=True, exist_ok=True)
-            remove_stale_temps(self.root)
+            remove_stale_temps(self.root, stale_after_s=STALE_TEMP_S)  # (Arena's own folder: pid-less names too)
             try:
                 staging = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.{os.getpid()}.", suffix=".tmp"))
             except FileNotFoundError:

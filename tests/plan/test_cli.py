@@ -202,3 +202,48 @@ def test_an_output_the_filesystem_refuses_is_found_before_planning(ops_file):
     proc = run("--ops", ops_file, "--cluster", PAPER, "-o", "/proc/arena-plans.parquet")
     err = proc.stderr.decode()
     assert proc.returncode == 2 and len(err.strip().splitlines()) == 1 and "cannot write /proc/arena-plans" in err
+
+
+def test_an_output_that_is_the_file_on_stdin_is_refused(ops_file, tmp_path):
+    """`--ops - < FILE -o FILE` (or -o /proc/self/fd/0) would replace the input read from stdin by the output."""
+    copy = tmp_path / "ops.parquet"
+    copy.write_bytes(ops_file.read_bytes())
+    for target in (copy, "/proc/self/fd/0"):
+        with open(copy, "rb") as stdin:
+            proc = subprocess.run([str(ARENA_PLAN), "--ops", "-", "--cluster", str(CLUSTER_A), "-o", str(target)],
+                                  stdin=stdin, capture_output=True, timeout=120)
+        err = proc.stderr.decode()
+        assert proc.returncode == 2 and "is the file on stdin (--ops -): refusing to overwrite an input" in err, err
+        assert len(err.strip().splitlines()) == 1 and copy.read_bytes() == ops_file.read_bytes()
+    # a pipe on stdin is nothing to overwrite
+    out = tmp_path / "plans.parquet"
+    proc = subprocess.run([str(ARENA_PLAN), "--ops", "-", "--cluster", str(CLUSTER_A), "-o", str(out)],
+                          input=ops_file.read_bytes(), capture_output=True, timeout=120)
+    assert proc.returncode == 0 and read_table(out, "plans").table.num_rows > 0
+
+
+
+def test_refusing_to_overwrite_the_file_on_stdin_in_process(tmp_path):
+    """The library's check itself, with this process's stdin redirected from the file (and a directory output
+    holding it)."""
+    import os
+
+    from libarena.artifacts import refuse_overwriting_inputs
+    from libarena.errors import ArenaError
+
+    victim = tmp_path / "out" / "input.parquet"
+    victim.parent.mkdir()
+    victim.write_bytes(b"input")
+    saved = os.dup(0)
+    try:
+        with open(victim, "rb") as f:
+            os.dup2(f.fileno(), 0)
+        with pytest.raises(ArenaError, match=r"is the file on stdin \(--plans -\): refusing to overwrite an input"):
+            refuse_overwriting_inputs(victim, {"--plans": "-"})
+        with pytest.raises(ArenaError, match=r"holds the file on stdin \(--trace -\), and the output directory"):
+            refuse_overwriting_inputs(tmp_path / "out", {"--trace": "-"}, directory=True)
+        refuse_overwriting_inputs(tmp_path / "other.parquet", {"--plans": "-"})  # another file: fine
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+    assert victim.read_bytes() == b"input"
