@@ -76,7 +76,8 @@ def load_workload(trace: Path, perf: Path, cluster: Path, *, seed: int = 0,
     check_perf_table(art.table, art.source)
     workload = prepare_workload(trace, PerfLookup(art.table, spec, source=art.source), spec, seed=seed,
                                 skip_bad_rows=skip_bad_rows)
-    return workload, refs, [keys[0], cache_input("-", art), keys[2]]
+    keys[1] = refs[1] = cache_input("-", art)  # the provenance names the piped table by its content too
+    return workload, refs, keys
 
 
 def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathLike[str] | PerfLookup,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from libarena.checks import brief
 from libarena.errors import ArenaError
 from libarena.schedule.config import OverheadConfig, SimulatorConfig
 
@@ -123,17 +124,24 @@ class SweepSpec:
         SimulatorConfig(tick_s=self.tick_s, horizon_s=self.horizon_s)  # validates tick and horizon
         layout = self.group_layout
         try:
-            placeholders = {name for _, name, _, _ in string.Formatter().parse(layout) if name is not None}
+            fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(layout)
+                      if name is not None]
         except ValueError as exc:
-            raise ArenaError(f"sweep: layout {layout!r}: {exc}") from None
+            raise ArenaError(f"sweep: layout {brief(layout)}: {exc}") from None
+        formatted = [f"{{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}"[:60]
+                     for name, spec, conversion in fields if spec or conversion]
+        if formatted:  # a format spec is a way to fail ({trace:d}) or to write gigabytes of padding ({trace:>400000000})
+            raise ArenaError(f"sweep: layout {brief(layout)} formats a field ({formatted[0]}); use the plain "
+                             f"{', '.join(f'{{{f}}}' for f in LAYOUT_FIELDS)}")
+        placeholders = {name for name, _, _ in fields}
         unknown = sorted(placeholders - set(LAYOUT_FIELDS))
         if unknown:
-            raise ArenaError(f"sweep: layout {layout!r} has {{{unknown[0]}}}; it may use {', '.join(f'{{{f}}}' for f in LAYOUT_FIELDS)}")
+            raise ArenaError(f"sweep: layout {brief(layout)} has {{{unknown[0]}}}; it may use {', '.join(f'{{{f}}}' for f in LAYOUT_FIELDS)}")
         for dim, size in (("trace", len(self.traces)), ("variant", len(self.variants)), ("seed", len(self.seeds))):
             if size > 1 and dim not in placeholders:
-                raise ArenaError(f"sweep: layout {layout!r} lacks {{{dim}}}, but the sweep has {size} of them")
+                raise ArenaError(f"sweep: layout {brief(layout)} lacks {{{dim}}}, but the sweep has {size} of them")
         if Path(layout).is_absolute() or ".." in Path(layout.format(trace="t", variant="v", seed=0)).parts:
-            raise ArenaError(f"sweep: layout {layout!r} must stay inside the output folder")
+            raise ArenaError(f"sweep: layout {brief(layout)} must stay inside the output folder")
 
     @property
     def group_layout(self) -> str:

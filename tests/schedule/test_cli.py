@@ -259,3 +259,22 @@ def test_the_comparison_table_shows_the_reduction_on_the_jobs_both_finished_and_
     cells = [c.strip() for c in row.strip("│ ").split("│")]
     # all jobs: arena 300% "worse" (elasticflow dropped 7 jobs early); on the 3 both finished 75% better
     assert cells[:6] == ["elasticflow", "1.00", "-300.0%", "3", "2.00 / 8.00", "75.0%"] and cells[9] == "7", cells
+
+
+def test_a_perf_table_piped_on_stdin_is_named_by_its_content_in_the_provenance(inputs, monkeypatch):
+    """As a trace on stdin is, and as the tables piped into arena-plan and arena-profile are: the run's inputs
+    name the piped table by its sha256, not only as "stdin"."""
+    import io
+    import types
+
+    from libarena.artifacts import write_table
+    from libarena.schedule.api import load_workload
+
+    d, cluster = inputs
+    art = read_table(d / "perf.parquet", "perf_table")
+    stream = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(buffer=stream, isatty=lambda: False, flush=lambda: None))
+    write_table("-", "perf_table", art.table, art.provenance, art.metadata)
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(stream.getvalue())))
+    _, refs, keys = load_workload(d / "trace.csv", Path("-"), cluster)
+    assert refs[1]["path"] == "stdin" and len(refs[1]["sha256"]) == 64 and refs[1] == keys[1]

@@ -99,6 +99,10 @@ def test_spec_file_options_and_layouts(tmp_path):
     ({"layout": "{trace}"}, "lacks {seed}"),
     ({"layout": "{trace}/{seed}/{oops}"}, "{oops}"),
     ({"layout": "../{trace}/{seed}"}, "inside the output"),
+    # a format spec fails ({trace:d}) or pads without bound ({trace:>400000000}): refused before anything runs
+    ({"layout": "{trace:d}/{seed}"}, "formats a field ({trace:d}); use the plain {trace}, {variant}, {seed}"),
+    ({"layout": "{trace:>400000000}/{seed}"}, "formats a field ({trace:>400000000})"),
+    ({"layout": "{trace!r}/{seed}"}, "formats a field ({trace!r})"),
     ({"seeds": "0,x"}, "--seeds"),
     ({"perfs": ["zz=p.parquet"]}, "no trace named 'zz'"),
 ])

@@ -11,6 +11,7 @@ libarena.profile).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -75,6 +76,8 @@ def profile(
 
     if all_frontier and exhaustive:
         raise ArenaError("--all-frontier and --exhaustive exclude each other")
+    if plans == "-" and sys.stdin.isatty():  # (it would wait for a stream nobody types)
+        raise ArenaError("no plans: pipe them from arena-plan, or pass --plans FILE")
     refuse_binary_to_terminal(output)
     refuse_json_with_stdout_data(as_json, output)
     config = ProfileConfig(
