@@ -97,6 +97,9 @@ class StageTimes:
     #: the calling thread's CPU per micro-batch beside the stage while ``alone_s`` and ``together_s`` were timed
     #: (None: as ``dispatch_s``)
     timed_dispatch_s: float | None = None
+    #: timed as one SPMD executable over all its workers (libarena.profile.corun.SpmdStage): its update's time
+    #: already holds what its devices cost each other, so no host-sharing model slows it again
+    timed_as_spmd: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,8 +181,8 @@ def one_f_one_b(
     handoff = 2.0 * stages[bottleneck].p2p_s if on_host else 0.0
     steady_total = (num_microbatches - 1) * (period + handoff)
     grad = max(st.grad_sync_s for st in stages)
-    opt = max(max(st.optimizer_s * alone(st, st.optimizer_cores) for st in stages),
-              capacity_bound([(st.optimizer_s, st.optimizer_cores) for st in stages]))
+    opt = max(max(st.optimizer_s if st.timed_as_spmd else st.optimizer_s * alone(st, st.optimizer_cores) for st in stages),
+              capacity_bound([(0.0 if st.timed_as_spmd else st.optimizer_s, st.optimizer_cores) for st in stages]))
     setup = sum(st.setup_s for st in stages)
     composed = setup + first + steady_total + grad + opt  # IterationEstimate.composed_s
     dispatch = setup + sum(num_microbatches * (st.dispatch_s + st.send_dispatch_s) + st.optimizer_dispatch_s for st in stages)

@@ -60,7 +60,11 @@ CONCURRENCY_MODELS = ("co-run", "cpu-time", "measured", "independent")
 #: 6: timed with the C heap's thresholds fixed (libarena.run.heap.steady_malloc);
 #: 7: timings carry the calling thread's CPU to issue them (dispatch_cpu_s: the 1F1B model's dispatch bound);
 #: 8: a stage child's C heap is on huge pages (libarena.run.heap.huge_page_heap_env)
-STAGE_RECORD_VERSION = 9  # 9: the key holds the burst and, on CPU, the host
+#: 9: the key holds the burst and, on CPU, the host;
+#: 10: the stage key holds the micro-batch (a batch-equivalent tensor-parallel worker runs ceil(micro-batch / tp)
+#: samples: micro-batches 3 and 4 at tp 2 built alike, but their activations hand off at their own size), and
+#: the optimizer key the host
+STAGE_RECORD_VERSION = 10
 #: Record key of each statistic.
 _STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
 
@@ -207,6 +211,7 @@ def stage_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str, *, bur
         jax.__version__,
         int(burst),
         local.host(),
+        int(spec.micro_batch),
     )
 
 
@@ -416,11 +421,12 @@ def _pooled(timings: list[Timing]) -> Timing:
 
 def optimizer_cache_key(spec: StageSpec, local: LocalDevice, timer_name: str) -> str:
     """The optimizer update depends only on the worker's optimizer shard sizes: one profile serves every
-    micro-batch size (and every stage with the same parameter shapes)."""
+    micro-batch size (and every stage with the same parameter shapes), on one host (on CPU its cores are the
+    device, as for the stage key)."""
     import jax
 
     return content_digest("optimizer-profile", STAGE_RECORD_VERSION, worker_view(spec).optimizer_elements, spec.dtype,
-                          local.platform, local.kind, timer_name, jax.__version__)
+                          local.platform, local.kind, timer_name, jax.__version__, local.host())
 
 
 def _time_burst(timer: Timer, region: Callable[[], Any], warmup: int, repeats: int, burst: int,
@@ -725,7 +731,7 @@ def estimate_plan(
                         alone_s=None if corun is None else float(corun["alone_s"]),
                         together_s=None if corun is None else float(corun["together_s"]),
                         dispatch_s=dispatch, optimizer_dispatch_s=optimizer_dispatch, send_dispatch_s=send_dispatch,
-                        timed_dispatch_s=timed_dispatch)
+                        timed_dispatch_s=timed_dispatch, timed_as_spmd=spmd)
         stage_times.append(st)
         inflight = min(s - j, B)
         mem = rec["state_bytes"] + inflight * rec["memory"]["forward"].get("output", 0.0) + rec["memory"]["backward"].get("temp", 0.0)
@@ -738,7 +744,6 @@ def estimate_plan(
                 "key": rec["key"],
                 **asdict(st),
                 "compute_spread_s": rec["microbatch"]["spread_s"],
-                "timed_as_spmd": spmd,
                 "memory_bytes": float(mem),
             }
         )
@@ -854,6 +859,29 @@ def check_comm_model(comm: CommModel, planset: PlanSet) -> None:
             )
 
 
+def check_prices(comm: CommModel, planset: PlanSet, local: LocalDevice) -> None:
+    """Before anything is profiled: every feasible grid's GPU type can be priced, its compute from the local
+    device or the catalogue's roofline, its communication from the comm table or the catalogue's links (else the
+    run would end in the same error after its profiling)."""
+    from libarena.hardware import get_gpu
+
+    grids = [g.grid for g in planset.grids if g.feasible]
+    for gpu_type in sorted({g.gpu_type for g in grids} - {local.gpu_type}):
+        try:
+            catalogue_roofline(gpu_type)
+        except ArenaError:
+            raise ArenaError(f"GPU type {gpu_type!r} is neither the local device ({local.gpu_type}) nor in the "
+                             "hardware catalogue") from None
+    for gpu_type, num_gpus in sorted({(g.gpu_type, g.num_gpus) for g in grids if g.num_gpus > 1}):
+        if isinstance(comm, MeasuredCommModel) and comm.covers(gpu_type):
+            continue
+        try:
+            get_gpu(gpu_type)  # the alpha-beta model's link bandwidths
+        except ArenaError as exc:
+            raise ArenaError(f"no communication cost for the {num_gpus} x {gpu_type} plans: {exc} (measure one with "
+                             "'arena-profile comm' and pass it with --comm)") from None
+
+
 def profile_plans(
     planset: PlanSet,
     config: ProfileConfig | None = None,
@@ -875,6 +903,7 @@ def profile_plans(
     comm = comm or AlphaBetaCommModel()
     check_comm_model(comm, planset)
     local = resolve_device(config.device)
+    check_prices(comm, planset, local)
     timer = select_timer(config.timer, local.device)
     cache = ProfileCache(config.cache_dir or default_cache_dir())
     # the host's calibrations (roofline, dispatch overhead, concurrency) come from ``cache``; the timings of stages

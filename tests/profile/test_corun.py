@@ -16,6 +16,17 @@ def test_a_multi_worker_stage_runs_at_its_all_busy_time():
     assert est.steady_state_s == pytest.approx(2 * 0.016)
 
 
+
+def test_a_stage_timed_as_one_spmd_executable_keeps_its_update_time_whatever_the_hosts_cores():
+    """The update of a stage timed as the runtime's SPMD executable over both devices already holds what the
+    devices cost each other: a host measured with one core's worth for two devices (a busy host) must not slow
+    it again (it read twice its time), while a stage timed per worker still is."""
+    spmd = StageTimes(0.010, optimizer_s=0.004, workers=2, alone_s=0.012, together_s=0.012, timed_as_spmd=True)
+    assert one_f_one_b([spmd], 3, host_cores=1.0).optimizer_s == pytest.approx(0.004)
+    assert one_f_one_b([spmd], 3, host_cores=2.0).optimizer_s == pytest.approx(0.004)
+    per_worker = StageTimes(0.010, optimizer_s=0.004, workers=2, alone_s=0.012, together_s=0.012)
+    assert one_f_one_b([per_worker], 3, host_cores=1.0).optimizer_s == pytest.approx(0.008)
+
 def test_pipeline_period_interpolates_between_alone_and_all_busy():
     # the bottleneck (together 0.08) works alone while its short partner (together 0.02) idles
     stages = [StageTimes(0.019, p2p_s=0.001, alone_s=0.015, together_s=0.020),

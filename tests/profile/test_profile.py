@@ -157,6 +157,37 @@ def test_cpu_plans_without_a_comm_table_need_one(tmp_path, cache_dir):
     assert seconds > 0 and used == ["all-reduce/2xcpu: measured"]
 
 
+def test_plans_that_cannot_be_priced_are_refused_before_anything_is_profiled(tmp_path, cache_dir, monkeypatch):
+    """A 2-device CPU plan without --comm, or a GPU type neither local nor in the catalogue, used to be found
+    only when the estimates were composed, after minutes of profiling: now before the first stage."""
+    import pyarrow as pa
+
+    from libarena.artifacts import TableArtifact
+    from libarena.plan.io import planset_from_artifact
+    from libarena.profile import ProfileConfig, profile_plans
+    from libarena.profile import profiler
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+
+    def never(*args, **kwargs):
+        raise AssertionError("profiled before the plans were checked")
+
+    monkeypatch.setattr(profiler, "profile_stage", never)
+    monkeypatch.setattr(profiler, "profile_corun", never)
+    path = tmp_path / "p.parquet"
+    write_plans_table(str(path), MODEL, BATCH, enumerate_grid_plans(MODEL, BATCH, 2, "cpu", 2),
+                      model_clusters(MODEL, BATCH, num_clusters=2))
+    config = ProfileConfig(cache_dir=cache_dir, warmup=1, repeats=3)
+    with pytest.raises(ArenaError, match=r"no communication cost for the 2 x cpu plans: .*arena-profile comm"):
+        profile_plans(read_plans(path, require_costs=False), config)
+    art = read_table(path, "plans")
+    renamed = art.table.set_column(art.table.column_names.index("gpu_type"), "gpu_type",
+                                   pa.array(["tpu9"] * art.table.num_rows))
+    planset = planset_from_artifact(TableArtifact("plans", renamed, art.provenance, art.metadata, art.schema_version,
+                                                  str(path)), require_costs=False)
+    with pytest.raises(ArenaError, match=r"GPU type 'tpu9' is neither the local device \(cpu\) nor in the hardware catalogue"):
+        profile_plans(planset, config)
+
+
 def test_a_recomputing_stage_repeats_its_forward_collectives(tmp_path):
     """As in the planner (plan.costs.RECOMPUTE_COMM_FACTOR): recomputation runs the forward pass's TP
     all-reduces again, 1.5 x a micro-batch's collectives; P2P and the gradient sync are unchanged."""
@@ -229,6 +260,22 @@ def test_cli_bad_device(plans_path, cache_dir):
     err = _one_line_error(_cli("-i", plans_path, "--device", "gpu:3", "--cache-dir", cache_dir, "-o", "/dev/null"))
     assert "does not exist" in err
 
+
+
+def test_cli_without_plans_on_a_terminal_says_so(tmp_path):
+    """--plans defaults to stdin: on a terminal that is a wait for a stream nobody types, so it is refused."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "arena_profile.main", "-o", str(tmp_path / "x.parquet")],
+                              stdin=follower, capture_output=True, timeout=120)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert "no plans: pipe them from arena-plan, or pass --plans FILE" in _one_line_error(proc)
+    assert not (tmp_path / "x.parquet").exists()
 
 def test_cli_bad_burst_is_one_line(plans_path, cache_dir, tmp_path):
     err = _one_line_error(_cli("-i", plans_path, "--burst", "0", "--cache-dir", cache_dir, "-o", tmp_path / "x.parquet"))
@@ -547,3 +594,23 @@ def test_a_stage_profile_is_keyed_by_how_it_was_timed_and_on_cpu_by_the_host(mon
     assert four != stage_cache_key(StageSpec("gpt__tiny", 0, 2, 2, remat=True), local, "host", burst=4)
     monkeypatch.setattr(platform, "node", lambda: "another-host")
     assert four != stage_cache_key(spec, local, "host", burst=4)
+
+
+def test_the_optimizer_profile_is_keyed_by_the_host_and_a_stage_by_its_micro_batch(monkeypatch):
+    """A shared cache does not serve one host's optimizer times to another (its stage keys already hold the
+    host); and a batch-equivalent tensor-parallel worker (wide_resnet at tp 2 runs ceil(micro-batch / 2)
+    samples) of micro-batch 3 is not served the record of micro-batch 4, whose activations hand off larger."""
+    import platform
+
+    from libarena.profile.device import resolve_device
+    from libarena.profile.profiler import optimizer_cache_key, stage_cache_key
+    from libarena.profile.stage import StageSpec, worker_view
+
+    local = resolve_device("cpu")
+    three, four = StageSpec("wide_resnet__tiny", 0, 2, 3, tp=2), StageSpec("wide_resnet__tiny", 0, 2, 4, tp=2)
+    assert worker_view(three).local_batch == worker_view(four).local_batch == 2  # built alike ...
+    assert stage_cache_key(three, local, "host", burst=4) != stage_cache_key(four, local, "host", burst=4)  # ... kept apart
+    here = optimizer_cache_key(three, local, "host")
+    assert here == optimizer_cache_key(four, local, "host")  # the update does not depend on the micro-batch
+    monkeypatch.setattr(platform, "node", lambda: "another-host")
+    assert here != optimizer_cache_key(three, local, "host")
