@@ -607,3 +607,28 @@ def test_a_profile_started_by_a_server_killed_before_recording_it_is_found_on_re
         assert int((d / "pid").read_text().split()[0]) == pid
     finally:
         os.killpg(pid, 9)
+
+
+@pytest.mark.parametrize("sql, args, command, needle", [
+    ("INSERT OR REPLACE INTO meta (key, value) VALUES ('wall_origin', ?)", ('"abc"',), "status",
+     "its stored jobs or settings is damaged (ValueError"),
+    ("INSERT OR REPLACE INTO meta (key, value) VALUES ('settings', ?)", ("[1, 2]",), "status",
+     "its stored jobs or settings is damaged (AttributeError"),
+    ("UPDATE jobs SET spec = json_remove(spec, '$.iterations')", (), "status",
+     "its stored jobs or settings is damaged (KeyError: 'iterations')"),
+    ("INSERT OR REPLACE INTO meta (key, value) VALUES ('workdir', ?)", ("5",), "logs",
+     "job 'job-1''s stored state or the settings is damaged (TypeError"),
+])
+def test_status_and_logs_of_a_database_with_damaged_values_are_one_line_errors(tmp_path, sql, args, command, needle):
+    """Valid JSON of the wrong shape (a hand edit) names what is damaged, exit 2, as a server start does: not an
+    internal error."""
+    import sqlite3
+
+    state = tmp_path / "state.db"
+    run("submit", job_file(tmp_path, "ok.yaml", GOOD), "--state", state)
+    conn = sqlite3.connect(state)
+    with conn:
+        conn.execute(sql, args)
+    conn.close()
+    p = run(command, *(["job-1"] if command == "logs" else []), "--state", state, check_rc=2)
+    assert needle in p.stderr and str(state) in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

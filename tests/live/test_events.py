@@ -335,3 +335,21 @@ def test_a_new_database_does_not_take_over_another_databases_workdir(tmp_path):
     (tmp_path / "state.db.d" / WORKDIR_OWNER).write_bytes(b"\x00" * 100_000)
     with pytest.raises(ArenaError, match=r"is not a state id \(this workdir's owner file is damaged"):
         _server(tmp_path)
+
+
+def test_a_damaged_stored_submission_is_a_one_line_error_naming_the_job(tmp_path):
+    """A submitted row whose spec is valid JSON of the wrong shape (a hand edit) stops the server with an error
+    naming the job, not an internal error from deep in the ingest."""
+    import sqlite3
+
+    server, clock = _server(tmp_path)
+    try:
+        job_id = server.store.submit(JobSubmission(MODEL, BATCH, 600))
+        conn = sqlite3.connect(server.config.state)
+        with conn:
+            conn.execute("UPDATE jobs SET spec = json_remove(spec, '$.iterations') WHERE job_id = ?", (job_id,))
+        conn.close()
+        with pytest.raises(ArenaError, match=rf"state.db: job {job_id}'s stored submission is damaged \(TypeError"):
+            server.step()
+    finally:
+        server.close()

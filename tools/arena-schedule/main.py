@@ -411,11 +411,11 @@ def status(
 ) -> None:
     """Queue, running jobs with their GPUs and plan, progress and ETA."""
     from libarena.schedule.live.status import job_rows, render
-    from libarena.schedule.live.store import Store, state_database_errors
+    from libarena.schedule.live.store import Store, damaged_state, state_database_errors
 
     store = Store(state)
     try:
-        with state_database_errors(state):
+        with state_database_errors(state), damaged_state(state, "its stored jobs or settings"):
             doc = job_rows(store, include_done=not active)
     finally:
         store.close()
@@ -436,11 +436,11 @@ def logs(
 ) -> None:
     """A job's events and decisions, then the end of its current run's output."""
     from libarena.schedule.live.status import job_output, log_lines
-    from libarena.schedule.live.store import Store, state_database_errors
+    from libarena.schedule.live.store import Store, damaged_state, state_database_errors
 
     store = Store(state)
     try:
-        with state_database_errors(state):
+        with state_database_errors(state), damaged_state(state, f"job {job!r}'s stored state or the settings"):
             output = job_output(store, job, state, output_lines)  # also: an unknown job is an error
             lines = log_lines(store, job, tail)
     finally:

@@ -19,7 +19,6 @@ import hashlib
 import secrets
 import signal
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from libarena.schedule.live.cluster import LiveCluster
 from libarena.schedule.live.jobfile import JobSubmission
 from libarena.schedule.live.launchers import LaunchRequest, LauncherContext, LauncherOptions, get_launcher
 from libarena.schedule.live.profiling import DEFAULT_PROFILE_RETRY_S, DEFAULT_PROFILE_TIMEOUT_S, ArrivalProfiler
-from libarena.schedule.live.store import ServerLock, Store, holds_jobs
+from libarena.schedule.live.store import ServerLock, Store, damaged_state, holds_jobs
 from libarena.schedule.perf import load_perf
 
 
@@ -257,17 +256,10 @@ class Server:
         self._recover()
 
     # -- recovery -------------------------------------------------------------------------------------
-    @contextmanager
     def _stored(self, what: str):
         """Stored JSON of the wrong shape (a hand edit, another version's database) is a one-line error naming
         what is damaged, not an exception from deep in the restore."""
-        try:
-            yield
-        except ArenaError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError, AssertionError) as e:
-            raise ArenaError(f"{self.config.state}: {what} is damaged ({type(e).__name__}: {str(e):.200}); "
-                             "restore the database from a copy or serve a new --state") from None
+        return damaged_state(self.config.state, what)
 
     def _stored_number(self, key: str, optional: bool = False) -> float | None:
         value = self.store.get_meta(key)
@@ -349,8 +341,9 @@ class Server:
             return
         with self.store.transaction() as c:
             for model, batch, path, message in finished:
-                waiting = [r for r in self.store.jobs((st.PROFILING,))
-                           if (r["spec"]["model"], r["spec"]["global_batch"]) == (model, batch)]
+                with self._stored("a profiling job's stored submission"):
+                    waiting = [r for r in self.store.jobs((st.PROFILING,))
+                               if (r["spec"]["model"], r["spec"]["global_batch"]) == (model, batch)]
                 if path is not None:
                     try:
                         from libarena.artifacts import read_table
@@ -376,9 +369,12 @@ class Server:
                     if path is None:
                         Store.set_status(c, r["job_id"], st.REJECTED, error=message)
                     else:
-                        self._arrive(c, r, JobSubmission.from_dict(r["spec"]), self._arrival_time(r, self.clock.now()))
+                        with self._stored(f"job {r['job_id']}'s stored submission"):
+                            sub = JobSubmission.from_dict(r["spec"])
+                        self._arrive(c, r, sub, self._arrival_time(r, self.clock.now()))
             for row in rows:
-                sub = JobSubmission.from_dict(row["spec"])
+                with self._stored(f"job {row['job_id']}'s stored submission"):
+                    sub = JobSubmission.from_dict(row["spec"])
                 why = self.launcher.cannot_run(sub.iterations)
                 if why is None and sub.gpu_type is not None and sub.gpu_type not in self.perf.type_index:
                     why = (f"GPU type {sub.gpu_type!r} is not in cluster {self.cluster_spec.name} "

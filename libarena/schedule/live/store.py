@@ -98,6 +98,23 @@ def state_database_errors(path: str | Path, what: str = "the scheduler state dat
         raise ArenaError(f"{path}: cannot use {what} ({exc})") from None
 
 
+#: what reading stored JSON of the wrong shape raises (a hand edit, another version's database)
+_DAMAGE = (KeyError, TypeError, ValueError, AttributeError, IndexError, AssertionError)
+
+
+@contextmanager
+def damaged_state(path: str | Path, what: str) -> Iterator[None]:
+    """Stored values of the wrong shape as a one-line error naming what is damaged, not an exception from deep
+    in the code that reads them."""
+    try:
+        yield
+    except ArenaError:
+        raise
+    except _DAMAGE as e:
+        raise ArenaError(f"{path}: {what} is damaged ({type(e).__name__}: {str(e):.200}); restore the database "
+                         "from a copy or serve a new --state") from None
+
+
 @functools.cache
 def _expected_columns() -> dict[str, list[str]]:
     """Each table of :data:`_SCHEMA` and its columns, as SQLite reports them."""
