@@ -10,6 +10,7 @@ instead of P * (#compositions) distance evaluations.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 from itertools import combinations
 
@@ -46,6 +47,18 @@ def computation_bias(loads: np.ndarray, boundaries: list[int] | np.ndarray, gpus
     return float(np.sqrt(((np.asarray(gpus, dtype=np.float64) - ideal) ** 2).sum()))
 
 
+def _stage_moves(num_gpus: int, stages: int) -> Iterator[tuple[int, list[tuple[int, int, int, int]]]]:
+    """For each stage j, the moves of the DP over (stage, GPUs used): (k, p = 2**k, lo, hi) where giving the
+    stage p GPUs reaches the states lo..hi. Reachable states: after j stages at least j GPUs are used and at
+    least (stages - j) remain."""
+    powers = [1 << k for k in range(num_gpus.bit_length()) if (1 << k) <= num_gpus]
+    for j in range(stages):
+        prev_lo, prev_hi = j, num_gpus - (stages - j)
+        next_lo, next_hi = j + 1, num_gpus - (stages - j - 1)
+        moves = [(k, p, max(prev_lo + p, next_lo), min(prev_hi + p, next_hi)) for k, p in enumerate(powers)]
+        yield j, [(k, p, lo, hi) for k, p, lo, hi in moves if lo <= hi]
+
+
 def normalize_power_of_two(ideal: np.ndarray, num_gpus: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Powers of two per stage summing to ``num_gpus`` closest (Euclidean) to each row of ``ideal``.
 
@@ -57,24 +70,17 @@ def normalize_power_of_two(ideal: np.ndarray, num_gpus: int, allowed: np.ndarray
     ideal = np.atleast_2d(np.asarray(ideal, dtype=np.float64))
     count, stages = ideal.shape
     n = int(num_gpus)
-    powers = [1 << k for k in range(n.bit_length()) if (1 << k) <= n]
     # States are laid out (GPUs used, partition) so that every shifted slice is one contiguous block;
     # updates go in place (copyto with a mask) -- no temporaries beyond the candidate block.
     cost = np.full((n + 1, count), np.inf)
     cost[0] = 0.0
     choices = np.zeros((stages, n + 1, count), dtype=np.int8)
     mask = np.empty((n + 1, count), dtype=bool)
-    for j in range(stages):
+    for j, moves in _stage_moves(n, stages):
         new = np.full((n + 1, count), np.inf)
         choice = choices[j]
         col = ideal[:, j]
-        # Reachable states: after j stages at least j GPUs are used and at least (stages - j) remain.
-        prev_lo, prev_hi = j, n - (stages - j)
-        next_lo, next_hi = j + 1, n - (stages - j - 1)
-        for k, p in enumerate(powers):
-            lo, hi = max(prev_lo + p, next_lo), min(prev_hi + p, next_hi)
-            if lo > hi:
-                continue
+        for k, p, lo, hi in moves:
             step = (p - col) ** 2 if allowed is None else np.where(allowed[:, j, k], (p - col) ** 2, np.inf)
             cand = cost[lo - p : hi - p + 1] + step
             better = mask[: hi - lo + 1]
@@ -101,17 +107,11 @@ def least_peak_over_assignments(values: np.ndarray, num_gpus: int) -> np.ndarray
     values = np.asarray(values, dtype=np.float64)
     count, stages, _ = values.shape
     n = int(num_gpus)
-    powers = [1 << k for k in range(n.bit_length()) if (1 << k) <= n]
     cost = np.full((n + 1, count), np.inf)
     cost[0] = -np.inf
-    for j in range(stages):
+    for j, moves in _stage_moves(n, stages):
         new = np.full((n + 1, count), np.inf)
-        prev_lo, prev_hi = j, n - (stages - j)
-        next_lo, next_hi = j + 1, n - (stages - j - 1)
-        for k, p in enumerate(powers):
-            lo, hi = max(prev_lo + p, next_lo), min(prev_hi + p, next_hi)
-            if lo > hi:
-                continue
+        for k, p, lo, hi in moves:
             np.minimum(new[lo : hi + 1], np.maximum(cost[lo - p : hi - p + 1], values[:, j, k]), out=new[lo : hi + 1])
         cost = new
     return cost[n]

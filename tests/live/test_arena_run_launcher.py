@@ -40,12 +40,17 @@ def _script(tmp_path, name, body):
     return str(path)
 
 
-def test_launch_rescale_resume_finish_and_lost(tmp_path):
+def _stand_in_launcher(tmp_path):
+    """The arena-run launcher with the stand-in tools, on a real-time clock."""
     commands = {"arena-run": _script(tmp_path, "fake-run", FAKE_RUN), "arena-analyze": _script(tmp_path, "fa", FAKE_TOOL),
                 "arena-plan": _script(tmp_path, "fp", FAKE_TOOL)}
     clock = VirtualClock(time.time(), 1.0)
     ctx = LauncherContext(tmp_path / "work", tmp_path / "cluster.yaml", clock, None, LauncherOptions(commands=commands))
-    launcher = get_launcher("arena-run", ctx)
+    return get_launcher("arena-run", ctx), clock
+
+
+def test_launch_rescale_resume_finish_and_lost(tmp_path):
+    launcher, clock = _stand_in_launcher(tmp_path)
     v1 = LaunchRequest("job", 1, "launch", "gpt__tiny", 8, 150, "a100", 1, (0,), 0.0, 0.0)
     launcher.launch(v1)
     pid1 = (launcher.run_dir("job", 1) / "pid").read_text()
@@ -211,11 +216,7 @@ def test_a_version_that_ends_while_it_is_polled_is_finished_not_lost(tmp_path, m
     twice, a failure's code erased). The end is made to fall between the two looks."""
     import libarena.schedule.live.launchers.arena_run as arena_run
 
-    commands = {"arena-run": _script(tmp_path, "fake-run", FAKE_RUN), "arena-analyze": _script(tmp_path, "fa", FAKE_TOOL),
-                "arena-plan": _script(tmp_path, "fp", FAKE_TOOL)}
-    clock = VirtualClock(time.time(), 1.0)
-    ctx = LauncherContext(tmp_path / "work", tmp_path / "cluster.yaml", clock, None, LauncherOptions(commands=commands))
-    launcher = get_launcher("arena-run", ctx)
+    launcher, clock = _stand_in_launcher(tmp_path)
     request = LaunchRequest("job", 1, "launch", "gpt__tiny", 8, 40, "a100", 1, (0,), 0.0, 0.0)
     launcher.launch(request)
     run_dir = launcher.run_dir("job", 1)
