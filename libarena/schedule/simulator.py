@@ -50,6 +50,8 @@ class SimulationResult:
     wall_s: float = 0.0
     #: what the policy counted on the way (``Simulator.count``), e.g. ILP solves stopped by their time limit
     counters: dict[str, int] = field(default_factory=dict)
+    #: GPU-seconds held by jobs (starting or training) from start_time to end_time, integrated between events
+    gpu_seconds: float = 0.0
 
 
 class Simulator:
@@ -153,13 +155,18 @@ class Simulator:
         horizon_end = None if self.config.horizon_s is None else self.start_time + self.config.horizon_s
         self.stop_reason = "completion"
         heap = self.heap
+        res = self.result
+        cluster, total = self.cluster, self.cluster.total_gpus
         while heap:
             t = heap[0][0]
             if horizon_end is not None and t > horizon_end:
+                res.gpu_seconds += (total - cluster.free_gpus) * (horizon_end - self.now)
                 self.now = horizon_end
                 self.stop_reason = "horizon"
                 break
             _, _, _, event = heapq.heappop(heap)
+            # allocations change only in event handlers: what is held now was held since the last event
+            res.gpu_seconds += (total - cluster.free_gpus) * (t - self.now)
             self.now = t
             event.handle(self)
             # Stale events (completions of superseded job versions) may remain; they must not move the end.
@@ -169,7 +176,6 @@ class Simulator:
             self._settle(job)
         if self.progress is not None:
             self._report_progress(final=True)
-        res = self.result
         res.end_time = self.now
         res.stopped_by = self.stop_reason
         res.wall_s = _time.perf_counter() - wall

@@ -188,6 +188,9 @@ def test_jobs_both_finished_by_isolated_length_splits_the_same_jobs_by_how_long_
     assert by_start[30.0]["jobs"] == 1  # the one that runs nowhere counts as the longest
     assert sum(c["jobs"] for c in classes) == 3
     assert "by_isolated_length" not in jobs_both_finished(records, other)
+    # a type's rows run to the largest type's counts: with only 2 A100s the fastest real option is one A100 (20 samples/s)
+    small = PerfLookup(table, cluster([("a100", 1, 2), ("v100", 4, 8)]))
+    assert isolated_durations(records, small, max_gpus=16)["short"] == pytest.approx(1800 * 256 / 20.0)
 
 
 def test_output_files_are_recognised_by_place_not_by_name_alone():
