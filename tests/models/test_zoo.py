@@ -105,3 +105,37 @@ def test_shared_layer_traces_compute_the_same_step(name):
     shared = jax.jit(make_train_step(model, "fp32", share_traces=True))(params, state, batch)
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(shared), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+
+
+def test_every_tensor_parallel_parameter_of_the_paper_sizes_splits_over_up_to_16_devices():
+    """The runtime splits a parameter over tensor-parallel devices only along an axis that divides evenly, and
+    keeps it whole on every device otherwise, while the planner counts it split: every paper-size model's
+    tensor-parallel parameters (BERT's vocabulary padded to 30,720) split for every degree up to 16."""
+    import jax
+
+    from libarena.models import get_model
+    from libarena.models.training import abstract_params
+    from libarena.run.executor import TP_LOGICAL_AXES, _is_axes_leaf, param_partition
+
+    for name in ("gpt__1.3B", "bert__1.3B", "bert__6.7B", "moe__2.4B", "moe__27B", "wide_resnet__2B"):
+        model = get_model(name)
+        params = abstract_params(model)
+        for i in range(len(model.units)):
+            pairs = []
+            jax.tree.map(lambda ax, leaf: pairs.append((ax, leaf.shape)), model.param_axes(i), params[i],
+                         is_leaf=_is_axes_leaf)
+            for axes, shape in pairs:
+                if axes is None or not any(a in TP_LOGICAL_AXES for a in axes):
+                    continue
+                for tp in (2, 4, 8, 16):
+                    assert any(param_partition(axes, shape, tp)), (name, i, axes, shape, tp)
+
+
+def test_moe_routing_groups_stay_within_a_sample_whatever_the_sequence_length():
+    """Groups of at most the configured size that tile each sample: the whole sample when it is no longer (a
+    gcd made a sequence of 1,000 tokens route in groups of 8, each expert's capacity 1)."""
+    from libarena.models import get_model
+
+    moe = get_model("moe__2.4B")  # expert group 2048, 16 experts
+    for seq, groups_per_sample, capacity in ((1024, 1, 128), (768, 1, 96), (1000, 1, 125), (4096, 2, 256), (3000, 2, 187)):
+        assert moe.expert_dispatch_shape(8, seq) == (16, 8 * groups_per_sample, capacity, 1024)

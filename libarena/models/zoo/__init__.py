@@ -20,9 +20,13 @@ _GPT_SHAPES = {
     "2.6B": (2.6e9, 1024, 2560, 32, 32),
     "6.7B": (6.7e9, 1024, 4096, 32, 32),
 }
+#: BERT's 30,522 word pieces padded to a multiple of 128 x 16, as Megatron pads its vocabularies: the runtime
+#: splits an axis over tensor-parallel devices only where it divides evenly (else it keeps it whole on every
+#: device), and the planner counts the embedding and output projection split, for any degree up to 16
+_BERT_VOCAB = 30720
 for _size, (_nominal, _seq, _hidden, _layers, _heads) in _GPT_SHAPES.items():
     register_size("gpt", _size, TransformerConfig(_nominal, _seq, _hidden, _layers, _heads, vocab_size=51200))
-    register_size("bert", _size, TransformerConfig(_nominal, _seq, _hidden, _layers, _heads, vocab_size=30522))
+    register_size("bert", _size, TransformerConfig(_nominal, _seq, _hidden, _layers, _heads, vocab_size=_BERT_VOCAB))
 
 for _family in ("gpt", "bert"):
     register_size(_family, "tiny", TransformerConfig(0.235e6, 32, 64, 4, 4, vocab_size=256))
