@@ -357,7 +357,8 @@ class _SpmdRunner:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
             # as in the runtime's step: the update also zeroes the accumulators for the next step
-            self.params, self.opt_state, self.grads = self.rt.update(self.params, self.opt_state, self.grads)
+            self.params, self.opt_state, self.grads = self.rt.update(self.params, self.opt_state, self.grads,
+                                                                     np.float32(1.0))
         return self.params
 
     def microbatches_then_update(self, count: int) -> Any:

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ class CheckpointMeta:
     #: The plan and device count that wrote it (informational: any plan can resume it).
     plan_id: str = ""
     num_devices: int = 0
+    #: fp16's dynamic loss scale when it was written (scale, good steps): a resume goes on with it ({}: none)
+    loss_scale: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str) -> CheckpointMeta:
@@ -63,7 +65,7 @@ class CheckpointMeta:
 
 
 _META_TYPES = {"model": str, "global_batch": int, "step": int, "data_position": int, "data_seed": int, "dtype": str,
-               "optimizer": dict, "param_signature": str, "plan_id": str, "num_devices": int}
+               "optimizer": dict, "param_signature": str, "plan_id": str, "num_devices": int, "loss_scale": dict}
 _META_TYPE_NAMES = {str: "a string", int: "an integer", dict: "a record"}
 
 

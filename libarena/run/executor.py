@@ -191,10 +191,12 @@ class StageRuntime:
         self._grad_shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((dp, *leaf.shape), leaf.dtype), shapes)
         self.grad_shardings = jax.tree.map(lambda sh: NamedSharding(self.mesh, P(DP_AXIS, *sh.spec)), self.param_shardings)
 
-        def update(params, opt_state, accumulated):
-            # The one data-parallel reduction of the step: the replicas' gradient sums.
-            grads = jax.lax.with_sharding_constraint(jax.tree.map(lambda acc: jnp.sum(acc, axis=0), accumulated),
-                                                     self.param_shardings)
+        def update(params, opt_state, accumulated, inv_scale):
+            # The one data-parallel reduction of the step: the replicas' gradient sums (times 1 / the loss scale:
+            # 1 but in fp16, whose gradients were taken of the scaled loss).
+            grads = jax.lax.with_sharding_constraint(
+                jax.tree.map(lambda acc: jnp.sum(acc, axis=0) * inv_scale.astype(acc.dtype), accumulated),
+                self.param_shardings)
             params, opt_state = update_units(optimizer, params, opt_state, grads)
             # The next step's accumulators, zeroed on the devices in the donated buffers: resetting them from the
             # host instead would copy dp x the stage's parameters to the devices every step.
@@ -202,6 +204,9 @@ class StageRuntime:
 
         self.update = jax.jit(update, out_shardings=(self.param_shardings, self.opt_shardings, self.grad_shardings),
                               donate_argnums=(0, 1, 2))
+        #: whether every gradient the accumulators hold is finite (a replicated scalar on the stage's devices)
+        self.finite = jax.jit(lambda accumulated: jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(accumulated)])), out_shardings=self.replicated)
 
     def fresh_params(self, model: ModelDef, seed: int) -> list[Any]:
         """Fresh parameters of the stage's units (unit i's depend on (seed, i) only: identical under every plan),
@@ -304,6 +309,40 @@ class StepStats:
     dispatch_wait_s: float | None = None
 
 
+@dataclass
+class LossScale:
+    """Dynamic loss scaling for fp16, as mixed-precision training does it: the loss's cotangent is multiplied by
+    ``scale`` so that small gradients stay within fp16's range (unscaled, a large batch's logit gradients fall
+    below its smallest subnormal and become 0), the update divides it out; a step whose gradients overflow is
+    skipped (its batch consumed) and the scale halved; after ``growth_interval`` good steps in a row it doubles."""
+
+    scale: float = 2.0 ** 15
+    good_steps: int = 0
+    growth_interval: int = 2000
+
+    def after_step(self, finite: bool) -> None:
+        if finite:
+            self.good_steps += 1
+            if self.good_steps >= self.growth_interval:
+                self.scale, self.good_steps = self.scale * 2.0, 0
+        else:
+            self.scale, self.good_steps = max(1.0, self.scale / 2.0), 0
+
+    def state(self) -> dict[str, Any]:
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> LossScale:
+        """A checkpoint's loss scale (an empty record: a fresh one)."""
+        if not state:
+            return cls()
+        scale, good = state.get("scale"), state.get("good_steps")
+        if (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1.0 <= scale <= 2.0 ** 64
+                or isinstance(good, bool) or not isinstance(good, int) or good < 0):
+            raise ArenaError(f"a checkpoint's loss scale is damaged: {str(state)[:80]}")
+        return cls(float(scale), good)
+
+
 class PipelineExecutor:
     """Runs training steps of ``model`` under ``plan`` on ``devices`` (default: the first devices of JAX)."""
 
@@ -328,8 +367,14 @@ class PipelineExecutor:
         #: per stage, the gradient accumulators the last update zeroed for the next step (None: none yet)
         self.grads: list[Any] = []
         self.step_count = 0
-        #: d(mean loss over the B micro-batches)/d(one micro-batch's loss), on the last stage's devices
+        #: d(mean loss over the B micro-batches)/d(one micro-batch's loss), times the loss scale, on the last
+        #: stage's devices (placed again when the scale changes)
         self.loss_cotangent: Any = None
+        self._cotangent_scale = 1.0
+        #: fp16's dynamic loss scale (None in other dtypes, whose range needs none)
+        self.loss_scale: LossScale | None = LossScale() if dtype == "fp16" else None
+        #: whether the last step's update was made (False: fp16 gradients overflowed, the step was skipped)
+        self.last_step_updated = True
 
     # -- state ------------------------------------------------------------------------------------------
 
@@ -339,9 +384,13 @@ class PipelineExecutor:
         self.opt_state = [rt.init_opt(p) for rt, p in zip(self.stages, self.params)]
         self.grads = [None] * len(self.stages)
         self.step_count = 0
+        if self.loss_scale is not None:
+            self.loss_scale = LossScale()
 
-    def load_state(self, unit_params: Sequence[Any], unit_opt_state: Sequence[Any], step: int) -> None:
-        """Place per-unit host state (from a checkpoint or another plan) onto this plan's stages."""
+    def load_state(self, unit_params: Sequence[Any], unit_opt_state: Sequence[Any], step: int,
+                   loss_scale: dict[str, Any] | None = None) -> None:
+        """Place per-unit host state (from a checkpoint or another plan) onto this plan's stages, and fp16's loss
+        scale as it was (``loss_scale``: LossScale.state(); none: a fresh one)."""
         import jax
 
         if len(unit_params) != len(self.model.units) or len(unit_opt_state) != len(self.model.units):
@@ -352,6 +401,8 @@ class PipelineExecutor:
         self.opt_state = [rt.place_opt_state([unit_opt_state[i] for i in rt.units]) for rt in self.stages]
         self.grads = [None] * len(self.stages)
         self.step_count = int(step)
+        if self.loss_scale is not None:
+            self.loss_scale = LossScale.from_state(loss_scale or {})
 
     def host_state(self) -> tuple[list[Any], list[Any]]:
         """Per-unit parameters and optimizer state as host numpy arrays (plan-independent)."""
@@ -394,8 +445,10 @@ class PipelineExecutor:
         for rt in self.stages:
             stage_batches.append([distributed.place_tree(p, {k: rt.batch_sharding for k in p}) for p in pieces] if rt.uses_batch else [{}] * B)
         last = self.stages[-1]
-        if self.loss_cotangent is None:
-            self.loss_cotangent = distributed.place(np.float32(1.0 / B), last.replicated)
+        scale = self.loss_scale.scale if self.loss_scale is not None else 1.0
+        if self.loss_cotangent is None or scale != self._cotangent_scale:
+            self.loss_cotangent = distributed.place(np.float32(scale / B), last.replicated)
+            self._cotangent_scale = scale
         # the zeroed accumulators the last update returned (placed from the host on the first step, or after a
         # step that did not finish: its buffers may have been donated)
         grads = [rt.zero_grads() if g is None else g for rt, g in zip(self.stages, self.grads)]
@@ -431,15 +484,26 @@ class PipelineExecutor:
                 stage_time[j] += time.perf_counter() - t_task
                 memory = self.stage_memory_bytes(all_processes=False)
                 stage_peak = [max(a, b) for a, b in zip(stage_peak, memory)]
+        finite = True
+        if self.loss_scale is not None:  # one look at every stage's gradients before any update
+            flags = [self._to_last(rt.finite(g), rt) for rt, g in zip(self.stages, grads)]
+            finite = all(v > 0 for v in distributed.fetch_scalars(flags, last.mesh))
+        self.last_step_updated = finite
+        inv_scale = np.float32(1.0 / scale)
         for j, rt in enumerate(self.stages):
+            if not finite:
+                continue  # skipped: its accumulators are zeroed afresh for the next step (self.grads[j] is None)
             t_task = time.perf_counter()
             with warnings.catch_warnings():
                 # XLA may keep some donated buffers (it aliases what it can); that is not an error.
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                self.params[j], self.opt_state[j], self.grads[j] = rt.update(self.params[j], self.opt_state[j], grads[j])
+                self.params[j], self.opt_state[j], self.grads[j] = rt.update(self.params[j], self.opt_state[j], grads[j],
+                                                                           inv_scale)
             if profile_stages:
                 jax.block_until_ready(self.params[j])
                 stage_time[j] += time.perf_counter() - t_task
+        if self.loss_scale is not None:
+            self.loss_scale.after_step(finite)
         loss = float(np.mean(distributed.fetch_scalars(losses, last.mesh)))  # waits for the last stage
         jax.block_until_ready(self.params)
         self.step_count += 1
@@ -450,6 +514,17 @@ class PipelineExecutor:
             stage_peak = [int(v) for v in distributed.max_over_processes(stage_peak, np.int64)]
         return StepStats(self.step_count, loss, elapsed, stage_time if profile_stages else [],
                          stage_peak if profile_stages else [], dispatch, waited)
+
+    def _to_last(self, x: Any, source: StageRuntime) -> Any:
+        """A replicated scalar of ``source``'s devices onto the last stage's (where the step's scalars are read)."""
+        import jax
+
+        last = self.stages[-1]
+        if source is last:
+            return x
+        if not distributed.multi_process():
+            return jax.device_put(x, last.replicated)
+        return distributed.transfer(x, source.mesh, last.replicated)
 
     def _move(self, x: Any, source: StageRuntime, target: StageRuntime) -> Any:
         """An activation (or its gradient) from ``source``'s mesh to ``target``'s carry layout."""

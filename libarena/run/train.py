@@ -122,7 +122,7 @@ def train(model: ModelDef, plan: RunPlan, config: TrainConfig, devices: Sequence
                 entry["set_aside_as"] = str(moved)
     if restored is not None:
         params, opt, meta = restored
-        executor.load_state(params, opt, meta.step)
+        executor.load_state(params, opt, meta.step, loss_scale=meta.loss_scale)
         start = meta.step
     else:
         executor.init_state(config.seed)
@@ -140,6 +140,7 @@ def train(model: ModelDef, plan: RunPlan, config: TrainConfig, devices: Sequence
             model=model.name, global_batch=config.global_batch, step=step, data_position=step * config.global_batch,
             data_seed=config.data_seed, dtype=config.dtype, optimizer=asdict(config.optimizer), param_signature=signature,
             plan_id=plan.plan_id, num_devices=plan.num_gpus,
+            loss_scale={} if executor.loss_scale is None else executor.loss_scale.state(),
         )
         store.save(params, opt, meta)
         report.checkpoints.append(step)
