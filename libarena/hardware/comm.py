@@ -146,13 +146,26 @@ class _Curve:
     max_bytes: float
     max_latency: float
 
+    def __post_init__(self) -> None:
+        # seconds per byte above the measured range: the slope through the last two points (latency = a + b V,
+        # what a collective's cost is), or the last point's latency per byte where that slope is not positive
+        # (noise): proportional scaling alone folds the last point's latency term into its bandwidth, which
+        # priced 1 GB at 2.4x a table measured up to 4 MiB that follows a + b V exactly
+        if self.log_bytes.size >= 2:
+            v1, v2 = np.exp(self.log_bytes[-2:])
+            l1, l2 = np.exp(self.log_latency[-2:])
+            slope = (l2 - l1) / (v2 - v1) if v2 > v1 else 0.0
+        else:
+            slope = 0.0
+        self.slope = float(slope) if slope > 0 else self.max_latency / self.max_bytes
+
     def __call__(self, volume: np.ndarray) -> np.ndarray:
         positive = np.maximum(volume, 1.0)
         lv = np.log(positive)
         # Inside the measured range: log-log interpolation; below it the smallest measured latency (the
-        # latency floor); above it, bandwidth-bound, so latency grows linearly with the volume.
+        # latency floor); above it, linear in the volume from the last point.
         inside = np.exp(np.interp(lv, self.log_bytes, self.log_latency))
-        above = self.max_latency * positive / self.max_bytes
+        above = self.max_latency + self.slope * (positive - self.max_bytes)
         return np.where(volume <= 0, 0.0, np.where(positive > self.max_bytes, above, inside))
 
 

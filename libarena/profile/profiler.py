@@ -35,7 +35,8 @@ from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_rooflin
 from libarena.profile.pipeline import StageTimes, one_f_one_b
 from libarena.profile.estimate import PlanEstimate, perf_rows
 from libarena.profile.stage import (
-    CompiledStage, StageSpec, build_stage_executables, compile_stage, lower_stage, plan_stage_specs, worker_view,
+    VIEW_BATCH_EQUIVALENT, CompiledStage, StageSpec, _is_axes_leaf, _shard_shape, build_stage_executables, compile_stage,
+    lower_stage, plan_stage_specs, worker_view,
 )
 from libarena.profile.timers import HostTimer, Timer, Timing, select_timer
 from libarena.progress import ProgressCallback, ProgressUpdate, no_progress
@@ -63,8 +64,9 @@ CONCURRENCY_MODELS = ("co-run", "cpu-time", "measured", "independent")
 #: 9: the key holds the burst and, on CPU, the host;
 #: 10: the stage key holds the micro-batch (a batch-equivalent tensor-parallel worker runs ceil(micro-batch / tp)
 #: samples: micro-batches 3 and 4 at tp 2 built alike, but their activations hand off at their own size), and
-#: the optimizer key the host
-STAGE_RECORD_VERSION = 10
+#: the optimizer key the host;
+#: 11: records carry grad_sync_bytes (a batch-equivalent worker's gradients as the runtime shards them)
+STAGE_RECORD_VERSION = 11
 #: Record key of each statistic.
 _STATISTIC_KEYS = {"median": "median_s", "min": "min_s", "q1": "q1_s"}
 
@@ -348,6 +350,7 @@ def _stage_record(spec: StageSpec, execs: Any, key: str, local: LocalDevice, tim
         "memory": {**execs.memory, "optimizer": opt_record["memory"]},
         "state_bytes": execs.weight_bytes() + opt_record["state_bytes"],
         "param_bytes": float(sum(np.prod(s.shape) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(view.params))),
+        "grad_sync_bytes": _grad_sync_bytes(view),
         "activation_out_bytes": out_bytes * scale,
         "activation_in_bytes": carry_in_bytes * scale,
     }
@@ -412,6 +415,20 @@ class StageSession:
 
     def release(self, spec: StageSpec) -> None:
         self._execs.pop(stage_cache_key(spec, self.local, self.timer.name, burst=self.burst), None)
+
+
+def _grad_sync_bytes(view: Any) -> float:
+    """Bytes of the gradients one worker's data-parallel replicas reduce: its parameters as the runtime shards them
+    over the stage's tensor-parallel devices (a batch-equivalent view is built with whole layers, which would
+    price the reduction tp times too large)."""
+    import jax
+
+    leaves = jax.tree.leaves(view.params)
+    if view.tp_view != VIEW_BATCH_EQUIVALENT:
+        return float(sum(np.prod(s.shape) * np.dtype(s.dtype).itemsize for s in leaves))
+    axes = [a for ax in view.axes for a in jax.tree.leaves(ax, is_leaf=_is_axes_leaf)]
+    return float(sum(np.prod(_shard_shape(s.shape, a, view.spec.tp)) * np.dtype(s.dtype).itemsize
+                     for s, a in zip(leaves, axes, strict=True)))
 
 
 def _pooled(timings: list[Timing]) -> Timing:
@@ -565,6 +582,7 @@ def combine_unit_records(records: list[dict[str, Any]], spec: StageSpec, overhea
         "memory": memory,
         "state_bytes": float(sum(r["state_bytes"] for r in records)),
         "param_bytes": float(sum(r["param_bytes"] for r in records)),
+        "grad_sync_bytes": float(sum(r["grad_sync_bytes"] for r in records)),
         "activation_out_bytes": records[-1]["activation_out_bytes"],
         "activation_in_bytes": records[0]["activation_in_bytes"],
     }
@@ -631,7 +649,7 @@ def stage_communication(
         p2p += _price(comm, "p2p", rec["activation_in_bytes"], 2, gpu_type, crosses, used)
     grad = 0.0
     if dp > 1:
-        volume = rec["param_bytes"]
+        volume = rec["grad_sync_bytes"]
         crosses = dp * tp > g
         if zero:
             grad = _price(comm, "reduce-scatter", volume, dp, gpu_type, crosses, used) + _price(

@@ -60,6 +60,22 @@ def test_measured_interpolates_log_log_and_extrapolates():
     assert model.source("all-reduce", 4, "a100", False) == "measured"
 
 
+
+def test_a_table_measured_up_to_a_few_mib_extrapolates_a_gradient_sized_collective_by_its_last_slope():
+    """A collective costs a + b V: above the largest measured volume the table goes on with the slope of its
+    last two points. Scaling the last latency in proportion to the volume folded its latency term into the
+    bandwidth: a table of the alpha-beta model's own values up to 4 MiB priced 1 GB at 2.4x the model."""
+    truth = AlphaBetaCommModel()
+    volumes = [2.0 ** k for k in range(10, 23)]  # 1 KiB .. 4 MiB, as `arena-profile comm` measures by default
+    model = MeasuredCommModel.from_rows([("all-reduce", "a100", 4, False, v, truth.time("all-reduce", v, 4, "a100", False))
+                                         for v in volumes])
+    for volume in (16 * 2 ** 20, 1e9):
+        assert model.time("all-reduce", volume, 4, "a100", False) == pytest.approx(
+            truth.time("all-reduce", volume, 4, "a100", False), rel=1e-3)
+    # a last slope that is not positive (noise) falls back to the last point's latency per byte
+    noisy = MeasuredCommModel.from_rows([("p2p", "a100", 2, False, 1e6, 2e-4), ("p2p", "a100", 2, False, 2e6, 1.9e-4)])
+    assert noisy.time("p2p", 4e6, 2, "a100", False) == pytest.approx(1.9e-4 * 2)
+
 def test_measured_falls_back_to_alpha_beta_and_says_so():
     model = MeasuredCommModel.from_rows(_rows())
     fallback = AlphaBetaCommModel()

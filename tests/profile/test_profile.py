@@ -149,7 +149,7 @@ def test_cpu_plans_without_a_comm_table_need_one(tmp_path, cache_dir):
     write_plans_table(str(path), MODEL, BATCH, plans, model_clusters(MODEL, BATCH, num_clusters=2))
     job = ProfiledJob.of(read_plans(path, require_costs=False))
     plan = job.planset.plans()[0]  # dp 2
-    fake = [{"activation_out_bytes": 0.0, "activation_in_bytes": 0.0, "param_bytes": 1e6}]
+    fake = [{"activation_out_bytes": 0.0, "activation_in_bytes": 0.0, "param_bytes": 1e6, "grad_sync_bytes": 1e6}]
     with pytest.raises(ArenaError, match="arena-profile comm"):
         stage_communication(job, plan, 0, fake, AlphaBetaCommModel(), [])
     used: list[str] = []
@@ -202,7 +202,7 @@ def test_a_recomputing_stage_repeats_its_forward_collectives(tmp_path):
     job = ProfiledJob.of(read_plans(path, require_costs=False))
     plan = next(p for p in job.planset.plans() if p.pipeline_degree == 1 and p.stages[0].tp == 2 and not p.stages[0].remat)
     recomputing = replace(plan, stages=(replace(plan.stages[0], remat=True),))
-    fake = [{"activation_out_bytes": 0.0, "activation_in_bytes": 0.0, "param_bytes": 1e6}]
+    fake = [{"activation_out_bytes": 0.0, "activation_in_bytes": 0.0, "param_bytes": 1e6, "grad_sync_bytes": 1e6}]
     plain = stage_communication(job, plan, 0, fake, _cpu_comm(), [])
     again = stage_communication(job, recomputing, 0, fake, _cpu_comm(), [])
     assert plain[0] > 0 and again[0] == pytest.approx(1.5 * plain[0]) and again[1:] == plain[1:]
@@ -614,3 +614,23 @@ def test_the_optimizer_profile_is_keyed_by_the_host_and_a_stage_by_its_micro_bat
     assert here == optimizer_cache_key(four, local, "host")  # the update does not depend on the micro-batch
     monkeypatch.setattr(platform, "node", lambda: "another-host")
     assert here != optimizer_cache_key(three, local, "host")
+
+
+def test_the_gradients_a_stage_reduces_are_its_workers_parameters_as_the_runtime_shards_them():
+    """A batch-equivalent tensor-parallel worker (wide_resnet) is built with whole layers; its data-parallel
+    gradient reduction is of the layers as the runtime shards them over tp (conv_out), not of the whole ones."""
+    import jax
+    import numpy as np
+
+    from libarena.profile.profiler import _grad_sync_bytes
+    from libarena.profile.stage import VIEW_BATCH_EQUIVALENT, VIEW_SHARDED, StageSpec, worker_view
+
+    def whole(view):
+        return sum(np.prod(s.shape) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(view.params))
+
+    wide = worker_view(StageSpec("wide_resnet__tiny", 0, 3, 4, tp=2))
+    assert wide.tp_view == VIEW_BATCH_EQUIVALENT
+    assert whole(wide) == whole(worker_view(StageSpec("wide_resnet__tiny", 0, 3, 4)))  # whole layers
+    assert 0.45 * whole(wide) < _grad_sync_bytes(wide) < 0.6 * whole(wide)  # most of them split in two
+    gpt = worker_view(StageSpec("gpt__tiny", 0, 3, 4, tp=2))
+    assert gpt.tp_view == VIEW_SHARDED and _grad_sync_bytes(gpt) == whole(gpt)  # already the worker's shards
