@@ -103,6 +103,13 @@ class RunRequest:
     data_seed: int = 0
     dtype: str = "fp32"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    #: train on host CPU devices standing in for the GPUs (None: on the embedded cluster, whose machine may have
+    #: no accelerator; a joined cluster's nodes train on their GPUs)
+    cpu_devices: bool | None = None
+
+    @property
+    def on_cpu_devices(self) -> bool:
+        return self.cpu_devices if self.cpu_devices is not None else self.address is None
 
     def __post_init__(self) -> None:
         check_fields(self, {
@@ -218,7 +225,7 @@ def run(request: RunRequest) -> dict[str, Any]:
         if request.use_ray:
             spec = JobSpec(model.name, chosen, request.global_batch, request.steps, os.path.abspath(request.checkpoint_dir),
                            request.checkpoint_every, request.seed, request.data_seed, request.dtype, request.optimizer,
-                           num_hosts=job_hosts(request, gpu_type, chosen.num_gpus))
+                           cpu_devices=request.on_cpu_devices, num_hosts=job_hosts(request, gpu_type, chosen.num_gpus))
             report["job"] = run_job(spec).to_dict()
             chunks = report["job"]["chunks"]
             if chunks:  # where training really resumed (a checkpoint may fail to restore and be skipped)
@@ -261,10 +268,16 @@ def _search_on_ray(request: RunRequest, gpu_type: str, num_gpus: int) -> Any:
     """Run the search inside one actor holding the allocated devices."""
     import ray
 
-    from libarena.run.cluster import gpu_type_resource, ray_get, ray_worker_env
+    from libarena.run.cluster import gpu_type_resource, largest_node_gpus, ray_get, ray_worker_env
 
-    # the searcher times candidate plans on host devices, started as the job's workers are
-    env = ray_worker_env(num_gpus)
+    # the searcher holds the whole allocation in one process: a node must have that many GPUs of the type (else
+    # Ray would keep the task pending for ever)
+    per_node = largest_node_gpus(gpu_type)
+    if per_node < num_gpus:
+        raise ArenaError(f"--search measures the candidates in one process, which needs {num_gpus} {gpu_type} GPUs on "
+                         f"one node; the largest node has {per_node}: give a plan (--plan-id or the grid's proxy) instead")
+    # the searcher times candidate plans on the devices the job's workers would have
+    env = ray_worker_env(num_gpus if request.on_cpu_devices else None)
     searcher = ray.remote(_search_task).options(
         num_cpus=1, num_gpus=num_gpus, resources={gpu_type_resource(gpu_type): num_gpus}, runtime_env={"env_vars": env}, max_retries=0,
     )

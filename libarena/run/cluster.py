@@ -69,7 +69,8 @@ class JobSpec:
     data_seed: int = 0
     dtype: str = "fp32"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    #: Present host CPU devices as the job's GPUs (no accelerator on the host).
+    #: Present host CPU devices as the job's GPUs (the embedded cluster on a machine without accelerators; a joined
+    #: cluster's nodes train on their GPUs: RunRequest.cpu_devices).
     cpu_devices: bool = True
     #: Hosts the job's devices are spread over (one actor each, ``plan.num_gpus / num_hosts`` devices per host).
     num_hosts: int = 1
@@ -113,8 +114,10 @@ def connect(address: str | None, local: LocalClusterConfig) -> bool:
                 raise ArenaError(f"cannot join the Ray cluster at {address}: {type(exc).__name__}: {exc}") from None
             return True
         resources = {gpu_type_resource(local.gpu_type): local.num_devices} if local.num_devices else None
-        ray.init(num_cpus=local.num_cpus, num_gpus=local.num_devices, resources=resources, include_dashboard=False,
-                 log_to_driver=False, logging_level="error")
+        # address "local": a new embedded cluster, even where `ray start` recorded one (RAY_ADDRESS or
+        # /tmp/ray/ray_current_cluster), which Ray would otherwise join and then refuse num_cpus / num_gpus for
+        ray.init(address="local", num_cpus=local.num_cpus, num_gpus=local.num_devices, resources=resources,
+                 include_dashboard=False, log_to_driver=False, logging_level="error")
         return True
 
 
@@ -152,6 +155,14 @@ def ray_get(refs: Any, timeout: float | None = None) -> Any:
         if isinstance(cause, ArenaError):
             raise ArenaError(cause.message) from None
         raise
+
+
+def largest_node_gpus(gpu_type: str) -> int:
+    """The most GPUs of ``gpu_type`` one live node of the connected Ray cluster has."""
+    import ray
+
+    resource = gpu_type_resource(gpu_type)
+    return int(max((n.get("Resources", {}).get(resource, 0) for n in ray.nodes() if n.get("Alive")), default=0))
 
 
 def available_gpus(gpu_type: str) -> int:
@@ -268,6 +279,13 @@ class _HostGroup:
             for h in range(spec.num_hosts)
         ]
         self.coordinator = ""
+        # each actor answers within the start timeout: after a node is lost, a bundle that no other node can hold
+        # waits to be rescheduled and its actor never starts (a restart would wait on it forever)
+        try:
+            ray_get([a.pid.remote() for a in self.actors], timeout=start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
         if spec.num_hosts > 1:
             from libarena.run.distributed import ProcessGroup
 
@@ -340,12 +358,15 @@ def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, li
     group = placement_group([dict(bundle) for _ in range(spec.num_hosts)], strategy=strategy)
     try:
         ray.get(group.ready(), timeout=start_timeout_s)
+        env = ray_worker_env(d if spec.cpu_devices else None, spec.extra_xla_flags)
+        store = CheckpointStore(spec.checkpoint_dir)
     except GetTimeoutError:
         remove_placement_group(group)
         raise ArenaError(f"the Ray cluster could not place {spec.num_hosts} x {bundle} ({strategy}) within {start_timeout_s:.0f} s") from None
-    env = ray_worker_env(d if spec.cpu_devices else None, spec.extra_xla_flags)
+    except BaseException:  # a refused job (or an interrupt) leaves no placement group holding its GPUs
+        remove_placement_group(group)
+        raise
 
-    store = CheckpointStore(spec.checkpoint_dir)
     hosts: _HostGroup | None = None
     restarts = 0
     chunks: list[dict[str, Any]] = []

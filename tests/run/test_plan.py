@@ -125,3 +125,43 @@ def test_a_run_request_spells_its_dtype_one_way() -> None:
     from libarena.run.api import RunRequest
 
     assert RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", dtype="bfloat16").dtype == "bf16"
+
+
+def test_cpu_devices_stand_in_on_the_embedded_cluster_and_a_joined_clusters_nodes_use_their_gpus() -> None:
+    """Host CPU devices stand in for the GPUs on the embedded cluster (a laptop has none); a job that joins a
+    cluster (--address) trains on its nodes' GPUs, unless asked otherwise (--cpu-devices)."""
+    from libarena.run.api import RunRequest
+
+    assert RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt").on_cpu_devices
+    assert not RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", address="head:6379").on_cpu_devices
+    assert RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", address="head:6379", cpu_devices=True).on_cpu_devices
+
+
+def test_the_embedded_ray_cluster_is_started_even_where_one_is_recorded(monkeypatch) -> None:
+    """Without an address Ray joins the cluster `ray start` recorded on the machine (RAY_ADDRESS or
+    /tmp/ray/ray_current_cluster) and then refuses num_cpus / num_gpus: the embedded cluster asks for a new local
+    one."""
+    import ray
+
+    from libarena.run.cluster import LocalClusterConfig, connect
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    assert connect(None, LocalClusterConfig(num_cpus=2, num_devices=2, gpu_type="a100"))
+    assert calls[0]["address"] == "local" and calls[0]["num_gpus"] == 2
+
+
+def test_a_search_that_no_single_node_can_hold_is_refused_in_one_line(monkeypatch) -> None:
+    """The runtime search measures its candidates in one process holding the whole allocation: on a cluster whose
+    nodes are smaller than the grid, Ray would keep that task pending for ever."""
+    import ray
+
+    from libarena.run.api import RunRequest, _search_on_ray
+
+    nodes = [{"Alive": True, "Resources": {"GPU": 2.0, "gpu_type:a100": 2.0}}] * 2
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    request = RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", selection="pruned", address="head:6379")
+    with pytest.raises(ArenaError, match=r"--search measures the candidates in one process, which needs 4 a100 GPUs on "
+                                         r"one node; the largest node has 2"):
+        _search_on_ray(request, "a100", 4)

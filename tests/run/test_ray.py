@@ -111,3 +111,9 @@ def test_an_error_in_a_task_is_one_line_and_a_refused_job_leaves_no_placement_gr
     with pytest.raises(ArenaError, match="global batch 4, not 8"):
         run_job(JobSpec(model.name, plan, 8, 2, str(other_batch)))
     assert all(group["state"] == "REMOVED" for group in placement_group_table().values())
+    # refused before its checkpoint store could be opened (its directory is a file): the group goes too
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("x")
+    with pytest.raises(ArenaError, match="is not a directory"):
+        run_job(JobSpec(model.name, plan, 8, 2, str(not_a_directory)))
+    assert all(group["state"] == "REMOVED" for group in placement_group_table().values())

@@ -40,6 +40,9 @@ def run(
     checkpoint_every: int = typer.Option(DEFAULT_CHECKPOINT_EVERY, "--checkpoint-every", help="save every N steps (and at the end)"),
     address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster (default: start an embedded one)"),
     no_ray: bool = typer.Option(False, "--no-ray", help="run in this process instead of on Ray"),
+    cpu_devices: Optional[bool] = typer.Option(
+        None, "--cpu-devices/--accelerators", help="train on host CPU devices standing in for the GPUs, or on the "
+        "nodes' accelerators (default: CPU devices on the embedded cluster, accelerators when joining one with --address)"),
     devices: int = typer.Option(8, "--devices", help="devices the local host presents as the GPU type (no --address)"),
     hosts: int = typer.Option(0, "--hosts", help="spread the job over this many hosts, one Ray actor (JAX process) each; 0 = auto"),
     seed: int = typer.Option(0, "--seed", help="parameter initialisation seed"),
@@ -65,7 +68,7 @@ def run(
         grid=parse_grid(grid) if grid else None, plan_id=plan_id, selection=search or "proxy",
         search=SearchConfig(max_candidates=search_max, timed_steps=search_steps), address=address, use_ray=not no_ray,
         local=LocalClusterConfig(num_devices=devices), num_hosts=hosts, checkpoint_every=checkpoint_every, seed=seed, data_seed=data_seed,
-        dtype=dtype, optimizer=OptimizerConfig(learning_rate=learning_rate),
+        dtype=dtype, optimizer=OptimizerConfig(learning_rate=learning_rate), cpu_devices=cpu_devices,
     )
     if report is not None:  # checked before training, not after it
         refuse_overwriting_inputs(report, {"--plan": plan})
