@@ -59,6 +59,8 @@ class PerfLookup:
         self.counts = np.array([1 << c for c in range(self.num_counts)], dtype=np.int64)
         self._models: dict[tuple[str, int], ModelPerf] = {}
         self._views_present: dict[tuple[str, int], set[str]] = {}
+        #: (model, batch, type index, count index, view) -> the pipeline degree of the row that gave its throughput
+        self._pipeline_degree: dict[tuple[str, int, int, int, str], int] = {}
         from libarena.artifacts import get_kind
         from libarena.artifacts.io import conform_table
 
@@ -68,7 +70,7 @@ class PerfLookup:
     def _build(self, table: pa.Table) -> None:
         cols = {name: table.column(name).to_pylist() for name in (
             "model", "global_batch", "gpu_type", "num_gpus", "num_nodes", "view", "iter_time_s", "throughput",
-            "fits_in_memory")}
+            "fits_in_memory", "pipeline_degree")}
         n_rows = table.num_rows
         from libarena.hardware import get_gpu
 
@@ -118,6 +120,7 @@ class PerfLookup:
             arr = self._models[key].views[view]
             if thr > arr[ti, c]:
                 arr[ti, c] = thr
+                self._pipeline_degree[(*key, ti, c, view)] = int(cols["pipeline_degree"][r] or 1)
         for perf in self._models.values():
             perf.truth = np.maximum.reduce([perf.views[v] for v in TABLE_VIEWS])
             perf.views["dp-linear"] = self._linear_estimate(perf.views["dp"], perf.truth)
@@ -153,6 +156,13 @@ class PerfLookup:
 
     def get(self, model: str, global_batch: int) -> ModelPerf:
         return self._models[(model, global_batch)]
+
+    def pipeline_degree(self, model: str, global_batch: int, gpu_type: str, num_gpus: int, view: str = "arena") -> int | None:
+        """The pipeline degree of the plan behind a view's throughput on (type, count) (None: no such row)."""
+        ti = self.type_index.get(gpu_type)
+        if ti is None or num_gpus < 1 or num_gpus & (num_gpus - 1):
+            return None
+        return self._pipeline_degree.get((model, global_batch, ti, count_index(num_gpus), view))
 
     def check_covers(self, pairs: list[tuple[str, int]], trace_source: str) -> None:
         """Fail, listing every (model, global batch) of the trace that the table lacks entirely."""

@@ -90,6 +90,7 @@ def test_options_shape_the_arena_run_command(tmp_path):
 
     clock = VirtualClock(time.time(), 1.0)
     req = LaunchRequest("job", 1, "launch", "gpt__tiny", 8, 150, "a100", 4, (0,), 0.0, 0.0)
+    (tmp_path / "c.yaml").write_text("name: c\nnode_groups:\n  - {gpu_type: a100, nodes: 1, gpus_per_node: 4}\n")
 
     def command(options):
         launcher = get_launcher("arena-run", LauncherContext(tmp_path / "work", tmp_path / "c.yaml", clock, None, options))
@@ -234,3 +235,29 @@ def test_a_version_that_ends_while_it_is_polled_is_finished_not_lost(tmp_path, m
     status = launcher.poll(clock.now(), {"job": 1})["job"]
     assert looked and status.phase == "finished" and status.iterations_done == 40
     launcher.close()
+
+
+def test_an_allocation_larger_than_a_node_runs_the_proxy_of_the_tables_pipeline_degree_on_whole_nodes(tmp_path):
+    """arena-run's search measures its candidates in one process, which needs the whole grid on one node: on a
+    joined cluster an allocation larger than a node runs the proxy plan of the pipeline degree behind the
+    performance table's arena row instead, one host per node; within a node the search runs as before."""
+    import pyarrow as pa
+    import yaml
+
+    from libarena.hardware import load_cluster
+    from libarena.schedule.perf import PerfLookup
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(yaml.safe_dump({"name": "c", "node_groups": [{"gpu_type": "a40", "nodes": 8, "gpus_per_node": 2}]}))
+    perf = PerfLookup(pa.table({"model": ["gpt__1.3B"] * 2, "global_batch": [128] * 2, "gpu_type": ["a40"] * 2,
+                                "num_gpus": [8, 2], "view": ["arena"] * 2, "iter_time_s": [1.0, 3.0],
+                                "pipeline_degree": [4, 1]}), load_cluster(cluster))
+    assert perf.pipeline_degree("gpt__1.3B", 128, "a40", 8) == 4 and perf.pipeline_degree("gpt__1.3B", 128, "a40", 4) is None
+    clock = VirtualClock(time.time(), 1.0)
+    launcher = get_launcher("arena-run", LauncherContext(tmp_path / "work", cluster, clock, perf,
+                                                         LauncherOptions(address="ray://head:10001")))
+    wide = LaunchRequest("job", 1, "launch", "gpt__1.3B", 128, 150, "a40", 8, (0, 1, 2, 3), 0.0, 0.0)
+    command = launcher.script(wide, tmp_path / "run").splitlines()[1]
+    assert "--grid a40,8,4 --hosts 4" in command and "--search" not in command
+    within = LaunchRequest("job", 1, "launch", "gpt__1.3B", 128, 150, "a40", 2, (0,), 0.0, 0.0)
+    assert "--grid a40,2 --search pruned" in launcher.script(within, tmp_path / "run").splitlines()[1]

@@ -53,6 +53,8 @@ class ArenaRunLauncher(JobLauncher):
         #: the tools' commands: this environment's console scripts unless the options put others in their place
         self.commands: dict[str, str] = {name: tool(name) for name in ("arena-plan", "arena-run")}
         self.commands.update(context.options.commands)
+        #: GPUs per node of each type of the cluster file (read when first needed)
+        self._gpus_per_node: dict[str, int] | None = None
 
     def cannot_run(self, iterations: int) -> str | None:
         if iterations > MAX_STEPS:  # arena-run's own bound (--steps): the job would fail at its first launch
@@ -78,9 +80,7 @@ class ArenaRunLauncher(JobLauncher):
                    f"&& mv -f {q(str(run_dir / 'plans.parquet'))} {q(str(plans))}; fi")
         run = [self.commands["arena-run"], "--plan", str(plans), "--model", req.model, "--global-batch", str(req.global_batch),
                "--steps", str(req.iterations), "--checkpoint-dir", str(self.checkpoint_dir(req.job_id)),
-               "--grid", f"{req.gpu_type},{req.num_gpus}",
-               "--report", str(run_dir / "report.json"), "--search", "pruned", "--search-max", str(self.options.search_max),
-               "--search-steps", "1"]
+               "--report", str(run_dir / "report.json"), *self._plan_args(req)]
         if self.options.checkpoint_every is not None:
             run += ["--checkpoint-every", str(self.options.checkpoint_every)]
         run += ["--address", self.options.address] if self.options.address else ["--devices", str(req.num_gpus)]
@@ -90,6 +90,25 @@ class ArenaRunLauncher(JobLauncher):
         return (shell_records_own_pid(run_dir / "pid") + f"\n{prepare} && {' '.join(q(a) for a in run)}\n"
                 f"code=$?; echo $code > {q(str(run_dir / 'exit_code.tmp'))}; mv -f {q(str(run_dir / 'exit_code.tmp'))} "
                 f"{q(str(run_dir / 'exit_code'))}; exit $code\n")
+
+    def _plan_args(self, req: LaunchRequest) -> list[str]:
+        """How arena-run chooses the plan: a pruned search on the allocation; on a joined cluster, an allocation
+        larger than one node (the search measures in one process, which needs the whole grid on one node) runs
+        the proxy plan of the pipeline degree the performance table's arena row has, one host per node."""
+        search = ["--grid", f"{req.gpu_type},{req.num_gpus}", "--search", "pruned", "--search-max",
+                  str(self.options.search_max), "--search-steps", "1"]
+        if not self.options.address:
+            return search
+        if self._gpus_per_node is None:
+            from libarena.hardware import load_cluster
+
+            cluster = load_cluster(self.ctx.cluster_path)
+            self._gpus_per_node = {t: cluster.gpus_per_node(t) for t in cluster.gpu_types}
+        per_node = self._gpus_per_node.get(req.gpu_type, req.num_gpus)
+        if req.num_gpus <= per_node:
+            return search
+        degree = self.ctx.perf.pipeline_degree(req.model, req.global_batch, req.gpu_type, req.num_gpus) if self.ctx.perf else None
+        return ["--grid", f"{req.gpu_type},{req.num_gpus},{degree or 1}", "--hosts", str(req.num_gpus // per_node)]
 
     def launch(self, request: LaunchRequest) -> None:
         run_dir = self.run_dir(request.job_id, request.version)
