@@ -695,14 +695,7 @@ def estimate_plan(
     """The 1F1B estimate of ``plan`` from its stages' profiles. ``concurrency``: how local devices that share
     a host slow each other down (None: independent devices)."""
     estimated = plan.grid.gpu_type != local.gpu_type
-    target_spec = None
-    if estimated:
-        try:
-            target_spec = catalogue_roofline(plan.grid.gpu_type)
-        except ArenaError:
-            raise ArenaError(
-                f"GPU type {plan.grid.gpu_type!r} is neither the local device ({local.gpu_type}) nor in the hardware catalogue"
-            ) from None
+    target_spec = _target_roofline(plan.grid.gpu_type, local) if estimated else None
     used: list[str] = []
     stage_times, stage_rows, memory = [], [], []
     s, B = plan.pipeline_degree, plan.num_microbatches
@@ -877,6 +870,15 @@ def check_comm_model(comm: CommModel, planset: PlanSet) -> None:
             )
 
 
+def _target_roofline(gpu_type: str, local: LocalDevice) -> RooflineSpec:
+    """The roofline a profiled stage is scaled to for ``gpu_type``, another type than the local device's."""
+    try:
+        return catalogue_roofline(gpu_type)
+    except ArenaError:
+        raise ArenaError(f"GPU type {gpu_type!r} is neither the local device ({local.gpu_type}) nor in the hardware "
+                         "catalogue") from None
+
+
 def check_prices(comm: CommModel, planset: PlanSet, local: LocalDevice) -> None:
     """Before anything is profiled: every feasible grid's GPU type can be priced, its compute from the local
     device or the catalogue's roofline, its communication from the comm table or the catalogue's links (else the
@@ -885,11 +887,7 @@ def check_prices(comm: CommModel, planset: PlanSet, local: LocalDevice) -> None:
 
     grids = [g.grid for g in planset.grids if g.feasible]
     for gpu_type in sorted({g.gpu_type for g in grids} - {local.gpu_type}):
-        try:
-            catalogue_roofline(gpu_type)
-        except ArenaError:
-            raise ArenaError(f"GPU type {gpu_type!r} is neither the local device ({local.gpu_type}) nor in the "
-                             "hardware catalogue") from None
+        _target_roofline(gpu_type, local)
     for gpu_type, num_gpus in sorted({(g.gpu_type, g.num_gpus) for g in grids if g.num_gpus > 1}):
         if isinstance(comm, MeasuredCommModel) and comm.covers(gpu_type):
             continue

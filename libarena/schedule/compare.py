@@ -115,12 +115,11 @@ def isolated_durations(records: Any, perf: Any, max_gpus: int) -> dict[str, floa
 
     ids, models, batches, iterations = (records.column(c).to_pylist() for c in ("job_id", "model", "global_batch", "num_iterations"))
     levels = max_gpus.bit_length()
-    # a type's rows run to the largest type's counts: only those within its own GPUs exist
-    usable = (1 << np.arange(levels))[None, :] <= np.asarray(perf.capacity)[:, None]
+    usable = perf.usable[:, :levels]  # only the counts each type's GPUs can hold
     out = {}
     for job_id, model, batch, iters in zip(ids, models, batches, iterations):
         truth = perf.get(model, batch).truth[:, :levels] if perf.has(model, batch) else None
-        best = float(np.where(usable[:, : truth.shape[1]], truth, 0.0).max()) if truth is not None and truth.size else 0.0
+        best = float(np.where(usable, truth, 0.0).max()) if truth is not None and truth.size else 0.0
         out[job_id] = iters * batch / best if best > 0 else float("inf")
     return out
 

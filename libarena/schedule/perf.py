@@ -57,6 +57,8 @@ class PerfLookup:
         max_cap = int(self.capacity.max())
         self.num_counts = max(1, int(np.floor(np.log2(max_cap))) + 1)
         self.counts = np.array([1 << c for c in range(self.num_counts)], dtype=np.int64)
+        #: [type, count index]: whether the type has that many GPUs (a type's columns run to the largest type's counts)
+        self.usable = self.counts[None, :] <= self.capacity[:, None]
         self._models: dict[tuple[str, int], ModelPerf] = {}
         self._views_present: dict[tuple[str, int], set[str]] = {}
         #: (model, batch, type index, count index, view) -> the pipeline degree of the row that gave its throughput

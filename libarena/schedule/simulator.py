@@ -121,9 +121,7 @@ class Simulator:
         after its launch overhead), divided by the tick. Such inputs (a submission 10**18 s away, a billion
         iterations of a slow model) would otherwise keep the simulator going for days."""
         cfg = self.config
-        capacity = self.perf.capacity
-        counts = 1 << np.arange(self.perf.num_counts)
-        usable = counts[None, :] <= capacity[:, None]
+        usable = self.perf.usable
         end, why = self.jobs[-1].spec.submit_time, "the submissions span"
         overhead = self.overheads.ap_search_s(self.policy.ap_search) + self.overheads.profiling_s(self.policy.profiling)
         for job in self.jobs:

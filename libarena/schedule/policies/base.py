@@ -53,8 +53,7 @@ class Policy(ABC):
         self.sim = sim
         self.max_count = max(0, min(sim.perf.num_counts - 1, int(np.log2(max(1, self.config.max_gpus_per_job)))))
         # allowed[t, c]: 2**c GPUs of type t exist in the cluster and are within the per-job limit
-        counts = 1 << np.arange(sim.perf.num_counts)
-        self.allowed = (counts[None, :] <= sim.perf.capacity[:, None]) & (np.arange(sim.perf.num_counts) <= self.max_count)[None, :]
+        self.allowed = sim.perf.usable & (np.arange(sim.perf.num_counts) <= self.max_count)[None, :]
 
     # -- hooks -------------------------------------------------------------------------------------
     def runnable(self, job: Job) -> bool:

@@ -53,8 +53,6 @@ class ArenaRunLauncher(JobLauncher):
         #: the tools' commands: this environment's console scripts unless the options put others in their place
         self.commands: dict[str, str] = {name: tool(name) for name in ("arena-plan", "arena-run")}
         self.commands.update(context.options.commands)
-        #: GPUs per node of each type of the cluster file (read when first needed)
-        self._gpus_per_node: dict[str, int] | None = None
 
     def cannot_run(self, iterations: int) -> str | None:
         if iterations > MAX_STEPS:  # arena-run's own bound (--steps): the job would fail at its first launch
@@ -97,17 +95,13 @@ class ArenaRunLauncher(JobLauncher):
         the proxy plan of the pipeline degree the performance table's arena row has, one host per node."""
         search = ["--grid", f"{req.gpu_type},{req.num_gpus}", "--search", "pruned", "--search-max",
                   str(self.options.search_max), "--search-steps", "1"]
-        if not self.options.address:
+        perf = self.ctx.perf  # the server's lookup, built on the same cluster: its node sizes and the arena rows
+        if not self.options.address or perf is None or req.gpu_type not in perf.type_index:
             return search
-        if self._gpus_per_node is None:
-            from libarena.hardware import load_cluster
-
-            cluster = load_cluster(self.ctx.cluster_path)
-            self._gpus_per_node = {t: cluster.gpus_per_node(t) for t in cluster.gpu_types}
-        per_node = self._gpus_per_node.get(req.gpu_type, req.num_gpus)
+        per_node = int(perf.gpus_per_node[perf.type_index[req.gpu_type]])
         if req.num_gpus <= per_node:
             return search
-        degree = self.ctx.perf.pipeline_degree(req.model, req.global_batch, req.gpu_type, req.num_gpus) if self.ctx.perf else None
+        degree = perf.pipeline_degree(req.model, req.global_batch, req.gpu_type, req.num_gpus)
         return ["--grid", f"{req.gpu_type},{req.num_gpus},{degree or 1}", "--hosts", str(req.num_gpus // per_node)]
 
     def launch(self, request: LaunchRequest) -> None:
