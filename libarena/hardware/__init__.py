@@ -9,11 +9,13 @@ from libarena.hardware.cluster import (
     load_cluster,
     write_scaled_cluster,
 )
+from libarena.hardware.comm import GroupPlacement
 
 __all__ = [
     "DTYPES",
     "ClusterSpec",
     "GPUSpec",
+    "GroupPlacement",
     "NodeGroup",
     "cluster_from_bytes",
     "cluster_from_dict",

@@ -20,6 +20,12 @@ Two implementations:
   recorded (:meth:`MeasuredCommModel.sources`), so callers can say which model priced what.
 
 Both accept scalar or numpy-array volumes (the planner prices thousands of candidate stages at once).
+
+A stage's collectives run in every group of their axis at once (the tp ranks' data-parallel rings, the dp
+replicas' pipeline sends), and the groups that cross nodes share each node's network adapter.
+:meth:`CommModel.collective_time` and :meth:`CommModel.boundary_time` price that: the groups sharing an
+adapter are priced as one group moving their summed bytes (the adapter's bandwidth is the bottleneck; their
+latency steps overlap). :meth:`CommModel.time` prices one group that has the adapters to itself.
 """
 
 from __future__ import annotations
@@ -73,6 +79,42 @@ def normalize_gpu_type(name: str) -> str:
         return str(name).strip().lower()
 
 
+@dataclass(frozen=True)
+class GroupPlacement:
+    """Where the groups of one collective of a stage sit on its nodes.
+
+    A stage's ``dp x tp`` devices are numbered tp innermost on consecutive devices of nodes of ``gpus_per_node``:
+    a tp group is ``tp`` adjacent devices (``stride`` 1), a dp group ``dp`` devices ``tp`` apart, and every group
+    of the axis runs the collective at the same time.
+    """
+
+    size: int
+    stride: int
+    gpus_per_node: int
+
+    @classmethod
+    def tensor_parallel(cls, tp: int, gpus_per_node: int) -> GroupPlacement:
+        return cls(int(tp), 1, int(gpus_per_node))
+
+    @classmethod
+    def data_parallel(cls, dp: int, tp: int, gpus_per_node: int) -> GroupPlacement:
+        return cls(int(dp), int(tp), int(gpus_per_node))
+
+    @property
+    def crosses_nodes(self) -> bool:
+        return self.size * self.stride > self.gpus_per_node
+
+    @property
+    def members_per_node(self) -> int:
+        """Devices of one group on each node the group spans."""
+        return max(1, min(self.size, self.gpus_per_node // self.stride))
+
+    @property
+    def groups_per_node(self) -> int:
+        """Groups with members on one node: each sends through that node's adapter when the groups cross nodes."""
+        return max(1, min(self.stride, self.gpus_per_node))
+
+
 class CommModel(ABC):
     """Seconds one collective takes; ``bytes_per_device`` may be a scalar or a numpy array."""
 
@@ -92,6 +134,31 @@ class CommModel(ABC):
 
     def describe(self) -> str:
         return type(self).__name__
+
+    def adapter_share(self, primitive: str, placement: GroupPlacement, gpu_type: str) -> float:
+        """How many times the bytes :meth:`time` prices for one group pass each node's adapter when all the
+        placement's groups run at once across nodes. Here: one per group on the node, since a measured group
+        already includes its own members' sharing of the adapter (AlphaBetaCommModel counts those too)."""
+        return float(placement.groups_per_node) if placement.crosses_nodes else 1.0
+
+    def collective_time(self, primitive: str, bytes_per_device: Any, placement: GroupPlacement, gpu_type: str) -> Any:
+        """Seconds of one collective that every group of ``placement`` runs at the same time."""
+        crosses = placement.crosses_nodes
+        share = self.adapter_share(primitive, placement, gpu_type) if crosses else 1.0
+        volume = np.asarray(bytes_per_device, dtype=np.float64) * share
+        return self.time(primitive, volume if volume.ndim else float(volume), placement.size, gpu_type, crosses)
+
+    def boundary_time(self, bytes_per_sender: Any, senders: int, gpus_from: int, gpus_to: int, crosses_nodes: bool,
+                      gpus_per_node: int, gpu_type: str) -> Any:
+        """Seconds of a pipeline hand-off: ``senders`` devices (a stage's dp replicas) each send
+        ``bytes_per_sender`` at once. Inside a node each pair has its own link; across nodes the sends share the
+        adapters of the fewer nodes either stage spans, which carry all of them."""
+        volume = np.asarray(bytes_per_sender, dtype=np.float64)
+        if crosses_nodes:
+            g = max(1, int(gpus_per_node))
+            nodes = max(1, min(-(-int(gpus_from) // g), -(-int(gpus_to) // g)))
+            volume = volume * max(1.0, int(senders) / nodes)
+        return self.time("p2p", volume if volume.ndim else float(volume), 2, gpu_type, crosses_nodes)
 
 
 def _ring_steps(primitive: str, p: int) -> tuple[float, float]:
@@ -134,6 +201,18 @@ class AlphaBetaCommModel(CommModel):
 
     def source(self, primitive, group_size, gpu_type, crosses_nodes):
         return SOURCE_ALPHA_BETA
+
+    def adapter_share(self, primitive, placement, gpu_type):
+        """Rings cross each node's adapter once per direction, once per group on the node. An all-to-all's
+        price here is one device's off-node share, (p - 1) / p of its bytes, but the node's adapter carries
+        every device of the node's (p - m) / p of theirs (m: a group's members on the node)."""
+        if not placement.crosses_nodes:
+            return 1.0
+        groups = placement.groups_per_node
+        if normalize_primitive(primitive) == "all-to-all" and placement.size > 1:
+            p, m = placement.size, placement.members_per_node
+            return groups * m * (p - m) / (p - 1)
+        return float(groups)
 
     def describe(self) -> str:
         return f"alpha-beta (alpha {self.intra_node_latency_s * 1e6:g} us intra-node, {self.inter_node_latency_s * 1e6:g} us inter-node)"
@@ -242,6 +321,11 @@ class MeasuredCommModel(CommModel):
     def source(self, primitive, group_size, gpu_type, crosses_nodes):
         key = (normalize_primitive(primitive), normalize_gpu_type(gpu_type), int(group_size), bool(crosses_nodes))
         return SOURCE_MEASURED if key in self.curves else SOURCE_ALPHA_BETA
+
+    def adapter_share(self, primitive, placement, gpu_type):
+        if self.source(primitive, placement.size, gpu_type, placement.crosses_nodes) == SOURCE_MEASURED:
+            return super().adapter_share(primitive, placement, gpu_type)
+        return self.fallback.adapter_share(primitive, placement, gpu_type)
 
     def sources(self) -> dict[tuple[str, str, int, bool], str]:
         """Every case priced so far and the model that priced it."""

@@ -28,6 +28,10 @@ Communication of a stage, split as eq. 4 needs it:
 * per micro-batch (``comm_mb``): per cluster, the TP all-reduces (``tp_allreduce_bytes / (B dp)`` over
   the tp group) and, for MoE, the expert all-to-all (``alltoall_bytes / (B dp)`` over the dp group);
   each cluster's volume is priced as one collective;
+* groups that cross nodes share each node's network adapter with the axis's other groups on the node
+  (``CommModel.collective_time``): the tp ranks' dp rings, and an all-to-all whose off-node traffic is most of
+  every device's; a stage hand-off across nodes (``CommModel.boundary_time``) sends all dp replicas' shares
+  through the adapters of the fewer nodes either stage spans;
 * P2P between stages (``p2p_per_microbatch``), reported but, as in the paper, left out of l_comm;
 * once per iteration (``grad_sync``): the gradient all-reduce of the stage's ``param_bytes / tp`` over
   the dp group, or under ZeRO-1 a reduce-scatter of the gradients plus an all-gather of the updated
@@ -47,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from libarena.hardware import GPUSpec
-from libarena.hardware.comm import CommModel
+from libarena.hardware.comm import CommModel, GroupPlacement
 from libarena.plan.model import ModelProfile
 
 #: A recomputing stage runs its forward pass twice: the forward half of its collectives (the TP all-reduces and
@@ -128,9 +132,11 @@ class StageCostModel:
             per_cluster = np.zeros(self.num_clusters)
             # Only price collectives that move bytes (keeps a measured model's coverage report honest).
             if tp > 1 and self._tp_bytes.any():
-                per_cluster = per_cluster + self.comm.time("all-reduce", self._tp_bytes / (B * dp), tp, name, tp > g)
+                per_cluster = per_cluster + self.comm.collective_time(
+                    "all-reduce", self._tp_bytes / (B * dp), GroupPlacement.tensor_parallel(tp, g), name)
             if dp > 1 and self._a2a.any():
-                per_cluster = per_cluster + self.comm.time("all-to-all", self._a2a / (B * dp), dp, name, dp * tp > g)
+                per_cluster = per_cluster + self.comm.collective_time(
+                    "all-to-all", self._a2a / (B * dp), GroupPlacement.data_parallel(dp, tp, g), name)
             self._comm_prefix[key] = np.concatenate([[0.0], np.cumsum(per_cluster)])
         return self._comm_prefix[key]
 
@@ -148,19 +154,20 @@ class StageCostModel:
         for j in range(len(ends) - 1):
             volume = self._act[int(ends[j]) - 1] / (num_microbatches * int(dp[j]))
             crosses = int(offsets[j]) // g != int(offsets[j + 1]) // g or int(gpus[j]) > g or int(gpus[j + 1]) > g
-            out.append(float(self.comm.time("p2p", volume, 2, self.gpu.name, bool(crosses))))
+            out.append(float(self.comm.boundary_time(volume, int(dp[j]), int(gpus[j]), int(gpus[j + 1]), bool(crosses), g,
+                                                     self.gpu.name)))
         return out
 
     def _grad_sync_volume(self, volume, dp: int, tp: int, zero: bool):
         if dp <= 1:
             return np.zeros_like(volume)
-        crosses = dp * tp > self.gpus_per_node
+        placement = GroupPlacement.data_parallel(dp, tp, self.gpus_per_node)
         name = self.gpu.name
         if zero:
-            return self.comm.time("reduce-scatter", volume, dp, name, crosses) + self.comm.time(
-                "all-gather", volume, dp, name, crosses
+            return self.comm.collective_time("reduce-scatter", volume, placement, name) + self.comm.collective_time(
+                "all-gather", volume, placement, name
             )
-        return self.comm.time("all-reduce", volume, dp, name, crosses)
+        return self.comm.collective_time("all-reduce", volume, placement, name)
 
     def grad_sync(self, a, b, dp: int, tp: int, zero: bool):
         """Once-per-iteration gradient synchronisation of the stage [a, b) (fixed dp, tp, zero)."""

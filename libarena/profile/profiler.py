@@ -23,7 +23,7 @@ from libarena.artifacts.registry import get_kind
 from libarena.checks import MAX_REPEATS, MAX_SEED, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import get_gpu
-from libarena.hardware.comm import AlphaBetaCommModel, CommModel, MeasuredCommModel
+from libarena.hardware.comm import AlphaBetaCommModel, CommModel, GroupPlacement, MeasuredCommModel
 from libarena.models import ModelDef, get_model
 from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan, replica_microbatch
 from libarena.plan.config import USABLE_MEMORY_FRACTION
@@ -598,11 +598,22 @@ def _model(spec: StageSpec) -> Any:
 # Communication of a stage
 
 
-def _price(comm: CommModel, primitive: str, volume: float, group: int, gpu_type: str, crosses: bool, used: list[str]) -> float:
+def _price(comm: CommModel, primitive: str, volume: float, gpu_type: str, used: list[str], *,
+           placement: GroupPlacement | None = None, boundary: tuple[int, int, int, bool, int] | None = None) -> float:
+    """One collective that every group of ``placement`` runs at once, or a pipeline hand-off
+    (``boundary`` = (senders, gpus of the sending stage, gpus of the receiving one, crosses nodes, gpus per node))."""
+    if placement is not None:
+        group, crosses = placement.size, placement.crosses_nodes
+    else:
+        assert boundary is not None
+        group, crosses = 2, boundary[3]
     if volume <= 0 or (group <= 1 and primitive != "p2p"):
         return 0.0
     try:
-        seconds = float(comm.time(primitive, volume, group, gpu_type, crosses))
+        if placement is not None:
+            seconds = float(comm.collective_time(primitive, volume, placement, gpu_type))
+        else:
+            seconds = float(comm.boundary_time(volume, *boundary, gpu_type))
     except ArenaError as exc:
         raise ArenaError(
             f"no communication cost for {primitive} on {group} x {gpu_type}: {exc} "
@@ -632,31 +643,31 @@ def stage_communication(
         if tp > 1:
             count = max(1, sum(2 * u.tp_allreduces for u in members))
             volume = float(c.get("tp_allreduce_bytes", 0.0)) / (B * dp)
-            comm_mb += count * _price(comm, "all-reduce", volume / count, tp, gpu_type, tp > g, used)
+            comm_mb += count * _price(comm, "all-reduce", volume / count, gpu_type, used, placement=GroupPlacement.tensor_parallel(tp, g))
         if dp > 1:
             count = max(1, sum(2 * u.alltoalls for u in members))
             volume = float(c.get("alltoall_bytes", 0.0)) / (B * dp)
-            comm_mb += count * _price(comm, "all-to-all", volume / count, dp, gpu_type, dp * tp > g, used)
+            comm_mb += count * _price(comm, "all-to-all", volume / count, gpu_type, used,
+                                      placement=GroupPlacement.data_parallel(dp, tp, g))
     if stage.remat:  # the recomputed forward pass runs its collectives again (the forward half of each)
         comm_mb *= RECOMPUTE_COMM_FACTOR
     offsets = plan.stage_gpu_offsets
+    gpus = [st.num_gpus for st in plan.stages]
     p2p = 0.0
-    if j + 1 < s:
-        crosses = offsets[j] // g != offsets[j + 1] // g
-        p2p += _price(comm, "p2p", rec["activation_out_bytes"], 2, gpu_type, crosses, used)
-    if j > 0:
-        crosses = offsets[j] // g != offsets[j - 1] // g
-        p2p += _price(comm, "p2p", rec["activation_in_bytes"], 2, gpu_type, crosses, used)
+    for other, key in ((j + 1, "activation_out_bytes"), (j - 1, "activation_in_bytes")):
+        if 0 <= other < s:
+            crosses = offsets[j] // g != offsets[other] // g
+            p2p += _price(comm, "p2p", rec[key], gpu_type, used, boundary=(dp, gpus[j], gpus[other], crosses, g))
     grad = 0.0
     if dp > 1:
         volume = rec["grad_sync_bytes"]
-        crosses = dp * tp > g
+        placement = GroupPlacement.data_parallel(dp, tp, g)
         if zero:
-            grad = _price(comm, "reduce-scatter", volume, dp, gpu_type, crosses, used) + _price(
-                comm, "all-gather", volume, dp, gpu_type, crosses, used
+            grad = _price(comm, "reduce-scatter", volume, gpu_type, used, placement=placement) + _price(
+                comm, "all-gather", volume, gpu_type, used, placement=placement
             )
         else:
-            grad = _price(comm, "all-reduce", volume, dp, gpu_type, crosses, used)
+            grad = _price(comm, "all-reduce", volume, gpu_type, used, placement=placement)
     return comm_mb, p2p, grad
 
 

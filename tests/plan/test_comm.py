@@ -135,3 +135,86 @@ def test_comm_table_bad_row_names_the_row(volume, latency, message):
     rows = _rows() + [("all-reduce", "a100", 4, False, volume, latency)]
     with pytest.raises(ArenaError, match=message):
         MeasuredCommModel.from_rows(rows)
+
+
+def test_group_placement_of_a_stages_axes():
+    from libarena.hardware import GroupPlacement
+
+    # 16 devices on nodes of 4, tp 4 innermost: a tp group is one node, each dp group has one device per node
+    tp_group, dp_group = GroupPlacement.tensor_parallel(4, 4), GroupPlacement.data_parallel(4, 4, 4)
+    assert not tp_group.crosses_nodes
+    assert dp_group.crosses_nodes and dp_group.members_per_node == 1 and dp_group.groups_per_node == 4
+    # tp 2: each node holds two members of each of the two dp groups
+    dp_group = GroupPlacement.data_parallel(8, 2, 4)
+    assert (dp_group.members_per_node, dp_group.groups_per_node) == (2, 2)
+    # a tp group larger than a node: one group per node, a dp group's members on g different nodes' devices
+    assert GroupPlacement.tensor_parallel(8, 4).groups_per_node == 1
+    wide = GroupPlacement.data_parallel(2, 8, 4)
+    assert wide.crosses_nodes and (wide.members_per_node, wide.groups_per_node) == (1, 4)
+    # inside a node nothing shares an adapter
+    assert not GroupPlacement.data_parallel(2, 2, 4).crosses_nodes
+
+
+def test_concurrent_groups_share_the_node_adapter():
+    from libarena.hardware import GroupPlacement
+
+    model = AlphaBetaCommModel(intra_node_latency_s=5e-6, inter_node_latency_s=1e-5)
+    nic = get_gpu("a100").inter_node_bandwidth
+    volume = 1e8
+    # the four dp rings of tp 4 (nodes of 4) each cross every node's one adapter once per direction
+    ring = model.collective_time("all-reduce", volume, GroupPlacement.data_parallel(4, 4, 4), "a100")
+    assert ring == pytest.approx(2 * 3 * 1e-5 + 4 * (2 * 3 / 4) * volume / nic)
+    assert 3.9 < ring / model.time("all-reduce", volume, 4, "a100", True) < 4  # latency steps overlap
+    # one ring (tp 1) has the adapter to itself: the one-group price
+    alone = GroupPlacement.data_parallel(16, 1, 4)
+    assert model.collective_time("all-reduce", volume, alone, "a100") == pytest.approx(model.time("all-reduce", volume, 16, "a100", True))
+    # an all-to-all over 16 devices on nodes of 4: each node's adapter carries 4 devices x 12/16 of their bytes
+    a2a = model.collective_time("all-to-all", volume, alone, "a100")
+    assert a2a == pytest.approx(15 * 1e-5 + 4 * volume * 12 / 16 / nic)
+    assert 3.1 < a2a / model.time("all-to-all", volume, 16, "a100", True) < 4 * 12 / 15  # latency steps overlap
+    # inside a node: the one-group price, scalar in, scalar out; arrays element-wise
+    inside = GroupPlacement.data_parallel(2, 2, 4)
+    priced = model.collective_time("all-reduce", volume, inside, "a100")
+    assert isinstance(priced, float) and priced == model.time("all-reduce", volume, 2, "a100", False)
+    volumes = np.array([0.0, volume])
+    assert model.collective_time("all-reduce", volumes, GroupPlacement.data_parallel(4, 4, 4), "a100")[1] == pytest.approx(ring)
+
+
+def test_measured_groups_include_their_own_members_sharing():
+    from libarena.hardware import GroupPlacement
+
+    truth = AlphaBetaCommModel()
+    volumes = np.logspace(3, 9, 13)
+    rows = [("all-to-all", "a100", 16, True, float(v), float(truth.time("all-to-all", v, 16, "a100", True))) for v in volumes]
+    measured = MeasuredCommModel.from_rows(rows)
+    one_group = GroupPlacement.data_parallel(16, 1, 4)
+    # a measured crossing all-to-all was one group as it sat in its measurement: only other groups add to it
+    assert measured.collective_time("all-to-all", 1e8, one_group, "a100") == pytest.approx(measured.time("all-to-all", 1e8, 16, "a100", True))
+    assert measured.adapter_share("all-to-all", one_group, "a100") == 1.0
+    assert truth.adapter_share("all-to-all", one_group, "a100") == pytest.approx(4 * 12 / 15)
+    # two groups of 8 on each node (tp 2): the uncovered 8-device case is the fallback's, with the fallback's share
+    two_groups = GroupPlacement.data_parallel(8, 2, 4)
+    assert measured.source("all-to-all", 8, "a100", True) == "alpha-beta"
+    assert measured.adapter_share("all-to-all", two_groups, "a100") == truth.adapter_share("all-to-all", two_groups, "a100")
+    assert truth.adapter_share("all-to-all", two_groups, "a100") == pytest.approx(2 * 2 * 6 / 7)
+    # once measured, only the other group adds to it
+    rows += [("all-to-all", "a100", 8, True, float(v), float(truth.time("all-to-all", v, 8, "a100", True))) for v in volumes]
+    assert MeasuredCommModel.from_rows(rows).adapter_share("all-to-all", two_groups, "a100") == 2.0
+    assert measured.adapter_share("all-reduce", GroupPlacement.data_parallel(4, 4, 4), "a100") == 4.0
+
+
+def test_pipeline_hand_off_shares_the_adapters_of_the_fewer_nodes():
+    model = AlphaBetaCommModel()
+    share = 1e6  # each of the sending stage's dp replicas' part of one micro-batch
+    one_pair = model.time("p2p", share, 2, "a100", True)
+    # a whole 4-GPU node of 4 replicas hands off to another node: all four shares through one adapter
+    assert model.boundary_time(share, 4, 4, 4, True, 4, "a100") == pytest.approx(model.time("p2p", 4 * share, 2, "a100", True))
+    assert model.boundary_time(share, 4, 4, 4, True, 4, "a100") > 3 * one_pair
+    # 8 replicas over two nodes to a stage of two nodes: two adapters each way
+    assert model.boundary_time(share, 8, 8, 8, True, 4, "a100") == pytest.approx(model.time("p2p", 4 * share, 2, "a100", True))
+    # ... to a stage on one node: that node's adapter receives all eight
+    assert model.boundary_time(share, 8, 8, 4, True, 4, "a100") == pytest.approx(model.time("p2p", 8 * share, 2, "a100", True))
+    # inside a node each pair has its own link
+    assert model.boundary_time(share, 2, 2, 2, False, 4, "a100") == model.time("p2p", share, 2, "a100", False)
+    # one sender: its own share
+    assert model.boundary_time(share, 1, 1, 1, True, 4, "a100") == pytest.approx(one_pair)

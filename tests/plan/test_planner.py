@@ -129,10 +129,11 @@ def test_balanced_model_gets_an_even_split():
     assert proxy.gpus_per_stage == [4, 4, 4, 4]
     assert proxy.stage_boundaries == [0, 4, 8, 12]
     assert proxy.computation_bias == pytest.approx(0.0, abs=1e-12)
-    # Each 4-GPU stage is one whole node: every P2P crosses nodes (ConnectX), one micro-batch's activation
-    # split over the sending stage's dp replicas.
+    # Each 4-GPU stage is one whole node: every P2P crosses nodes (ConnectX); the sending stage's dp replicas
+    # each send their share of one micro-batch's activation at once, all through the node's one adapter.
     act = ops.metadata["clusters"][0]["activation_bytes"]
-    expected = AlphaBetaCommModel().time("p2p", act / (16 * proxy.dp_per_stage[0]), 2, "a100", crosses_nodes=True)
+    assert proxy.dp_per_stage[0] > 1
+    expected = AlphaBetaCommModel().time("p2p", act / 16, 2, "a100", crosses_nodes=True)
     assert proxy.p2p_per_microbatch_s == pytest.approx((expected,) * 3)
     assert sorted(st.gpu_offset for st in proxy.stages) == [0, 4, 8, 12]
 
@@ -559,3 +560,21 @@ def test_plans_are_priced_at_the_micro_batches_the_runtime_runs():
     for g in planset.grids:
         for plan in g.plans:
             assert runnable_plan(plan, 40) is plan
+
+
+def test_stage_collectives_across_nodes_share_the_node_adapter():
+    """A stage of dp 4 x tp 4 on nodes of 4 runs four gradient rings through each node's one adapter at once;
+    the planner prices that, not one ring with the adapter to itself."""
+    from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.plan.costs import StageCostModel
+
+    ops = gpt_like(num_clusters=4, hidden=1024, seq_len=512, batch=32)
+    comm = AlphaBetaCommModel()
+    profile = load_model_profile(ops)
+    per_device = float(profile.arrays["param_bytes"].sum()) / 4  # the stage's gradients over tp 4
+    sync = float(StageCostModel(profile, get_gpu("a100"), 4, comm, 0.9).grad_sync(0, 4, 4, 4, False))
+    assert sync == pytest.approx(comm.time("all-reduce", 4 * per_device, 4, "a100", True), rel=1e-9)
+    assert sync > 3.9 * comm.time("all-reduce", per_device, 4, "a100", True)
+    # on one node of 16 the rings run over NVLink, one each
+    one_node = float(StageCostModel(profile, get_gpu("a100"), 16, comm, 0.9).grad_sync(0, 4, 4, 4, False))
+    assert one_node == pytest.approx(comm.time("all-reduce", per_device, 4, "a100", False), rel=1e-9)

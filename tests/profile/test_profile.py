@@ -208,6 +208,40 @@ def test_a_recomputing_stage_repeats_its_forward_collectives(tmp_path):
     assert plain[0] > 0 and again[0] == pytest.approx(1.5 * plain[0]) and again[1:] == plain[1:]
 
 
+def test_stages_across_nodes_share_the_node_adapters(tmp_path):
+    """The profiler prices a stage's collectives and hand-offs as the planner does (CommModel.collective_time,
+    boundary_time): a dp 2 x tp 2 stage on nodes of 2 runs two gradient rings through each node's adapter, and a
+    stage of two replicas on one node sends both replicas' activations through its adapter."""
+    from dataclasses import replace
+
+    from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
+    from libarena.profile.profiler import ProfiledJob, stage_communication
+
+    path = tmp_path / "p.parquet"
+    write_plans_table(str(path), MODEL, BATCH, enumerate_grid_plans(MODEL, BATCH, 4, "a100", 2),
+                      model_clusters(MODEL, BATCH, num_clusters=2))
+    job = ProfiledJob.of(read_plans(path, require_costs=False))
+    comm = AlphaBetaCommModel()
+    volume = 1e8
+    fake = [{"activation_out_bytes": 1e6, "activation_in_bytes": 1e6, "param_bytes": volume, "grad_sync_bytes": volume}] * 2
+
+    def on_nodes_of(plan, g):
+        return replace(plan, grid=replace(plan.grid, gpus_per_node=g, num_nodes=plan.grid.num_gpus // g))
+
+    plan = next(p for p in job.planset.plans() if p.pipeline_degree == 1 and p.stages[0].tp == 2 and not p.stages[0].zero
+                and not p.stages[0].remat)
+    one_node = stage_communication(job, plan, 0, fake, comm, [])[2]
+    assert one_node == pytest.approx(comm.time("all-reduce", volume, 2, "a100", False))
+    two_nodes = stage_communication(job, on_nodes_of(plan, 2), 0, fake, comm, [])[2]
+    assert two_nodes == pytest.approx(comm.time("all-reduce", 2 * volume, 2, "a100", True))
+    pipeline = next(p for p in job.planset.plans() if p.pipeline_degree == 2)
+    pipeline = replace(pipeline, stages=tuple(replace(st, dp=2, tp=1) for st in pipeline.stages))  # two replicas a stage
+    assert stage_communication(job, pipeline, 0, fake, comm, [])[1] == pytest.approx(comm.time("p2p", 1e6, 2, "a100", False))
+    assert stage_communication(job, on_nodes_of(pipeline, 2), 0, fake, comm, [])[1] == pytest.approx(
+        comm.time("p2p", 2e6, 2, "a100", True))
+
+
 # -- CLI ----------------------------------------------------------------------------------------------
 
 
