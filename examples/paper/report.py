@@ -127,8 +127,9 @@ def markdown(results: dict[str, Any], cluster: str | None, setup: str | None = N
     lines += ["Average JCT and queuing are over all submitted jobs; a job still queued or running when the simulation "
               "ends counts up to that time; 'finished by both' compares the JCT of the jobs a policy and the reference "
               "both finished (a policy's average over its own finished jobs rewards leaving the hard ones unfinished); "
-              "'never placed': jobs the policy's view finds no memory-feasible configuration for. Throughput is the "
-              "cluster's samples/s averaged over the simulated time series (5-minute ticks).", ""]
+              "'never placed': jobs the policy's view finds no memory-feasible configuration for. Average throughput is "
+              "the samples trained over the run divided by its length, peak throughput the highest rate sampled "
+              "after a scheduling round (5-minute ticks), GPU utilization the GPU-seconds held over GPUs x length.", ""]
     return "\n".join(lines)
 
 
