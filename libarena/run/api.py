@@ -96,7 +96,7 @@ class RunRequest:
     use_ray: bool = True
     local: LocalClusterConfig = field(default_factory=LocalClusterConfig)
     #: Hosts (Ray actors, one JAX process each) the job's devices are spread over; 0 = one on the embedded
-    #: cluster, the GPU type's nodes needed (default GPUs per node) on a joined cluster.
+    #: cluster, the nodes needed on a joined cluster (of its largest node of the GPU type).
     num_hosts: int = 0
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     seed: int = 0
@@ -181,7 +181,7 @@ def _check_checkpoint(request: RunRequest, model: Any) -> tuple[int | None, list
 
 def run(request: RunRequest) -> dict[str, Any]:
     """Choose the plan and train; returns the run report (JSON-able)."""
-    from libarena.run.cluster import available_gpus, connect, run_job
+    from libarena.run.cluster import available_gpus, connect, largest_node_gpus, run_job
     from libarena.run.search import full_search, measure_in_process, pruned_search, runnable_plan
 
     if not request.use_ray:
@@ -225,7 +225,9 @@ def run(request: RunRequest) -> dict[str, Any]:
         if request.use_ray:
             spec = JobSpec(model.name, chosen, request.global_batch, request.steps, os.path.abspath(request.checkpoint_dir),
                            request.checkpoint_every, request.seed, request.data_seed, request.dtype, request.optimizer,
-                           cpu_devices=request.on_cpu_devices, num_hosts=job_hosts(request, gpu_type, chosen.num_gpus))
+                           cpu_devices=request.on_cpu_devices,
+                           num_hosts=job_hosts(request, gpu_type, chosen.num_gpus,
+                                               largest_node_gpus(gpu_type) if request.address is not None else None))
             report["job"] = run_job(spec).to_dict()
             chunks = report["job"]["chunks"]
             if chunks:  # where training really resumed (a checkpoint may fail to restore and be skipped)
@@ -248,16 +250,17 @@ def run(request: RunRequest) -> dict[str, Any]:
     return report
 
 
-def job_hosts(request: RunRequest, gpu_type: str, num_gpus: int | None) -> int:
-    """Hosts (actors) of the job: ``--hosts``, else 1 on the embedded cluster, else the nodes of the GPU
-    type's default size the GPUs fill."""
+def job_hosts(request: RunRequest, gpu_type: str, num_gpus: int | None, per_node: int | None = None) -> int:
+    """Hosts (actors) of the job: ``--hosts``, else 1 on the embedded cluster, else the nodes the GPUs fill,
+    of ``per_node`` GPUs (the joined cluster's largest node of the type; the catalogue's default size when not
+    known yet)."""
     from libarena.hardware import get_gpu
 
     if num_gpus is None:
         return max(1, request.num_hosts)
     hosts = request.num_hosts
     if hosts == 0:
-        per_node = get_gpu(gpu_type).default_gpus_per_node
+        per_node = per_node if per_node and per_node > 0 else get_gpu(gpu_type).default_gpus_per_node
         hosts = 1 if request.address is None or num_gpus <= per_node else -(-num_gpus // per_node)
     if hosts < 1 or num_gpus % hosts:
         raise ArenaError(f"the job's {num_gpus} GPUs do not split evenly over {hosts} hosts (--hosts)")

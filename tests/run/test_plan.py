@@ -96,6 +96,10 @@ def test_job_hosts_spread_the_gpus_evenly() -> None:
     assert job_hosts(request(0, "head:6379"), "a100", 4 * per_node) == 4  # whole nodes of the type's default size
     assert job_hosts(request(0, "head:6379"), "a100", per_node) == 1
     assert job_hosts(request(2), "a100", 4) == 2
+    # a joined cluster's own node size, where known (the paper's A100 nodes hold 4): 16 GPUs are 4 hosts
+    assert job_hosts(request(0, "head:6379"), "a100", 16, per_node=4) == 4
+    assert job_hosts(request(0, "head:6379"), "a100", 4, per_node=4) == 1
+    assert job_hosts(request(0), "a100", 16, per_node=4) == 1  # the embedded cluster stays one host
     with pytest.raises(ArenaError, match="do not split evenly over 3 hosts"):
         job_hosts(request(3), "a100", 4)
 
@@ -165,3 +169,28 @@ def test_a_search_that_no_single_node_can_hold_is_refused_in_one_line(monkeypatc
     with pytest.raises(ArenaError, match=r"--search measures the candidates in one process, which needs 4 a100 GPUs on "
                                          r"one node; the largest node has 2"):
         _search_on_ray(request, "a100", 4)
+
+
+def test_a_joined_cluster_spreads_the_job_over_its_own_node_size(gpt_tiny_plans, tmp_path, monkeypatch) -> None:
+    """arena-run by hand on a joined cluster, no --hosts: the job's hosts follow the cluster's nodes of the GPU
+    type (here 2 A100s a node: a 4-GPU plan is 2 hosts), not the catalogue's default node size (4 for an A100)."""
+    from libarena.hardware import get_gpu
+    from libarena.run import cluster
+    from libarena.run.api import GridSpec, RunRequest, run
+
+    assert get_gpu("a100").default_gpus_per_node == 4
+    specs = []
+
+    class Report:
+        def to_dict(self):
+            return {"chunks": []}
+
+    monkeypatch.setattr(cluster, "connect", lambda address, local: False)
+    monkeypatch.setattr(cluster, "available_gpus", lambda gpu_type: 8)
+    monkeypatch.setattr(cluster, "largest_node_gpus", lambda gpu_type: 2)
+    monkeypatch.setattr(cluster, "run_job", lambda spec: specs.append(spec) or Report())
+    request = RunRequest(str(gpt_tiny_plans), "gpt__tiny", 8, 1, str(tmp_path / "ckpt"), grid=GridSpec("a100", 4, 1),
+                         address="head:6379")
+    run(request)
+    (spec,) = specs
+    assert spec.plan.num_gpus == 4 and spec.num_hosts == 2
