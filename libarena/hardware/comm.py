@@ -114,6 +114,29 @@ class GroupPlacement:
         """Groups with members on one node: each sends through that node's adapter when the groups cross nodes."""
         return max(1, min(self.stride, self.gpus_per_node))
 
+    def adapter_load(self, primitive: str) -> float:
+        """Bytes through each node's adapter per direction when every group runs the collective at once, in units
+        of one device's ring share with the adapter to itself (what the alpha-beta price of one group moves)."""
+        if not self.crosses_nodes:
+            return 1.0
+        return self.groups_per_node * _group_load(primitive, self.size, self.members_per_node)
+
+    @property
+    def measured_members_per_node(self) -> int:
+        """Members per node of the layout a measured table's node-crossing row of this group size is taken to
+        have: the group alone on as few nodes as it spans (a node's worth of devices on each), or half of it on
+        each of two nodes where it would fit in one, as nccl-tests runs it."""
+        return self.gpus_per_node if self.size > self.gpus_per_node else max(1, self.size // 2)
+
+
+def _group_load(primitive: str, p: int, m: int) -> float:
+    """One group's bytes through a node's adapter, in units of one device's ring share: a ring crosses it once per
+    direction; an all-to-all sends (p - m) / p of the bytes of each of its m members on the node off the node, where
+    one group's price counts (p - 1) / p of one device's."""
+    if normalize_primitive(primitive) == "all-to-all" and p > 1:
+        return m * (p - m) / (p - 1)
+    return 1.0
+
 
 class CommModel(ABC):
     """Seconds one collective takes; ``bytes_per_device`` may be a scalar or a numpy array."""
@@ -137,9 +160,14 @@ class CommModel(ABC):
 
     def adapter_share(self, primitive: str, placement: GroupPlacement, gpu_type: str) -> float:
         """How many times the bytes :meth:`time` prices for one group pass each node's adapter when all the
-        placement's groups run at once across nodes. Here: one per group on the node, since a measured group
-        already includes its own members' sharing of the adapter (AlphaBetaCommModel counts those too)."""
-        return float(placement.groups_per_node) if placement.crosses_nodes else 1.0
+        placement's groups run at once across nodes. Here :meth:`time` is taken to be a measurement of one group
+        alone (``GroupPlacement.measured_members_per_node``), which includes its own members' sharing of the
+        adapter: the share is the placement's adapter load over that group's. (AlphaBetaCommModel prices one
+        device's ring share: its share is the whole load.)"""
+        if not placement.crosses_nodes:
+            return 1.0
+        alone = _group_load(primitive, placement.size, placement.measured_members_per_node)
+        return placement.adapter_load(primitive) / alone
 
     def collective_time(self, primitive: str, bytes_per_device: Any, placement: GroupPlacement, gpu_type: str) -> Any:
         """Seconds of one collective that every group of ``placement`` runs at the same time."""
@@ -148,16 +176,19 @@ class CommModel(ABC):
         volume = np.asarray(bytes_per_device, dtype=np.float64) * share
         return self.time(primitive, volume if volume.ndim else float(volume), placement.size, gpu_type, crosses)
 
-    def boundary_time(self, bytes_per_sender: Any, senders: int, gpus_from: int, gpus_to: int, crosses_nodes: bool,
+    def boundary_time(self, boundary_bytes: Any, dp_from: int, dp_to: int, gpus_from: int, gpus_to: int, crosses_nodes: bool,
                       gpus_per_node: int, gpu_type: str) -> Any:
-        """Seconds of a pipeline hand-off: ``senders`` devices (a stage's dp replicas) each send
-        ``bytes_per_sender`` at once. Inside a node each pair has its own link; across nodes the sends share the
-        adapters of the fewer nodes either stage spans, which carry all of them."""
-        volume = np.asarray(bytes_per_sender, dtype=np.float64)
+        """Seconds of a pipeline hand-off of ``boundary_bytes`` (one micro-batch's activation, or its gradient back)
+        between two stages of ``dp_from`` and ``dp_to`` replicas. Inside a node the replicas' pairs share it out over
+        their own links, min(dp_from, dp_to) at once (the side with fewer replicas sends or receives more each);
+        across nodes it passes the adapters of the fewer nodes either stage spans. The same both ways."""
+        volume = np.asarray(boundary_bytes, dtype=np.float64)
         if crosses_nodes:
             g = max(1, int(gpus_per_node))
-            nodes = max(1, min(-(-int(gpus_from) // g), -(-int(gpus_to) // g)))
-            volume = volume * max(1.0, int(senders) / nodes)
+            ways = min(-(-int(gpus_from) // g), -(-int(gpus_to) // g))
+        else:
+            ways = min(int(dp_from), int(dp_to))
+        volume = volume / max(1, ways)
         return self.time("p2p", volume if volume.ndim else float(volume), 2, gpu_type, crosses_nodes)
 
 
@@ -203,16 +234,8 @@ class AlphaBetaCommModel(CommModel):
         return SOURCE_ALPHA_BETA
 
     def adapter_share(self, primitive, placement, gpu_type):
-        """Rings cross each node's adapter once per direction, once per group on the node. An all-to-all's
-        price here is one device's off-node share, (p - 1) / p of its bytes, but the node's adapter carries
-        every device of the node's (p - m) / p of theirs (m: a group's members on the node)."""
-        if not placement.crosses_nodes:
-            return 1.0
-        groups = placement.groups_per_node
-        if normalize_primitive(primitive) == "all-to-all" and placement.size > 1:
-            p, m = placement.size, placement.members_per_node
-            return groups * m * (p - m) / (p - 1)
-        return float(groups)
+        """One group's price here is one device's share with the adapter to itself: the share is the whole load."""
+        return placement.adapter_load(primitive)
 
     def describe(self) -> str:
         return f"alpha-beta (alpha {self.intra_node_latency_s * 1e6:g} us intra-node, {self.inter_node_latency_s * 1e6:g} us inter-node)"

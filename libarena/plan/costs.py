@@ -30,8 +30,8 @@ Communication of a stage, split as eq. 4 needs it:
   each cluster's volume is priced as one collective;
 * groups that cross nodes share each node's network adapter with the axis's other groups on the node
   (``CommModel.collective_time``): the tp ranks' dp rings, and an all-to-all whose off-node traffic is most of
-  every device's; a stage hand-off across nodes (``CommModel.boundary_time``) sends all dp replicas' shares
-  through the adapters of the fewer nodes either stage spans;
+  every device's; a stage hand-off across nodes (``CommModel.boundary_time``) passes the adapters of the fewer
+  nodes either stage spans;
 * P2P between stages (``p2p_per_microbatch``), reported but, as in the paper, left out of l_comm;
 * once per iteration (``grad_sync``): the gradient all-reduce of the stage's ``param_bytes / tp`` over
   the dp group, or under ZeRO-1 a reduce-scatter of the gradients plus an all-gather of the updated
@@ -145,17 +145,18 @@ class StageCostModel:
         return (pre[b] - pre[a]) * (RECOMPUTE_COMM_FACTOR if remat else 1.0)
 
     def p2p_per_microbatch(self, ends, dp, gpus, offsets, num_microbatches: int) -> list[float]:
-        """One-direction P2P time per micro-batch across each stage boundary j -> j+1: the activation
-        leaving stage j, split over its dp replicas (tp ranks hold replicas and send in parallel). It
-        crosses nodes when the two stages sit on different nodes. Not part of l_comm (the paper leaves
+        """One-direction P2P time per micro-batch across each stage boundary j -> j+1 (the same both ways): the
+        activation leaving stage j, shared out over the pairs of the two stages' replicas inside a node, through
+        the adapters of the fewer nodes either stage spans when the two stages sit on different nodes
+        (``CommModel.boundary_time``). Not part of l_comm (the paper leaves
         P2P out: it overlaps with computation); reported for the profiler's 1F1B model."""
         g = self.gpus_per_node
         out = []
         for j in range(len(ends) - 1):
-            volume = self._act[int(ends[j]) - 1] / (num_microbatches * int(dp[j]))
+            volume = self._act[int(ends[j]) - 1] / num_microbatches
             crosses = int(offsets[j]) // g != int(offsets[j + 1]) // g or int(gpus[j]) > g or int(gpus[j + 1]) > g
-            out.append(float(self.comm.boundary_time(volume, int(dp[j]), int(gpus[j]), int(gpus[j + 1]), bool(crosses), g,
-                                                     self.gpu.name)))
+            out.append(float(self.comm.boundary_time(volume, int(dp[j]), int(dp[j + 1]), int(gpus[j]), int(gpus[j + 1]),
+                                                     bool(crosses), g, self.gpu.name)))
         return out
 
     def _grad_sync_volume(self, volume, dp: int, tp: int, zero: bool):

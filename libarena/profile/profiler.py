@@ -599,14 +599,14 @@ def _model(spec: StageSpec) -> Any:
 
 
 def _price(comm: CommModel, primitive: str, volume: float, gpu_type: str, used: list[str], *,
-           placement: GroupPlacement | None = None, boundary: tuple[int, int, int, bool, int] | None = None) -> float:
-    """One collective that every group of ``placement`` runs at once, or a pipeline hand-off
-    (``boundary`` = (senders, gpus of the sending stage, gpus of the receiving one, crosses nodes, gpus per node))."""
+           placement: GroupPlacement | None = None, boundary: tuple[int, int, int, int, bool, int] | None = None) -> float:
+    """One collective that every group of ``placement`` runs at once, or a pipeline hand-off of ``volume`` bytes
+    (``boundary`` = (dp of the two stages, their gpus, crosses nodes, gpus per node))."""
     if placement is not None:
         group, crosses = placement.size, placement.crosses_nodes
     else:
         assert boundary is not None
-        group, crosses = 2, boundary[3]
+        group, crosses = 2, boundary[4]
     if volume <= 0 or (group <= 1 and primitive != "p2p"):
         return 0.0
     try:
@@ -652,12 +652,14 @@ def stage_communication(
     if stage.remat:  # the recomputed forward pass runs its collectives again (the forward half of each)
         comm_mb *= RECOMPUTE_COMM_FACTOR
     offsets = plan.stage_gpu_offsets
-    gpus = [st.num_gpus for st in plan.stages]
     p2p = 0.0
     for other, key in ((j + 1, "activation_out_bytes"), (j - 1, "activation_in_bytes")):
         if 0 <= other < s:
+            # a worker's share of the micro-batch's activation (gradient) times the replicas: the whole hand-off
             crosses = offsets[j] // g != offsets[other] // g
-            p2p += _price(comm, "p2p", rec[key], gpu_type, used, boundary=(dp, gpus[j], gpus[other], crosses, g))
+            neighbour = plan.stages[other]
+            p2p += _price(comm, "p2p", rec[key] * dp, gpu_type, used,
+                          boundary=(dp, neighbour.dp, stage.num_gpus, neighbour.num_gpus, crosses, g))
     grad = 0.0
     if dp > 1:
         volume = rec["grad_sync_bytes"]

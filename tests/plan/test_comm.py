@@ -183,38 +183,55 @@ def test_concurrent_groups_share_the_node_adapter():
 def test_measured_groups_include_their_own_members_sharing():
     from libarena.hardware import GroupPlacement
 
-    truth = AlphaBetaCommModel()
+    nic = get_gpu("a100").inter_node_bandwidth
+
+    def packed_all_to_all(p, m, v):  # one group of p alone, m members on each node: its adapter load / bandwidth
+        return m * (p - m) / p * v / nic
+
     volumes = np.logspace(3, 9, 13)
-    rows = [("all-to-all", "a100", 16, True, float(v), float(truth.time("all-to-all", v, 16, "a100", True))) for v in volumes]
+    # a measured all-to-all over 8 devices on two nodes of 4 (as nccl-tests runs it): its own members share the adapter
+    rows = [("all-to-all", "a100", 8, True, float(v), packed_all_to_all(8, 4, v)) for v in volumes]
     measured = MeasuredCommModel.from_rows(rows)
-    one_group = GroupPlacement.data_parallel(16, 1, 4)
-    # a measured crossing all-to-all was one group as it sat in its measurement: only other groups add to it
-    assert measured.collective_time("all-to-all", 1e8, one_group, "a100") == pytest.approx(measured.time("all-to-all", 1e8, 16, "a100", True))
+    one_group = GroupPlacement.data_parallel(8, 1, 4)
     assert measured.adapter_share("all-to-all", one_group, "a100") == 1.0
-    assert truth.adapter_share("all-to-all", one_group, "a100") == pytest.approx(4 * 12 / 15)
-    # two groups of 8 on each node (tp 2): the uncovered 8-device case is the fallback's, with the fallback's share
+    assert measured.collective_time("all-to-all", 1e8, one_group, "a100") == pytest.approx(packed_all_to_all(8, 4, 1e8), rel=1e-6)
+    # dp 8 x tp 2 on nodes of 4: two groups a node, two members each: each node's adapter carries 4 devices x 6/8 of
+    # their bytes, against the measured group's 4 x 4/8
     two_groups = GroupPlacement.data_parallel(8, 2, 4)
-    assert measured.source("all-to-all", 8, "a100", True) == "alpha-beta"
-    assert measured.adapter_share("all-to-all", two_groups, "a100") == truth.adapter_share("all-to-all", two_groups, "a100")
-    assert truth.adapter_share("all-to-all", two_groups, "a100") == pytest.approx(2 * 2 * 6 / 7)
-    # once measured, only the other group adds to it
-    rows += [("all-to-all", "a100", 8, True, float(v), float(truth.time("all-to-all", v, 8, "a100", True))) for v in volumes]
-    assert MeasuredCommModel.from_rows(rows).adapter_share("all-to-all", two_groups, "a100") == 2.0
-    assert measured.adapter_share("all-reduce", GroupPlacement.data_parallel(4, 4, 4), "a100") == 4.0
+    assert measured.adapter_share("all-to-all", two_groups, "a100") == pytest.approx(1.5)
+    assert measured.collective_time("all-to-all", 1e8, two_groups, "a100") == pytest.approx(
+        4 * 6 / 8 * 1e8 / nic, rel=1e-6)
+    # the alpha-beta model prices the same physical load
+    truth = AlphaBetaCommModel(inter_node_latency_s=0.0)
+    assert truth.collective_time("all-to-all", 1e8, two_groups, "a100") == pytest.approx(4 * 6 / 8 * 1e8 / nic)
+    assert truth.adapter_share("all-to-all", one_group, "a100") == pytest.approx(4 * 4 / 7)
+    # rings: a measured ring includes nothing of the other groups, which each cross the adapter once more
+    ring_rows = [("all-reduce", "a100", 4, True, float(v), 2 * 3 / 4 * v / nic) for v in volumes]
+    rings = MeasuredCommModel.from_rows(ring_rows)
+    four_rings = GroupPlacement.data_parallel(4, 4, 4)
+    assert rings.source("all-reduce", 4, "a100", True) == "measured"
+    assert rings.adapter_share("all-reduce", four_rings, "a100") == 4.0
+    assert rings.collective_time("all-reduce", 1e8, four_rings, "a100") == pytest.approx(4 * 2 * 3 / 4 * 1e8 / nic, rel=1e-6)
+    # cases the table does not cover are the fallback's, priced with the fallback's share
+    assert rings.source("all-to-all", 8, "a100", True) == "alpha-beta"
+    assert rings.adapter_share("all-to-all", two_groups, "a100") == AlphaBetaCommModel().adapter_share("all-to-all", two_groups, "a100")
 
 
-def test_pipeline_hand_off_shares_the_adapters_of_the_fewer_nodes():
+def test_pipeline_hand_off_is_shared_out_over_pairs_or_adapters():
     model = AlphaBetaCommModel()
-    share = 1e6  # each of the sending stage's dp replicas' part of one micro-batch
-    one_pair = model.time("p2p", share, 2, "a100", True)
-    # a whole 4-GPU node of 4 replicas hands off to another node: all four shares through one adapter
-    assert model.boundary_time(share, 4, 4, 4, True, 4, "a100") == pytest.approx(model.time("p2p", 4 * share, 2, "a100", True))
-    assert model.boundary_time(share, 4, 4, 4, True, 4, "a100") > 3 * one_pair
-    # 8 replicas over two nodes to a stage of two nodes: two adapters each way
-    assert model.boundary_time(share, 8, 8, 8, True, 4, "a100") == pytest.approx(model.time("p2p", 4 * share, 2, "a100", True))
-    # ... to a stage on one node: that node's adapter receives all eight
-    assert model.boundary_time(share, 8, 8, 4, True, 4, "a100") == pytest.approx(model.time("p2p", 8 * share, 2, "a100", True))
-    # inside a node each pair has its own link
-    assert model.boundary_time(share, 2, 2, 2, False, 4, "a100") == model.time("p2p", share, 2, "a100", False)
-    # one sender: its own share
-    assert model.boundary_time(share, 1, 1, 1, True, 4, "a100") == pytest.approx(one_pair)
+    activation = 4e6  # one micro-batch's activation leaving a stage
+
+    def pair(volume, crosses):
+        return model.time("p2p", volume, 2, "a100", crosses)
+
+    # a whole 4-GPU node of 4 replicas hands off to another node: all of it through one adapter
+    assert model.boundary_time(activation, 4, 4, 4, 4, True, 4, "a100") == pytest.approx(pair(activation, True))
+    # two nodes to two nodes: two adapters each way; two nodes to one: that node's one adapter
+    assert model.boundary_time(activation, 8, 8, 8, 8, True, 4, "a100") == pytest.approx(pair(activation / 2, True))
+    assert model.boundary_time(activation, 8, 4, 8, 4, True, 4, "a100") == pytest.approx(pair(activation, True))
+    # a tp 8 stage of one replica on two nodes sends half from each node's adapter
+    assert model.boundary_time(activation, 1, 8, 8, 8, True, 4, "a100") == pytest.approx(pair(activation / 2, True))
+    # inside a node the replicas' pairs each have a link: the side with fewer replicas sets the pace, both ways
+    assert model.boundary_time(activation, 2, 2, 2, 2, False, 4, "a100") == pytest.approx(pair(activation / 2, False))
+    assert model.boundary_time(activation, 2, 1, 2, 2, False, 4, "a100") == model.boundary_time(activation, 1, 2, 2, 2, False, 4, "a100") \
+        == pytest.approx(pair(activation, False))

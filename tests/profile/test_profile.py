@@ -240,6 +240,12 @@ def test_stages_across_nodes_share_the_node_adapters(tmp_path):
     assert stage_communication(job, pipeline, 0, fake, comm, [])[1] == pytest.approx(comm.time("p2p", 1e6, 2, "a100", False))
     assert stage_communication(job, on_nodes_of(pipeline, 2), 0, fake, comm, [])[1] == pytest.approx(
         comm.time("p2p", 2e6, 2, "a100", True))
+    # the second stage receives it and sends the gradient back the same way
+    assert stage_communication(job, on_nodes_of(pipeline, 2), 1, fake, comm, [])[1] == pytest.approx(
+        comm.time("p2p", 2e6, 2, "a100", True))
+    # a one-replica neighbour on the same node takes (sends) the whole activation over one link
+    narrow = replace(pipeline, stages=(pipeline.stages[0], replace(pipeline.stages[1], dp=1, tp=2)))
+    assert stage_communication(job, narrow, 0, fake, comm, [])[1] == pytest.approx(comm.time("p2p", 2e6, 2, "a100", False))
 
 
 # -- CLI ----------------------------------------------------------------------------------------------
