@@ -193,13 +193,9 @@ def analyze_model(
     num_ops = np.bincount(unit[unit >= 0], minlength=num_units)
 
     records = []
-    last = num_units - 1
     for i, spec in enumerate(unit_specs):
         count = int(sum(int(np.prod(x.shape, dtype=np.int64)) for x in jax.tree.leaves(params[i])))
         in_bytes, out_bytes = activations[i]
-        # The loss unit's output is a scalar; its tensor-parallel all-reduces act on its input (the
-        # hidden states: vocabulary-parallel logits statistics forward, the input gradient backward).
-        reduced = in_bytes if i == last else out_bytes
         if spec.alltoalls and not dispatch_bytes:
             raise ValueError(f"{model.name}: unit {spec.name} has all-to-alls but the model gives no expert dispatch shape")
         records.append(
@@ -221,8 +217,8 @@ def analyze_model(
                 activation_bytes=float(out_bytes),
                 saved_activation_bytes=float(saved[i].per_batch),
                 saved_constant_bytes=float(saved[i].constant),
-                tp_allreduce_bytes=float(spec.tp_allreduces * reduced * 2),
-                alltoall_bytes=float(spec.alltoalls * dispatch_bytes * 2),
+                tp_allreduce_bytes=spec.tp_allreduce_bytes(in_bytes, out_bytes),
+                alltoall_bytes=spec.alltoall_bytes(dispatch_bytes),
             )
         )
     ranges = balanced_partition([r.flops for r in records], config.num_clusters)

@@ -462,18 +462,27 @@ def build_rows(step: LoweredStep, unit_names: list[str], log: Log | None = None)
             if len(found) == 1:
                 phase[row] = found.pop()
 
-    # Parameter bytes touched: parameter / optimizer-state buffers read directly, and written (the
-    # step's outputs for them).
+    # Bytes a fused kernel still moves at each instruction (plan.model.fused_bytes): parameter / optimizer-state
+    # buffers read directly and written (the step's outputs for them, charged to the instruction that computes
+    # the value: a root element that is a get-tuple-element of a call's result costs nothing in XLA's analysis),
+    # and the gradients the optimizer reads (written by the backward pass, read once by the update's kernel).
     param_bytes = np.zeros(n)
+    optimizer = _PHASE_CODE[OPTIMIZER]
+    gradients_read: set[int] = set()
     for row, e in enumerate(kept):
         for o in set(e.sources):
             role = kept[o].role
             if role is not None and role.role in ("param", "opt_state"):
                 param_bytes[row] += role.nbytes
+            elif (phase[row] == optimizer and role is None and phase[o] == _PHASE_CODE[BACKWARD]
+                  and o not in gradients_read):
+                gradients_read.add(o)
+                param_bytes[row] += rows.bytes_written[o]
     if root_parts is not None and len(root_parts) == len(step.outputs):
         for part, role in zip(root_parts, step.outputs):
             if role.role in ("param", "opt_state"):
-                param_bytes[part] += role.nbytes
+                computed = kept[part].sources[0] if kept[part].instr.opcode == "get-tuple-element" and kept[part].sources else part
+                param_bytes[computed] += role.nbytes
     elif log:
         log("warning: the step's outputs do not match the module's root tuple; written parameter bytes not counted")
 

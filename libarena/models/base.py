@@ -34,8 +34,28 @@ class UnitSpec:
     #: All-reduces of the unit's output activation per forward pass under Megatron-style tensor parallelism
     #: (2 per transformer block: after attention and after the MLP).
     tp_allreduces: int = 0
-    #: Expert all-to-alls per forward pass (dispatch and combine of a GShard MoE layer).
+    #: Expert all-to-alls per forward pass (dispatch and combine of a GShard MoE layer); as many in the backward.
     alltoalls: int = 0
+    #: All-reduces of the same tensor in the backward pass; None: as many as forward (a block's column-parallel
+    #: inputs' gradients). A vocabulary-parallel embedding reduces its output forward only (its table's gradient
+    #: is local); a vocabulary-parallel output layer its input's gradient backward only.
+    tp_backward_allreduces: int | None = None
+    #: The all-reduced tensor is the unit's input, not its output (an output layer, whose output is the loss).
+    tp_reduces_input: bool = False
+
+    @property
+    def tp_allreduce_count(self) -> int:
+        """Tensor-parallel all-reduces of one forward and backward pass."""
+        backward = self.tp_allreduces if self.tp_backward_allreduces is None else self.tp_backward_allreduces
+        return self.tp_allreduces + backward
+
+    def tp_allreduce_bytes(self, input_bytes: float, output_bytes: float) -> float:
+        """Bytes the unit's tensor-parallel all-reduces move in one forward and backward pass (full tensors)."""
+        return float(self.tp_allreduce_count * (input_bytes if self.tp_reduces_input else output_bytes))
+
+    def alltoall_bytes(self, dispatch_bytes: float) -> float:
+        """Bytes the unit's expert all-to-alls move in one forward and backward pass (dispatch and combine each way)."""
+        return float(2 * self.alltoalls * dispatch_bytes)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,9 @@ def model_clusters(model_name: str, global_batch: int, dtype: str = "fp32", num_
     cdt = compute_dtype(dtype)
     params = abstract_params(model)
     sizes = [float(np.prod(out.shape) * np.dtype(out.dtype).itemsize) for out in unit_outputs(model, params, batch, cdt)]
+    inputs = [0.0, *sizes[:-1]]  # a unit's input is the previous unit's output
+    dispatch = model.expert_dispatch_shape(global_batch)
+    dispatch_bytes = float(np.prod(dispatch, dtype=np.int64)) * np.dtype(cdt).itemsize if dispatch else 0.0
     records = []
     for c in range(k):
         members = range(edges[c], edges[c + 1])
@@ -56,9 +59,9 @@ def model_clusters(model_name: str, global_batch: int, dtype: str = "fp32", num_
                 "param_bytes": 4.0 * param_count,
                 "activation_bytes": sizes[edges[c + 1] - 1],
                 "saved_activation_bytes": 0.0,
-                # fwd + bwd: each all-reduce of a unit's output activation happens once each way
-                "tp_allreduce_bytes": float(sum(2 * units[i].tp_allreduces * sizes[i] for i in members)),
-                "alltoall_bytes": float(sum(2 * units[i].alltoalls * sizes[i] for i in members)),
+                # fwd + bwd, by the rules arena-analyze records (UnitSpec)
+                "tp_allreduce_bytes": float(sum(units[i].tp_allreduce_bytes(inputs[i], sizes[i]) for i in members)),
+                "alltoall_bytes": float(sum(units[i].alltoall_bytes(dispatch_bytes) for i in members)),
             }
         )
     return records

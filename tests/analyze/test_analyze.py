@@ -210,6 +210,11 @@ def test_transformer_boundary_and_communication_bytes():
             shapes = col(ops, "shape")[(col(ops, "opcode") == "dot") & (col(ops, "layer") == "block_00")]
             assert f"bf16[{','.join(map(str, shape))}]" in set(shapes)
         assert all(r["alltoall_bytes"] == expected_a2a for r in blocks)
+        # vocabulary-parallel ends: the embedding's output is summed over tp forward (its table's gradient is
+        # local), the output layer's input gradient backward (its output is the loss): one all-reduce each
+        units = {u["name"]: u for u in ops.metadata["units"]}
+        assert units["embed"]["tp_allreduce_bytes"] == act == units["embed"]["activation_bytes"]
+        assert units["head"]["tp_allreduce_bytes"] == act == units["head"]["input_activation_bytes"]
     # The loss unit keeps the float32 softmax for its backward (it leaves log_softmax's call as a tuple
     # element: data flow must see through tuples).
     gpt = get_model("gpt__tiny").config
@@ -335,3 +340,35 @@ def test_called_computations_are_renamed_by_whole_name():
     instr = types.SimpleNamespace(attributes="select=%region_1.4, scatter=%region_1.45, metadata={op_name=\"%x\"}",
                                   called=["region_1.4", "region_1.45"])
     assert coster._canonical_attributes(instr) == "select=#7, scatter=#9, metadata={op_name=\"%x\"}"
+
+
+def test_the_profilers_plan_clusters_carry_the_analysed_volumes():
+    """The small grids' plans (profile.local_plans, built from the model without an operator table) price the same
+    tensor-parallel and all-to-all volumes per unit as arena-analyze records: the output layer's input, not the
+    loss; the expert dispatch tensor, not the block's output."""
+    from libarena.profile.local_plans import model_clusters
+
+    for family in ("moe", "gpt"):
+        ops = analyzed(family)
+        units = ops.metadata["units"]
+        clusters = model_clusters(f"{family}__tiny", BATCH[family], dtype=ops.metadata["dtype"], num_clusters=len(units))
+        assert [c["units"] for c in clusters] == [[u["name"]] for u in units]
+        for cluster, unit in zip(clusters, units):
+            assert cluster["tp_allreduce_bytes"] == pytest.approx(unit["tp_allreduce_bytes"]), unit["name"]
+            assert cluster["alltoall_bytes"] == pytest.approx(unit["alltoall_bytes"]), unit["name"]
+        assert any(u["alltoall_bytes"] > 0 for u in units) == (family == "moe")
+
+
+def test_the_fused_optimizer_step_moves_what_adam_reads_and_writes():
+    """After fusion an Adam step reads each parameter, its gradient and both moments and writes the parameter
+    and both moments: 28 bytes per fp32 parameter with fp32 gradients. The writes were charged to get-tuple-element
+    rows (which XLA costs nothing) and the gradient read to nothing: 12 bytes per parameter were counted."""
+    from libarena.plan.model import fused_bytes
+
+    for family in ("gpt", "moe"):
+        ops = analyzed(family)
+        opcode, phase = col(ops, "opcode"), col(ops, "phase")
+        moved = col(ops, "bytes_read") + col(ops, "bytes_written")
+        fused = fused_bytes(opcode, moved, col(ops, "param_bytes"))
+        per_param = fused[phase == "optimizer"].sum() / ops.metadata["model"]["param_count"]
+        assert 26.0 <= per_param <= 28.01, (family, per_param)

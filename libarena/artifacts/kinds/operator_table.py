@@ -94,7 +94,7 @@ OPERATOR_TABLE = register_kind(
             Column("cluster", "int64", "clustered-operator index the unit belongs to (-1 if unattributed)"),
             Column("phase", "string", "forward, backward or optimizer"),
             Column("is_parameter_op", "bool", "reads or updates parameters / optimizer state"),
-            Column("param_bytes", "float64", "parameter and optimizer-state bytes the instruction reads directly or writes as the step's new state"),
+            Column("param_bytes", "float64", "bytes a fused kernel still moves at the instruction: parameter and optimizer-state buffers it reads directly or writes as the step's new state, and the gradients an optimizer instruction reads"),
         ),
         fields=(
             Field("model", "dict", "model identifier, family, size, nominal and actual parameter counts, config"),
@@ -112,7 +112,7 @@ OPERATOR_TABLE = register_kind(
             "Rows: every instruction of the entry computation with `call`s expanded in place (their bodies' instructions become rows named '<call>/<instruction>', once per call site; the call itself and the bodies' parameters give no row); computations applied by reduce/scatter/reduce-window/select-and-scatter/sort give no rows, their cost is in the applying instruction's row. So per-row costs sum to XLA's module totals.",
             "Costs are XLA's HloCostAnalysis of each instruction (a probe module per distinct instruction), at the global batch, before any fusion or optimisation.",
             "Phase: backward = under transpose(...) in the op_name path, optimizer = under the 'optimizer' named scope, otherwise forward; unscoped instructions take the latest phase of their operands.",
-            "Cluster records: flops/bytes are forward + backward; activation_bytes is the cluster's last unit's output at the global batch (the loss scalar for the last cluster); saved_activation_bytes + saved_constant_bytes are the units' vjp residuals as JAX keeps them for the backward pass (the parameters and batch entries they merely reference left out), split into the part that grows with the batch and the part that does not, both at the global batch; tp_allreduce_bytes = sum over units of tp_allreduces x 2 (fwd+bwd) x the unit's output bytes (its input for the loss unit); alltoall_bytes = sum over units of alltoalls x 2 x expert-dispatch tensor bytes.",
+            "Cluster records: flops/bytes are forward + backward; activation_bytes is the cluster's last unit's output at the global batch (the loss scalar for the last cluster); saved_activation_bytes + saved_constant_bytes are the units' vjp residuals as JAX keeps them for the backward pass (the parameters and batch entries they merely reference left out), split into the part that grows with the batch and the part that does not, both at the global batch; tp_allreduce_bytes = sum over units of their forward and backward all-reduces x the unit's output bytes (its input for an output layer: a vocabulary-parallel embedding reduces its output forward only, an output layer its input gradient backward only, a block twice each way); alltoall_bytes = sum over units of alltoalls x 2 x expert-dispatch tensor bytes.",
             "Version 1 tables (no recomputation fields; saved_activation_bytes from the unoptimized HLO's forward results read by the backward) are read with the new fields derived from their per-unit records and rows (saved_constant_bytes 0).",
         ),
         upgrades=((1, _from_version_1),),

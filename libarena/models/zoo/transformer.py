@@ -121,7 +121,11 @@ class TransformerModel(ModelDef):
         blocks = tuple(
             UnitSpec(f"block_{i:02d}", block_kind, tp_allreduces=2, alltoalls=alltoalls) for i in range(c.num_layers)
         )
-        return (UnitSpec("embed", "embedding"), *blocks, UnitSpec("head", "lm_head", tp_allreduces=1))
+        # vocabulary-parallel embedding and output layer (the runtime splits the token table over the vocabulary):
+        # the embedding's masked lookup is summed over tp forward, the output layer's input gradient backward
+        # (its softmax statistics' (batch, seq) reductions forward are left out: a fraction of a percent of it)
+        return (UnitSpec("embed", "embedding", tp_allreduces=1, tp_backward_allreduces=0), *blocks,
+                UnitSpec("head", "lm_head", tp_allreduces=0, tp_backward_allreduces=1, tp_reduces_input=True))
 
     # -- parameters ------------------------------------------------------------------------------------
 

@@ -82,7 +82,7 @@ class WideResNetModel(ModelDef):
     @property
     def units(self) -> tuple[UnitSpec, ...]:
         blocks = tuple(UnitSpec(f"block_{i:02d}", "bottleneck_block", tp_allreduces=2) for i in range(len(self._blocks())))
-        return (UnitSpec("stem", "conv_stem", tp_allreduces=1), *blocks, UnitSpec("head", "classifier_head", tp_allreduces=1))
+        return (UnitSpec("stem", "conv_stem", tp_allreduces=1), *blocks, UnitSpec("head", "classifier_head", tp_allreduces=1, tp_reduces_input=True))
 
     def init_unit(self, index: int, key: Any) -> Params:
         import jax
