@@ -226,6 +226,11 @@ class Simulator:
         self.done_count += 1
         self.policy.on_finish(job)
         self.dirty = True
+        if self._nothing_left():
+            self.all_settled = True  # the run ends with its last job, not at the next tick
+
+    def _nothing_left(self) -> bool:
+        return self.done_count + self.unschedulable_count == len(self.jobs) and not self.active and self.pending_arrivals == 0
 
     def tick(self) -> None:
         scheduled = False
@@ -255,8 +260,8 @@ class Simulator:
         res.ts_scheduled.append(scheduled)
         if self.progress is not None:
             self._report_progress()
-        if self.done_count + self.unschedulable_count == len(self.jobs) and not self.active and self.pending_arrivals == 0:
-            self.all_settled = True  # nothing left that can happen: the run ends at this tick
+        if self._nothing_left():
+            self.all_settled = True  # nothing left that can happen (the last jobs dropped or never placeable)
             return
         if len(res.ts_time) >= self.config.max_ticks:
             # the bound on the simulator's own work (time and memory grow with the ticks)
@@ -342,6 +347,38 @@ class Simulator:
         if blocks is None:
             self.pools[alloc.type_index].occupy(alloc.blocks)
         return blocks
+
+    def reassign(self, moves: list[tuple[Job, int, int]]) -> list[tuple[Job, int, int]]:
+        """Move several running jobs at once to their (type, count index): the GPUs they hold are given back first,
+        so they may swap or rotate GPU types, as a solver's assignment moves them together (each pays what a
+        rescale costs). Placed largest first; a move that does not fit (fragmentation) is left out and the rest
+        placed again without it. Returns the moves left out (nothing of theirs changes)."""
+        moves = [(job, t, c) for job, t, c in moves if (t, c) != (job.alloc.type_index, job.alloc.count_index)]
+        for job, t, c in moves:
+            if job.state != JobState.RUNNING or not job.true_thr[t, c] > 0:
+                raise AssertionError(f"job {job.spec.job_id} cannot move to {1 << c} x {self.perf.gpu_types[t]}")
+        left_out: list[tuple[Job, int, int]] = []
+        while moves:
+            for job, _, _ in moves:
+                self.pools[job.alloc.type_index].release(job.alloc.blocks)
+            placed, failed = [], None
+            for k in sorted(range(len(moves)), key=lambda k: -moves[k][2]):  # largest first; stable
+                job, t, c = moves[k]
+                blocks = self.pools[t].place(1 << c)
+                if blocks is None:
+                    failed = k
+                    break
+                placed.append((job, Allocation(t, c, blocks)))
+            if failed is None:
+                for job, alloc in placed:
+                    self._restart_on(job, alloc)
+                return left_out
+            for _, alloc in placed:  # as it was, then again without the move that did not fit
+                self.pools[alloc.type_index].release(alloc.blocks)
+            for job, _, _ in moves:
+                self.pools[job.alloc.type_index].occupy(job.alloc.blocks)
+            left_out.append(moves.pop(failed))
+        return left_out
 
     def unplace_resized(self, alloc: Allocation, t: int, blocks: tuple[tuple[int, int], ...]) -> None:
         """Undo :meth:`place_resized`: the pools as they were with the job on ``alloc``."""

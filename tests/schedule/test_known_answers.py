@@ -131,3 +131,7 @@ def test_average_throughput_and_utilisation_integrate_over_the_run(policy):
     alone = simulate([job("a", "gpt__1.3B", 300, 1, "a100", row=1)], table, cluster([("a100", 1, 2)]), policy)
     assert summarize(alone)["avg_throughput"] == pytest.approx(256.0)
     assert summarize(alone)["avg_gpu_utilization"] == pytest.approx(0.5)
+    # the run ends with its last job, not at the next 300 s tick (1,000 s of training read as 1,200)
+    off_tick = summarize(simulate([job("a", "gpt__1.3B", 1000, 1, "a100", row=1)], table, cluster([("a100", 1, 1)]), policy))
+    assert off_tick["makespan_s"] == pytest.approx(1000.0)
+    assert off_tick["avg_throughput"] == pytest.approx(256.0) and off_tick["avg_gpu_utilization"] == pytest.approx(1.0)

@@ -109,7 +109,7 @@ def test_jct_objective_gives_contended_gpus_to_the_shorter_job():
 def test_a_solver_policys_moves_happen_whatever_their_order_in_the_list():
     """Sia's and Gavel's ILP chooses a round's moves together; a move into GPUs that another move of the same
     list vacates is retried after it, so "b" (listed first) reaches the A40s that "a" leaves for the A100s. A
-    cycle (each into the other's full type) cannot be done by moves: both stay, without an error."""
+    cycle (each into the other's full type) is made at once: the two jobs swap GPUs, each restarting once."""
     from libarena.schedule.api import make_policy
     from libarena.schedule.config import SimulatorConfig
     from libarena.schedule.perf import PerfLookup
@@ -127,10 +127,61 @@ def test_a_solver_policys_moves_happen_whatever_their_order_in_the_list():
             sim.arrive(j)
             assert sim.launch(j, types[t], 2)
             sim.start_training(j)
-        sim.policy.apply_moves([(a, types["v100"], 2), (b, types["a40"], 2)])  # a cycle: neither fits
-        assert (a.alloc.type_index, b.alloc.type_index, a.version, b.version) == (types["a40"], types["v100"], 1, 1)
+        sim.policy.apply_moves([(a, types["v100"], 2), (b, types["a40"], 2)])  # a cycle: neither fits alone
+        assert (a.alloc.type_index, b.alloc.type_index, a.version, b.version) == (types["v100"], types["a40"], 2, 2)
+        assert (a.reschedules, b.reschedules) == (1, 1)
         sim.policy.apply_moves([(b, types["a40"], 2), (a, types["a100"], 2)])
         assert (a.alloc.type_index, b.alloc.type_index) == (types["a100"], types["a40"]), name
+        assert {sim.perf.gpu_types[i]: p.capacity - p.free_total for i, p in enumerate(sim.pools)} == {"a100": 4, "a40": 4, "v100": 0}
+
+
+def test_moves_that_fit_only_together_are_made_together_and_the_rest_left():
+    """Simulator.reassign: the moves' GPUs are given back first, so two jobs may swap types; a move that does not
+    fit even then (8 GPUs on a 4-GPU type) is left out, and nothing of it changes, while the others are made."""
+    from libarena.schedule.api import make_policy
+    from libarena.schedule.config import SimulatorConfig
+    from libarena.schedule.perf import PerfLookup
+    from libarena.schedule.simulator import Simulator
+
+    table = hand_table({(m, t): {"dp": {4: 10.0, 8: 20.0}} for m in ("gpt__1.3B",) for t in ("a100", "v100")})
+    spec = cluster([("a100", 1, 4), ("v100", 2, 4)])
+    jobs = [job(name, "gpt__1.3B", 100000, 4, "a100", row=k + 1) for k, name in enumerate("abc")]
+    sim = Simulator(jobs, PerfLookup(table, spec), spec, make_policy("sia"), SimulatorConfig(overheads=NO_OVERHEADS))
+    types = {t: i for i, t in enumerate(sim.perf.gpu_types)}
+    a, b, c = sim.jobs
+    for j, t in ((a, "a100"), (b, "v100"), (c, "v100")):
+        sim.arrive(j)
+        assert sim.launch(j, types[t], 2)
+        sim.start_training(j)
+    held = {j.spec.job_id: j.alloc for j in (a, b, c)}
+    left = sim.reassign([(a, types["v100"], 2), (b, types["a100"], 2), (c, types["a100"], 3)])
+    assert [(j.spec.job_id, t, n) for j, t, n in left] == [("c", types["a100"], 3)]
+    assert (a.alloc.type_index, b.alloc.type_index) == (types["v100"], types["a100"])
+    assert c.alloc == held["c"] and c.version == 1 and (a.version, b.version) == (2, 2)
+    assert sum(p.capacity - p.free_total for p in sim.pools) == 12  # every GPU held once
+
+
+def test_solver_baselines_swap_running_jobs_between_gpu_types():
+    """A job that is 10x faster on A100s waits on V100s while one that runs nearly as fast on either holds the
+    A100s: Sia's program and Gavel's both choose the swap, and it is made (the moves free each other's GPUs). It
+    was never made: each move alone found its target held, and the fast job stayed on V100s until the other ended."""
+    from libarena.schedule.config import OverheadConfig
+
+    spec = cluster([("a100", 1, 4), ("v100", 1, 4)])
+    table = hand_table({
+        ("gpt__1.3B", "a100"): {"dp": {4: 11.0}, "ap": {4: 11.0}}, ("gpt__1.3B", "v100"): {"dp": {4: 10.0}, "ap": {4: 10.0}},
+        ("gpt__2.6B", "a100"): {"dp": {4: 100.0}, "ap": {4: 100.0}}, ("gpt__2.6B", "v100"): {"dp": {4: 10.0}, "ap": {4: 10.0}},
+    })
+    overheads = OverheadConfig(grid_profiling_s=0, full_profiling_s=0, bootstrap_profiling_s=400, pruned_ap_search_s=0,
+                               full_ap_search_s=0, checkpoint_resume_s=10)
+    jobs = [job("slow-anywhere", "gpt__1.3B", 200000, 4, "a100", submit=0.0, row=1),
+            job("fast-on-a100", "gpt__2.6B", 200000, 4, "v100", submit=100.0, row=2),
+            job("late", "gpt__1.3B", 100, 4, "v100", submit=900.0, row=3)]
+    alone_on_a100 = 200000 * 256 / 100.0
+    for policy in ("sia", "gavel"):
+        res = simulate(jobs, table, spec, policy, overheads=overheads)
+        finish = {j.spec.job_id: j.finish_time for j in res.jobs}
+        assert finish["fast-on-a100"] < 100.0 + 2000 + alone_on_a100, (policy, finish)
 
 
 def test_sia_moves_a_running_job_to_a_slower_type_to_admit_one_that_needs_its_gpus():

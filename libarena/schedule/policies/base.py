@@ -117,11 +117,14 @@ class Policy(ABC):
     def apply_moves(self, moves: list[tuple[Job, int, int]]) -> None:
         """Move running jobs to their (type, count index) as a solver chose them together: a move whose GPUs
         another move of the list frees is retried after it (passes until one changes nothing), so the order
-        of the list does not decide which moves happen; what still does not fit (fragmentation) stays."""
+        of the list does not decide which moves happen; moves that only fit together (two jobs swapping GPU
+        types, a rotation) are then made at once (Simulator.reassign); what still does not fit (fragmentation)
+        stays."""
         pending = moves
         while pending:
             left = [(job, t, c) for job, t, c in pending if not self.sim.rescale(job, t, c)]
             if len(left) == len(pending):
+                self.sim.reassign(left)
                 return
             pending = left
 

@@ -5,10 +5,12 @@ Every round with a change, an ILP picks a GPU type for every in-flight job and f
 divided by its best throughput over types, Gavel's heterogeneity-aware normalisation) under per-type GPU
 capacity. Gavel is not elastic: a job's GPU count is the one it asked for (more where its view says it does not
 fit, Case 2). As in the paper's setup, admitted jobs are never suspended; an in-flight job may be migrated to
-another type when the ILP prefers it, at the cost of a checkpoint-resume and AP search, and only if that
-finishes it earlier. Placement failures due to fragmentation leave the job where it was (or queued).
-Bounds: in-flight jobs with no better type are fixed (their GPUs are subtracted from capacity), and each solve
-is limited to PolicyConfig.ilp_time_limit_s.
+another type when the ILP prefers it, at the cost of a checkpoint-resume and AP search: it is offered every other
+type (slower ones too, so the program can swap two jobs' types or make room for a queued job), each valued net of
+the share of its remaining time the restart loses (Sia's restart factor; Gavel's leases assume preemption is
+cheap, which it is not here). The moves a solve chooses are made together (two jobs may swap GPUs). Placement
+failures due to fragmentation leave the job where it was (or queued). Each solve is limited to
+PolicyConfig.ilp_time_limit_s.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 from libarena.schedule.config import APSearch, ProfilingKind
 from libarena.schedule.entities import Job, JobState, count_index
 from libarena.schedule.policies.base import Policy, register_policy
-from libarena.schedule.policies.ilp import solve_assignment
+from libarena.schedule.policies.ilp import restart_discount, solve_assignment
 
 
 @register_policy
@@ -62,12 +64,15 @@ class GavelPolicy(Policy):
             t0, c0 = a.type_index, a.count_index
             options = []
             if job.state == JobState.RUNNING:
+                remaining_s = job.remaining_at(sim.now) * job.spec.global_batch / job.view_thr[t0, c0]
                 for t, c in enumerate(self._counts(job)):
                     if c is None or t == t0:
                         continue
-                    if (sim.estimated_finish(job, t, c, sim.rescale_overhead(job, t, c))
-                            < sim.estimated_finish(job, t0, c0, 0.0)):
-                        options.append((t, 1 << c, job.view_thr[t, c] / self._norm(job)))
+                    # every other type, slower ones too (the program may swap two jobs' types or make room for a
+                    # queued one), valued net of the share of the job's remaining time the restart loses
+                    value = job.view_thr[t, c] / self._norm(job) * restart_discount(sim.rescale_overhead(job, t, c), remaining_s)
+                    if value > 0:
+                        options.append((t, 1 << c, value))
             if not options:
                 capacity[t0] -= a.num_gpus  # fixed where it is
                 continue

@@ -27,6 +27,11 @@ import numpy as np
 Option = tuple[int, int, float]  # (type index, gpus, weight)
 
 
+def restart_discount(overhead_s: float, remaining_s: float) -> float:
+    """Sia's restart factor: the share of a running job's remaining time that a config change does not lose."""
+    return max(0.0, 1.0 - overhead_s / max(remaining_s, 1e-9))
+
+
 def solve_assignment(groups: list[list[Option]], must: list[bool], capacity: np.ndarray,
                      time_limit_s: float, on_time_limit: Callable[[], None] | None = None) -> list[int | None]:
     """The chosen option of each group (None: none). ``on_time_limit`` hears of a solve stopped by the time limit:

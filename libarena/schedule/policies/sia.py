@@ -26,7 +26,7 @@ import numpy as np
 from libarena.schedule.config import APSearch, ProfilingKind
 from libarena.schedule.entities import Job, JobState
 from libarena.schedule.policies.base import Policy, register_policy
-from libarena.schedule.policies.ilp import solve_assignment
+from libarena.schedule.policies.ilp import restart_discount, solve_assignment
 
 
 @register_policy
@@ -61,8 +61,6 @@ class SiaPolicy(Policy):
 
     def schedule(self) -> None:
         sim = self.sim
-        if not self.queue and sim.cluster.free_gpus == 0:
-            return  # nothing to admit and no GPU to grow into: a solve could only shrink or swap, never gain
         capacity = np.array([p.capacity for p in sim.pools], dtype=np.int64)
         groups, must, jobs, configs = [], [], [], []
         for job in sim.active.values():
@@ -79,7 +77,7 @@ class SiaPolicy(Policy):
                                  if (t == t0 and c == c0 + 1) or (t == t0 and c == c0 - 1 and self.queue)
                                  or (t != t0 and c == c0)]
             opts = [(t0, 1 << c0, self._utility(job, t0, c0))]
-            opts += [(t, 1 << c, self._utility(job, t, c) * _restart_discount(sim.rescale_overhead(job, t, c), remaining_s))
+            opts += [(t, 1 << c, self._utility(job, t, c) * restart_discount(sim.rescale_overhead(job, t, c), remaining_s))
                      for t, c in cand[1:]]
             groups.append(opts)
             must.append(True)
@@ -108,8 +106,3 @@ class SiaPolicy(Policy):
                 launched.add(job.index)
         if launched:
             self.queue = [j for j in self.queue if j.index not in launched]
-
-
-def _restart_discount(overhead_s: float, remaining_s: float) -> float:
-    """Sia's restart factor: the share of the job's remaining time that a config change does not lose."""
-    return max(0.0, 1.0 - overhead_s / max(remaining_s, 1e-9))
