@@ -300,7 +300,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def refuse_overwriting_inputs(output: str | os.PathLike[str] | None, inputs: Mapping[str, Any], *,
-                              directory: bool = False) -> None:
+                              directory: bool = False, output_flag: str = "-o") -> None:
     """Refuse an output that is one of the inputs (``inputs``: how each is named, e.g. ``--ops``, -> its path;
     None and ``-`` are skipped): the atomic rename would replace the input with the output. A directory
     output (``directory``) is rebuilt as a whole, so it may not hold an input either."""
@@ -316,7 +316,7 @@ def refuse_overwriting_inputs(output: str | os.PathLike[str] | None, inputs: Map
             continue
         src = Path(path)
         if _same_file(out, src) or out_real == Path(os.path.realpath(src)):
-            raise ArenaError(f"-o {output} is the input {flag} {path}: refusing to overwrite an input "
+            raise ArenaError(f"{output_flag} {output} is the input {flag} {path}: refusing to overwrite an input "
                              f"(write the output elsewhere)")
         if directory and out_real in Path(os.path.realpath(src)).parents:
             raise ArenaError(f"-o {output} holds the input {flag} {path}, and the output directory is replaced "

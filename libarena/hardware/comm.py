@@ -294,7 +294,7 @@ class MeasuredCommModel(CommModel):
         """
         points: dict[tuple[str, str, int, bool], dict[float, list[float]]] = {}
         for i, (primitive, gpu_type, devices, crosses, volume, latency) in enumerate(rows):
-            where = f"{source_name}: row {i}"
+            where = f"{source_name}: row {i + 1}"
             try:
                 prim = normalize_primitive(primitive)
             except ArenaError as exc:

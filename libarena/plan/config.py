@@ -22,7 +22,7 @@ def microbatch_count(stages: int, per_stage: int = MICROBATCHES_PER_STAGE, fixed
 
 def runnable_microbatch_count(global_batch: int, count: int) -> int:
     """The largest micro-batch count <= ``count`` that splits ``global_batch`` evenly (what the runtime runs)."""
-    b = max(1, count)
+    b = max(1, min(count, global_batch))
     while b > 1 and global_batch % b:
         b -= 1
     return b

@@ -12,7 +12,9 @@ import pyarrow as pa
 
 from libarena.artifacts import Provenance, read_table, write_table
 from libarena.artifacts.registry import get_kind
+from libarena.checks import MAX_BATCH
 from libarena.errors import ArenaError
+from libarena.plan.config import runnable_microbatch_count
 from libarena.plan.grids import Grid
 from libarena.plan.layout import StageLayout
 from libarena.plan.types import GridResult, ParallelPlan, PlanSet, infeasible_plan_id, make_plan
@@ -194,12 +196,22 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
         for column in ("plans_considered", "plans_out_of_memory"):
             if row[column] is not None and row[column] < 0:
                 raise bad(column, f"expected a non-negative integer, got {row[column]!r}")
+        batch = row["global_batch"]
+        if batch > MAX_BATCH or (meta.get("global_batch") and batch != meta["global_batch"]):
+            raise bad("global_batch", f"{batch} is not the plans' global batch ({meta.get('global_batch')!r}, at most "
+                                      f"{MAX_BATCH})")
         if not row["feasible"]:
             # an infeasible grid is one row, its reason: beside plans of the same grid it contradicts them
             if rows_per_grid[_grid_key(row)] > 1:
                 raise bad("feasible", f"an infeasible row of a grid ({row['gpu_type']} x{row['num_gpus']}, "
                                       f"{row['pipeline_degree']} stages) that also has other rows")
             continue
+        count = row["num_microbatches"]
+        if count > batch or batch % count:
+            # what the runtime runs (whole micro-batches): a plan priced at another count describes another plan
+            raise bad("num_microbatches", f"{count} micro-batches do not split the global batch of {batch} evenly (the "
+                                          f"runtime would run {runnable_microbatch_count(batch, count)}): plan again "
+                                          "with arena-plan")
         for column in ("computation_bias", "communication_load", "memory_per_gpu_bytes") if costs else ():
             if not _finite_non_negative(row[column]):
                 raise bad(column, f"expected a finite number >= 0, got {row[column]!r}")

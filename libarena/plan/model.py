@@ -152,7 +152,7 @@ def _column(table: pa.Table, name: str, source: str) -> np.ndarray:
     if arr.dtype.kind == "f":
         bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
         if bad.size:
-            raise ArenaError(f"{source}: row {int(bad[0])}, column {name!r}: expected a non-negative number, "
+            raise ArenaError(f"{source}: row {int(bad[0]) + 1}, column {name!r}: expected a non-negative number, "
                              f"got {float(arr[bad[0]])!r}")
     return arr
 
@@ -199,12 +199,12 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
     cluster_column = table.column("cluster")  # int64 (read_table casts): nulls would read as NaN
     if cluster_column.null_count:
         row = int(np.flatnonzero(cluster_column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise ArenaError(f"{source}: row {row}, column 'cluster': a missing value is not a cluster index")
+        raise ArenaError(f"{source}: row {row + 1}, column 'cluster': a missing value is not a cluster index")
     cluster = cluster_column.to_numpy(zero_copy_only=False).astype(np.int64)
     bad = np.flatnonzero((cluster < -1) | (cluster >= num_clusters))
     if bad.size:
         raise ArenaError(
-            f"{source}: row {int(bad[0])}, column 'cluster': {int(cluster[bad[0]])} is not a cluster index (0..{num_clusters - 1})"
+            f"{source}: row {int(bad[0]) + 1}, column 'cluster': {int(cluster[bad[0]])} is not a cluster index (0..{num_clusters - 1})"
         )
     if float(flops.sum()) <= 0 and float(moved.sum()) <= 0:
         raise ArenaError(f"{source}: the operator table has no FLOPs and no bytes: nothing to plan")

@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from libarena.checks import MAX_BATCH, MAX_GPUS, MAX_ITERATIONS, MAX_PRIORITY, MAX_SECONDS, brief, range_problem
+from libarena.checks import (MAX_BATCH, MAX_GPUS, MAX_ITERATIONS, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, brief,
+                             check_range, range_problem)
 from libarena.errors import ArenaError
 from libarena.hardware import get_gpu
 from libarena.schedule.entities import JobSpec, count_index_at_least
@@ -334,6 +335,7 @@ class TraceScale:
             raise ArenaError(f"copies must be a positive integer, got {self.copies!r}")
         if not (math.isfinite(self.jitter_s) and 0 <= self.jitter_s <= MAX_SECONDS):
             raise ArenaError(f"jitter must be a number of seconds in [0, {MAX_SECONDS}], got {self.jitter_s!r}")
+        check_range(self.seed, "--seed", 0, MAX_SEED, integer=True)  # as simulate and arena-run take it
 
 
 def scale_trace(jobs: list[JobSpec], scale: TraceScale) -> list[JobSpec]:

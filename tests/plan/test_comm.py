@@ -122,12 +122,12 @@ def test_comm_table_imports_nccl_tests_csv(tmp_path):
 
 
 @pytest.mark.parametrize("volume, latency, message", [
-    (-5.0, 1e-3, r"row 3, column 'bytes': -5 is out of range \(expected a finite number in \[1, "),
-    (0.5, 1e-3, r"row 3, column 'bytes': 0\.5 is out of range"),
-    (1e300, 1e-3, r"row 3, column 'bytes': 1e\+300 is out of range"),
-    (1e6, 0.0, r"row 3, column 'latency_s': 0 is out of range"),
-    (1e6, 1e308, r"row 3, column 'latency_s': 1e\+308 is out of range"),
-    (1e6, float("nan"), r"row 3, column 'latency_s': nan is not"),
+    (-5.0, 1e-3, r"row 4, column 'bytes': -5 is out of range \(expected a finite number in \[1, "),
+    (0.5, 1e-3, r"row 4, column 'bytes': 0\.5 is out of range"),
+    (1e300, 1e-3, r"row 4, column 'bytes': 1e\+300 is out of range"),
+    (1e6, 0.0, r"row 4, column 'latency_s': 0 is out of range"),
+    (1e6, 1e308, r"row 4, column 'latency_s': 1e\+308 is out of range"),
+    (1e6, float("nan"), r"row 4, column 'latency_s': nan is not"),
 ])
 def test_comm_table_bad_row_names_the_row(volume, latency, message):
     """Measured volumes and latencies must be physical: an absurd one (1e308 s) would overflow the bandwidth-bound

@@ -288,9 +288,9 @@ def test_bad_operator_tables_are_one_line_errors(mutate, message):
 
 
 @pytest.mark.parametrize("values, message", [
-    ([None], r"row 0, column 'cluster': a missing value is not a cluster index"),
-    ([7], r"row 0, column 'cluster': 7 is not a cluster index \(0\.\.2\)"),
-    ([2 ** 62], r"row 0, column 'cluster': 4611686018427387904 is not a cluster index"),
+    ([None], r"row 1, column 'cluster': a missing value is not a cluster index"),
+    ([7], r"row 1, column 'cluster': 7 is not a cluster index \(0\.\.2\)"),
+    ([2 ** 62], r"row 1, column 'cluster': 4611686018427387904 is not a cluster index"),
 ])
 def test_a_bad_cluster_index_is_a_one_line_error_without_warnings(values, message):
     """A null cluster index reads as NaN: it is named as missing, not cast to a number (which also warned)."""
@@ -544,6 +544,19 @@ def test_a_plans_file_with_contradicting_or_misshapen_rows_is_refused():
         with pytest.raises(ArenaError, match=r"column 'stage_gpu_offsets': stages of \[2, 2\] GPUs at "):
             planset_from_artifact(artifact([dict(r, stage_gpu_offsets=offsets) if r is two_stage else r for r in rows]))
     assert planset_from_artifact(artifact([dict(r, stage_gpu_offsets=[2, 0]) if r is two_stage else r for r in rows]))
+    # micro-batches the runtime would not run (a count of 2**62 hung arena-run counting down to one that splits
+    # the batch; arena-profile priced 3 where 2 run), a global batch other than the plans' (10**12 ran out of memory)
+    for column, value, message in (("num_microbatches", 2**62, r"4611686018427387904 micro-batches do not split the "
+                                    r"global batch of 64 evenly \(the runtime would run 64\)"),
+                                   ("num_microbatches", 3, r"3 micro-batches do not split the global batch of 64 evenly "
+                                    r"\(the runtime would run 2\): plan again with arena-plan"),
+                                   ("global_batch", 10**12, r"1000000000000 is not the plans' global batch \(64, at most "),
+                                   ("global_batch", 32, r"32 is not the plans' global batch \(64")):
+        with pytest.raises(ArenaError, match=rf"row 1, column '{column}': {message}"):
+            planset_from_artifact(artifact([dict(rows[0], **{column: value})] + rows[1:]))
+    from libarena.plan.config import runnable_microbatch_count
+
+    assert runnable_microbatch_count(64, 2**62) == 64 and runnable_microbatch_count(64, 3) == 2  # bounded by the batch
 
 
 def test_plans_are_priced_at_the_micro_batches_the_runtime_runs():

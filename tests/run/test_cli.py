@@ -61,6 +61,18 @@ def test_plan_for_another_model(gpt_tiny_plans: Path, tmp_path: Path) -> None:
     _one_line_error(proc, "plans for model 'gpt__tiny', not 'moe__tiny'")
 
 
+def test_a_report_path_that_is_the_plans_file_is_refused_by_its_own_name(gpt_tiny_plans: Path, tmp_path: Path) -> None:
+    import shutil
+
+    plans = tmp_path / "plans.parquet"
+    shutil.copy(gpt_tiny_plans, plans)
+    before = plans.read_bytes()
+    proc = arena_run("--plan", str(plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "1",
+                     "--checkpoint-dir", str(tmp_path / "c"), "--no-ray", "--report", str(plans))
+    _one_line_error(proc, f"--report {plans} is the input --plan {plans}: refusing to overwrite an input")
+    assert plans.read_bytes() == before
+
+
 def test_unreachable_ray_address(gpt_tiny_plans: Path, tmp_path: Path) -> None:
     proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "1",
                      "--checkpoint-dir", str(tmp_path / "c"), "--address", "127.0.0.1:9")

@@ -79,6 +79,20 @@ def test_bad_perf_tables_blame_the_table(tmp_path, rows, message):
         load_perf(p, spec)
 
 
+def test_a_perf_row_of_more_stages_than_gpus_or_no_fits_flag_is_refused(tmp_path):
+    """A pipeline of more stages than GPUs is no plan; a fits_in_memory that is neither true nor false was shown as
+    not fitting by `show` and counted as fitting by `simulate`."""
+    spec = cluster([("a10", 1, 2)])
+    p = tmp_path / "perf.csv"
+    p.write_text("model,global_batch,gpu_type,num_gpus,pipeline_degree,view,iter_time_s,fits_in_memory\n"
+                 "bert__760M,128,a10,2,999,ap,0.5,true\n")
+    with pytest.raises(ArenaError, match=r"row 1, column 'pipeline_degree': 999 stages on 2 GPUs"):
+        load_perf(p, spec)
+    p.write_text(HEAD + "bert__760M,128,a10,2,ap,0.5,true\nbert__760M,128,a10,1,ap,0.9,\n")
+    with pytest.raises(ArenaError, match=r"row 2, column 'fits_in_memory': missing value"):
+        load_perf(p, spec)
+
+
 def test_throughput_must_agree_with_the_iteration_time(tmp_path):
     """A row giving both says the same thing twice; where they disagree, which to believe would be a guess."""
     spec = cluster([("a10", 1, 2)])

@@ -215,7 +215,9 @@ def test_scale_commands(tmp_path, repo_root):
                          # results no tool would read back, or beyond bounded memory, are refused before writing
                          (["cluster", "scale", "c.yaml", "-x", "100000000", "-o", "d.yaml"], "out of range"),
                          (["trace", "scale", "t.csv", "-x", "3000000", "-o", "x.csv"], "more than 2000000"),
-                         (["trace", "scale", "t.csv", "-x", "2", "--jitter", "1e12", "-o", "x.csv"], "jitter must be")):
+                         (["trace", "scale", "t.csv", "-x", "2", "--jitter", "1e12", "-o", "x.csv"], "jitter must be"),
+                         (["trace", "scale", "t.csv", "-x", "2", "--seed=-1", "-o", "x.csv"], "--seed: -1 is out of range"),
+                         (["trace", "scale", "t.csv", "-x", "2", "--seed", str(2**64), "-o", "x.csv"], "--seed: ")):
         done = subprocess.run([exe, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "x.csv").exists() and not (tmp_path / "d.yaml").exists()

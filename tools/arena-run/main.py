@@ -71,7 +71,7 @@ def run(
         dtype=dtype, optimizer=OptimizerConfig(learning_rate=learning_rate), cpu_devices=cpu_devices,
     )
     if report is not None:  # checked before training, not after it
-        refuse_overwriting_inputs(report, {"--plan": plan})
+        refuse_overwriting_inputs(report, {"--plan": plan}, output_flag="--report")
         check_writable(report)
     result = run_job(request)
     if report is not None:

@@ -113,8 +113,19 @@ def check_perf_table(table, source: str) -> None:
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             fail(row, name, range_problem(float(values[row]), lo, hi, integer=True) or "missing value")
-    fits = np.array([v is not False for v in table.column("fits_in_memory").to_pylist()], bool) \
-        if "fits_in_memory" in table.column_names else np.ones(table.num_rows, bool)
+    degree, gpus = column("pipeline_degree"), column("num_gpus")
+    if degree is not None and gpus is not None:
+        bad = np.flatnonzero(degree.astype(np.float64) > gpus.astype(np.float64))  # a stage holds a GPU at least
+        if bad.size:
+            row = int(bad[0])
+            fail(row, "pipeline_degree", f"{int(degree[row])} stages on {int(gpus[row])} GPUs")
+    if "fits_in_memory" in table.column_names:
+        flags = table.column("fits_in_memory").to_pylist()
+        if None in flags:  # neither fitting nor not: show and simulate read it differently
+            fail(flags.index(None), "fits_in_memory", "missing value")
+        fits = np.array(flags, bool)
+    else:
+        fits = np.ones(table.num_rows, bool)
     iter_time = column("iter_time_s").astype(np.float64)
     bad = np.flatnonzero(fits & ~((iter_time > 0) & (iter_time <= MAX_ITERATION_S)))
     if bad.size:

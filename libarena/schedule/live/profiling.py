@@ -35,7 +35,9 @@ DEFAULT_PROFILE_TIMEOUT_S = 7200.0
 DEFAULT_PROFILE_RETRY_S = 3600.0
 #: what a profile script's template may name ({schedule}: this environment's arena-schedule)
 TEMPLATE_FIELDS = ("model", "batch", "cluster", "out", "schedule")
-DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {cluster} --mode local --granularity stage "
+#: the pipeline's perf build in its auto mode: tiny and small models profiled on this machine, paper-size ones
+#: estimated from their roofline (executing a 27B-parameter model's stages here took the host's whole memory)
+DEFAULT_SCRIPT = ("{schedule} perf build --pair {model},{batch} --cluster {cluster} --mode auto --granularity stage "
                   "--cache-dir .arena-cache -o {out}")
 
 
