@@ -40,8 +40,8 @@ Communication of a stage, split as eq. 4 needs it:
 Known simplifications: all weights and saved activations count as TP-sharded (Megatron keeps layer-norm
 inputs and dropout masks replicated, so TP memory is slightly optimistic); recomputation is all or nothing per
 stage (every unit of the stage recomputes);
-MoE expert weights are counted as replicated across dp even though the all-to-all assumes expert
-parallelism (memory is pessimistic there).
+MoE expert weights are replicated across dp and split over tp, as the runtime keeps them (the zoo's MoE blocks
+declare no all-to-all: their experts' combine is a tp all-reduce).
 """
 
 from __future__ import annotations

@@ -194,3 +194,19 @@ def test_a_joined_cluster_spreads_the_job_over_its_own_node_size(gpt_tiny_plans,
     run(request)
     (spec,) = specs
     assert spec.plan.num_gpus == 4 and spec.num_hosts == 2
+
+
+def test_the_runtime_runs_no_expert_all_to_all() -> None:
+    """The planner and profiler price no MoE all-to-all (UnitSpec.alltoalls is 0 for the zoo's MoE blocks) because
+    the runtime splits the experts over tp and replicates them over dp: XLA's SPMD partition of a moe__tiny stage
+    emits all-reduces (the combine's, and the gradients' over dp) and no all-to-all, at dp 2, at tp 2 and at both."""
+    from tests.run.conftest import run_worker
+
+    for dp, tp in ((2, 1), (1, 2), (2, 2)):
+        (found,) = run_worker("tests.run.collectives_worker", ["moe__tiny", str(dp), str(tp)], dp * tp)
+        counts = found["collectives"]
+        assert all(phase["all-to-all"] == 0 for phase in counts.values()), (dp, tp, counts)
+        if tp > 1:
+            assert counts["forward"]["all-reduce"] > 0, counts
+        if dp > 1:
+            assert counts["update"]["all-reduce"] + counts["backward"]["all-reduce"] > 0, counts

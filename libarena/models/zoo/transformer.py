@@ -117,10 +117,10 @@ class TransformerModel(ModelDef):
     def units(self) -> tuple[UnitSpec, ...]:
         c = self.config
         block_kind = "moe_block" if c.num_experts else "transformer_block"
-        alltoalls = 2 if c.num_experts else 0
-        blocks = tuple(
-            UnitSpec(f"block_{i:02d}", block_kind, tp_allreduces=2, alltoalls=alltoalls) for i in range(c.num_layers)
-        )
+        # the runtime splits the experts over tp (libarena.run.executor.TP_LOGICAL_AXES), not over dp: the combine
+        # einsum's all-reduce is the block's second one, and no all-to-all runs (XLA's SPMD output at tp 2, dp 2 and
+        # both has none); the experts' weights are replicated over dp and synchronised with the gradients
+        blocks = tuple(UnitSpec(f"block_{i:02d}", block_kind, tp_allreduces=2) for i in range(c.num_layers))
         # vocabulary-parallel embedding and output layer (the runtime splits the token table over the vocabulary):
         # the embedding's masked lookup is summed over tp forward, the output layer's input gradient backward
         # (its softmax statistics' (batch, seq) reductions forward are left out: a fraction of a percent of it)
