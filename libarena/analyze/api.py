@@ -217,7 +217,7 @@ def analyze_model(
                 activation_bytes=float(out_bytes),
                 saved_activation_bytes=float(saved[i].per_batch),
                 saved_constant_bytes=float(saved[i].constant),
-                tp_allreduce_bytes=spec.tp_allreduce_bytes(in_bytes, out_bytes),
+                tp_allreduce_bytes=model.tp_allreduce_bytes(i, in_bytes, out_bytes, config.global_batch, np.dtype(cdtype).itemsize),
                 alltoall_bytes=spec.alltoall_bytes(dispatch_bytes),
             )
         )

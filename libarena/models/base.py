@@ -111,6 +111,17 @@ class ModelDef(ABC):
         is its own."""
         return ("unit", index)
 
+    def tp_allreduce_bytes(self, index: int, input_bytes: float, output_bytes: float, batch_size: int, itemsize: int) -> float:
+        """Bytes unit ``index``'s tensor-parallel collectives move in one forward and backward pass, as all-reduces
+        of full tensors (an all-gather of N bytes counts N / 2: a ring moves half an all-reduce's bytes). Default:
+        its UnitSpec's rule from the unit's input and output bytes; a model whose collectives depend on tensors
+        inside its units (their shapes: ``batch_size``, ``itemsize``) overrides it."""
+        return self.units[index].tp_allreduce_bytes(input_bytes, output_bytes)
+
+    def tp_collectives(self, index: int) -> int:
+        """Tensor-parallel collectives of unit ``index`` in one forward and backward pass (each pays a latency)."""
+        return self.units[index].tp_allreduce_count
+
     def expert_dispatch_shape(self, batch_size: int, seq_len: int | None = None) -> tuple[int, ...] | None:
         """Shape of the tensor one expert all-to-all moves per MoE unit at ``batch_size`` (in the compute
         dtype), e.g. ``(experts, groups, capacity, hidden)``; None for models without experts."""

@@ -60,7 +60,8 @@ def model_clusters(model_name: str, global_batch: int, dtype: str = "fp32", num_
                 "activation_bytes": sizes[edges[c + 1] - 1],
                 "saved_activation_bytes": 0.0,
                 # fwd + bwd, by the rules arena-analyze records (UnitSpec)
-                "tp_allreduce_bytes": float(sum(units[i].tp_allreduce_bytes(inputs[i], sizes[i]) for i in members)),
+                "tp_allreduce_bytes": float(sum(model.tp_allreduce_bytes(i, inputs[i], sizes[i], global_batch,
+                                                                         np.dtype(cdt).itemsize) for i in members)),
                 "alltoall_bytes": float(sum(units[i].alltoall_bytes(dispatch_bytes) for i in members)),
             }
         )

@@ -635,17 +635,17 @@ def stage_communication(
     rec = records[j]
     clusters = job.planset.clusters[stage.first_cluster : stage.end_cluster]
     comm_mb = 0.0
-    units = {u.name: u for u in job.model.units}
+    units = {u.name: i for i, u in enumerate(job.model.units)}
     for c in clusters:
         # Every collective is its own operator (latency floor each): a unit's all-reduces (UnitSpec.tp_allreduce_count)
         # and all-to-alls (forward and again backward) split the cluster's volume evenly.
         members = [units[name] for name in c.get("units", []) if name in units]
         if tp > 1:
-            count = max(1, sum(u.tp_allreduce_count for u in members))
+            count = max(1, sum(job.model.tp_collectives(u) for u in members))
             volume = float(c.get("tp_allreduce_bytes", 0.0)) / (B * dp)
             comm_mb += count * _price(comm, "all-reduce", volume / count, gpu_type, used, placement=GroupPlacement.tensor_parallel(tp, g))
         if dp > 1:
-            count = max(1, sum(2 * u.alltoalls for u in members))
+            count = max(1, sum(2 * job.model.units[u].alltoalls for u in members))
             volume = float(c.get("alltoall_bytes", 0.0)) / (B * dp)
             comm_mb += count * _price(comm, "all-to-all", volume / count, gpu_type, used,
                                       placement=GroupPlacement.data_parallel(dp, tp, g))

@@ -210,3 +210,18 @@ def test_the_runtime_runs_no_expert_all_to_all() -> None:
             assert counts["forward"]["all-reduce"] > 0, counts
         if dp > 1:
             assert counts["update"]["all-reduce"] + counts["backward"]["all-reduce"] > 0, counts
+
+
+def test_the_runtime_gathers_wide_resnet_convolution_inputs() -> None:
+    """What Wide-ResNet's tensor-parallel pricing (WideResNetModel.tp_allreduce_bytes) rests on: at tp 2 XLA's SPMD
+    partition gathers convolution inputs forward and backward and all-reduces their gradients backward, at least
+    three collectives a block each way, not two all-reduces a block."""
+    from libarena.models import get_model
+    from tests.run.conftest import run_worker
+
+    blocks = len(get_model("wide_resnet__tiny").units) - 2
+    (found,) = run_worker("tests.run.collectives_worker", ["wide_resnet__tiny", "1", "2"], 2)
+    counts = found["collectives"]
+    assert counts["forward"]["all-gather"] >= 2 * blocks, counts
+    assert counts["backward"]["all-gather"] >= 2 * blocks and counts["backward"]["all-reduce"] >= 3 * blocks, counts
+
