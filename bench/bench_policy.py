@@ -128,14 +128,23 @@ def _pair_reduction(pair: dict[str, Any] | None) -> float | None:
     return 1.0 - pair["reference"]["avg_jct_s"] / pair["policy"]["avg_jct_s"]
 
 
-def _vs_baselines(arena_jobs: Path, jobs: dict[str, Path], perf: Path) -> dict[str, Any]:
-    """An Arena run (its jobs.parquet) against each baseline of the default runs, over the jobs both finished."""
+def _vs_baselines(arena_jobs: Path, jobs: dict[str, Path], perf: Path, baselines: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """An Arena run (its jobs.parquet) against each baseline of the default runs (or ``baselines``), over the jobs
+    both finished."""
     from libarena.artifacts import read_table
     from libarena.schedule.compare import jobs_both_finished
 
     mine = read_table(arena_jobs, "job_records").table
     isolated = _isolated(mine, perf)
-    return {p: jobs_both_finished(mine, read_table(jobs[p], "job_records").table, isolated) for p in POLICIES if p != "arena"}
+    chosen = baselines if baselines is not None else tuple(p for p in POLICIES if p != "arena")
+    return {p: jobs_both_finished(mine, read_table(jobs[p], "job_records").table, isolated) for p in chosen}
+
+
+def _unplaced(jobs: Path) -> set[str]:
+    from libarena.artifacts import read_table
+
+    table = read_table(jobs, "job_records").table
+    return {j for j, s in zip(table.column("job_id").to_pylist(), table.column("status").to_pylist()) if s == "unschedulable"}
 
 
 def _judge(name: str, runs: dict[str, Any]) -> dict[str, Any]:
@@ -160,14 +169,13 @@ FP16_TABLE = "fp16-table"
 
 
 def _without_unplaced(trace: Path, perf: Path, jobs: dict[str, Path], work: Path) -> dict[str, Any]:
-    """Arena on ``trace`` less the jobs the default Sia run never placed, compared with the default runs'
-    baselines (Sia's own run is the same without them: it never started them)."""
+    """Arena on ``trace`` less the jobs the default Sia run never placed, compared with the default runs of the
+    baselines that never placed any of them either (Sia's, and any other whose run is the same without them:
+    it never started them); a baseline that ran some of them ran another workload."""
     import csv
 
-    from libarena.artifacts import read_table
-
-    sia = read_table(jobs["sia"], "job_records").table
-    unplaced = {j for j, s in zip(sia.column("job_id").to_pylist(), sia.column("status").to_pylist()) if s == "unschedulable"}
+    unplaced = _unplaced(jobs["sia"])
+    like_for_like = tuple(p for p in POLICIES if p != "arena" and unplaced <= _unplaced(jobs[p]))
     reduced = work / WITHOUT_UNPLACED / trace.parent.name / "trace.csv"
     reduced.parent.mkdir(parents=True, exist_ok=True)
     with trace.open(newline="") as src, reduced.open("w", newline="") as dst:
@@ -177,7 +185,7 @@ def _without_unplaced(trace: Path, perf: Path, jobs: dict[str, Path], work: Path
         out.writerows(r for r in rows if r["job_id"] not in unplaced)
     record, path = _simulate(reduced, perf, "arena", (), work)
     record["jobs_left_out"] = len(unplaced)
-    record["vs_baselines"] = _vs_baselines(path, jobs, perf)
+    record["vs_baselines"] = _vs_baselines(path, jobs, perf, like_for_like)
     red = _pair_reduction(record["vs_baselines"]["sia"])
     _log(f"{trace.parent.name} arena without the {len(unplaced)} jobs Sia never places: {record['finished_jobs']} finished, "
          f"JCT {'-' if red is None else f'{red:.1%}'} below Sia's on the jobs both finish")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,10 @@ PANELS = (("avg_jct_s", "average JCT (h)", 1 / 3600), ("both_finished_jct_ratio"
 def _panel_value(entry: dict[str, Any], metric: str) -> float:
     if metric == "both_finished_jct_ratio":  # the policy's average JCT over the jobs it and Arena both finished
         pair = entry.get("vs_reference")
-        if not pair or not pair["jobs"]:
-            return 1.0 if pair is None else 0.0  # the reference itself: 1
+        if pair is None:
+            return 1.0  # the reference itself
+        if not pair["jobs"]:
+            return math.nan  # no job both finished: no bar (0 would read as the best)
         return pair["policy"]["avg_jct_s"] / pair["reference"]["avg_jct_s"]
     return entry[metric] or 0.0
 
@@ -99,7 +102,7 @@ def markdown(results: dict[str, Any], cluster: str | None, setup: str | None = N
         lines += [f"## {trace}", "",
                   f"{stats['jobs']} jobs submitted over {stats['span_days']:.2f} days; {skipped} left out (their (model, "
                   f"batch) fits no configuration of the cluster), {submitted} submitted within the simulated time "
-                  f"({first['makespan_s'] / 86400:.2f} days under {ref_name}).", "",
+                  f"({ref['makespan_s'] / 86400:.2f} days under {ref_name}).", "",
                   f"| policy | finished | unfinished (never placed) | dropped | avg JCT (h) | {ref_name} JCT reduction "
                   f"| finished by both | avg JCT of those ({ref_name} / policy, h) | {ref_name} JCT reduction on those "
                   f"| avg queuing (h) | avg throughput (samples/s) | {ref_name} throughput gain | peak throughput "
@@ -124,12 +127,14 @@ def markdown(results: dict[str, Any], cluster: str | None, setup: str | None = N
                 f"{100 * m['avg_gpu_utilization']:.1f}% | {m['reschedules_per_job']:.2f} | "
                 f"{_hours(m['avg_jct_finished_s']) if m['finished_jobs'] else '-'} |")
         lines.append("")
-    lines += ["Average JCT and queuing are over all submitted jobs; a job still queued or running when the simulation "
-              "ends counts up to that time; 'finished by both' compares the JCT of the jobs a policy and the reference "
-              "both finished (a policy's average over its own finished jobs rewards leaving the hard ones unfinished); "
-              "'never placed': jobs the policy's view finds no memory-feasible configuration for. Average throughput is "
-              "the samples trained over the run divided by its length, peak throughput the highest rate sampled "
-              "after a scheduling round (5-minute ticks), GPU utilization the GPU-seconds held over GPUs x length.", ""]
+    lines += ["Average JCT and queuing are over all submitted jobs: a job still queued or running when its policy's run "
+              "ends (when its last placeable job is done, or at the horizon) counts up to that time, a dropped one up to "
+              "when it was dropped; 'finished by both' compares the JCT of the jobs a policy and the reference both "
+              "finished (a policy's average over its own finished jobs rewards leaving the hard ones unfinished, and an "
+              "all-jobs average one that drops them or ends its run early); 'never placed': jobs the policy's view finds "
+              "no memory-feasible configuration for. Average throughput is the samples trained over the run divided by "
+              "its length, peak throughput the highest rate sampled after a scheduling round (5-minute ticks), GPU "
+              "utilization the GPU-seconds held over GPUs x length.", ""]
     return "\n".join(lines)
 
 
