@@ -122,10 +122,24 @@ class TransformerModel(ModelDef):
         # both has none); the experts' weights are replicated over dp and synchronised with the gradients
         blocks = tuple(UnitSpec(f"block_{i:02d}", block_kind, tp_allreduces=2) for i in range(c.num_layers))
         # vocabulary-parallel embedding and output layer (the runtime splits the token table over the vocabulary):
-        # the embedding's masked lookup is summed over tp forward, the output layer's input gradient backward
-        # (its softmax statistics' (batch, seq) reductions forward are left out: a fraction of a percent of it)
+        # the embedding's masked lookup is summed over tp forward, the output layer's input gradient backward (its
+        # log-softmax statistics besides: tp_allreduce_bytes, tp_collectives)
         return (UnitSpec("embed", "embedding", tp_allreduces=1, tp_backward_allreduces=0), *blocks,
                 UnitSpec("head", "lm_head", tp_allreduces=0, tp_backward_allreduces=1, tp_reduces_input=True))
+
+    #: the output layer's float32 (batch, seq) reductions over the vocabulary split: the log-softmax's max, sum and
+    #: target logit forward, its sum backward (XLA's SPMD partition of gpt__tiny's head at tp 2)
+    _HEAD_STATISTICS = 4
+
+    def tp_allreduce_bytes(self, index, input_bytes, output_bytes, batch_size, itemsize):
+        volume = super().tp_allreduce_bytes(index, input_bytes, output_bytes, batch_size, itemsize)
+        if index == len(self.units) - 1:
+            tokens = input_bytes / (self.config.hidden * itemsize)
+            volume += self._HEAD_STATISTICS * tokens * 4
+        return volume
+
+    def tp_collectives(self, index):
+        return super().tp_collectives(index) + (self._HEAD_STATISTICS if index == len(self.units) - 1 else 0)
 
     # -- parameters ------------------------------------------------------------------------------------
 
