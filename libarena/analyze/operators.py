@@ -36,10 +36,11 @@ import numpy as np
 
 from libarena.analyze import hlo_text, xla_cost
 from libarena.analyze.hlo_text import HloModuleText, Instruction
+from libarena.artifacts.kinds.operator_table import PHASES as OPERATOR_PHASES
 from libarena.errors import ArenaError
 
-FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
-PHASES = (FORWARD, BACKWARD, OPTIMIZER)
+PHASES = OPERATOR_PHASES
+FORWARD, BACKWARD, OPTIMIZER = PHASES
 _PHASE_CODE = {FORWARD: 0, BACKWARD: 1, OPTIMIZER: 2}
 
 #: Instructions that only re-package values (never a saved activation in their own right).

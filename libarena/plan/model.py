@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from libarena.artifacts import TableArtifact
-from libarena.artifacts.kinds.operator_table import CLUSTER_FIELDS, check_cluster_records
+from libarena.artifacts import check_columns
+from libarena.artifacts.kinds.operator_table import CLUSTER_FIELDS, PHASES, check_cluster_records
 from libarena.checks import MAX_BATCH, MAX_SEQ_LEN, brief
 from libarena.errors import ArenaError
 from libarena.hardware import GPUSpec, normalize_dtype
@@ -208,9 +209,14 @@ def load_model_profile(artifact: TableArtifact) -> ModelProfile:
         )
     if float(flops.sum()) <= 0 and float(moved.sum()) <= 0:
         raise ArenaError(f"{source}: the operator table has no FLOPs and no bytes: nothing to plan")
+    check_columns(table, source, non_null=("name", "opcode", "phase"))  # as arena-analyze show reads them
     opcode = table.column("opcode").to_numpy(zero_copy_only=False).astype(str)
     param_bytes = _column(table, "param_bytes", source).astype(np.float64)
     phase = table.column("phase").to_numpy(zero_copy_only=False).astype(str)
+    bad = np.flatnonzero(~np.isin(phase, PHASES))
+    if bad.size:  # an unknown phase would count as backward work nowhere and as no optimizer or forward op
+        raise ArenaError(f"{source}: row {int(bad[0]) + 1}, column 'phase': {brief(str(phase[bad[0]]))} is not one of "
+                         f"{', '.join(PHASES)}")
     return ModelProfile(
         name=str(model["name"]),
         model=dict(model),

@@ -308,6 +308,23 @@ def test_a_bad_cluster_index_is_a_one_line_error_without_warnings(values, messag
             load_model_profile(ops)
 
 
+@pytest.mark.parametrize("column, value, message", [
+    ("phase", "bogus", r"row 1, column 'phase': 'bogus' is not one of forward, backward, optimizer"),
+    ("phase", None, r"row 1, column 'phase': missing value"),
+    ("name", None, r"row 1, column 'name': missing value"),
+])
+def test_an_operator_row_of_no_known_phase_or_name_is_refused(column, value, message):
+    """arena-analyze show refused a null name that arena-plan took; an unknown phase counted as neither forward nor
+    optimizer work, so the row's load went to the backward pass's share unnoticed."""
+    import pyarrow as pa
+
+    ops = gpt_like(num_clusters=3, hidden=256, seq_len=64, batch=8)
+    values = ops.table.column(column).to_pylist()
+    ops.table = ops.table.set_column(ops.table.column_names.index(column), column, pa.array([value] + values[1:], type=pa.string()))
+    with pytest.raises(ArenaError, match=message):
+        load_model_profile(ops)
+
+
 def test_empty_operator_table_is_an_error():
     ops = gpt_like(num_clusters=3, hidden=256, seq_len=64, batch=8)
     ops.table = ops.table.slice(0, 0)
