@@ -174,7 +174,7 @@ def analyze_model(
     activations, saved = _unit_activations(model, params, config.global_batch, config.seq_len, cdtype)
     seq_len = config.seq_len or model.config.seq_len
     dispatch = model.expert_dispatch_shape(config.global_batch, seq_len)
-    dispatch_bytes = float(np.prod(dispatch, dtype=np.int64)) * np.dtype(cdtype).itemsize if dispatch else 0.0
+    dispatch_bytes = model.expert_dispatch_bytes(config.global_batch, np.dtype(cdtype).itemsize, seq_len)
 
     unit = np.asarray(rows.unit, dtype=np.int64)
     phase = np.asarray(rows.phase)

@@ -127,6 +127,11 @@ class ModelDef(ABC):
         dtype), e.g. ``(experts, groups, capacity, hidden)``; None for models without experts."""
         return None
 
+    def expert_dispatch_bytes(self, batch_size: int, itemsize: int, seq_len: int | None = None) -> float:
+        """Bytes of :meth:`expert_dispatch_shape`'s tensor in a dtype of ``itemsize`` bytes (0 without experts)."""
+        shape = self.expert_dispatch_shape(batch_size, seq_len)
+        return float(np.prod(shape, dtype=np.int64)) * itemsize if shape else 0.0
+
     def describe(self) -> dict[str, Any]:
         """A JSON-able record of the model for artifact metadata."""
         from dataclasses import asdict

@@ -39,8 +39,7 @@ def model_clusters(model_name: str, global_batch: int, dtype: str = "fp32", num_
     params = abstract_params(model)
     sizes = [float(np.prod(out.shape) * np.dtype(out.dtype).itemsize) for out in unit_outputs(model, params, batch, cdt)]
     inputs = [0.0, *sizes[:-1]]  # a unit's input is the previous unit's output
-    dispatch = model.expert_dispatch_shape(global_batch)
-    dispatch_bytes = float(np.prod(dispatch, dtype=np.int64)) * np.dtype(cdt).itemsize if dispatch else 0.0
+    dispatch_bytes = model.expert_dispatch_bytes(global_batch, np.dtype(cdt).itemsize)
     records = []
     for c in range(k):
         members = range(edges[c], edges[c + 1])

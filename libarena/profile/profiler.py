@@ -25,6 +25,7 @@ from libarena.errors import ArenaError
 from libarena.hardware.catalogue import get_gpu
 from libarena.hardware.comm import AlphaBetaCommModel, CommModel, GroupPlacement, MeasuredCommModel
 from libarena.models import ModelDef, get_model
+from libarena.models.training import tree_bytes
 from libarena.plan import ParallelPlan, PlanSet, Resources, StageLayout, data_parallel_plan, replica_microbatch
 from libarena.plan.config import USABLE_MEMORY_FRACTION
 from libarena.plan.costs import RECOMPUTE_COMM_FACTOR
@@ -349,7 +350,7 @@ def _stage_record(spec: StageSpec, execs: Any, key: str, local: LocalDevice, tim
         "cost": {**execs.cost, "optimizer": opt_record["cost"]},
         "memory": {**execs.memory, "optimizer": opt_record["memory"]},
         "state_bytes": execs.weight_bytes() + opt_record["state_bytes"],
-        "param_bytes": float(sum(np.prod(s.shape) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(view.params))),
+        "param_bytes": float(tree_bytes(view.params)),
         "grad_sync_bytes": _grad_sync_bytes(view),
         "activation_out_bytes": out_bytes * scale,
         "activation_in_bytes": carry_in_bytes * scale,
@@ -423,9 +424,9 @@ def _grad_sync_bytes(view: Any) -> float:
     price the reduction tp times too large)."""
     import jax
 
-    leaves = jax.tree.leaves(view.params)
     if view.tp_view != VIEW_BATCH_EQUIVALENT:
-        return float(sum(np.prod(s.shape) * np.dtype(s.dtype).itemsize for s in leaves))
+        return float(tree_bytes(view.params))
+    leaves = jax.tree.leaves(view.params)
     axes = [a for ax in view.axes for a in jax.tree.leaves(ax, is_leaf=_is_axes_leaf)]
     return float(sum(np.prod(_shard_shape(s.shape, a, view.spec.tp)) * np.dtype(s.dtype).itemsize
                      for s, a in zip(leaves, axes, strict=True)))
