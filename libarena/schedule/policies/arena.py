@@ -16,8 +16,9 @@
 - In-flight trade (ours; ``trade_margin``, 0 disables): two running jobs on different GPU types trade their
   GPUs (each restarts on the other's allocation) when one's objective gain exceeds the other's loss by the
   margin, best trade first, up to D per round. Under the JCT objective it puts the short jobs on the fast
-  GPUs (Smith's rule across GPU types) without taking GPUs from anyone: a job launched on a slow type while
-  the fast one was taken moves up as soon as a longer job holds GPUs it values less. The same rule at launch:
+  GPUs (Smith's rule across GPU types) without leaving anyone without GPUs: a job launched on a slow type while
+  the fast one was taken moves up as soon as a longer job holds GPUs it values less. The allocations swap
+  whole, counts included, so the giver may end on fewer GPUs than it held (its pause is priced by the margin). The same rule at launch:
   a launching job takes a running job's GPUs on another type, and that job restarts on the free GPUs the
   launching one would have had, when the launching job gains more than the margin times the other's loss.
 - In-flight exchange (ours; ``exchange_margin``, off by default): a running job may switch to a faster GPU
@@ -264,16 +265,25 @@ class ArenaPolicy(Policy):
             for job in self.sim.active.values():
                 if job.state != JobState.RUNNING:
                     continue
-                s = self.objective.victim_score(job)
+                s = self._victim_score(job)
                 if s is not None:
                     out.append((s, job.index, job))
             out.sort(key=lambda x: (x[0], x[1]))
             self._victims = [job for _, _, job in out]
         return self._victims
 
+    def _victim_score(self, job: Job) -> float | None:
+        """The objective's loss per freed GPU of halving a running job, or None where the halved count is not
+        one of the job's configurations: without count scaling (``elastic`` off, the §5.6 ablation) no job is
+        halved, by the launch handler or the exchange, and none is grown back by the in-flight handler."""
+        a = job.alloc
+        if (a.type_index, a.count_index - 1) not in self.configs(job):
+            return None
+        return self.objective.victim_score(job)
+
     def _victim_entries(self, job: Job) -> list[tuple[int, tuple]]:
         """A running job that may be halved, listed by its GPU type and ranked by (objective loss, job index)."""
-        score = self.objective.victim_score(job)
+        score = self._victim_score(job)
         return [] if score is None else [(job.alloc.type_index, (score, job.index))]
 
     # -- in-flight handler ---------------------------------------------------------------------------
@@ -386,7 +396,7 @@ class ArenaPolicy(Policy):
         """The smallest objective loss per freed GPU of halving a running job of type ``t``."""
         for victim in self._victims_in_order(frozenset((t,))):
             if victim.alloc.type_index == t and victim.state == JobState.RUNNING:
-                return self.objective.victim_score(victim)
+                return self._victim_score(victim)
         return None
 
     def _exchange_candidates(self) -> list[tuple[float, int, Job, int, int]]:
@@ -429,7 +439,7 @@ class ArenaPolicy(Policy):
                 nonlocal loss
                 if victim is job or victim.index in touched:
                     return False
-                score = self.objective.victim_score(victim)
+                score = self._victim_score(victim)
                 if score is None:
                     return False
                 loss += score * (victim.alloc.num_gpus // 2)
