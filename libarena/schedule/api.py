@@ -90,17 +90,9 @@ def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathL
     """
     cluster_spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)
     lookup = perf if isinstance(perf, PerfLookup) else load_perf(perf, cluster_spec)
-
-    def rate(model: str, batch: int, gpu_type: str, gpus: int) -> float | None:
-        if not lookup.has(model, batch) or gpu_type not in lookup.type_index:
-            return None
-        truth = lookup.get(model, batch).truth[lookup.type_index[gpu_type]]
-        c = count_index_at_least(gpus)
-        runnable = [k for k in range(c, truth.size) if truth[k] > 0]
-        return truth[runnable[0]] / batch if runnable else None
-
     tr = trace if isinstance(trace, Trace) else read_trace(
-        trace, gpu_types=lookup.gpu_types, seed=seed, rate=rate, skip_bad_rows=skip_bad_rows, text=trace_text)
+        trace, gpu_types=lookup.gpu_types, seed=seed, rate=lookup.submitted_rate, skip_bad_rows=skip_bad_rows,
+        text=trace_text)
     skipped = list(tr.skipped)
     missing: dict[tuple[str, int], list[int]] = {}
     for spec in tr.jobs:

@@ -159,6 +159,17 @@ class PerfLookup:
     def get(self, model: str, global_batch: int) -> ModelPerf:
         return self._models[(model, global_batch)]
 
+    def submitted_rate(self, model: str, global_batch: int, gpu_type: str, num_gpus: int) -> float | None:
+        """Iterations/s of a job as submitted: the execution truth on its type at the smallest count of at least
+        ``num_gpus`` that runs (None where none does): what an adapted trace's iteration counts are made from."""
+        from libarena.schedule.entities import count_index_at_least
+
+        if not self.has(model, global_batch) or gpu_type not in self.type_index:
+            return None
+        truth = self.get(model, global_batch).truth[self.type_index[gpu_type]]
+        runnable = [k for k in range(count_index_at_least(num_gpus), truth.size) if truth[k] > 0]
+        return float(truth[runnable[0]]) / global_batch if runnable else None
+
     def pipeline_degree(self, model: str, global_batch: int, gpu_type: str, num_gpus: int, view: str = "arena") -> int | None:
         """The pipeline degree of the plan behind a view's throughput on (type, count) (None: no such row)."""
         ti = self.type_index.get(gpu_type)

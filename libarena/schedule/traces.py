@@ -387,17 +387,33 @@ def trace_csv(jobs: list[JobSpec]) -> str:
 
 
 def write_scaled_trace(source: str | os.PathLike[str], output: str | os.PathLike[str], scale: TraceScale, *,
-                       cluster: str | os.PathLike[str] | None = None, skip_bad_rows: bool = False) -> Trace:
-    """``arena-schedule trace scale``: read (and adapt to ``cluster``'s GPU types, seeded by ``scale.seed``) the
-    trace ``source``, write its ``scale.copies`` copies to ``output`` (a file, written atomically, or ``-``) as an
-    arena-ae trace; returns the scaled trace."""
+                       cluster: str | os.PathLike[str] | None = None, perf: str | os.PathLike[str] | None = None,
+                       skip_bad_rows: bool = False) -> Trace:
+    """``arena-schedule trace scale``: read the trace ``source``, write its ``scale.copies`` copies to ``output``
+    (a file, written atomically, or ``-``) as an arena-ae trace; returns the scaled trace.
+
+    An ElasticFlow or raw ITP trace is adapted as ``simulate`` adapts it (to ``cluster``'s GPU types, seeded by
+    ``scale.seed``, its iteration counts from the performance table ``perf``'s rates), so that simulating the
+    written trace runs the jobs simulating the source would; without ``perf`` it is refused, since 1 iteration
+    per second would stretch or shrink every job by its model's speed."""
     from libarena.artifacts import write_bytes
     from libarena.artifacts.io import refuse_overwriting_inputs
     from libarena.hardware import load_cluster
 
-    refuse_overwriting_inputs(output, {"trace": source, "--cluster": cluster})
-    gpu_types = load_cluster(cluster).gpu_types if cluster is not None else None
-    trace = read_trace(source, gpu_types=gpu_types, seed=scale.seed, skip_bad_rows=skip_bad_rows)
+    refuse_overwriting_inputs(output, {"trace": source, "--cluster": cluster, "--perf": perf})
+    if perf is not None and cluster is None:
+        raise ArenaError("--perf needs --cluster: a performance table is read for a cluster's GPU types")
+    gpu_types, rate = (load_cluster(cluster).gpu_types if cluster is not None else None), None
+    if perf is not None:
+        from libarena.schedule.perf import load_perf
+
+        lookup = load_perf(perf, load_cluster(cluster))
+        gpu_types, rate = lookup.gpu_types, lookup.submitted_rate
+    trace = read_trace(source, gpu_types=gpu_types, seed=scale.seed, rate=rate, skip_bad_rows=skip_bad_rows)
+    if trace.adapted and rate is None:
+        raise ArenaError(f"{source} is {'an' if trace.format[0] in 'aeiou' else 'a'} {trace.format} trace: its jobs' "
+                         f"iteration counts are made from a performance table's rates, as simulate makes them; "
+                         f"give --perf and --cluster")
     jobs = scale_trace(trace.jobs, scale)
     write_bytes(output, trace_csv(jobs).encode())
     return Trace(str(output), "arena-ae", jobs, trace.skipped, adapted=trace.adapted)

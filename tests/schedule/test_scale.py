@@ -91,6 +91,38 @@ def test_scaling_the_paper_trace(traces_dir, tmp_path):
     assert len(scaled.jobs) == 10 * len(original) == len(read_trace(out).jobs)
 
 
+def test_an_adapted_trace_is_scaled_with_the_rates_simulate_adapts_it_with(tmp_path):
+    """An ITP or ElasticFlow trace's iteration counts come from the performance table (the job runs for its
+    recorded duration as submitted): ``trace scale -x 1`` with that table writes the jobs ``simulate`` would run,
+    and without it is refused rather than written at 1 iteration per second."""
+    from libarena.schedule.api import prepare_workload
+    from tests.schedule.perf_fixtures import write_perf, zoo_pairs
+
+    raw = tmp_path / "raw.csv"
+    raw.write_text("job_id,submission_time,duration,num_gpu\n"
+                   + "".join(f"j{i},{600 * i},{1800 + 900 * i},{1 + i % 5}\n" for i in range(12)))
+    cluster_file = tmp_path / "cluster.yaml"
+    cluster_file.write_text("name: c\nnode_groups: [{gpu_type: a100, nodes: 2, gpus_per_node: 8}, "
+                            "{gpu_type: v100, nodes: 2, gpus_per_node: 8}]\n")
+    perf = tmp_path / "perf.parquet"
+    write_perf(perf, zoo_pairs(), ["a100", "v100"])
+    out = tmp_path / "scaled.csv"
+    with pytest.raises(ArenaError, match=r"raw.csv is an itp-raw trace: .* give --perf and --cluster"):
+        write_scaled_trace(raw, out, TraceScale(1), cluster=cluster_file)
+    with pytest.raises(ArenaError, match="--perf needs --cluster"):
+        write_scaled_trace(raw, out, TraceScale(1), perf=perf)
+    assert not out.exists()
+
+    write_scaled_trace(raw, out, TraceScale(1, seed=5), cluster=cluster_file, perf=perf)
+    simulated = prepare_workload(raw, perf, cluster_file, seed=5).jobs
+    written = read_trace(out).jobs
+    assert [(j.job_id, j.model, j.global_batch, j.num_iterations, j.requested_gpus, j.requested_type) for j in written] \
+        == [(j.job_id, j.model, j.global_batch, j.num_iterations, j.requested_gpus, j.requested_type) for j in simulated]
+    assert [j.deadline for j in written] == pytest.approx([j.deadline for j in simulated], abs=1e-3)
+    durations = [1800 + 900 * i for i in range(12)]
+    assert sum(j.num_iterations != d for j, d in zip(written, durations)) >= 10  # not 1 iteration per second
+
+
 def test_scale_refuses_bad_input(tmp_path):
     src = tmp_path / "t.csv"
     src.write_text(trace_csv(_generated_trace(3)))

@@ -63,6 +63,7 @@ def test_an_adapted_job_out_of_a_traces_ranges_is_a_bad_row(tmp_path):
     is refused where it is read (row and column named), so ``trace scale`` never writes a trace its reader
     refuses; the rest of the trace is kept with --skip-bad-rows."""
     from libarena.schedule.traces import TraceScale, write_scaled_trace
+    from tests.schedule.perf_fixtures import write_perf, zoo_pairs
 
     p = tmp_path / "raw.csv"
     p.write_text("job_id,submission_time,duration,num_gpu\nok,0,1000,1\nlong,3100000000,200000000,1\n")
@@ -76,7 +77,11 @@ def test_an_adapted_job_out_of_a_traces_ranges_is_a_bad_row(tmp_path):
     with pytest.raises(ArenaError, match="column 'duration'"):
         write_scaled_trace(p, out, TraceScale(copies=1))
     assert not out.exists()
-    written = write_scaled_trace(p, out, TraceScale(copies=1), skip_bad_rows=True)
+    cluster_file = tmp_path / "cluster.yaml"
+    cluster_file.write_text("name: c\nnode_groups: [{gpu_type: a100, nodes: 1, gpus_per_node: 8}]\n")
+    perf = tmp_path / "perf.parquet"
+    write_perf(perf, zoo_pairs(), ["a100"])
+    written = write_scaled_trace(p, out, TraceScale(copies=1), cluster=cluster_file, perf=perf, skip_bad_rows=True)
     assert [j.job_id for j in written.jobs] == ["ok"] and [j.job_id for j in read_trace(out).jobs] == ["ok"]
 
 @pytest.mark.parametrize("row,column,problem", [

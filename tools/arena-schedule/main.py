@@ -46,13 +46,16 @@ TraceOpt = typer.Option(..., "--trace", help="trace CSV (arena-ae, ElasticFlow o
 PerfOpt = typer.Option(..., "--perf", help="performance table (perf_table artifact, or CSV/Parquet in its schema)")
 ClusterOpt = typer.Option(..., "--cluster", help="cluster spec (YAML/TOML)")
 PolicyOpt = typer.Option("arena", "--policy", help=", ".join(policy_names()))
+StartOpt = typer.Option(None, "--start", help="where the run's window and ticks begin, in the trace's seconds "
+                        "(default: the first submission; at most that)")
 
 
-def _sim_config(tick: float, horizon: Optional[float], seed: int, overhead: list[str], max_ticks: int):
+def _sim_config(tick: float, horizon: Optional[float], seed: int, overhead: list[str], max_ticks: int,
+                start: Optional[float]):
     from libarena.schedule.config import OverheadConfig, SimulatorConfig
 
     return SimulatorConfig(tick_s=tick, horizon_s=horizon, seed=seed, overheads=OverheadConfig.from_assignments(overhead),
-                           max_ticks=max_ticks)
+                           max_ticks=max_ticks, start_s=start)
 
 
 def _max_ticks_option():
@@ -84,7 +87,8 @@ def simulate(
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus-per-job", help="largest GPU count per job (16)"),
     global_queue: bool = typer.Option(False, "--global-queue", help="fcfs: one FIFO queue for every GPU type (default: one per type)"),
     tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds (1 to 86400)"),
-    horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
+    horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the start"),
+    start: Optional[float] = StartOpt,
     max_ticks: int = MaxTicksOpt,
     seed: int = typer.Option(0, "--seed", help="seed for trace adaptation"),
     overhead: list[str] = typer.Option([], "--overhead", help="override an overhead, NAME=SECONDS, or reuse_profiles=/reuse_plans=true|false (repeatable)"),
@@ -100,7 +104,7 @@ def simulate(
     from libarena.pipeline.schedule import simulate as run_simulate
     from libarena.schedule.api import make_policy
 
-    cfg = _sim_config(tick, horizon, seed, overhead, max_ticks)
+    cfg = _sim_config(tick, horizon, seed, overhead, max_ticks, start)
     pol = make_policy(policy, view=view, objective=objective, hetero=False if no_hetero else None,
                       elastic=False if no_elastic else None, pruning=False if no_pruning else None,
                       profiler=False if no_profiler else None, num_queues=queues, search_depth=search_depth,
@@ -124,7 +128,8 @@ def compare(
     cluster: Path = ClusterOpt,
     output: Path = typer.Option(..., "-o", "--output", help="output directory (one sub-directory per policy)"),
     tick: float = typer.Option(300.0, "--tick", help="scheduling interval in seconds (1 to 86400)"),
-    horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the first submission"),
+    horizon: Optional[float] = typer.Option(None, "--horizon", help="stop this many seconds after the start"),
+    start: Optional[float] = StartOpt,
     max_ticks: int = MaxTicksOpt,
     seed: int = typer.Option(0, "--seed"),
     overhead: list[str] = typer.Option([], "--overhead"),
@@ -144,7 +149,7 @@ def compare(
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names or len(set(names)) != len(names):
         raise ArenaError(f"--policies {policies!r}: give distinct policy names separated by commas")
-    cfg = _sim_config(tick, horizon, seed, overhead, max_ticks)
+    cfg = _sim_config(tick, horizon, seed, overhead, max_ticks, start)
     pols = {name: make_policy(name) for name in names}
     with Reporter(quiet=quiet) as reporter:
         outcome, metrics, doc = run_compare(trace, perf, cluster, pols, cfg, output, skip_bad_rows=skip_bad_rows,
@@ -269,12 +274,14 @@ def trace_scale_cmd(
     jitter: float = typer.Option(150.0, "--jitter", help="each further copy's submission times move by U(-J, +J) seconds"),
     seed: int = typer.Option(0, "--seed", help="seed of the jitter (and of the adaptation of ElasticFlow/ITP traces)"),
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="adapt GPU types to this cluster's"),
+    perf: Optional[Path] = typer.Option(None, "--perf", help="performance table whose rates make an adapted "
+                                        "(ElasticFlow/ITP) trace's iteration counts, as simulate makes them; needs --cluster"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="leave bad rows out, with a count"),
 ) -> None:
     """Replicate a trace N times with seeded jitter of the submission times (job ids made unique)."""
     from libarena.schedule.traces import TraceScale, write_scaled_trace
 
-    scaled = write_scaled_trace(file, output, TraceScale(copies, jitter, seed), cluster=cluster,
+    scaled = write_scaled_trace(file, output, TraceScale(copies, jitter, seed), cluster=cluster, perf=perf,
                                 skip_bad_rows=skip_bad_rows)
     reporter = Reporter()
     if scaled.skipped:
