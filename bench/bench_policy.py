@@ -147,6 +147,13 @@ def _unplaced(jobs: Path) -> set[str]:
     return {j for j, s in zip(table.column("job_id").to_pylist(), table.column("status").to_pylist()) if s == "unschedulable"}
 
 
+def _run_start(jobs: Path) -> float:
+    """Where a run's window began: its first submission (the trace's, less any row it skipped)."""
+    from libarena.artifacts import read_table
+
+    return min(read_table(jobs, "job_records").table.column("submit_time_s").to_pylist())
+
+
 def _judge(name: str, runs: dict[str, Any]) -> dict[str, Any]:
     arena = runs["arena"]
     verdict: dict[str, Any] = {"finishes_at_least_as_many": all(arena["finished_jobs"] >= r["finished_jobs"]
@@ -183,8 +190,11 @@ def _without_unplaced(trace: Path, perf: Path, jobs: dict[str, Path], work: Path
         out = csv.DictWriter(dst, fieldnames=rows.fieldnames)
         out.writeheader()
         out.writerows(r for r in rows if r["job_id"] not in unplaced)
-    record, path = _simulate(reduced, perf, "arena", (), work)
+    # the baselines' window and tick grid, also where the trace's first job is one of those left out
+    start = _run_start(jobs["sia"])
+    record, path = _simulate(reduced, perf, "arena", ("--start", repr(start)), work)
     record["jobs_left_out"] = len(unplaced)
+    record["start_s"] = start
     record["vs_baselines"] = _vs_baselines(path, jobs, perf, like_for_like)
     red = _pair_reduction(record["vs_baselines"]["sia"])
     _log(f"{trace.parent.name} arena without the {len(unplaced)} jobs Sia never places: {record['finished_jobs']} finished, "

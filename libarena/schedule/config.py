@@ -106,8 +106,11 @@ _BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "
 class SimulatorConfig:
     #: The paper's scheduling interval (Fig. 11: "The scheduling interval is 5 minutes").
     tick_s: float = 300.0
-    #: Stop at this many seconds after the first submission (None: run until every job finishes).
+    #: Stop at this many seconds after the run's start (None: run until every job finishes).
     horizon_s: float | None = None
+    #: The run's start, where its window and its tick grid begin, in the trace's seconds (None: the first
+    #: submission; at most that): a sub-trace compared with runs of its whole trace starts where they did.
+    start_s: float | None = None
     #: Seed for everything random: trace adaptation, and the priorities of jobs without a priority column (a
     #: hash of the job id and the seed; seed 0 hashes the id alone).
     seed: int = 0
@@ -123,6 +126,7 @@ class SimulatorConfig:
         check_fields(self, {
             "tick_s": Range("--tick", MIN_TICK_S, MAX_TICK_S),
             "horizon_s": Range("--horizon", 0, MAX_SECONDS, lo_open=True, optional=True),
+            "start_s": Range("--start", 0, MAX_SECONDS, optional=True),
             "seed": Range("--seed", 0, MAX_SEED, integer=True),
             "stall_ticks": Range("stall_ticks", 1, MAX_TICKS, integer=True),
             "max_ticks": Range("--max-ticks", 1, 100 * MAX_TICKS, integer=True),
@@ -179,8 +183,8 @@ class ArenaPolicyConfig(PolicyConfig):
     #: (each restarts on the other's type, count and GPUs) when one's objective gain is more than this many
     #: times the other's loss (a margin for the rescale pauses that the rates leave out); up to D trades per
     #: round, and at launch (a launching job takes a running job's GPUs, which restarts on the free GPUs the
-    #: launching one would have had); 0 disables. It moves the short jobs to the fast GPUs without taking GPUs
-    #: from anyone (jct and throughput objectives only). 5 measured best of 1-12 on philly and four jittered
+    #: launching one would have had); 0 disables. It moves the short jobs to the fast GPUs without leaving
+    #: anyone without GPUs, though the giver may end on fewer than it held (jct and throughput objectives only). 5 measured best of 1-12 on philly and four jittered
     #: copies.
     trade_margin: float = 5.0
     #: In-flight exchange (ours; 0 disables): a running job switches to a faster GPU type at a neighbouring

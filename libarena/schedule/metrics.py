@@ -1,8 +1,9 @@
 """Summary metrics and per-job records of a simulation (§5 metrics).
 
 Average JCT counts every submitted job: a job unfinished at the end of the run counts with its time so far
-(``unfinished_jobs`` says how many), a dropped job with its time until it was dropped. Cluster throughput is
-the sum of running jobs' samples/s at each tick (execution truth); average and peak are over ticks.
+(``unfinished_jobs`` says how many), a dropped job with its time until it was dropped. Average cluster
+throughput is the samples trained over the run's makespan (execution truth, integrated over each interval);
+peak throughput is the largest sum of the running jobs' samples/s at a tick.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def job_records(res: SimulationResult) -> pa.Table:
         cols["completed_iterations"].append(done)
         cols["requested_gpus"].append(s.requested_gpus)
         cols["requested_gpu_type"].append(s.requested_type or "")
-        cols["priority"].append(s.priority if s.priority is not None else job.priority)
+        cols["priority"].append(job.submitted_priority)
         cols["submit_time_s"].append(s.submit_time)
         cols["deadline_s"].append(s.deadline if s.deadline is not None else nan)
         cols["status"].append(status)

@@ -85,7 +85,11 @@ class Simulator:
             prio = s.priority if s.priority is not None else _default_priority(s.job_id, num_queues, self.config.seed)
             self.jobs.append(Job(idx, s, perf.type_index[s.requested_type], min(max(1, prio), num_queues),
                                  mp.views[policy.view], mp.truth))
-        self._init_state(self.jobs[0].spec.submit_time)
+        first = self.jobs[0].spec.submit_time
+        start = first if self.config.start_s is None else self.config.start_s
+        if start > first:
+            raise ArenaError(f"{trace_source}: --start {start:g} s is after the trace's first submission ({first:g} s)")
+        self._init_state(start)
         self.pending_arrivals = len(self.jobs)
         self.result = SimulationResult(policy.name, policy.view, self.jobs, list(perf.gpu_types), self.start_time,
                                        self.start_time, self.cluster.total_gpus)
@@ -136,7 +140,7 @@ class Simulator:
         needed = span / cfg.tick_s
         if needed > cfg.max_ticks:
             raise ArenaError(f"{trace_source}: simulating this workload needs at least {needed:.3g} scheduling ticks of "
-                             f"{cfg.tick_s:g} s ({why} {span / 86400:.3g} days after the first submission), more than "
+                             f"{cfg.tick_s:g} s ({why} {span / 86400:.3g} days after the run's start), more than "
                              f"the limit of {cfg.max_ticks} (--max-ticks): use a larger --tick or a "
                              f"{'shorter --horizon' if cfg.horizon_s is not None else '--horizon'}")
 

@@ -342,3 +342,56 @@ def test_elasticflow_launches_admitted_jobs_before_best_effort_ones_when_blocks_
     launches = _launch_times(res)
     assert launches["admitted"] < launches["best-effort"]
     assert 1000.0 <= launches["admitted"] <= 1200.0
+
+
+def test_arena_without_count_scaling_never_halves_a_running_job():
+    """The §5.6 "w/o elastic" ablation (--no-elastic): a queued job that does not fit waits; the launch handler
+    does not halve the running job for it (which the in-flight handler would then grow back)."""
+    spec = cluster([("a100", 1, 4)])
+    jobs = [job("holder", "gpt__1.3B", 20000, 4, "a100", submit=0.0, row=1),
+            job("late", "gpt__1.3B", 2000, 2, "a100", submit=1000.0, row=2)]
+
+    def holder_allocations(**opts) -> list[tuple[str, int]]:
+        res = simulate(jobs, TABLE, spec, "arena", view="ap", **opts)
+        d = res.decisions
+        return [(a, n) for j, a, n in zip(d["job_index"], d["action"], d["num_gpus"])
+                if res.jobs[j].spec.job_id == "holder" and a != "finish"]
+
+    assert ("rescale", 2) in holder_allocations()  # by default the holder is halved for the late job
+    assert holder_allocations(elastic=False) == [("launch", 4)]
+
+
+def test_job_records_give_the_queue_each_job_was_submitted_to():
+    """The records' priority is the queue at submission (clamped to the P queues, as the simulator uses it), not
+    the queue Arena's promotions left the job in, so every policy's records agree on it."""
+    spec = cluster([("a100", 1, 4)])
+    jobs = [job("holder", "gpt__1.3B", 40000, 4, "a100", submit=0.0, row=1, priority=1),
+            job("waits", "gpt__1.3B", 1000, 4, "a100", submit=10.0, row=2, priority=3),
+            job("beyond", "gpt__1.3B", 1000, 4, "a100", submit=20.0, row=3, priority=7)]
+    arena = simulate(jobs, TABLE, spec, "arena", view="ap", elastic=False)  # the late jobs wait for the holder
+    fcfs = simulate(jobs, TABLE, spec, "fcfs")
+    assert arena.jobs[1].priority == 1  # promoted twice while it waited
+    for res in (arena, fcfs):
+        assert job_records(res).column("priority").to_pylist() == [1, 3, 3], res.policy
+
+
+def test_a_run_starts_at_its_first_submission_or_earlier_where_told():
+    """--start puts the window and the tick grid where runs of a larger trace had them (a sub-trace without that
+    trace's first job compared with its runs); a start after the first submission is refused."""
+    from libarena.schedule.api import make_policy, run_policy
+    from libarena.schedule.config import SimulatorConfig
+    from tests.schedule.helpers import workload
+
+    spec = cluster([("a100", 1, 4)])
+    jobs = [job("a", "gpt__1.3B", 1000, 4, "a100", submit=1000.0, row=1),
+            job("b", "gpt__1.3B", 1000, 4, "a100", submit=1100.0, row=2)]
+
+    def run(**config):
+        return run_policy(workload(jobs, TABLE, spec), make_policy("fcfs"),
+                          SimulatorConfig(tick_s=300.0, overheads=NO_OVERHEADS, **config))
+
+    default, earlier = run(), run(start_s=0.0)
+    assert default.start_time == 1000.0 and _launch_times(default)["a"] == 1000.0  # a tick at the first submission
+    assert earlier.start_time == 0.0 and _launch_times(earlier)["a"] == 1200.0  # the grid of multiples of 300 s
+    with pytest.raises(ArenaError, match=r"--start 1001 s is after the trace's first submission \(1000 s\)"):
+        run(start_s=1001.0)

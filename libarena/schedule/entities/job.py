@@ -63,6 +63,11 @@ class Job:
     #: why the policy can never place the job (its view has no configuration within the cluster); None while it can
     unschedulable: str | None = None
     policy_state: dict = field(default_factory=dict)
+    #: the queue it was submitted to (``priority`` moves with Arena's promotions)
+    submitted_priority: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.submitted_priority = self.priority
 
     @property
     def remaining(self) -> float:
