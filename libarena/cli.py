@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import gc
 import json
 import math
@@ -170,7 +171,7 @@ def run_app(tool: str, app: Callable[..., Any], argv: list[str] | None = None) -
     except BrokenPipeError:
         _closed_pipe(argv)
     except SystemExit as exc:
-        if _stdout_closed_by_reader():
+        if _stdout_closed_by_reader() or _exit_for_closed_pipe(exc):
             _closed_pipe(argv)
         if argv is not None or not isinstance(exc.code, (int, type(None))):
             raise
@@ -209,6 +210,13 @@ def _stdout_closed_by_reader() -> bool:
     """Whether click met EPIPE on stdout: it swaps stdout for a wrapper that ignores it (click's, or the copy
     typer vendors; matched by name), and exits 1."""
     return type(sys.stdout).__name__.lstrip("_") == "PacifyFlushWrapper"
+
+
+def _exit_for_closed_pipe(exc: SystemExit) -> bool:
+    """Whether a library ended the run because its reader went away: rich does on EPIPE (its console points
+    stdout at /dev/null and exits 1, from inside the handler of the error), so that error is the exit's context."""
+    context = exc.__context__
+    return exc.code == 1 and isinstance(context, OSError) and context.errno == errno.EPIPE
 
 
 #: the exit status of a process killed by SIGPIPE, as shells report it

@@ -100,3 +100,60 @@ def test_json_summaries_are_strict_json(capsys):
     text = capsys.readouterr().out
     assert json.loads(text, parse_constant=lambda token: pytest.fail(f"non-strict token {token}")) == {
         "a": None, "b": [1.5, None], "c": {"d": None}, "e": [2, None]}
+
+
+PIPE_APP = textwrap.dedent("""
+    import sys
+    import typer
+    from rich.console import Console
+    from libarena.artifacts.io import write_bytes
+    from libarena.cli import print_json, run_app
+
+    app = typer.Typer()
+
+    @app.command()
+    def main(how: str) -> None:
+        if how == "buffered":  # still in sys.stdout's buffer when the command returns: run_app's flush meets EPIPE
+            print("data")
+        elif how == "large":  # EPIPE inside the command: typer's handler
+            print("x" * 200_000)
+        elif how == "json":
+            print_json({"a": 1})
+        elif how == "rich":  # rich handles EPIPE itself (stdout to /dev/null, exit 1)
+            Console(file=sys.stdout, width=80).print("data")
+        elif how == "bytes":  # what trace scale, cluster scale and plan export write with -o -
+            write_bytes("-", b"y" * 200_000)
+
+    run_app("tool", app)
+""")
+
+
+def _into_closed_pipe(argv: list[str]) -> subprocess.CompletedProcess[bytes]:
+    """Run with stdout a pipe whose reader is gone before the start, so the first write meets EPIPE whatever the
+    timing (behind `| head -1` output that fits the pipe may all be written first, and the tool rightly ends 0)."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(argv, stdout=write_end, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=120)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("how", ["buffered", "large", "json", "rich", "bytes"])
+def test_a_reader_that_went_away_ends_the_run_with_sigpipe_silently(how):
+    r = _into_closed_pipe([sys.executable, "-c", PIPE_APP, how])
+    assert r.returncode == -signal.SIGPIPE, (r.returncode, r.stderr.decode())
+    assert r.stderr == b""
+
+
+@pytest.mark.parametrize("argv", [["arena-analyze", "--list-models"], ["arena-schedule", "--help"],
+                                  ["arena-schedule", "policies"]], ids=" ".join)
+def test_every_tool_ends_with_sigpipe_when_its_reader_is_gone(argv):
+    """Tables and help are drawn by rich, which ended with status 1 on a closed pipe where plain writes end 141."""
+    from pathlib import Path
+
+    r = _into_closed_pipe([str(Path(sys.executable).with_name(argv[0])), *argv[1:]])
+    assert r.returncode == -signal.SIGPIPE, (r.returncode, r.stderr.decode())
+    assert r.stderr == b""
