@@ -267,11 +267,23 @@ def job_hosts(request: RunRequest, gpu_type: str, num_gpus: int | None, per_node
     return hosts
 
 
-def _search_on_ray(request: RunRequest, gpu_type: str, num_gpus: int) -> Any:
+class _Searcher:
+    """The search's process on Ray: an actor, so that its start can be waited for with a bound."""
+
+    def ready(self) -> bool:
+        return True
+
+    def search(self, req: dict[str, Any], gpu_type: str, num_gpus: int) -> Any:
+        return _search_task(req, gpu_type, num_gpus)
+
+
+def _search_on_ray(request: RunRequest, gpu_type: str, num_gpus: int, start_timeout_s: float | None = None) -> Any:
     """Run the search inside one actor holding the allocated devices."""
     import ray
+    from ray.exceptions import GetTimeoutError
 
-    from libarena.run.cluster import gpu_type_resource, largest_node_gpus, ray_get, ray_worker_env
+    from libarena.run.cluster import (HOST_START_TIMEOUT_S, gpu_type_resource, largest_node_gpus, ray_get,
+                                      ray_worker_env)
 
     # the searcher holds the whole allocation in one process: a node must have that many GPUs of the type (else
     # Ray would keep the task pending for ever)
@@ -281,10 +293,22 @@ def _search_on_ray(request: RunRequest, gpu_type: str, num_gpus: int) -> Any:
                          f"one node; the largest node has {per_node}: give a plan (--plan-id or the grid's proxy) instead")
     # the searcher times candidate plans on the devices the job's workers would have
     env = ray_worker_env(num_gpus if request.on_cpu_devices else None)
-    searcher = ray.remote(_search_task).options(
-        num_cpus=1, num_gpus=num_gpus, resources={gpu_type_resource(gpu_type): num_gpus}, runtime_env={"env_vars": env}, max_retries=0,
-    )
-    return ray_get(searcher.remote(asdict_request(request), gpu_type, num_gpus))
+    searcher = ray.remote(_Searcher).options(
+        num_cpus=1, num_gpus=num_gpus, resources={gpu_type_resource(gpu_type): num_gpus}, runtime_env={"env_vars": env},
+        max_restarts=0, max_task_retries=0,
+    ).remote()
+    timeout = HOST_START_TIMEOUT_S if start_timeout_s is None else start_timeout_s
+    try:
+        # a node that had the GPUs when they were counted may be gone by now, and Ray keeps a request that no
+        # live node can hold pending for ever: its start is waited for as the job's actors' is
+        try:
+            ray_get(searcher.ready.remote(), timeout=timeout)
+        except GetTimeoutError:
+            raise ArenaError(f"no node started the search ({num_gpus} {gpu_type} GPUs in one process) within "
+                             f"{timeout:.0f} s") from None
+        return ray_get(searcher.search.remote(asdict_request(request), gpu_type, num_gpus))
+    finally:
+        ray.kill(searcher, no_restart=True)
 
 
 def asdict_request(request: RunRequest) -> dict[str, Any]:

@@ -256,6 +256,10 @@ class JobReport:
         return asdict(self)
 
 
+#: How long a job's actors (and a search's) may take to start: placed, their process up, their imports done.
+HOST_START_TIMEOUT_S = 120.0
+
+
 def _single_node() -> bool:
     import ray
 
@@ -279,13 +283,18 @@ class _HostGroup:
             for h in range(spec.num_hosts)
         ]
         self.coordinator = ""
-        # each actor answers within the start timeout: after a node is lost, a bundle that no other node can hold
-        # waits to be rescheduled and its actor never starts (a restart would wait on it forever)
+        # Any failure while the group forms kills every actor it started: one left blocked in the JAX runtime's
+        # join would hold its bundle's GPUs while the restart's actor waits for them.
         try:
-            ray_get([a.pid.remote() for a in self.actors], timeout=start_timeout_s)
+            self._form(spec, start_timeout_s)
         except BaseException:
             self.stop()
             raise
+
+    def _form(self, spec: JobSpec, start_timeout_s: float) -> None:
+        # each actor answers within the start timeout: after a node is lost, a bundle that no other node can hold
+        # waits to be rescheduled and its actor never starts (a restart would wait on it forever)
+        ray_get([a.pid.remote() for a in self.actors], timeout=start_timeout_s)
         if spec.num_hosts > 1:
             from libarena.run.distributed import ProcessGroup
 
@@ -332,7 +341,7 @@ def _usable_step(store: Any, spec: JobSpec) -> int:
 
 
 def run_job(spec: JobSpec, max_restarts: int = 3, on_dispatch: Callable[[int, list[Any]], None] | None = None,
-            start_timeout_s: float = 120.0, strategy: str | None = None) -> JobReport:
+            start_timeout_s: float = HOST_START_TIMEOUT_S, strategy: str | None = None) -> JobReport:
     """Run ``spec`` on the connected Ray cluster, one actor per host; ``on_dispatch(chunk_index, actors)``
     is called right after each chunk is submitted (tests use it to kill an actor mid-chunk).
     ``strategy``: the placement group's; default STRICT_SPREAD on a multi-node cluster, PACK on one node."""

@@ -237,6 +237,29 @@ def test_a_version_that_ends_while_it_is_polled_is_finished_not_lost(tmp_path, m
     launcher.close()
 
 
+def test_every_ended_version_is_reaped_not_only_the_polled_ones(tmp_path):
+    """A version whose exit code was read while its shell was still exiting is not polled again (its job is
+    done); its process must not stay a zombie for the server's life: every poll reaps every child that ended."""
+    from pathlib import Path
+
+    from libarena.schedule.live.processes import recorded_pid
+
+    launcher, clock = _stand_in_launcher(tmp_path)
+    launcher.launch(LaunchRequest("done", 1, "launch", "gpt__tiny", 8, 5, "a100", 1, (0,), 0.0, 0.0))
+    proc = Path("/proc") / str(recorded_pid(launcher.run_dir("done", 1) / "pid"))
+
+    def state() -> str | None:
+        try:
+            return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return None  # reaped
+
+    wait_until(lambda: state() == "Z", 60)  # ended, not yet reaped
+    launcher.poll(clock.now(), {})  # polls no version at all
+    assert state() is None
+    launcher.close()
+
+
 def test_an_allocation_larger_than_a_node_runs_the_proxy_of_the_tables_pipeline_degree_on_whole_nodes(tmp_path):
     """arena-run's search measures its candidates in one process, which needs the whole grid on one node: on a
     joined cluster an allocation larger than a node runs the proxy plan of the pipeline degree behind the

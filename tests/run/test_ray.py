@@ -117,3 +117,83 @@ def test_an_error_in_a_task_is_one_line_and_a_refused_job_leaves_no_placement_gr
     with pytest.raises(ArenaError, match="is not a directory"):
         run_job(JobSpec(model.name, plan, 8, 2, str(not_a_directory)))
     assert all(group["state"] == "REMOVED" for group in placement_group_table().values())
+
+
+def test_a_restart_whose_actor_never_starts_fails_the_job_instead_of_hanging(tmp_path: Path, local_ray, monkeypatch) -> None:
+    """After a node loss, a bundle that no live node can hold keeps the restarted host's actor pending for ever;
+    a one-host job waited on it with no bound (fixed in 801c375). The loss is stood in for on one node: as the
+    first chunk runs, the host's actor is killed and a squatter takes its bundle's GPUs, so no replacement can
+    start. Each start is waited for within the start timeout and counted as a restart, and the job fails."""
+    import contextlib
+    import importlib
+    import threading
+
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from libarena.errors import ArenaError
+    from libarena.run.cluster import JobSpec, run_job
+
+    # ray.util re-exports the function under the module's name: patch the module, which run_job imports from
+    pg_module = importlib.import_module("ray.util.placement_group")
+    groups, real = [], pg_module.placement_group
+
+    def recording(*args, **kwargs):
+        groups.append(real(*args, **kwargs))
+        return groups[-1]
+
+    monkeypatch.setattr(pg_module, "placement_group", recording)
+
+    @ray.remote(num_cpus=0)
+    class Squatter:
+        def ready(self) -> bool:
+            return True
+
+    squatters = []
+
+    def lose_the_host(chunk: int, actors) -> None:
+        if chunk != 0:
+            return
+        squatter = Squatter.options(num_gpus=2, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            groups[0], placement_group_bundle_index=0)).remote()  # pending while the host's actor holds the GPUs
+        squatters.append(squatter)
+        ray.kill(actors[0], no_restart=True)  # the host is lost ...
+        ray.get(squatter.ready.remote(), timeout=60)  # ... and its bundle's GPUs are taken
+
+    model = get_model("gpt__tiny")
+    plan = simple_plan(model, 8, [0], [2], [1], 1, gpu_type="a100")  # one host, 2 devices
+    spec = JobSpec(model.name, plan, 8, 2, str(tmp_path / "ckpt"), checkpoint_every=2,
+                   extra_xla_flags="--xla_backend_optimization_level=0")
+    outcome: dict = {}
+
+    def job() -> None:
+        try:
+            outcome["report"] = run_job(spec, max_restarts=1, on_dispatch=lose_the_host, start_timeout_s=20)
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=job, daemon=True)
+    runner.start()
+    runner.join(timeout=240)
+    hung = runner.is_alive()
+    for squatter in squatters:  # frees the bundle, so a hung job goes on and leaves the module's cluster usable
+        with contextlib.suppress(Exception):
+            ray.kill(squatter, no_restart=True)
+    if hung:
+        runner.join(timeout=300)
+    assert not hung, "run_job waited for ever on a host actor that could never start"
+    assert isinstance(outcome.get("error"), ArenaError), outcome
+    assert "failed 2 times" in str(outcome["error"])
+
+
+def test_a_search_whose_node_is_gone_is_refused_within_the_start_timeout(local_ray, monkeypatch) -> None:
+    """The search's node was counted when arena-run started, and is lost before the search's process is placed:
+    Ray would keep it pending for ever, so its start is waited for within the start timeout, in one line."""
+    from libarena.errors import ArenaError
+    from libarena.run import cluster
+    from libarena.run.api import RunRequest, _search_on_ray
+
+    monkeypatch.setattr(cluster, "largest_node_gpus", lambda gpu_type: 8)  # as counted before the loss
+    request = RunRequest("p.parquet", "gpt__tiny", 8, 1, "ckpt", selection="pruned")
+    with pytest.raises(ArenaError, match=r"no node started the search \(8 a100 GPUs in one process\) within 10 s"):
+        _search_on_ray(request, "a100", 8, start_timeout_s=10)

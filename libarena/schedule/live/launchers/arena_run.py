@@ -188,9 +188,12 @@ class ArenaRunLauncher(JobLauncher):
     def poll(self, now: float, versions: dict[str, int]) -> dict[str, RunStatus]:
         clock = self.ctx.clock
         out = {}
+        # every child that has ended is reaped, not only the polled versions': a version whose shell was still
+        # exiting when its exit code was read is not polled again, and would stay a zombie
+        for job_id, version in list(self._children):
+            self._reap(job_id, version)
         for job_id, version in versions.items():
             run_dir = self.run_dir(job_id, version)
-            self._reap(job_id, version)
             if recorded_pid(run_dir / "pid") is None:
                 out[job_id] = RunStatus(job_id, version, "lost", message="never started")
                 continue
