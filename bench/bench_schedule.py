@@ -2,8 +2,9 @@
 
 Targets: simulate_trace_philly.csv (1,938 jobs) <= 60 s per policy and a median Arena decision time per
 scheduling tick <= 50 ms; simulate_trace_row.csv (13,046 jobs, adapted with the seeded rule) <= 5 minutes per
-policy. The performance table is the pipeline's (default bench/results/perf-paper-sim.parquet, built by
-``arena-schedule perf build``); without it the benchmark stops with a message rather than invent numbers.
+policy. The performance table is the pipeline's (bench/results/perf-paper-sim.parquet, made by ``arena-schedule
+perf build`` on every run, from its cache when Arena's code and inputs are unchanged; its sha256 is recorded), or
+the one ``--perf`` names.
 
     python -m bench schedule
     python -m bench.bench_schedule --perf PATH [--policies arena,fcfs] [--skip-row]
@@ -35,21 +36,27 @@ def run(results_dir: Path, perf: Path | None = None, policies: tuple[str, ...] =
     from libarena.schedule.config import SimulatorConfig
     from libarena.schedule.metrics import json_safe, summarize
 
-    perf = Path(perf) if perf is not None else DEFAULT_PERF
+    from libarena.artifacts.io import file_sha256
+
     if not TRACES.is_dir():
         print(f"bench_schedule: traces not found at {TRACES}", file=sys.stderr)
         return False
-    if not perf.is_file():
+    if perf is None:
         # The pipeline's own table: analyze -> plan -> roofline rows for every (model, batch) the row trace's
-        # adaptation uses (a superset of philly's); operator tables are cached in .arena-cache/.
+        # adaptation uses (a superset of philly's); built every time through perf build's cache, so that a table
+        # left by older code is never reused (a hit is a copy; a miss ~10 minutes, operator tables cached).
         from libarena.pipeline.perf_build import PerfBuildConfig, perf_build
 
-        print(f"bench_schedule: building {perf} with arena-schedule perf build (first run: ~10 minutes)", file=sys.stderr)
+        perf = DEFAULT_PERF
+        print(f"bench_schedule: {perf} from arena-schedule perf build", file=sys.stderr)
+        perf.parent.mkdir(parents=True, exist_ok=True)
         perf_build(CLUSTER, str(perf), PerfBuildConfig(), trace=TRACES / "simulate_trace_row.csv")
+    perf = Path(perf)
     traces = [("philly", "simulate_trace_philly.csv", TARGETS["philly_wall_s"])]
     if row:
         traces.append(("row", "simulate_trace_row.csv", TARGETS["row_wall_s"]))
-    results: dict = {"perf_table": str(perf), "cluster": str(CLUSTER), "targets": TARGETS, "horizon_s": HORIZON_S, "traces": {}}
+    results: dict = {"perf_table": str(perf), "perf_table_sha256": file_sha256(perf), "cluster": str(CLUSTER),
+                     "targets": TARGETS, "horizon_s": HORIZON_S, "traces": {}}
     ok = True
     for label, name, limit in traces:
         try:
@@ -79,14 +86,12 @@ def run(results_dir: Path, perf: Path | None = None, policies: tuple[str, ...] =
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--perf", type=Path, default=DEFAULT_PERF)
+    parser.add_argument("--perf", type=Path, default=None, help="a performance table (default: the pipeline's, "
+                        "built or taken from perf build's cache)")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--skip-row", action="store_true", help="only the philly trace")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
-    if not args.perf.is_file():
-        run(args.results, args.perf)
-        return 2
     args.results.mkdir(parents=True, exist_ok=True)
     return 0 if run(args.results, args.perf, tuple(p for p in args.policies.split(",") if p), not args.skip_row) else 1
 

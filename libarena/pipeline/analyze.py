@@ -14,7 +14,7 @@ STAGE = "arena-analyze"
 
 
 def _key(stage: StageCache, config: Any) -> str:
-    return stage.key(config.parameters(), versions=library_versions("jax", "jaxlib"))
+    return stage.key(config.parameters(), versions=library_versions("jax", "jaxlib", "optax"))
 
 
 def _producer(config: Any, report: Report, where: str):

@@ -172,7 +172,7 @@ def perf_build(cluster: Path, output: str, config: PerfBuildConfig, *, trace: Pa
     where = "stdout" if str(output) == "-" else str(output)
     stage = cache.stage(STAGE, report)
     key = stage.key({**asdict(config), "pairs": [list(p) for p in wanted], "seed": seed, "skip_bad_rows": skip_bad_rows,
-                     "device": device}, inputs, library_versions("jax", "jaxlib", "scipy", "highspy"))
+                     "device": device}, inputs, library_versions("jax", "jaxlib", "optax"))
 
     def produce(path: str) -> None:
         table = build_perf_table(wanted, spec, path, config, inputs, cache, report)

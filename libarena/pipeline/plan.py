@@ -74,7 +74,7 @@ def _plan(profile: Any, source: dict[str, Any], key_source: dict[str, Any], step
     where = "stdout" if output == "-" else output
     stage = cache.stage(STAGE, report)
     key = stage.key({"planner": asdict(step.planner), "comm_required": step.comm_required}, [key_source, *inputs[1:]],
-                    library_versions("scipy", "highspy"))
+                    library_versions())
     summary: dict[str, Any] = {}
 
     def produce(path: str) -> None:

@@ -64,7 +64,7 @@ def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, o
     parameters = {k: v for k, v in asdict(config).items() if k not in ("cache_dir", "compile_workers", "compile_ahead")}
     key = stage.key({**parameters, "measure": measure.enabled, "measure_repeats": measure.repeats,
                      "device_resolved": local.cache_identity()},
-                    [cache_input(plans, artifact), *inputs[1:]], library_versions("jax", "jaxlib"))
+                    [cache_input(plans, artifact), *inputs[1:]], library_versions("jax", "jaxlib", "optax"))
     summary: dict[str, Any] = {"device": local.describe()}
 
     def produce(path: str) -> None:

@@ -17,7 +17,13 @@ def simulation_key(stage: StageCache, params: dict[str, Any], config: Any, key_i
                    skip_bad_rows: bool, plot: bool) -> str:
     """The ``arena-schedule simulate`` cache key of one simulation (a sweep's simulations use it too)."""
     return stage.key({**params, "simulator": asdict(config), "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
-                     library_versions("matplotlib") if plot else None)
+                     simulation_libraries(plot))
+
+
+def simulation_libraries(plot: bool) -> dict[str, str]:
+    """What a simulation's outputs depend on besides Arena's code: HiGHS decides Gavel's and Sia's rounds (another
+    build may return another of several optimal answers), msgpack writes the decisions, matplotlib the figures."""
+    return library_versions("highspy", "msgpack", *(("matplotlib",) if plot else ()))
 
 
 SIMULATE_STAGE = "arena-schedule simulate"
@@ -93,7 +99,7 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
     key = stage.key({"policies": list(policies), "policy_configs": {n: policy_parameters(p) for n, p in policies.items()},
                      "tick_s": config.tick_s, "horizon_s": config.horizon_s, "seed": config.seed,
                      "simulator": asdict(config), "skip_bad_rows": skip_bad_rows, "plot": plot}, key_inputs,
-                    library_versions("matplotlib") if plot else None)
+                    simulation_libraries(plot))
     outcome = stage.produce_tree(key, output, lambda directory: run_comparison(workload, policies, config, directory,
                                                                                inputs, plot, report), is_output_file)
     metrics = {name: read_metrics(output / name / "metrics.json") for name in policies}
