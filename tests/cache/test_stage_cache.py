@@ -261,3 +261,23 @@ def test_directory_outputs_appear_whole_or_not_at_all(tmp_path):
     (stale / "metrics.json").write_text("partial")
     cache.produce_tree(cache.key({"v": 3}), out, lambda d: (d / "metrics.json").write_text("3"), lambda name: True)
     assert not stale.exists() and (out / "metrics.json").read_text() == "3"
+
+
+def test_a_simulation_is_keyed_on_the_solver(tmp_path, monkeypatch):
+    """Another HiGHS build may return another of several optimal answers to Gavel's and Sia's programs: a
+    simulation cached under one build is not served under another."""
+    import libarena.artifacts.stage_cache as stage_cache
+    from libarena.pipeline.schedule import simulation_key
+    from libarena.schedule.config import SimulatorConfig
+
+    real = stage_cache.importlib_metadata.version
+    installed = {"highspy": "1.11.0"}
+    monkeypatch.setattr(stage_cache.importlib_metadata, "version", lambda name: installed.get(name) or real(name))
+    simulations = StageCache(tmp_path, "arena-schedule simulate")
+
+    def key() -> str:
+        return simulation_key(simulations, {"policy": "sia"}, SimulatorConfig(), [], skip_bad_rows=False, plot=False)
+
+    before = key()
+    installed["highspy"] = "1.12.0"
+    assert key() != before
