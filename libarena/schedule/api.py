@@ -148,7 +148,8 @@ def policy_parameters(policy: Policy) -> dict[str, str]:
 def run_parameters(policy: Policy, config: SimulatorConfig) -> dict[str, Any]:
     """The parameters a simulation's outputs record (their provenance; simulate keys its cache on them too)."""
     return {"policy": policy.name, "view": policy.view, "tick_s": config.tick_s, "horizon_s": config.horizon_s,
-            "seed": config.seed, "overheads": config.overheads.__dict__, "policy_config": policy_parameters(policy)}
+            "start_s": config.start_s, "max_ticks": config.max_ticks, "seed": config.seed,
+            "overheads": config.overheads.__dict__, "policy_config": policy_parameters(policy)}
 
 
 #: The files a run (simulate) and a comparison (compare) write into their output directory, besides figures

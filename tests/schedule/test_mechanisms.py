@@ -395,3 +395,6 @@ def test_a_run_starts_at_its_first_submission_or_earlier_where_told():
     assert earlier.start_time == 0.0 and _launch_times(earlier)["a"] == 1200.0  # the grid of multiples of 300 s
     with pytest.raises(ArenaError, match=r"--start 1001 s is after the trace's first submission \(1000 s\)"):
         run(start_s=1001.0)
+    from libarena.schedule.api import run_parameters  # what the outputs' provenance records
+
+    assert run_parameters(make_policy("fcfs"), SimulatorConfig(start_s=0.0))["start_s"] == 0.0
