@@ -200,6 +200,7 @@ class StageCache:
         try:
             if not (entry / MANIFEST).is_file():
                 return None
+            identity = entry.stat().st_ino
         except OSError:  # the cache dir is not a directory, not readable...: a miss
             return None
         problem = None
@@ -226,7 +227,8 @@ class StageCache:
             return files
         self.warn(f"cache entry {entry} is corrupt ({problem}); recomputing")
         with contextlib.suppress(OSError):
-            shutil.rmtree(entry)
+            if entry.stat().st_ino == identity:  # not an entry another run swapped in meanwhile
+                shutil.rmtree(entry)
         return None
 
     # -- writing -------------------------------------------------------------------------------------
@@ -290,6 +292,10 @@ class StageCache:
             os.fsync(f.fileno())
         self._made.pop(staging, None)  # committed: its folders hold an entry now
         entry = self.entry_path(key)
+        if not self.refresh and self.lookup(key) is not None:
+            # a concurrent run of the same key committed first: its entry stays (a reader may hold its files' paths)
+            shutil.rmtree(staging, ignore_errors=True)
+            return entry
         old = None
         if entry.exists():  # a refresh (--no-cache) or a corrupt entry: move it aside, then swap
             old = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{key}.old.{os.getpid()}.", suffix=".tmp"))

@@ -281,3 +281,19 @@ def test_a_simulation_is_keyed_on_the_solver(tmp_path, monkeypatch):
     before = key()
     installed["highspy"] = "1.12.0"
     assert key() != before
+
+
+def test_an_entry_a_concurrent_run_committed_first_is_kept(tmp_path):
+    """Two runs that miss the same key both compute it; the second to commit keeps the first one's entry (a
+    reader may already hold its files' paths) instead of swapping it out; a --no-cache run still replaces it."""
+    source = tmp_path / "out.txt"
+    source.write_text("same output\n")
+    first, second = StageCache(tmp_path / "cache", "test-stage"), StageCache(tmp_path / "cache", "test-stage")
+    key = first.key({"scale": 1.0})
+    entry = first.store(key, {"out.txt": source})
+    identity = entry.stat().st_ino
+    assert second.store(key, {"out.txt": source}) == entry and entry.stat().st_ino == identity
+    assert second.lookup(key) == {"out.txt": entry / "out.txt"}
+    assert not [p for p in entry.parent.iterdir() if p.name.startswith(".")]  # its staging folder went away
+    refreshing = StageCache(tmp_path / "cache", "test-stage", refresh=True)
+    assert refreshing.store(key, {"out.txt": source}).stat().st_ino != identity
