@@ -52,6 +52,8 @@ class SimulationTask:
     options: dict[str, Any]
     config: Any  # SimulatorConfig
     skip_bad_rows: bool
+    #: the trace's, table's and cluster's references (sha256) the sweep keyed this simulation on
+    expected_inputs: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass
@@ -75,6 +77,12 @@ def run_simulation_task(task: SimulationTask) -> SimulationFiles | SimulationFai
     try:
         workload, refs, _ = load_workload(Path(task.trace), Path(task.perf), Path(task.cluster), seed=task.config.seed,
                                           skip_bad_rows=task.skip_bad_rows)
+        for expected, read in zip(task.expected_inputs, refs):
+            # the output is stored under the sweep's key: it must come from the bytes that key names (an input
+            # rewritten since the sweep began, or another node's copy of it, would be cached as the original's)
+            if expected.get("sha256") != read.get("sha256"):
+                return SimulationFailure(f"{read.get('path')} is not the file the sweep started with (its content "
+                                         f"changed, or this node's copy differs)")
         policy = make_policy(task.policy, **task.options)
         res = run_policy(workload, policy, task.config)
         # ignore_cleanup_errors: at an interrupt the process may exit while a helper thread still writes here
@@ -324,7 +332,7 @@ def _sweep(spec: Any, output: Path, executor: Executor, plot: bool, cache: Cache
         keys.append(simulation_key(stage, run_parameters(policy, config), config, key_inputs,
                                    skip_bad_rows=spec.skip_bad_rows, plot=False))
         tasks.append(SimulationTask(str(point.trace.trace), str(point.trace.perf), str(spec.cluster), point.policy,
-                                    dict(point.variant.options), config, spec.skip_bad_rows))
+                                    dict(point.variant.options), config, spec.skip_bad_rows, tuple(key_inputs)))
         records.append(SweepRecord(point.label, point.group, point.trace.name, point.variant.name, point.seed,
                                    point.policy, point.output))
     spec_ref = [input_ref(spec.spec_file, "sweep_spec")] if spec.spec_file is not None else []

@@ -245,6 +245,29 @@ def test_an_interrupted_sweep_leaves_the_previous_results_whole(tmp_path, inputs
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
+def test_an_input_rewritten_while_the_sweep_runs_fails_its_simulations_and_caches_nothing(tmp_path, inputs):
+    """A simulation's output is stored under the key of the inputs the sweep hashed when it began: a table
+    rewritten in place meanwhile (or another node's different copy) would be simulated and cached as the original."""
+    import shutil
+
+    d, cluster = inputs
+    perf = tmp_path / "perf.parquet"
+    shutil.copyfile(d / "perf.parquet", perf)
+    pairs = sorted({(j.model, j.global_batch) for j in read_trace(d / "philly.csv").jobs})
+    spec = SweepSpec(cluster, (SweepTrace("philly", d / "philly.csv", perf),), ("fcfs",), horizon_s=400000)
+
+    class RewritesTheTable(SequentialExecutor):
+        def map_unordered(self, fn, items):
+            write_perf(perf, pairs, ["a100", "v100", "a40", "a10"], max_gpus=8)  # another table, the same path
+            yield from super().map_unordered(fn, items)
+
+    summary = sweep(spec, tmp_path / "out", RewritesTheTable(), cache=CacheSettings(tmp_path / "cache"))
+    (record,) = summary.records
+    assert record.status == "failed" and "is not the file the sweep started with" in record.error
+    assert not (tmp_path / "cache" / "stages" / "arena-schedule-simulate").exists() or not [
+        p for p in (tmp_path / "cache" / "stages" / "arena-schedule-simulate").iterdir() if not p.name.startswith(".")]
+
+
 # -- results ---------------------------------------------------------------------------------------------------
 
 
