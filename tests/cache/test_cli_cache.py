@@ -252,7 +252,7 @@ def test_profiling_a_plans_file_without_a_feasible_plan_is_a_one_line_error(work
     ok(invoke("arena-plan", ["--ops", "ops.parquet", "--cluster", "cluster.yaml", "--max-gpus", "1",
                              "--num-microbatches", "16", "-o", "none.parquet"], cwd=work))
     failed = invoke("arena-profile", ["-i", "none.parquet", "--cache-dir", "pc-none", "-o", "none-perf.parquet"], cwd=work)
-    assert failed.code != 0 and "nothing to profile: the plans file has no feasible plan" in failed.stderr
+    assert failed.code == 2 and "nothing to profile: the plans file has no feasible plan" in failed.stderr
     assert len(failed.stderr.strip().splitlines()) == 1 and "Traceback" not in failed.stderr
     assert not (work / "none-perf.parquet").exists()
 
@@ -262,9 +262,9 @@ def test_outputs_that_would_lose_a_cache_or_misname_a_table_are_refused(work):
     (and the entries just stored with it); a table named .csv would be a Parquet file under a CSV name."""
     sim = ["simulate", "--trace", "trace.csv", "--perf", "perf.parquet", "--cluster", "cluster.yaml", "--policy", "fcfs"]
     inside = invoke("arena-schedule", [*sim, "-o", "run-in", "--cache-dir", "run-in/cache"], cwd=work)
-    assert inside.code != 0 and "--cache-dir run-in/cache is inside the output run-in" in inside.stderr
+    assert inside.code == 2 and "--cache-dir run-in/cache is inside the output run-in" in inside.stderr
     assert len(inside.stderr.strip().splitlines()) == 1 and not (work / "run-in").exists()
     text = invoke("arena-schedule", ["perf", "build", "--pair", "gpt__1.3B,256", "--cluster", "cluster.yaml",
                                      "--mode", "roofline", "-o", "perf.csv"], cwd=work)
-    assert text.code != 0 and "-o perf.csv: tables are written as Parquet" in text.stderr
+    assert text.code == 2 and "-o perf.csv: tables are written as Parquet" in text.stderr
     assert "name the output perf.parquet" in text.stderr and not (work / "perf.csv").exists()

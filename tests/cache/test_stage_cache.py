@@ -105,6 +105,10 @@ def test_stdin_inputs_are_keyed_by_their_decoded_content(tmp_path):
     write_table(tmp_path / "u.parquet", KIND, _table(2.0), Provenance("test"))
     other = read_table(tmp_path / "u.parquet", KIND)
     assert cache_input("-", art)["sha256"] == cache_input("-", art)["sha256"] != cache_input("-", other)["sha256"]
+    # the same rows from another run (other provenance) are another input
+    write_table(tmp_path / "v.parquet", KIND, _table(), Provenance("test", {"made_by": "another run"}))
+    again = read_table(tmp_path / "v.parquet", KIND)
+    assert again.table.equals(art.table) and cache_input("-", again)["sha256"] != cache_input("-", art)["sha256"]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "manifest", "missing"])

@@ -95,7 +95,7 @@ def test_vectorised_plans_match_the_exhaustive_reference(ops):
     cluster = _single("a40", 2, 2)
     fast = plan_job(ops, cluster, PlannerConfig(max_gpus=4, frontier_cap=0))
     slow = plan_job(ops, cluster, PlannerConfig(max_gpus=4, frontier_cap=0, exhaustive=True))
-    for quick, full in zip(fast.grids, slow.grids):
+    for quick, full in zip(fast.grids, slow.grids, strict=True):
         assert quick.grid == full.grid
         def structure(p):
             return (tuple(p.stage_boundaries), tuple(p.gpus_per_stage), tuple(p.dp_per_stage), tuple(p.tp_per_stage),

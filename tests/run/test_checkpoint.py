@@ -133,6 +133,7 @@ def test_newest_usable_skips_corrupt_and_empty_newer_checkpoints(tmp_path: Path)
     assert [s["step"] for s in skipped] == [8, 6, 4]
     assert "incomplete metadata: global_batch is None, expected an integer" in skipped[0]["why"]
     assert all("corrupt" in s["why"] for s in skipped[1:])
+    assert _tree_digest(root) == before  # the skipped checkpoints are left as they were
     shutil.rmtree(root / "8")
     before = _tree_digest(root)
     assert all("\n" not in s["why"] and len(s["why"]) < 400 for s in skipped)

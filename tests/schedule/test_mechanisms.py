@@ -40,13 +40,17 @@ def test_reused_profiles_and_plans_are_paid_once_per_pair_and_configuration():
                                pruned_ap_search_s=60, full_ap_search_s=300, checkpoint_resume_s=100)
     jobs = [job(f"j{i}", "gpt__1.3B", 1000, 4, "a100", submit=20000.0 * i, row=i + 1) for i in range(3)]
 
-    def paid(policy: str, **flags) -> list[float]:
-        opts = {"elastic": False, "view": "ap"} if policy == "arena" else {}
+    def paid(policy: str, options: dict | None = None, **flags) -> list[float]:
+        opts = {"elastic": False, "view": "ap", **(options or {})} if policy == "arena" else {}
         res = simulate(jobs, TABLE, spec, policy, overheads=OverheadConfig(**{**overheads.__dict__, **flags}), **opts)
         return job_records(res).column("overhead_s").to_pylist()
 
     # the first job of the pair profiles; the next ones reuse its profile (default) and search again
     assert paid("arena") == [560, 60, 60]
+    # the §5.6 ablations: without runtime pruning every job searches the whole space; without the disaggregated
+    # profiler the first job of the pair profiles it whole
+    assert paid("arena", {"pruning": False}) == [800, 300, 300]
+    assert paid("arena", {"profiler": False}) == [860, 60, 60]
     assert paid("sia") == [500, 300, 300]
     assert paid("arena", reuse_profiles=False) == [560, 560, 560]
     # with searched plans reused too, a later job on the same configuration pays nothing before it trains

@@ -178,9 +178,9 @@ def _run(policy, specs, spec, tick_s=300.0, overheads=None):
     return res.decisions, repr((job_records(res).to_pydict(), res.ts_throughput))  # repr: NaN equals NaN
 
 
+# (not the fairness objective: its scores move with time, so Arena keeps no index for it and scans as this does)
 @pytest.mark.parametrize("options", [{}, {"objective": "throughput"}, {"objective": "deadline"},
-                                     {"objective": "fairness"}, {"hetero": False}, {"search_depth": 1},
-                                     {"elastic": False}, {"reuse_plans": True}])
+                                     {"hetero": False}, {"search_depth": 1}, {"elastic": False}, {"reuse_plans": True}])
 def test_arena_with_indexes_decides_as_the_exhaustive_scan(options):
     """A busy small cluster (queues, scale-downs, scale-ups, migrations): every decision and every job's
     JCT equal with and without the indexes (with searched plans reused too, so overheads move with time)."""
@@ -193,6 +193,7 @@ def test_arena_with_indexes_decides_as_the_exhaustive_scan(options):
     base = make_policy("arena", **options)
     scanning = ScanningArena(base.config)
     fast = _run(base, specs, spec, overheads=overheads)
+    assert base._upgrades is not None  # an index this compares with the scan
     slow = _run(scanning, specs, spec, overheads=overheads)
     assert fast[0]["action"].count("rescale") > 10  # the handlers were exercised
     assert fast == slow
