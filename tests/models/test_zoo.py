@@ -72,7 +72,7 @@ def test_synthetic_samples_are_deterministic_by_index(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpt__tiny", "moe__tiny", "wide_resnet__tiny"])
+@pytest.mark.parametrize("name", ["gpt__tiny", "bert__tiny", "moe__tiny", "wide_resnet__tiny"])
 def test_training_step_reduces_loss(name):
     import jax
 

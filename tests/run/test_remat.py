@@ -19,7 +19,7 @@ def _max_diff(a, b) -> float:
                zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
-@pytest.mark.parametrize("name", ["gpt__tiny", "moe__tiny"])
+@pytest.mark.parametrize("name", ["gpt__tiny", "bert__tiny", "moe__tiny"])
 def test_executor_with_recomputation_trains_the_same(name: str) -> None:
     import jax
 
