@@ -143,10 +143,18 @@ class PerfLookup:
     def extend(self, table: pa.Table) -> None:
         """Add rows measured after construction (the live scheduler profiles a new (model, batch) on arrival).
         Rows of a (model, batch) already present only raise its numbers where they are better."""
+        import copy
+
         from libarena.artifacts import get_kind
         from libarena.artifacts.io import conform_table
 
-        self._build(conform_table(get_kind("perf_table"), table, source=self.source, fill_defaults=True))
+        # all or nothing: a row refused part-way would leave a pair half built (present, without its views)
+        kept = copy.deepcopy((self._models, self._views_present, self._pipeline_degree))
+        try:
+            self._build(conform_table(get_kind("perf_table"), table, source=self.source, fill_defaults=True))
+        except BaseException:
+            self._models, self._views_present, self._pipeline_degree = kept
+            raise
 
     # ------------------------------------------------------------------------------------------------
     def pairs(self) -> list[tuple[str, int]]:

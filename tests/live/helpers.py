@@ -49,9 +49,11 @@ def small_trace(n: int = 10, seed: int = 3) -> list[JobSpec]:
     return out
 
 
-def simulate(specs: list[JobSpec], cluster: Path, perf: Path, policy: str = "arena", tick_s: float = 300.0):
+def simulate(specs: list[JobSpec], cluster: Path, perf: Path, policy: str = "arena", tick_s: float = 300.0,
+             start_s: float | None = None):
     spec = load_cluster(cluster)
-    sim = Simulator(specs, load_perf(perf, spec), spec, make_policy(policy), SimulatorConfig(tick_s=tick_s, overheads=OVERHEADS))
+    sim = Simulator(specs, load_perf(perf, spec), spec, make_policy(policy),
+                    SimulatorConfig(tick_s=tick_s, overheads=OVERHEADS, start_s=start_s))
     return sim.run()
 
 

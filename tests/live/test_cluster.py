@@ -107,3 +107,20 @@ def test_a_trade_stops_both_jobs_before_either_starts(tmp_path):
     Server._execute(SimpleNamespace(launcher=launcher, store=store), [superseded, *intents])
     assert calls == [("superseded", "short", 1), ("stop", "short", 1), ("stop", "long", 1),
                      ("start", "short", 2), ("launched", "short", 2), ("start", "long", 2), ("launched", "long", 2)]
+
+
+def test_a_version_reported_started_and_finished_at_once_stays_finished(tmp_path):
+    """The launcher may report a version's start and finish at one time (a resume with nothing left to train): the
+    completion, ordered first at equal times, ends the job, and its start must not bring it back as running."""
+    from libarena.schedule.live.launchers.base import RunStatus
+
+    live = _cluster(tmp_path)
+    job = live.submit(JobSpec("a", 1, 0.0, "gpt__760M", 128, 5000, 1, "a100", None, 1), 0.0)
+    live.advance(0.0)
+    live.tick()
+    assert live.status_of(job) == "starting"
+    live.apply({"a": RunStatus("a", job.version, "finished", 12.0, 12.0, 5000.0)}, True)
+    live.advance(20.0)
+    assert job.state == JobState.FINISHED and not job.active and live.status_of(job) == "finished"
+    assert job.index not in live.active and live.cluster.free_gpus == live.cluster.total_gpus
+    assert [e[2] for e in live.drain()[1] if e[1] == "a"] == ["launch", "finish"]

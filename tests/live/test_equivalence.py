@@ -3,6 +3,7 @@ scheduler (compressed real time, emulated hosts following the perf table) makes 
 
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 
@@ -13,11 +14,13 @@ from tests.live.helpers import OVERHEADS, live_decisions, sim_decisions, simulat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["arena", "fcfs", "elasticflow-ls"])
-def test_live_matches_simulator(tmp_path, policy):
+@pytest.mark.parametrize(("policy", "offset"), [("arena", 0.0), ("fcfs", 0.0), ("elasticflow-ls", 0.0), ("arena", 100.0)])
+def test_live_matches_simulator(tmp_path, policy, offset):
+    """offset: the trace's first job arrives that late; the live scheduler ticks from 0 all the same, as the
+    simulator does with --start 0 (by default it ticks from the first submission)."""
     cluster, perf = write_inputs(tmp_path)
-    specs = small_trace(10)
-    res = simulate(specs, cluster, perf, policy)
+    specs = [dataclasses.replace(s, submit_time=s.submit_time + offset) for s in small_trace(10)]
+    res = simulate(specs, cluster, perf, policy, start_s=0.0)
     expected = sim_decisions(res)
     actions = {a for _, _, a, _, _ in expected}
     assert "launch" in actions and "finish" in actions

@@ -92,6 +92,20 @@ def test_ticks_only_waits_for_the_tick(tmp_path):
         server.close()
 
 
+def test_a_server_behind_its_clock_takes_a_submission_at_its_own_time(tmp_path):
+    """With ticks due faster than the server runs them (a high --compression), a job submitted now would arrive at
+    the clock's time, ahead of every pass for a long while: it arrives at the server's next pass instead."""
+    server, clock = _server(tmp_path, event_passes=False)
+    try:
+        assert server.step()  # the tick at 0
+        clock.t = 3000.0  # ten ticks behind
+        server.store.submit(JobSubmission(MODEL, BATCH, 600, "late"))
+        assert server.step()  # the tick due at 300, its submissions first
+        assert _log(server, "late")["launch"] == 300.0
+    finally:
+        server.close()
+
+
 def _with_snapshot(directory, status: str, snapshot: dict, iterations: int = 100) -> dict:
     directory.mkdir(exist_ok=True)
     store = Store(directory / "status.db", create=True)

@@ -113,3 +113,17 @@ def test_perf_rows_that_do_not_fit_may_have_unknown_times_and_duplicates_may_rep
                         "bert__760M,128,a10,2,ap,0.5,true\n")
     lookup = load_perf(p, spec)
     assert list(lookup.get("bert__760M", 128).truth[0, :2]) == pytest.approx([0, 256])
+
+
+def test_extending_with_a_table_refused_part_way_changes_nothing():
+    """The live scheduler adds each newly profiled (model, batch): a table whose later row is refused must not
+    leave the pair half built (present, without its views), or the next job of the pair would crash the server."""
+    spec = cluster([("a100", 1, 4)])
+    lookup = PerfLookup(_table([("gpt__1.3B", 256, "a100", 1, 0, "ap", 256 / 10, True)]), spec)
+    bad = _table([("gpt__760M", 128, "a100", 1, 0, "ap", 128 / 10, True),
+                  ("gpt__760M", 128, "a100", 2, 0, "tp", 128 / 20, True)])
+    with pytest.raises(ArenaError, match=r"row 2, column 'view': unknown view 'tp'"):
+        lookup.extend(bad)
+    assert not lookup.has("gpt__760M", 128) and lookup.pairs() == [("gpt__1.3B", 256)]
+    lookup.extend(bad.slice(0, 1))
+    assert lookup.get("gpt__760M", 128).truth[0, 0] == pytest.approx(10)

@@ -127,6 +127,10 @@ class LiveCluster(Simulator):
         self.touched[job.spec.job_id] = job
 
     def start_training(self, job: Job) -> None:
+        # a version reported started and finished at one time: its completion (ordered first at equal times)
+        # has ended the job, which must not start again (the simulator pushes a completion only after a start)
+        if job.state != JobState.STARTING:
+            return
         super().start_training(job)
         self.log_entries.append((self.now, job.spec.job_id, "start", {"version": job.version}))
         self.touched[job.spec.job_id] = job

@@ -2,7 +2,8 @@
 
 Each loop iteration (every ``poll_s`` wall seconds) picks up new submissions (profiling those whose
 (model, batch) the performance table lacks) and finished profiles; when scheduler time reaches the next tick
-(ticks every ``tick_s`` scheduler seconds from 0, as in the simulator), it polls the launcher, feeds the
+(ticks every ``tick_s`` scheduler seconds from 0: the simulator's grid under ``simulate --start 0``; by default it
+starts at the first submission), it polls the launcher, feeds the
 reports to the LiveCluster's event heap, runs the policy, and commits, in ONE transaction, the job snapshots,
 the decision log and the launch intents, and only then hands the intents to the launcher (marking them
 launched). Between ticks the same pass runs at once when something happens (a job arrives, starts training,
@@ -332,7 +333,10 @@ class Server:
         # a replayed job (submit --at) arrives exactly at its time, unless that has passed
         if row["not_before"] is not None:
             return max(row["not_before"], at_least, self.live.now)
-        return max(self.clock.at(row["submitted_wall"]), at_least, self.live.now)
+        arrival = max(self.clock.at(row["submitted_wall"]), at_least, self.live.now)
+        # a server behind its clock (ticks due faster than it runs them: a high --compression) takes a job
+        # submitted now at its own time: the clock's time would lie ahead of every pass it runs for a long while
+        return min(arrival, max(self.next_tick_time(), self.live.now))
 
     def ingest(self) -> None:
         rows = self.store.jobs((st.SUBMITTED,))
