@@ -185,6 +185,17 @@ def test_an_unschedulable_job_says_why(tmp_path):
         assert server.store.job("small")["status"] != st.UNSCHEDULABLE  # (more GPUs than exist: placed on fewer)
         rows = {r["job_id"]: r for r in job_rows(server.store)["jobs"]}
         assert rows["huge"]["error"] == huge["error"]
+        # written once: later passes do not rewrite it (a long-lived server would, for every such job, every pass)
+        written = []
+        set_status = Store.set_status
+        Store.set_status = staticmethod(lambda c, job_id, *a, **k: (written.append(job_id), set_status(c, job_id, *a, **k)))
+        try:
+            for t in (310.0, 620.0):
+                clock.t = t
+                assert server.step()
+        finally:
+            Store.set_status = staticmethod(set_status)
+        assert written and "huge" not in written
     finally:
         server.close()
 

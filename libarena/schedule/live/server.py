@@ -15,6 +15,7 @@ launcher ignores versions it already runs), and let the next poll report what ha
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import secrets
@@ -134,6 +135,8 @@ class TickStats:
 
 #: the file in a server's workdir naming the state database (its ``state_id``) whose jobs the workdir holds
 WORKDIR_OWNER = "state-id"
+#: how many passes' statistics a server keeps (``Server.ticks``; the benchmark's 1,000 jobs take a few thousand)
+MAX_KEPT_TICKS = 100_000
 
 
 def read_workdir_owner(workdir: Path) -> str | None:
@@ -244,7 +247,9 @@ class Server:
         if owner is None:
             write_bytes(self.workdir / WORKDIR_OWNER, f"{state_id}\n".encode())
         self.default_type = max(self.perf.gpu_types, key=lambda t: (self.cluster_spec.num_gpus(t), -self.perf.gpu_types.index(t)))
-        self.ticks: list[TickStats] = []
+        #: the latest passes' statistics (bounded: a server runs for months) and how many passes ran
+        self.ticks: collections.deque[TickStats] = collections.deque(maxlen=MAX_KEPT_TICKS)
+        self.pass_count = 0
         #: a version the launcher keeps losing (its process dies without an exit code) fails the job
         self.max_relaunches = 3
         # kept in the database: a server restarted after each loss must not relaunch a dying version for ever
@@ -426,7 +431,8 @@ class Server:
         decisions = live.decisions_this_tick
         intents, entries, touched = live.drain()
         for job in live.jobs:  # progress, queue position and promotions change without an action
-            if job.active or job.state.value == "queued":
+            # (not a job that can never be placed: written once, when it became so, not again every pass)
+            if job.active or (job.state.value == "queued" and not job.unschedulable):
                 touched.setdefault(job.spec.job_id, job)
         with self.store.transaction() as c:
             for job_id, job in touched.items():
@@ -486,6 +492,7 @@ class Server:
         stats = TickStats(t, decision_s, decisions, live.queued_count, len(live.active), time.perf_counter() - wall0,
                           periodic)
         self.ticks.append(stats)
+        self.pass_count += 1
         return stats
 
     def _save_relaunches(self, c) -> None:
@@ -557,7 +564,7 @@ class Server:
         end = None if max_wall_s is None else time.time() + max_wall_s
         while not self._stop and (end is None or time.time() < end):
             if self.step():
-                if (until_idle and self.idle()) or (max_ticks is not None and len(self.ticks) >= max_ticks):
+                if (until_idle and self.idle()) or (max_ticks is not None and self.pass_count >= max_ticks):
                     return True
                 continue
             wait = (self.next_tick_time() - self.clock.now()) / self.config.compression
