@@ -52,6 +52,9 @@ def run(results_dir: Path, perf: Path | None = None, policies: tuple[str, ...] =
         perf.parent.mkdir(parents=True, exist_ok=True)
         perf_build(CLUSTER, str(perf), PerfBuildConfig(), trace=TRACES / "simulate_trace_row.csv")
     perf = Path(perf)
+    if not perf.is_file():
+        print(f"bench_schedule: no performance table {perf}", file=sys.stderr)
+        return False
     traces = [("philly", "simulate_trace_philly.csv", TARGETS["philly_wall_s"])]
     if row:
         traces.append(("row", "simulate_trace_row.csv", TARGETS["row_wall_s"]))

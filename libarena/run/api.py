@@ -3,6 +3,8 @@ search) -> checkpointed training, in-process or on Ray."""
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import sys
 from dataclasses import dataclass, field
@@ -308,7 +310,8 @@ def _search_on_ray(request: RunRequest, gpu_type: str, num_gpus: int, start_time
                              f"{timeout:.0f} s") from None
         return ray_get(searcher.search.remote(asdict_request(request), gpu_type, num_gpus))
     finally:
-        ray.kill(searcher, no_restart=True)
+        with contextlib.suppress(Exception):  # (an error here must not hide the search's own)
+            ray.kill(searcher, no_restart=True)
 
 
 def asdict_request(request: RunRequest) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from libarena.errors import ArenaError
 from libarena.hardware import ClusterSpec, load_cluster
 from libarena.progress import ProgressCallback
 from libarena.schedule.config import SimulatorConfig
-from libarena.schedule.entities import JobSpec, count_index_at_least
+from libarena.schedule.entities import JobSpec
 from libarena.schedule.perf import PerfLookup, load_perf
 from libarena.schedule.policies import Policy, get_policy
 from libarena.schedule.simulator import SimulationResult, Simulator

@@ -83,7 +83,8 @@ def test_training_step_reduces_loss(name):
     state = init_optimizer_state(params)
     step = jax.jit(make_train_step(model, "fp32"))
     losses = []
-    for s in range(25):
+    # BERT's loss counts only the masked positions (15% of the tokens): it needs more steps to show the trend
+    for s in range(60 if name.startswith("bert") else 25):
         params, state, loss = step(params, state, model.synthetic_samples(np.arange(s * 16, (s + 1) * 16), 0))
         losses.append(float(loss))
     assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5])

@@ -194,6 +194,9 @@ class Server:
                                  f"(e.g. {changed[0]}={stored.get(changed[0])!r}); use a new --state")
         origin = self._stored_number("wall_origin") if stored is not None else time.time()
         self.clock = VirtualClock(origin, config.compression)
+        #: when this process began serving (a job submitted while the server was down keeps its clock time: the
+        #: ticks the restarted server catches up on reach it)
+        self._started_wall = time.time()
         self.cluster_spec = cluster_from_bytes(cluster_bytes, config.cluster)
         self.perf = load_perf(config.perf, self.cluster_spec)
         for rows in self.store.perf_rows():
@@ -339,9 +342,12 @@ class Server:
         if row["not_before"] is not None:
             return max(row["not_before"], at_least, self.live.now)
         arrival = max(self.clock.at(row["submitted_wall"]), at_least, self.live.now)
-        # a server behind its clock (ticks due faster than it runs them: a high --compression) takes a job
-        # submitted now at its own time: the clock's time would lie ahead of every pass it runs for a long while
-        return min(arrival, max(self.next_tick_time(), self.live.now))
+        # a server that falls behind its clock while it serves (ticks due faster than it runs them: a high
+        # --compression) takes a job submitted meanwhile at its own next pass: the clock's time would lie ahead
+        # of every pass it runs for a long while (not when it is only catching up after a restart, nor within a tick)
+        if row["submitted_wall"] >= self._started_wall and self.clock.now() - self.next_tick_time() > self.config.tick_s:
+            return min(arrival, max(self.next_tick_time(), self.live.now))
+        return arrival
 
     def ingest(self) -> None:
         rows = self.store.jobs((st.SUBMITTED,))
