@@ -31,12 +31,11 @@ HORIZON_S = 365 * 86400.0
 
 def run(results_dir: Path, perf: Path | None = None, policies: tuple[str, ...] = POLICIES, row: bool = True) -> bool:
     from libarena.artifacts import write_json
+    from libarena.artifacts.io import file_sha256
     from libarena.errors import ArenaError
     from libarena.schedule.api import make_policy, prepare_workload, run_policy
     from libarena.schedule.config import SimulatorConfig
     from libarena.schedule.metrics import json_safe, summarize
-
-    from libarena.artifacts.io import file_sha256
 
     if not TRACES.is_dir():
         print(f"bench_schedule: traces not found at {TRACES}", file=sys.stderr)

@@ -4,7 +4,6 @@ search) -> checkpointed training, in-process or on Ray."""
 from __future__ import annotations
 
 import contextlib
-
 import os
 import sys
 from dataclasses import dataclass, field

@@ -403,11 +403,12 @@ def write_scaled_trace(source: str | os.PathLike[str], output: str | os.PathLike
     refuse_overwriting_inputs(output, {"trace": source, "--cluster": cluster, "--perf": perf})
     if perf is not None and cluster is None:
         raise ArenaError("--perf needs --cluster: a performance table is read for a cluster's GPU types")
-    gpu_types, rate = (load_cluster(cluster).gpu_types if cluster is not None else None), None
+    spec = load_cluster(cluster) if cluster is not None else None
+    gpu_types, rate = (spec.gpu_types if spec is not None else None), None
     if perf is not None:
         from libarena.schedule.perf import load_perf
 
-        lookup = load_perf(perf, load_cluster(cluster))
+        lookup = load_perf(perf, spec)
         gpu_types, rate = lookup.gpu_types, lookup.submitted_rate
     trace = read_trace(source, gpu_types=gpu_types, seed=scale.seed, rate=rate, skip_bad_rows=skip_bad_rows)
     if trace.adapted and rate is None:
