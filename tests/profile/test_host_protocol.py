@@ -178,12 +178,17 @@ def test_turn_control_times_the_fixed_computation_after_each_sides_turn_and_show
         drifting.after("other", 0)
     with pytest.raises(ArenaError, match="two distinct sides"):
         host.TurnControl(("a", "a"))
-    # the real fixed computation on this host: a finite gap between two sides that time the same thing
+    # the real fixed computation on this host: each side's quartile is a positive time and the gap is theirs.
+    # No bound on the gap itself: on a loaded host (a CI runner beside other pytest workers) two sides timing the
+    # same thing can drift by more than 100% (CI saw 1.28), which is what the control exists to report.
     real = host.TurnControl(("a", "b"), cores=cores[:1], chunk_s=0.05)
     for turn in range(3):
         real.after("a", turn)
         real.after("b", turn)
-    assert 0 <= real.summary()["gap"] < 1.0 and min(real.summary()["samples"].values()) >= 3
+    measured = real.summary()
+    quartiles = measured["lower_quartile_s"]
+    assert min(measured["samples"].values()) >= 3 and all(q > 0 for q in quartiles.values())
+    assert measured["gap"] == pytest.approx(abs(quartiles["a"] / quartiles["b"] - 1.0))
 
 
 def test_continuous_noise_is_the_spread_of_the_fixed_computation_back_to_back_on_the_noisiest_core():
