@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -51,58 +50,11 @@ def _lower_quartile(samples: list[float]) -> float:
     return float(lower_quartile(samples))
 
 
-def handoff_executor(model: Any, run_plan: Any, devices: list[Any], dtype: str) -> Any:
-    """The runtime's executor with its hand-offs replaceable: ``variant`` (runtime, copy, ready, or record: run as
-    the runtime and keep each hand-off's source and result, waited for). A step's hand-offs come in the same
-    order every step (its fixed 1F1B order), so the k-th of one step stands in for the k-th of another."""
-    import jax
-
-    from libarena.run.executor import PipelineExecutor
-
-    class HandoffExecutor(PipelineExecutor):
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            self.variant = "runtime"
-            self._handoff = 0
-            self.sources: list[Any] = []
-            self.results: list[Any] = []
-            self.directions: list[str] = []
-
-        def step(self, batch: Any, profile_stages: bool = False) -> Any:
-            self._handoff = 0
-            return super().step(batch, profile_stages)
-
-        def _move(self, x: Any, source: Any, target: Any) -> Any:
-            k, self._handoff = self._handoff, self._handoff + 1
-            if self.variant == "record":
-                moved = super()._move(x, source, target)
-                self.sources.append(jax.block_until_ready(x))
-                self.results.append(jax.block_until_ready(moved))
-                self.directions.append("forward" if self.stages.index(target) > self.stages.index(source) else "backward")
-                return moved
-            if self.variant == "ready":
-                return self.results[k]
-            if self.variant == "copy":
-                return super()._move(self.sources[k], source, target)
-            return super()._move(x, source, target)
-
-        def move_alone(self, k: int) -> float:
-            """Wall seconds to issue the k-th hand-off's move of its captured source and wait for it."""
-            j = self.directions[k]
-            pair = (self.stages[0], self.stages[1]) if j == "forward" else (self.stages[1], self.stages[0])
-            t0 = time.perf_counter()
-            jax.block_until_ready(super()._move(self.sources[k], *pair))
-            return time.perf_counter() - t0
-
-    return HandoffExecutor(model, run_plan, devices, dtype)
-
-
 def time_plan(finder: Any, plan: Any, rounds: int = ROUNDS, moves_timed: int = MOVES_TIMED) -> dict[str, Any]:
     """One two-stage plan's step, runtime / copy / ready, interleaved over ``rounds``; and its moves timed alone."""
-    import warnings
-
     import jax
 
+    from libarena.profile.handoff import handoff_executor, time_variants
     from libarena.profile.measure import _run_plan
     from libarena.run.heap import frozen_heap
     from libarena.run.train import batch_for_step
@@ -112,24 +64,13 @@ def time_plan(finder: Any, plan: Any, rounds: int = ROUNDS, moves_timed: int = M
     executor = handoff_executor(job.model, run_plan, jax.devices()[:DEVICES], job.dtype)
     executor.init_state(0)
     batch = batch_for_step(job.model, 0, run_plan.global_batch, 0)
-    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-    for _ in range(WARMUP):
-        executor.step(batch)
-    executor.variant = "record"
-    executor.step(batch)
+    samples = time_variants(executor, batch, VARIANTS, rounds, WARMUP, CHUNK)
     handoffs = len(executor.results)
-    samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    paired: list[float] = []  # per round: the runtime's chunk median less the ready one's (a host's drift cancels)
+    # per round: the runtime's chunk median less the ready one's (a host's drift cancels)
+    paired = [statistics.median(samples["runtime"][r * CHUNK:(r + 1) * CHUNK]) - statistics.median(samples["ready"][r * CHUNK:(r + 1) * CHUNK])
+              for r in range(rounds)]
+    moves: dict[str, list[float]] = {"forward": [], "backward": []}
     with frozen_heap():
-        for variant in VARIANTS:  # each variant's first steps after a switch, untimed
-            executor.variant = variant
-            executor.step(batch)
-        for rnd in range(rounds):
-            for variant in VARIANTS if rnd % 2 == 0 else VARIANTS[::-1]:
-                executor.variant = variant
-                samples[variant] += [executor.step(batch).step_time_s for _ in range(CHUNK)]
-            paired.append(statistics.median(samples["runtime"][-CHUNK:]) - statistics.median(samples["ready"][-CHUNK:]))
-        moves: dict[str, list[float]] = {"forward": [], "backward": []}
         for _ in range(moves_timed):
             for k in range(handoffs):
                 moves[executor.directions[k]].append(executor.move_alone(k))

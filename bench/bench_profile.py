@@ -203,6 +203,7 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
     from libarena.profile import ProfileConfig, resolve_device
     from libarena.profile.host import XLA_THREADING, TurnControl
     from libarena.profile.corun import CoRunSession
+    from libarena.profile.handoff import boundary_of
     from libarena.profile.measure import MeasureSession
     from libarena.profile.profiler import ProfiledJob, StageSession, corun_item, estimate_plan
     from libarena.profile.stage_child import StageChildren
@@ -272,11 +273,21 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     recs = plain if turn is None else [stages.record(spec, turn) for spec in specs]
                     return [{**rec, "corun": corun.timing(item, statistic, turn).to_dict()} for rec, item in zip(recs, items, strict=True)]
 
+                handoff = None
+
                 def estimate(recs: list[dict[str, Any]], statistic: str, concurrency: Any) -> Any:
-                    return estimate_plan(job, plan, recs, 0.0, local, None, comm, "host", config.memory_fraction, statistic, concurrency)
+                    wait = None if handoff is None else handoff.wait_s(statistic)
+                    return estimate_plan(job, plan, recs, 0.0, local, None, comm, "host", config.memory_fraction, statistic, concurrency,
+                                         handoff_wait_s=wait)
 
                 records = with_corun(STATISTIC)
                 est = estimate(records, STATISTIC, sharing)
+                # as the profiler does: where the flat hand-off price is a few % of the step, the plan's boundary is
+                # timed in the co-run child (libarena.profile.handoff), after the turns, and the step estimated on it
+                boundary = boundary_of(plan, specs, est.iteration.handoff_s, est.iteration.composed_s) if config.handoff_rounds else None
+                if boundary is not None:
+                    handoff = corun.time_handoff(boundary, config.handoff_rounds)
+                    est = estimate(records, STATISTIC, sharing)
                 # Each turn's estimate against the measurement's turn beside it (a few seconds apart): a host whose
                 # speed drifts between phases moves both sides of a pair alike, and the pairs' median error is
                 # what the drift leaves; a diagnostic beside the judged error, not a replacement for it
@@ -314,6 +325,11 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                     # ... and the seconds per step it was runnable but waited for a core (None: not reported here)
                     "measured_dispatch_wait_s": median_wait(dispatch_wait),
                     "breakdown": est.iteration.to_dict(),
+                    # the boundary's step timed as the runtime runs it and with copies of ready inputs (None: not measured)
+                    "handoff": None if handoff is None else {
+                        "wait_s": handoff.wait_s(STATISTIC), "runtime_s": lower_quartile(handoff.runtime_samples_s),
+                        "copy_s": lower_quartile(handoff.copy_samples_s), "handoffs_per_step": handoff.handoffs_per_step,
+                        "rounds": config.handoff_rounds, "device_s": n * handoff.device_s},
                     "stages": [{**{k: st[k] for k in ("units", "micro_batch", "workers", "compute_s", "comm_s", "p2p_s", "grad_sync_s",
                                                      "optimizer_s", "setup_s", "cores", "optimizer_cores", "alone_s", "together_s",
                                                      "dispatch_s", "send_dispatch_s", "optimizer_dispatch_s", "timed_dispatch_s",

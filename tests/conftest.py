@@ -93,8 +93,14 @@ def cuda_plugin_installed() -> bool:
     return any(importlib.util.find_spec(name) is not None for name in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the groups into node ids
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` are skipped where JAX cannot have a GPU (the ``gpu_device`` fixture skips where it has none)."""
+    """Tests marked ``ray`` run on one xdist worker, one after another: two local Ray clusters started at once
+    can pick the same agent ports (ray-project/ray#18053). Tests marked ``gpu`` are skipped where JAX cannot have a
+    GPU (the ``gpu_device`` fixture skips where it has none)."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
     if cuda_plugin_installed():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (JAX's CUDA plugin is not installed: make gpu-check installs it)")

@@ -112,7 +112,7 @@ PIPE_APP = textwrap.dedent("""
     app = typer.Typer()
 
     @app.command()
-    def main(how: str) -> None:
+    def main(how: str, target: str = typer.Argument("-")) -> None:
         if how == "buffered":  # still in sys.stdout's buffer when the command returns: run_app's flush meets EPIPE
             print("data")
         elif how == "large":  # EPIPE inside the command: typer's handler
@@ -123,6 +123,8 @@ PIPE_APP = textwrap.dedent("""
             Console(file=sys.stdout, width=80).print("data")
         elif how == "bytes":  # what trace scale, cluster scale and plan export write with -o -
             write_bytes("-", b"y" * 200_000)
+        elif how == "named-pipe":  # -o a FIFO: more than its buffer holds, so a write meets the reader's leaving
+            write_bytes(target, b"y" * 200_000)
 
     run_app("tool", app)
 """)
@@ -146,6 +148,35 @@ def test_a_reader_that_went_away_ends_the_run_with_sigpipe_silently(how):
     r = _into_closed_pipe([sys.executable, "-c", PIPE_APP, how])
     assert r.returncode == -signal.SIGPIPE, (r.returncode, r.stderr.decode())
     assert r.stderr == b""
+
+
+def test_a_named_pipe_whose_reader_went_away_ends_the_run_with_sigpipe_silently(tmp_path):
+    """``-o`` a FIFO is written as a stream: its reader leaving is stdout's case (it had ended with exit 2 and
+    "cannot write ...: Broken pipe")."""
+    import os
+    import time
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader exists, so the tool's open does not block
+    proc = subprocess.Popen([sys.executable, "-c", PIPE_APP, "named-pipe", str(fifo)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        # the first byte read: the tool has opened the pipe and is writing; then the reader goes away
+        deadline, got = time.monotonic() + 120, b""
+        while not got and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                got = os.read(reader, 1)  # b"" while no writer has opened the pipe yet
+            except BlockingIOError:
+                pass  # opened, nothing written yet
+            if not got:
+                time.sleep(0.01)
+    finally:
+        os.close(reader)
+    _, err = proc.communicate(timeout=120)
+    assert got == b"y"
+    assert proc.returncode == -signal.SIGPIPE, (proc.returncode, err.decode())
+    assert err == b""
 
 
 @pytest.mark.parametrize("argv", [["arena-analyze", "--list-models"], ["arena-schedule", "--help"],

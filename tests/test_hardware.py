@@ -93,13 +93,13 @@ def test_hostile_cluster_files_are_refused_quickly(tmp_path, text, message):
 
     p = tmp_path / "c.yaml"
     p.write_text(text)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: a loaded runner stretches the wall time, not the work
     if message is None:
         assert load_cluster(p).total_gpus == 2
     else:
         with pytest.raises(ArenaError, match=message):
             load_cluster(p)
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 def test_hostile_toml_cluster_file(tmp_path):

@@ -267,6 +267,8 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             with stream:
                 yield stream
                 stream.flush()
+        except BrokenPipeError:
+            raise  # a named pipe's reader went away: the run ends as for stdout's (SIGPIPE, libarena.cli)
         except OSError as exc:
             raise ArenaError(f"cannot write {path}: {exc.strerror or exc}") from None
         return

@@ -17,14 +17,14 @@ plans being profiled: a small MLP's forward + backward (matmuls and element-wise
 blocks), timed alone on device 0 and on devices 0..k-1 at once, the two interleaved and repeated, medians.
 Accelerators (GPUs) are separate chips: slowdown 1 without measuring.
 
-The result is cached in the profile cache per (host, CPU count, platform, device kind, JAX version).
+The result is cached in the profile cache per (host, CPU count, the process's cores and XLA flags, platform, device
+kind, JAX version).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform as host
 import statistics
 import sys
 import time
@@ -151,7 +151,7 @@ def host_concurrency(local: Any, max_devices: int, cache: Any | None = None, thr
     if local.platform != "cpu" or max_devices <= 1:
         return HostConcurrency()
     key = content_digest(
-        "host-concurrency", CONCURRENCY_VERSION, local.platform, local.kind, host.node(), os.cpu_count(), max_devices, BATCH, WIDTH,
+        "host-concurrency", CONCURRENCY_VERSION, local.platform, local.kind, local.host(), max_devices, BATCH, WIDTH,
         jax.__version__, None if threading is None else threading.name,
     )
     hit = cache.get(key) if cache is not None else None

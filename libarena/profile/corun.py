@@ -238,6 +238,15 @@ class CoRunSession(DeviceChild):
         if self._chunks.pop(item, None) is not None:
             self.ask({"op": "release", **_request(item)})
 
+    def time_handoff(self, boundary: Any, rounds: int) -> Any:
+        """A two-stage plan's step as the runtime runs it and with its hand-offs copies of ready inputs
+        (libarena.profile.handoff): a HandoffTiming, its ``device_s`` the child's seconds on it."""
+        from libarena.profile.handoff import HandoffTiming
+
+        reply = self.ask({"op": "handoff", "item": asdict(boundary), "rounds": int(rounds)})
+        return HandoffTiming(tuple(reply["samples_s"]["runtime"]), tuple(reply["samples_s"]["copy"]),
+                             int(reply["handoffs_per_step"]), float(reply["wall_s"]))
+
 
 def profile_corun(items: dict[tuple[str, CoRunItem], CoRunItem], num_devices: int, threading: Any, cache: Any, *,
                   warmup: int, repeats: int, statistic: str, seed: int = 0, burst: int = 4, fresh_child: bool = False,
@@ -471,7 +480,14 @@ def _serve(seed: int, burst: int) -> None:
         issued.pop(item_of(request), None)
         return {"ok": True}
 
-    serve_requests({"build": build, "time": time_item, "release": release})
+    def handoff(request: dict[str, Any]) -> dict[str, Any]:
+        from libarena.profile.handoff import StageBoundary, measure_boundary
+
+        t0 = time.perf_counter()
+        measured = measure_boundary(StageBoundary.from_dict(request["item"]), devices, seed, int(request["rounds"]))
+        return {**measured, "wall_s": time.perf_counter() - t0}
+
+    serve_requests({"build": build, "time": time_item, "release": release, "handoff": handoff})
 
 
 if __name__ == "__main__":

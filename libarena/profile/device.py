@@ -68,9 +68,15 @@ class LocalDevice:
         return {"label": self.label, "platform": self.platform, "kind": self.kind, "gpu_type": self.gpu_type, "memory_bytes": self.memory_bytes}
 
     def host(self) -> list[Any]:
-        """On CPU the host, whose cores are the device (node name, core count): what a cache key holds so that a
-        cache shared between hosts never serves one host's CPU times to another. Empty on a GPU."""
-        return [platform.node(), os.cpu_count()] if self.platform == "cpu" else []
+        """On CPU the host, whose cores are the device (node name, core count), and how this process may use it
+        (its cores and XLA flags: libarena.profile.host.process_identity): what a cache key holds so that a cache
+        shared between hosts, or between runs pinned or flagged differently, never serves one's CPU times to
+        another. Empty on a GPU."""
+        if self.platform != "cpu":
+            return []
+        from libarena.profile.host import process_identity
+
+        return [platform.node(), os.cpu_count(), process_identity()]
 
     def cache_identity(self) -> dict[str, Any]:
         """What names this device in the key of a cached profile: ``describe()`` and, on CPU, the host."""
@@ -166,7 +172,7 @@ def local_roofline(local: LocalDevice, cache: Any | None = None) -> RooflineSpec
         pass
     import jax
 
-    key = content_digest("device-roofline", 2, local.platform, local.kind, platform.node(), platform.processor(), jax.__version__)
+    key = content_digest("device-roofline", 2, local.platform, local.kind, local.host(), platform.processor(), jax.__version__)
     if cache is not None:
         hit = cache.get(key)
         if hit is not None:

@@ -62,6 +62,17 @@ def usable_cores() -> list[int]:
 #: The cores this process could use when it started (before any pinning): what children are pinned within.
 STARTING_CORES = usable_cores()
 
+#: the XLA flag that only says how many host devices a process has (the keys that depend on it name the count)
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def process_identity() -> dict[str, Any]:
+    """How this process may use its host, for the keys of cached CPU timings: the cores it could use when it
+    started (``taskset`` limits them, and the children timing stages are pinned within them) and the XLA flags it
+    runs under (its children inherit them; threading flags change every CPU time), less the device count."""
+    flags = sorted(f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=", 1)[0] != DEVICE_COUNT_FLAG)
+    return {"cores": list(STARTING_CORES), "xla_flags": flags}
+
 
 @dataclass(frozen=True)
 class HostSnapshot:

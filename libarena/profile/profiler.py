@@ -120,6 +120,10 @@ class ProfileConfig:
     #: timings predict the runtime better across the zoo is not yet benchmarked, so it is not the default. The
     #: child times ``repeats`` runs (``timing_budget_s`` does not cut them short)
     isolation: str = "process"
+    #: rounds of a two-stage host plan's step timed per variant where its hand-offs are measured
+    #: (libarena.profile.handoff: co-run plans of two one-device stages whose flat hand-off price is at least 2% of
+    #: the step); 0: the flat price for every plan
+    handoff_rounds: int = 40
 
     def __post_init__(self) -> None:
         if self.statistic not in STATISTICS:
@@ -143,6 +147,7 @@ class ProfileConfig:
             "timing_budget_s": Range("--timing-budget", 0, 86400, lo_open=True, optional=True),
             "memory_fraction": Range("memory_fraction", 0, 1, lo_open=True),
             "seed": Range("seed", 0, MAX_SEED, integer=True),
+            "handoff_rounds": Range("--handoff-rounds", 0, MAX_REPEATS, integer=True),
         })
         from libarena.profile.host import XLA_THREADING
 
@@ -525,7 +530,7 @@ def dispatch_overhead(local: LocalDevice, cache: ProfileCache | None, timer: Tim
 
     if timer.name != "host":
         return 0.0  # kernel timers see no launch overhead
-    key = content_digest("dispatch-overhead", 1, local.platform, local.kind, host.node(), jax.__version__)
+    key = content_digest("dispatch-overhead", 1, local.platform, local.kind, local.host() or host.node(), jax.__version__)
     hit = cache.get(key) if cache is not None else None
     if hit is not None:
         return float(hit["seconds"])
@@ -705,9 +710,11 @@ def estimate_plan(
     memory_fraction: float,
     statistic: str = "median",
     concurrency: HostConcurrency | HostCapacity | None = None,
+    handoff_wait_s: float | None = None,
 ) -> PlanEstimate:
     """The 1F1B estimate of ``plan`` from its stages' profiles. ``concurrency``: how local devices that share
-    a host slow each other down (None: independent devices)."""
+    a host slow each other down (None: independent devices). ``handoff_wait_s``: the plan's measured wait for its
+    hand-offs' producers (libarena.profile.handoff; co-run host plans only), in place of the flat price."""
     estimated = plan.grid.gpu_type != local.gpu_type
     target_spec = _target_roofline(plan.grid.gpu_type, local) if estimated else None
     used: list[str] = []
@@ -776,7 +783,8 @@ def estimate_plan(
     if estimated or concurrency is None:
         iteration = one_f_one_b(stage_times, B)
     elif isinstance(concurrency, HostCapacity):
-        iteration = one_f_one_b(stage_times, B, host_cores=concurrency.cores_for(plan.grid.num_gpus))
+        iteration = one_f_one_b(stage_times, B, host_cores=concurrency.cores_for(plan.grid.num_gpus),
+                                handoff_wait_s=handoff_wait_s if all(st.alone_s is not None for st in stage_times) else None)
     else:
         iteration = one_f_one_b(stage_times, B, concurrency.slowdown)
     try:
@@ -854,6 +862,54 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
         if spent > 0:
             cost[n] = spent
     return out, cost
+
+
+def _with_measured_handoffs(job: ProfiledJob, composed: list[tuple[ParallelPlan, bool, list[dict[str, Any]], PlanEstimate]],
+                            config: ProfileConfig, local: LocalDevice, local_spec: RooflineSpec | None, comm: CommModel,
+                            timer: Timer, cache: ProfileCache | None, concurrency: Any, log: Callable[[str], None],
+                            ) -> tuple[list[tuple[ParallelPlan, bool, list[dict[str, Any]], PlanEstimate]], int, dict[int, float]]:
+    """``composed`` with the co-run plans of two one-device stages whose flat hand-off price is at least
+    libarena.profile.handoff.GATE_SHARE of the step estimated again on their measured wait for the producers
+    (each boundary's child charged to its plan, as the co-run stages are); how many were; and per device count
+    the wall seconds the children spent measuring."""
+    from libarena.profile.handoff import boundary_of, profile_handoffs
+    from libarena.profile.host import XLA_THREADING
+
+    if config.handoff_rounds == 0 or not isinstance(concurrency, HostCapacity):
+        return composed, 0, {}
+    wanted: dict[int, dict[Any, tuple[str, str]]] = {}
+    boundary_at: dict[int, Any] = {}
+    for i, (plan, _is_dp, records, estimate) in enumerate(composed):
+        if estimate.estimated or not all("corun" in rec for rec in records):
+            continue
+        iteration = estimate.iteration
+        boundary = boundary_of(plan, job.stage_specs(plan), iteration.handoff_s, iteration.composed_s)
+        if boundary is not None:
+            boundary_at[i] = boundary
+            wanted.setdefault(plan.grid.num_gpus, {})[boundary] = (records[0]["key"], records[1]["key"])
+    if not boundary_at:
+        return composed, 0, {}
+    layout = XLA_THREADING.get(config.xla_threading)
+    timings: dict[tuple[int, Any], Any] = {}
+    cost: dict[int, float] = {}
+    for n, boundaries in sorted(wanted.items()):
+        measured, spent = profile_handoffs(boundaries, n, layout, cache, rounds=config.handoff_rounds, seed=config.seed,
+                                            fresh_child=config.isolation == "child", log=log)
+        timings.update({(n, b): t for b, t in measured.items()})
+        if spent > 0:
+            cost[n] = spent
+    out, charged = list(composed), set()
+    for i, boundary in boundary_at.items():
+        plan, is_dp, records, estimate = composed[i]
+        timing = timings[(plan.grid.num_gpus, boundary)]
+        plan_cost = estimate.profiling_cost_device_s
+        if (plan.grid.num_gpus, boundary) not in charged:
+            charged.add((plan.grid.num_gpus, boundary))
+            plan_cost += plan.grid.num_gpus * timing.device_s  # its child held the plan's devices
+        again = estimate_plan(job, plan, records, plan_cost, local, local_spec, comm, timer.name, config.memory_fraction,
+                              config.statistic, concurrency, handoff_wait_s=timing.wait_s(config.statistic))
+        out[i] = (plan, is_dp, records, again)
+    return out, len(boundary_at), cost
 
 
 def select_plans(planset: PlanSet, selection: str) -> list[ParallelPlan]:
@@ -1009,6 +1065,7 @@ def profile_plans(
     ahead_cost: dict[StageSpec, float] = {}
     next_pending = 0
 
+    composed: list[tuple[ParallelPlan, bool, list[dict[str, Any]], PlanEstimate]] = []
     for done, (plan, is_dp) in enumerate(work):
         progress(ProgressUpdate("profiling plans", done, len(work), f"{plan.grid.gpu_type} {plan.plan_id}"))
         records, new_cost = [], 0.0
@@ -1056,11 +1113,17 @@ def profile_plans(
         estimate = estimate_plan(
             job, plan, records, new_cost, local, local_spec, comm, timer.name, config.memory_fraction, config.statistic, concurrency
         )
+        composed.append((plan, is_dp, records, estimate))
+    progress(ProgressUpdate("profiling plans", len(work), len(work)))
+    composed, handoffs_measured, handoff_cost = _with_measured_handoffs(job, composed, config, local, local_spec, comm, timer,
+                                                                        timed, concurrency, log) if corun else (composed, 0, {})
+    for n, spent in handoff_cost.items():  # its children are co-run children: they held the plan's devices
+        corun_cost[n] = corun_cost.get(n, 0.0) + spent
+    for plan, is_dp, _records, estimate in composed:
         if is_dp:
             dp_estimates[plan.resources] = estimate
         else:
             estimates.append(estimate)
-    progress(ProgressUpdate("profiling plans", len(work), len(work)))
     what = "units" if config.granularity == "unit" else "stages"
     log(f"{stages_needed} {what}: {stages_profiled} profiled, {stages_cached} skipped (identical, served from the cache)")
 
@@ -1080,6 +1143,8 @@ def profile_plans(
         "host_concurrency": {**concurrency.to_dict(), "co_run_stages": len(corun)} if corun else concurrency.to_dict(),
         #: wall seconds co-run children held N host devices, per N (0 entries when all came from the cache)
         "co_run_wall_s": {str(n): w for n, w in corun_cost.items()},
+        #: two-stage host plans whose hand-offs' wait was measured (libarena.profile.handoff)
+        "handoffs_measured": handoffs_measured,
         "plans_profiled": len(estimates),
         "stages_needed": stages_needed,
         "stages_profiled": stages_profiled,

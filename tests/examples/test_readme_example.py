@@ -56,6 +56,7 @@ def test_worked_example_block_is_plain_shell():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the example's own wait (1500 s) must end first on a slow runner
 def test_worked_example_runs_verbatim(tmp_path):
     work = tmp_path / "clone"
     shutil.copytree(REPO / "examples", work / "examples",

@@ -59,7 +59,10 @@ STATS: dict[str, CategoryStats] = {}
 
 #: A bare interpreter sets the limits on itself and execs the tool (same process, so wait4 measures the tool).
 #: Not a preexec_fn: the test process runs JAX's threads, and running Python between fork and exec is unsafe then.
+#: the case's process sees at most two cores: its address space grows with them (a stack per thread of XLA's and
+#: the BLAS's pools), and the 3 GiB limit was sized on a 2-core host, not for a many-core CI runner
 _LIMIT_AND_EXEC = ("import os, resource, sys; mem, cpu = int(sys.argv[1]), int(sys.argv[2]); "
+                   "os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2]); "
                    "resource.setrlimit(resource.RLIMIT_AS, (mem, mem)); resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu)); "
                    "os.execv(sys.argv[3], sys.argv[3:])")
 
@@ -76,7 +79,8 @@ def tool_path(tool: str) -> str:
 def run_limited(tool: str, argv: list[str], *, cwd: Path, stdin: bytes | None = None,
                 wall_s: float = WALL_LIMIT_S, env: dict[str, str] | None = None) -> Result:
     """``tool argv`` (the console script) in ``cwd`` under the limits; returns its status, output and cost."""
-    full_env = dict(os.environ, RAY_AUTH_MODE="disabled", **(env or {}))
+    # glibc reserves up to 8 malloc arenas of 64 MiB per core: two, as on the host the limit was sized on
+    full_env = dict(os.environ, RAY_AUTH_MODE="disabled", MALLOC_ARENA_MAX="2", **(env or {}))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
         if stdin is not None:
             inp.write(stdin)

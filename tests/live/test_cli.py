@@ -466,15 +466,17 @@ def test_a_hung_profile_is_stopped_after_its_time_limit(tmp_path):
     from libarena.schedule.live.profiling import ArrivalProfiler
     from tests.live.helpers import wait_until
 
-    profiler = ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml", "sleep 600 # {model} {batch} {out}", timeout_s=1.0)
+    profiler = ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml", "sleep 600 # {model} {batch} {out}", timeout_s=60.0)
     profiler.request("gpt__2.6B", 256)
     assert profiler.poll() == []
-    pid = int((profiler.dir_of("gpt__2.6B", 256) / "pid").read_text().split()[0])
-    time.sleep(1.2)
+    pid_file = profiler.dir_of("gpt__2.6B", 256) / "pid"
+    pid = int(pid_file.read_text().split()[0])
+    started = time.time() - 61  # its start moved back past the limit, rather than a wait a slow host could stretch
+    os.utime(pid_file, (started, started))
     done: list = []
     wait_until(lambda: bool(done.extend(profiler.poll()) or done), 30)
     ((model, batch, path, message),) = done
-    assert (model, batch, path) == ("gpt__2.6B", 256, None) and "ran longer than 1 s and was stopped" in message
+    assert (model, batch, path) == ("gpt__2.6B", 256, None) and "ran longer than 60 s and was stopped" in message
     wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10)  # the script and its sleep are gone
     profiler.request("gpt__2.6B", 256)  # a later job of the pair meets the same end, without a second hour-long wait
     assert "profiling exited with timeout" in profiler.poll()[0][3]
@@ -483,13 +485,14 @@ def test_a_hung_profile_is_stopped_after_its_time_limit(tmp_path):
 def test_a_failed_profile_is_retried_after_its_interval(tmp_path):
     """A failed profile is what later jobs of the pair meet (a failure that would repeat is not re-run for each
     job), until --profile-retry has passed since it failed: the next job then has the pair profiled again."""
+    import os
     import time
 
     from libarena.schedule.live.profiling import ArrivalProfiler
     from tests.live.helpers import wait_until
 
     profiler = ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml",
-                               "echo run >> {out}.runs; sh -c 'exit 3' # {model} {batch}", retry_after_s=1.5)
+                               "echo run >> {out}.runs; sh -c 'exit 3' # {model} {batch}", retry_after_s=60)
     runs = profiler.dir_of("gpt__2.6B", 256) / "perf.parquet.runs"
 
     def outcome():
@@ -501,9 +504,10 @@ def test_a_failed_profile_is_retried_after_its_interval(tmp_path):
         return message
 
     first = outcome()
-    assert first.startswith("profiling exited with 3 (see ") and "has it profiled again 1.5 s after the failure" in first
+    assert first.startswith("profiling exited with 3 (see ") and "has it profiled again 60 s after the failure" in first
     assert outcome() == first and runs.read_text() == "run\n"  # a job right after it: the same end, not run again
-    time.sleep(1.6)
+    failed = time.time() - 61  # the failure moved back past the interval (a real wait would race a slow host)
+    os.utime(profiler.dir_of("gpt__2.6B", 256) / "exit_code", (failed, failed))
     assert outcome() == first and runs.read_text() == "run\nrun\n"  # after the interval: profiled again
     # a failure is reported once whatever the interval (0: each new job profiles again, once), and a restart's
     # request for jobs already waiting is answered with the last result, not a new profile
@@ -517,7 +521,7 @@ def test_a_failed_profile_is_retried_after_its_interval(tmp_path):
         time.sleep(0.3)
         assert len(done) == 1 and not eager.poll() and eager_runs.read_text().count("run") == expected
     eager.request("gpt__2.6B", 256, new_job=False)
-    assert eager.poll()[0][3] == first.replace("1.5 s", "0 s").replace("/profiles/", "/eager/")
+    assert eager.poll()[0][3] == first.replace("60 s", "0 s").replace("/profiles/", "/eager/")
     assert eager_runs.read_text().count("run") == 2
     # a table the server could not use counts as a failure too
     unusable = ArrivalProfiler(tmp_path / "other", tmp_path / "c.yaml", "echo garbage > {out} # {model} {batch}")
@@ -540,6 +544,8 @@ def test_a_profile_pid_that_now_belongs_to_another_process_is_not_the_profile(tm
 
     from libarena.schedule.live.profiling import ArrivalProfiler
 
+    from tests.live.helpers import wait_until
+
     other = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         profiler = ArrivalProfiler(tmp_path / "profiles", tmp_path / "c.yaml", "echo {model} {batch:d} > {out}", timeout_s=1.0)
@@ -549,10 +555,9 @@ def test_a_profile_pid_that_now_belongs_to_another_process_is_not_the_profile(tm
         old = time.time() - 3 * 86400
         __import__("os").utime(d / "pid", (old, old))
         profiler.request("gpt__2.6B", 256)
-        profiler.poll()
-        time.sleep(0.5)
+        done: list = profiler.poll()
+        wait_until(lambda: bool(done or done.extend(profiler.poll()) or done), 30)
         assert other.poll() is None  # unharmed
-        done = profiler.poll()
         assert done and done[0][3] == "profiled"  # started again: its template wrote the table
     finally:
         other.kill()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from libarena.errors import ArenaError
+from libarena.profile.handoff import GATE_SHARE
 from libarena.profile.pipeline import StageTimes, one_f_one_b
 
 
@@ -144,8 +145,13 @@ def test_corun_session_times_a_real_stage_alone_and_all_busy():
         with pytest.raises(ArenaError, match="no co-run chunk 2"):
             session.timing(spec, "q1", 2)
         assert 0 < timing.alone_s <= max(timing.alone_samples_s) and timing.together_s > 0
-        # two devices computing at once on the host's cores never finish sooner than one alone, give or take noise
-        assert timing.together_s > 0.7 * timing.alone_s
+        # two devices computing at once on the host's cores never finish sooner than one alone, give or take noise:
+        # the samples are interleaved, so each pair shares the host's moment (a model that divided the stage's time
+        # by the devices would read about 0.5)
+        import statistics
+
+        pairs = zip(timing.alone_samples_s, timing.together_samples_s, strict=True)
+        assert statistics.median(t / a for a, t in pairs) > 0.6
         assert timing.device_s > 0
         # also issued as the runtime issues it: its calls and its one send (the first stage sends its output on)
         assert 0 < timing.runtime_dispatch_s < max(timing.alone_samples_s)
@@ -246,7 +252,7 @@ def two_device_profile(tmp_path_factory):
 
     # every plan, not only each allocation's proxy: the pipeline is no allocation's proxy
     config = ProfileConfig(cache_dir=tmp_path / "cache", warmup=1, repeats=3, include_dp=False, xla_threading="eigen-single",
-                           selection="exhaustive")
+                           selection="exhaustive", handoff_rounds=2)
     messages: list[str] = []
     result = profile_plans(planset, config, comm=_cpu_comm(), log=messages.append)
     assert {e.plan.plan_id for e in result.estimates} == {p.plan_id for p in planset.plans()}
@@ -280,10 +286,16 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(two_device_profi
         {(e.resources.num_gpus, st["key"], st["timed_as_spmd"] and e.plan.num_microbatches) for e in result.estimates for st in e.stages})
     assert any(m.startswith("co-run gpt__tiny") for m in messages)
     assert sum(e.profiling_cost_device_s for e in two) > 0
+    # the two-stage plans whose hand-offs were measured: each a boundary timed (and logged) once
+    measured = [e for e in result.estimates if e.iteration.handoff_measured]
+    assert result.summary["handoffs_measured"] == len(measured)
+    assert all(e.plan.pipeline_degree == 2 and e.resources.num_gpus == 2 for e in measured)
+    assert len([m for m in messages if m.startswith("hand-offs of gpt__tiny")]) == len(
+        {(e.plan.num_microbatches, e.stages[0]["units"][1], tuple(st["key"] for st in e.stages)) for e in measured})
     # a second run reads the co-run timings from the cache: no child, the same estimates
     again: list[str] = []
     second = profile_plans(planset, config, comm=_cpu_comm(), log=again.append)
-    assert not any(m.startswith("co-run") for m in again)
+    assert not any(m.startswith(("co-run", "hand-offs of")) for m in again)
     assert [e.iter_time_s for e in second.estimates] == [e.iter_time_s for e in result.estimates]
     assert [e.profiling_cost_device_s for e in second.estimates] == [e.profiling_cost_device_s for e in result.estimates]
     assert second.summary["co_run_wall_s"] == {}  # what this run spent co-running: nothing
@@ -311,9 +323,14 @@ def test_a_two_stage_pipelines_estimate_is_the_1f1b_composition_of_its_stage_tim
         assert all(r["p2p_s"] > 0 and r["alone_s"] > 0 and r["together_s"] > 0 for r in rows)
         # the first micro-batch passes one stage at a time, each alone on the host, in the plan's stage order
         assert it.first_microbatch_s == pytest.approx(sum(r["alone_s"] + r["comm_s"] + r["p2p_s"] for r in rows))
-        # B - 1 periods of the bottleneck, each between its alone and all-busy time, plus its hand-offs
+        # B - 1 periods of the bottleneck, each between its alone and all-busy time, plus its hand-offs: the step's
+        # measured wait where the flat price is at least GATE_SHARE of the step, else that flat price
         b = rows[it.bottleneck_stage]
-        assert it.handoff_s == pytest.approx((B - 1) * 2 * b["p2p_s"])
+        flat = (B - 1) * 2 * b["p2p_s"]
+        if it.handoff_measured:
+            assert it.handoff_s >= 0 and flat >= GATE_SHARE * (it.composed_s - it.handoff_s + flat) * (1 - 1e-9)
+        else:
+            assert it.handoff_s == pytest.approx(flat) and flat < GATE_SHARE * it.composed_s
         period = (it.steady_state_s - it.handoff_s) / (B - 1)
         lo, hi = sorted((b["alone_s"], b["together_s"] + b["comm_s"]))
         assert lo * (1 - 1e-9) <= period <= hi * (1 + 1e-9)

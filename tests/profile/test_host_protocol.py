@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -140,7 +141,13 @@ def test_alternation_floor_times_the_fixed_computation_back_to_back_and_scores_e
     # the real fixed computation on this host, pinned to a core (the affinity restored after)
     before = os.sched_getaffinity(0)
     real = host.alternation_floor([(0.05, 5)], duration_s=1.0, core=host.usable_cores()[0])
-    assert real["samples"] > 20 and 0 <= real["schemes"][0]["mean_gap"] < 1.0 and os.sched_getaffinity(0) == before
+    scheme = real["schemes"][0]
+    # no bound on the gap: on a loaded runner two sides timing the same work drift apart, which is what it reports;
+    # a window needs turns' worth of samples, so a slow host's second may hold none (then no gap at all)
+    assert real["samples"] >= 1 and scheme["samples_per_turn"] == max(1, round(0.05 / real["sample_s"]))
+    assert (scheme["mean_gap"] is None) == (scheme["windows"] == 0) and os.sched_getaffinity(0) == before
+    if scheme["windows"]:
+        assert math.isfinite(scheme["mean_gap"]) and scheme["mean_gap"] >= 0
     with pytest.raises(ArenaError, match="positive duration"):
         host.alternation_floor([(0.0, 5)], duration_s=1.0)
 
@@ -214,17 +221,20 @@ def test_continuous_noise_is_the_spread_of_the_fixed_computation_back_to_back_on
     if len(cores) == 2:
         assert noise["per_core"][str(cores[0])] == pytest.approx(0.0, abs=1e-12) and noise["level"] == noise["per_core"][str(cores[1])] > 0
     real = host.continuous_noise(0.2)
-    assert 0 <= real["level"] < 10 and list(real["per_core"]) == ["None"]
+    # a spread of real timings: finite, with no bound a loaded runner could break
+    assert math.isfinite(real["level"]) and real["level"] >= 0 and list(real["per_core"]) == ["None"]
     with pytest.raises(ArenaError, match="positive duration"):
         host.continuous_noise(0.0)
 
 
 def test_timing_noise_of_this_host_is_a_finite_spread_of_a_real_fixed_computation():
     noise = host.timing_noise(bursts=4, samples=4, interval_s=0.0)
-    assert 0 < noise["sample_s"] < 1.0 and noise["level"] == max(noise["spread"], noise["within"]) < 10
+    assert 0 < noise["sample_s"] < 1.0 and math.isfinite(noise["level"]) and noise["level"] == max(noise["spread"], noise["within"])
     # the fixed computation runs on the calling thread, as each device of the pinned layout does (a BLAS thread
-    # pool would show about 2 CPU seconds per wall second on two cores)
-    assert noise["cpu_per_wall"] < 1.3
+    # pool would show about 2 CPU seconds per wall second on two cores): timed in a fresh interpreter, whose
+    # process CPU time is that thread's alone (a pytest worker's other threads count in this process's)
+    fresh = host.timing_noise_on(None, bursts=4, samples=4, interval_s=0.0)
+    assert fresh["cpu_per_wall"] < 1.3
     with pytest.raises(ArenaError, match="at least 4"):
         host.timing_noise(bursts=3)
 
@@ -323,9 +333,10 @@ def test_timings_carry_process_cpu_time_and_a_lower_quartile():
 
     timing = HostTimer().time(spin, 1, 8)
     assert len(timing.cpu_samples) == len(timing.samples) == 8
-    # each run burns 10 ms of CPU on one thread: its CPU time is that, its wall time at least that
-    assert all(0.01 <= c <= w + 1e-3 for c, w in zip(timing.cpu_samples, timing.samples))
-    assert 0 < timing.cpu_per_wall <= 1.1
+    # each run burns 10 ms of this process's CPU: its CPU time at least that (other threads of a pytest worker
+    # may add theirs, so no upper bound against the wall time)
+    assert all(c >= 0.01 and w > 0 for c, w in zip(timing.cpu_samples, timing.samples))
+    assert timing.cpu_per_wall > 0
     d = timing.to_dict()
     assert d["q1_s"] <= d["median_s"] and len(d["cpu_samples_s"]) == 8
     assert lower_quartile([5.0, 1.0, 2.0, 3.0, 4.0]) == pytest.approx(1.5)
@@ -360,10 +371,11 @@ def test_host_capacity_shares_all_cores_or_one_per_device_at_most_what_the_host_
     assert HostCapacity(2, measured=HostConcurrency(((2, 1.0),), "test", 0.0, ((2, 1.9),))).cores_for(2) == 2  # never above the cores
 
 
-def test_gpu_check_without_a_gpu_is_one_line_and_exit_2(repo_root):
+def test_gpu_check_without_a_gpu_is_one_line_and_exit_2(repo_root, tmp_path):
     for args in (["-m", "bench", "gpu"], ["-m", "bench.bench_gpu"]):
+        # a PATH with no nvidia-smi, even on a host that has one (it would go on to install the GPU extra)
         out = subprocess.run([sys.executable, *args], cwd=repo_root, capture_output=True, text=True, timeout=120,
-                             env=dict(os.environ, PATH="/usr/bin:/bin"))
+                             env=dict(os.environ, PATH=str(tmp_path)))
         assert out.returncode == 2
         assert out.stderr.strip() == "no NVIDIA GPU visible" and out.stdout == ""
 
@@ -395,9 +407,9 @@ def test_gpu_check_keeps_the_models_a_stopped_child_finished(tmp_path):
     row = {"error_cupti": -0.5, "error_host": 0.1, "error_composed_cupti": -0.6, "error_composed_host": 0.05}
     payload = bench_gpu.check_payload([row], [], ["gpt__small", "bert__small"], {}, {}, 3.0)
     writes_then_hangs = f"import json, time; open({str(out)!r}, 'w').write({json.dumps(json.dumps(payload))}); time.sleep(60)"
-    kept = bench_gpu.run_check_child([sys.executable, "-c", writes_then_hangs], dict(os.environ), out, 3.0)
+    kept = bench_gpu.run_check_child([sys.executable, "-c", writes_then_hangs], dict(os.environ), out, 10.0)
     assert kept["summary"]["plans"] == 1 and kept["summary"]["mae_host"] == pytest.approx(0.1)
-    assert kept["summary"]["models_not_reached"] == ["gpt__small", "bert__small"] and kept["summary"]["stopped_after_s"] == 3.0
+    assert kept["summary"]["models_not_reached"] == ["gpt__small", "bert__small"] and kept["summary"]["stopped_after_s"] == 10.0
     out.unlink()
     with pytest.raises(bench_gpu.GpuCheckError, match="overran 1 s before finishing a model"):
         bench_gpu.run_check_child([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), out, 1.0)

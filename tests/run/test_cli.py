@@ -74,9 +74,15 @@ def test_a_report_path_that_is_the_plans_file_is_refused_by_its_own_name(gpt_tin
 
 
 def test_unreachable_ray_address(gpt_tiny_plans: Path, tmp_path: Path) -> None:
-    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8", "--steps", "1",
-                     "--checkpoint-dir", str(tmp_path / "c"), "--address", "127.0.0.1:9")
-    _one_line_error(proc, "cannot reach the Ray cluster at 127.0.0.1:9")
+    import socket
+
+    # a port this test holds without listening: nothing can answer there (a fixed one may have a listener)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{held.getsockname()[1]}"
+        proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+                         "--steps", "1", "--checkpoint-dir", str(tmp_path / "c"), "--address", address)
+    _one_line_error(proc, f"cannot reach the Ray cluster at {address}")
 
 
 def test_mismatched_and_corrupt_checkpoints_are_left_untouched(trained, gpt_tiny_plans: Path, tmp_path: Path) -> None:

@@ -35,7 +35,10 @@ def test_frozen_heap_unfreezes_when_the_loop_fails():
 
 
 _FAULT_PROBE = """
-import resource, sys
+import ctypes, resource, sys
+# small pages for this process whatever the host's transparent-huge-page mode (PR_SET_THP_DISABLE): under
+# "always" the trimmed top comes back as a few 2 MiB pages and the faults no longer count the trimming
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
 import numpy as np
 from libarena.run.heap import steady_malloc
 steady = steady_malloc() if sys.argv[1] == "steady" else None
@@ -66,8 +69,8 @@ def test_steady_malloc_keeps_repeated_temporaries_from_being_faulted_in_on_every
         pytest.skip("the C library has no glibc mallopt")
     _, dynamic = _faults_per_burst("dynamic")
     # glibc's own thresholds trim most of the 7 MiB top after every burst: about 1,300 pages faulted in again each
-    # time on the development host
-    assert dynamic > 1000
+    # time on the development host (4 KiB pages), against a few with the thresholds fixed
+    assert dynamic > 20 * max(with_fixed, 1)
     assert with_fixed < 50
 
 
@@ -120,6 +123,9 @@ def test_a_process_started_with_huge_page_heap_env_advises_huge_pages_for_its_he
     libc, version = platform.libc_ver()
     if libc != "glibc" or tuple(int(x) for x in version.split(".")[:2]) < (2, 35) or not THP_MODE_PATH.exists():
         pytest.skip("needs glibc 2.35 or later and a kernel with transparent huge pages")
+    if "[madvise]" not in THP_MODE_PATH.read_text():
+        # glibc advises huge pages only where the kernel waits to be asked; "always" and "never" need no advice
+        pytest.skip(f"transparent huge pages are {THP_MODE_PATH.read_text().strip()!r}, not madvise")
     plain = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
 
     def advised(env):

@@ -314,7 +314,7 @@ def test_a_sweep_warns_of_runs_whose_ilp_solves_hit_the_time_limit(inputs, tmp_p
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"cluster: {cluster}\n"
                     f"traces: {{philly: {{trace: {d / 'philly.csv'}, perf: {d / 'perf.parquet'}}}}}\n"
-                    "policies: [sia]\nvariants: {default: {}, rushed: {options: {ilp_time_limit_s: 1.0e-9}}}\n"
+                    "policies: [sia]\nvariants: {default: {options: {ilp_time_limit_s: 600}}, rushed: {options: {ilp_time_limit_s: 1.0e-9}}}\n"
                     "simulator: {horizon: 100000}\n")
     r = cli("sweep", str(spec), "--sequential", "--cache-dir", str(tmp_path / "cache"), "-o", str(tmp_path / "out"), cwd=d)
     assert r.returncode == 0, r.stderr

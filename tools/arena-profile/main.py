@@ -60,6 +60,10 @@ def profile(
     isolation: str = typer.Option("process", "--isolation", help="process (stages compiled ahead and timed in this "
                                   "process) or child (each stage built and timed in a fresh interpreter of its own, as "
                                   "arena-run builds its plan; needs --granularity stage)"),
+    handoff_rounds: int = typer.Option(40, "--handoff-rounds", help="rounds of a two-stage host plan's step timed "
+                                       "per variant where its hand-offs' wait is measured (co-run plans of two "
+                                       "one-device stages whose flat hand-off price is 2% of the step or more); 0: "
+                                       "the flat price"),
     compile_workers: Optional[int] = typer.Option(None, "--compile-workers", help="threads compiling stage executables "
                                                   "ahead of timing (default: the host's cores, at most 8)"),
     quiet: bool = QUIET_OPTION,
@@ -94,6 +98,7 @@ def profile(
         burst=burst,
         timing_budget_s=timing_budget if timing_budget != 0 else None,
         isolation=isolation,
+        handoff_rounds=handoff_rounds,
         **({"compile_workers": compile_workers} if compile_workers is not None else {}),
     )
     where = "stdout" if output == "-" else output

@@ -10,11 +10,11 @@ from typing import Any
 from libarena.artifacts.registry import ArtifactKind, Column, Field, register_kind
 from libarena.errors import ArenaError
 
-#: Fields of one record of the ``clusters`` metadata entry. All sizes are for one training step at the
-#: global batch on one device (no parallelism); the planner divides by micro-batches, dp and tp.
 #: the phases an operator row belongs to (arena-analyze writes them; the planner reads them)
 PHASES = ("forward", "backward", "optimizer")
 
+#: Fields of one record of the ``clusters`` metadata entry. All sizes are for one training step at the
+#: global batch on one device (no parallelism); the planner divides by micro-batches, dp and tp.
 CLUSTER_FIELDS = (
     Field("index", "int", "cluster number, 0..O-1, in model order"),
     Field("units", "list[str]", "model units (layers) in the cluster, in order"),
