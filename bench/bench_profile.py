@@ -284,9 +284,12 @@ def _interleaved(planset: Any, plans_path: Path, comm: Any, layout: str, sharing
                 est = estimate(records, STATISTIC, sharing)
                 # as the profiler does: where the flat hand-off price is a few % of the step, the plan's boundary is
                 # timed in the co-run child (libarena.profile.handoff), after the turns, and the step estimated on it
-                boundary = boundary_of(plan, specs, est.iteration.handoff_s, est.iteration.composed_s) if config.handoff_rounds else None
+                boundary = (boundary_of(plan, specs, est.iteration.handoff_s, est.iteration.composed_s, config.handoff_gate)
+                            if config.handoff_rounds and est.fits_in_memory else None)
                 if boundary is not None:
-                    handoff = corun.time_handoff(boundary, config.handoff_rounds)
+                    # in a fresh child, as profile_plans times it (the plan's co-run child has compiled its stages)
+                    with CoRunSession(n, XLA_THREADING.get(layout), burst=config.burst) as fresh:
+                        handoff = fresh.time_handoff(boundary, config.handoff_rounds)
                     est = estimate(records, STATISTIC, sharing)
                 # Each turn's estimate against the measurement's turn beside it (a few seconds apart): a host whose
                 # speed drifts between phases moves both sides of a pair alike, and the pairs' median error is

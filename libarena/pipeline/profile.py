@@ -82,7 +82,7 @@ def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, o
                       "granularity": config.granularity, "statistic": config.statistic, "warmup": config.warmup,
                       "repeats": config.repeats, "burst": config.burst, "timing_budget_s": config.timing_budget_s,
                       "isolation": config.isolation, "include_dp": config.include_dp, "concurrency": config.concurrency,
-                      "measure": measure.enabled}
+                      "handoff_rounds": config.handoff_rounds, "handoff_gate": config.handoff_gate, "measure": measure.enabled}
         write_perf_table(path, result, Provenance("arena-profile", parameters, inputs))
 
     return stage.produce_table(key, output, produce), summary

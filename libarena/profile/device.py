@@ -172,7 +172,8 @@ def local_roofline(local: LocalDevice, cache: Any | None = None) -> RooflineSpec
         pass
     import jax
 
-    key = content_digest("device-roofline", 2, local.platform, local.kind, local.host(), platform.processor(), jax.__version__)
+    key = content_digest("device-roofline", 2, local.platform, local.kind, local.host() or platform.node(), platform.processor(),
+                         jax.__version__)
     if cache is not None:
         hit = cache.get(key)
         if hit is not None:

@@ -178,10 +178,11 @@ def measure_boundary(boundary: StageBoundary, devices: list[Any], seed: int, rou
     return {"samples_s": samples, "handoffs_per_step": len(executor.results)}
 
 
-def boundary_of(plan: Any, specs: list[Any], handoff_s: float, composed_s: float) -> StageBoundary | None:
+def boundary_of(plan: Any, specs: list[Any], handoff_s: float, composed_s: float, gate_share: float = GATE_SHARE
+                ) -> StageBoundary | None:
     """The boundary to measure for ``plan`` (worker specs ``specs``; its estimate's flat hand-off seconds and
     composed step): two one-device stages, more than one micro-batch, the model's own sequence length and a
-    flat price of at least :data:`GATE_SHARE` of the step; else None."""
+    flat price of at least ``gate_share`` of the step; else None."""
     from libarena.models import get_model
 
     if plan.pipeline_degree != 2 or plan.num_microbatches < 2 or any(st.num_gpus != 1 for st in plan.stages):
@@ -190,7 +191,7 @@ def boundary_of(plan: Any, specs: list[Any], handoff_s: float, composed_s: float
     model = get_model(first.model)
     if first.seq_len is not None and model.batch_shapes(1, first.seq_len) != model.batch_shapes(1, None):
         return None  # the runtime trains at the model's own sequence length
-    if composed_s <= 0 or handoff_s < GATE_SHARE * composed_s:
+    if composed_s <= 0 or handoff_s < gate_share * composed_s:
         return None
     return StageBoundary(first.model, first.stop, first.micro_batch, plan.num_microbatches,
                          (bool(first.remat), bool(second.remat)), first.dtype)
@@ -201,9 +202,12 @@ def profile_handoffs(boundaries: dict[StageBoundary, tuple[str, str]], num_devic
                      ) -> tuple[dict[StageBoundary, HandoffTiming], float]:
     """Hand-off timings of ``boundaries`` (each with its two stages' profile keys) in co-run children of
     ``num_devices`` host devices laid out as ``threading``: {boundary: timing}, and the wall seconds spent
-    measuring (0 when all came from ``cache``). ``fresh_child``: each boundary in a child of its own."""
+    measuring (0 when all came from ``cache``). ``fresh_child``: each boundary in a child of its own. A boundary
+    whose measurement fails (its child out of memory, over its time limit) is logged and left out: the plan keeps
+    the flat price, a refinement's failure does not end the profile."""
     import contextlib
 
+    from libarena.errors import ArenaError
     from libarena.profile.cache import claim_notes
     from libarena.profile.corun import CoRunSession
 
@@ -223,10 +227,16 @@ def profile_handoffs(boundaries: dict[StageBoundary, tuple[str, str]], num_devic
                 measured = True
                 with contextlib.ExitStack() as own:
                     started = time.perf_counter()
-                    if fresh_child or session is None:
-                        child = CoRunSession(num_devices, threading, seed)
-                        session = own.enter_context(child) if fresh_child else shared.enter_context(child)
-                    timing = session.time_handoff(boundary, rounds)
+                    try:
+                        if fresh_child or session is None:
+                            child = CoRunSession(num_devices, threading, seed)
+                            session = own.enter_context(child) if fresh_child else shared.enter_context(child)
+                        timing = session.time_handoff(boundary, rounds)
+                    except ArenaError as exc:
+                        if log is not None:
+                            log(f"hand-offs of {boundary.describe()} not measured ({exc}): its plans keep the flat price")
+                        session = None  # a child that failed is not asked again
+                        continue
                     timing = HandoffTiming(timing.runtime_samples_s, timing.copy_samples_s, timing.handoffs_per_step,
                                            time.perf_counter() - started)
                     if fresh_child:

@@ -33,6 +33,7 @@ from libarena.profile.cache import ProfileCache, claim_notes, default_cache_dir
 from libarena.profile.corun import CoRunItem, CoRunTiming, SpmdStage, profile_corun
 from libarena.profile.concurrency import HostCapacity, HostConcurrency, host_concurrency
 from libarena.profile.device import LocalDevice, RooflineSpec, catalogue_roofline, local_roofline, resolve_device
+from libarena.profile.handoff import GATE_SHARE
 from libarena.profile.pipeline import StageTimes, one_f_one_b
 from libarena.profile.estimate import PlanEstimate, perf_rows
 from libarena.profile.stage import (
@@ -124,6 +125,8 @@ class ProfileConfig:
     #: (libarena.profile.handoff: co-run plans of two one-device stages whose flat hand-off price is at least 2% of
     #: the step); 0: the flat price for every plan
     handoff_rounds: int = 40
+    #: the flat hand-off price's share of a plan's composed step from which its boundary is measured
+    handoff_gate: float = GATE_SHARE
 
     def __post_init__(self) -> None:
         if self.statistic not in STATISTICS:
@@ -148,6 +151,7 @@ class ProfileConfig:
             "memory_fraction": Range("memory_fraction", 0, 1, lo_open=True),
             "seed": Range("seed", 0, MAX_SEED, integer=True),
             "handoff_rounds": Range("--handoff-rounds", 0, MAX_REPEATS, integer=True),
+            "handoff_gate": Range("handoff_gate", 0, 1),
         })
         from libarena.profile.host import XLA_THREADING
 
@@ -880,10 +884,11 @@ def _with_measured_handoffs(job: ProfiledJob, composed: list[tuple[ParallelPlan,
     wanted: dict[int, dict[Any, tuple[str, str]]] = {}
     boundary_at: dict[int, Any] = {}
     for i, (plan, _is_dp, records, estimate) in enumerate(composed):
-        if estimate.estimated or not all("corun" in rec for rec in records):
+        # a plan that does not fit is not run whole in a child to refine its estimate
+        if estimate.estimated or not estimate.fits_in_memory or not all("corun" in rec for rec in records):
             continue
         iteration = estimate.iteration
-        boundary = boundary_of(plan, job.stage_specs(plan), iteration.handoff_s, iteration.composed_s)
+        boundary = boundary_of(plan, job.stage_specs(plan), iteration.handoff_s, iteration.composed_s, config.handoff_gate)
         if boundary is not None:
             boundary_at[i] = boundary
             wanted.setdefault(plan.grid.num_gpus, {})[boundary] = (records[0]["key"], records[1]["key"])
@@ -898,10 +903,13 @@ def _with_measured_handoffs(job: ProfiledJob, composed: list[tuple[ParallelPlan,
         timings.update({(n, b): t for b, t in measured.items()})
         if spent > 0:
             cost[n] = spent
-    out, charged = list(composed), set()
+    out, charged, done = list(composed), set(), 0
     for i, boundary in boundary_at.items():
         plan, is_dp, records, estimate = composed[i]
-        timing = timings[(plan.grid.num_gpus, boundary)]
+        timing = timings.get((plan.grid.num_gpus, boundary))
+        if timing is None:
+            continue  # its measurement failed (logged): the flat price stays
+        done += 1
         plan_cost = estimate.profiling_cost_device_s
         if (plan.grid.num_gpus, boundary) not in charged:
             charged.add((plan.grid.num_gpus, boundary))
@@ -909,7 +917,7 @@ def _with_measured_handoffs(job: ProfiledJob, composed: list[tuple[ParallelPlan,
         again = estimate_plan(job, plan, records, plan_cost, local, local_spec, comm, timer.name, config.memory_fraction,
                               config.statistic, concurrency, handoff_wait_s=timing.wait_s(config.statistic))
         out[i] = (plan, is_dp, records, again)
-    return out, len(boundary_at), cost
+    return out, done, cost
 
 
 def select_plans(planset: PlanSet, selection: str) -> list[ParallelPlan]:
@@ -1115,10 +1123,14 @@ def profile_plans(
         )
         composed.append((plan, is_dp, records, estimate))
     progress(ProgressUpdate("profiling plans", len(work), len(work)))
+    if corun:
+        progress(ProgressUpdate("timing two-stage plans' hand-offs", 0, 1))
     composed, handoffs_measured, handoff_cost = _with_measured_handoffs(job, composed, config, local, local_spec, comm, timer,
                                                                         timed, concurrency, log) if corun else (composed, 0, {})
     for n, spent in handoff_cost.items():  # its children are co-run children: they held the plan's devices
         corun_cost[n] = corun_cost.get(n, 0.0) + spent
+    if corun:
+        progress(ProgressUpdate("timing two-stage plans' hand-offs", 1, 1))
     for plan, is_dp, _records, estimate in composed:
         if is_dp:
             dp_estimates[plan.resources] = estimate

@@ -31,7 +31,7 @@ class StageChild(DeviceChild):
         super().__init__("libarena.profile.stage_child", [timer_name, str(seed), str(burst)], 1,
                          what=f"profiling stage {spec.model}[{spec.start}:{spec.stop}] in a child", platform=platform,
                          threading=threading)
-        self.spec = spec
+        self.spec, self.timer_name, self.platform, self.burst = spec, timer_name, platform, burst
         self._started = t0
         self._built = False
 
@@ -48,9 +48,17 @@ class StageChild(DeviceChild):
         self._ask("time", warmup=warmup, repeats=repeats)
 
     def record(self, chunk: int | None = None) -> dict[str, Any]:
+        from libarena.profile.device import resolve_device
+        from libarena.profile.profiler import optimizer_cache_key, stage_cache_key
+
         record = self._ask("record", chunk=chunk)["record"]
+        # keyed as this process keys the stage: the child's own keys hold its cores and its layout's XLA flags
+        # (libarena.profile.host.process_identity), by which nothing here looks the stage up (plans, co-run timings)
+        local = resolve_device(self.platform)
+        keys = {"key": stage_cache_key(self.spec, local, self.timer_name, burst=self.burst),
+                "optimizer_key": optimizer_cache_key(self.spec, local, self.timer_name)}
         # the device was held from the child's start: interpreter, JAX and the build count too
-        return {**record, "device_s": time.perf_counter() - self._started}
+        return {**record, **keys, "device_s": time.perf_counter() - self._started}
 
 
 class StageChildren:

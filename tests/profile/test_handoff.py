@@ -89,3 +89,9 @@ def test_a_boundary_is_timed_on_the_runtimes_step_in_a_two_device_child_and_cach
     assert spent_again == 0.0 and again[boundary] == timing
     keys = {handoff_cache_key(("first-stage", "second-stage"), boundary, 2, layout.name, rounds, False) for rounds in (2, 3)}
     assert len(keys) == 2
+    # a boundary the child cannot run is logged and left out (its plans keep the flat price), not the profile's end
+    impossible = StageBoundary("gpt__tiny", 99, 2, 4)
+    failed, spent = profile_handoffs({impossible: ("x", "y")}, 2, layout, cache, rounds=2, log=messages.append)
+    assert failed == {} and spent > 0
+    assert messages[-1].startswith("hand-offs of gpt__tiny split at unit 99, mb 2 x 4 not measured (")
+    assert messages[-1].endswith("its plans keep the flat price")

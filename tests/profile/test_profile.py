@@ -545,7 +545,7 @@ def test_a_run_waits_for_a_stage_another_run_is_profiling(tmp_path):
             child.stdin.flush()
             time.sleep(1.0)  # the child is blocked on the claim (it would otherwise be profiling by now)
             cache.put(key, {"key": key, "profiled_by": "the other run"})
-        released = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the host
+            released = time.monotonic()  # CLOCK_MONOTONIC, one clock for every process; before the claim is left
         out = json.loads(child.stdout.readline())
         assert child.wait(timeout=120) == 0
     finally:

@@ -51,6 +51,13 @@ def test_a_stage_profiled_in_a_child_has_the_in_process_records_identity_and_siz
     assert there["device_s"] > there["compile_s"] > 0
     with pytest.raises(ArenaError, match="not been timed"):
         StageChildren("host").record(spec)
+    # a child under a layout's XLA flags keys the stage as this process does (its own cache keys hold its flags)
+    from libarena.profile.host import XLA_THREADING
+
+    with StageChildren("host", threading=XLA_THREADING.get("eigen-single")) as flagged:
+        flagged.time(spec, 0, 2)
+        record = flagged.record(spec)
+    assert (record["key"], record["optimizer_key"]) == (here["key"], here["optimizer_key"])
 
 
 def test_profiling_with_child_isolation_caches_apart_from_the_in_process_profile(plans_path, tmp_path):
