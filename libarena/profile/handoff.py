@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from libarena.artifacts import content_digest
@@ -237,8 +237,7 @@ def profile_handoffs(boundaries: dict[StageBoundary, tuple[str, str]], num_devic
                             log(f"hand-offs of {boundary.describe()} not measured ({exc}): its plans keep the flat price")
                         session = None  # a child that failed is not asked again
                         continue
-                    timing = HandoffTiming(timing.runtime_samples_s, timing.copy_samples_s, timing.handoffs_per_step,
-                                           time.perf_counter() - started)
+                    timing = replace(timing, device_s=time.perf_counter() - started)  # the child's start counts too
                     if fresh_child:
                         session = None
                 out[boundary] = timing
