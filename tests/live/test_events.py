@@ -378,3 +378,26 @@ def test_a_damaged_stored_submission_is_a_one_line_error_naming_the_job(tmp_path
             server.step()
     finally:
         server.close()
+
+
+def test_a_server_holds_only_the_jobs_not_ended(tmp_path):
+    """Ended jobs leave the server's memory once their last state is committed (a server runs for months and
+    each pass walks its jobs): what it holds is what a restart would rebuild; status still shows them."""
+    server, clock = _server(tmp_path)
+    try:
+        server.step()
+        for i in range(5):
+            server.store.submit(JobSubmission(MODEL, BATCH, 60, f"j{i}"))
+        clock.t = 10.0
+        while not server.idle():
+            server.step()
+            clock.t += 60.0
+        assert all(server.store.job(f"j{i}")["status"] == st.FINISHED for i in range(5))
+        assert server.live.jobs == [] and server.live.by_id == {} and not server.live.requests
+        assert not server.live._reported and not server.live._finished_at
+        assert [r["status"] for r in job_rows(server.store)["jobs"]] == [st.FINISHED] * 5
+        server.store.submit(JobSubmission(MODEL, BATCH, 60, "later"))
+        server.step()
+        assert [j.spec.job_id for j in server.live.jobs] == ["later"]
+    finally:
+        server.close()

@@ -60,7 +60,7 @@ class FakeHosts(JobLauncher):
         if request.previous_version is not None:
             self.running.pop((request.job_id, request.previous_version), None)
 
-    def stop(self, job_id: str, version: int) -> None:
+    def stop(self, job_id: str, version: int, at: float | None = None) -> None:
         self.calls.append(("stop", job_id, version))
         self.running.pop((job_id, version), None)
 
@@ -219,7 +219,7 @@ def test_relaunch_counts_survive_a_restart(tmp_path, hosts):
             hosts.crash("a", 1)
             clock.t = 30.0 + loss
             assert server.step()
-            status = server.live.status_of(server.live.by_id["a"])
+            status = server.store.job("a")["status"]
         finally:
             server.close()
         if loss < limit:

@@ -411,6 +411,26 @@ def submit(
 
 
 @app.command()
+def cancel(
+    jobs: list[str] = typer.Argument(..., help="job ids"),
+    state: Path = StateOpt,
+    reason: str = typer.Option("cancelled by the operator", "--reason", help="why (shown by status and logs)"),
+) -> None:
+    """Cancel jobs: the server stops their runs, frees their GPUs and schedules again at its next poll (with
+    --ticks-only, at its next tick); one not yet placed never starts. Prints each job's status when asked."""
+    from libarena.schedule.live.store import Store, state_database_errors
+
+    store = Store(state)
+    try:
+        with state_database_errors(state):
+            statuses = store.request_cancel(jobs, reason)
+    finally:
+        store.close()
+    for job, status_now in statuses.items():
+        print(f"{job}\t{status_now}")
+
+
+@app.command()
 def status(
     state: Path = StateOpt,
     as_json: bool = typer.Option(False, "--json", help="print the status as JSON"),

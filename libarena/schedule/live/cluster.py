@@ -46,6 +46,7 @@ class LiveCluster(Simulator):
         self.log_entries: list[tuple[float, str, str, dict[str, Any]]] = []
         self.touched: dict[str, Job] = {}
         self.failed: dict[str, str] = {}  # job id -> why
+        self.cancelled: dict[str, str] = {}  # job id -> why (arena-schedule cancel)
         self.requests: dict[str, LaunchRequest] = {}  # job id -> its current version's request
         self._reported: set[tuple[int, int, str]] = set()
         #: (job id, version) -> when the launcher says it finished (it may be before the pass that learns it)
@@ -99,9 +100,11 @@ class LiveCluster(Simulator):
         pass  # the launcher reports it
 
     def complete(self, job: Job) -> None:
-        """As the simulator, but a job's finish is recorded at the time the launcher says it finished, even when
+        """As the simulator (not for a job that failed or was cancelled meanwhile), but a job's finish is recorded at the time the launcher says it finished, even when
         the pass that learns it comes later (a poll interval, or a scheduler restart, after it)."""
         at = self._finished_at.pop((job.spec.job_id, job.version), None)
+        if job.state == JobState.DROPPED:
+            return
         self._record_time = at if at is not None and at < self.now else None
         try:
             super().complete(job)
@@ -123,6 +126,8 @@ class LiveCluster(Simulator):
         self.touched[job.spec.job_id] = job
 
     def arrive(self, job: Job) -> None:
+        if job.state != JobState.PENDING:  # cancelled before its arrival came off the heap
+            return
         super().arrive(job)
         self.touched[job.spec.job_id] = job
 
@@ -184,6 +189,60 @@ class LiveCluster(Simulator):
         self.log_entries.append((self.now, job.spec.job_id, "fail", {"version": job.version, "why": why}))
         self.touched[job.spec.job_id] = job
 
+    def cancel(self, job: Job, why: str) -> int | None:
+        """Cancel a job at the current time, in whatever state the server holds it (arriving, queued, starting,
+        running): its GPUs are freed and the policy forgets it. Returns the version the launcher must stop (None:
+        it holds no GPUs)."""
+        stop = None
+        if job.state == JobState.PENDING:
+            self.pending_arrivals -= 1
+        elif job.state == JobState.QUEUED:
+            if job.unschedulable:
+                self.unschedulable_count -= 1
+            else:
+                self.queued_count -= 1
+                self.policy.withdraw(job)
+        elif job.active:
+            self._settle(job)
+            stop = job.version
+            self.cluster.release(job.alloc)
+            del self.active[job.index]
+        else:
+            raise AssertionError(f"job {job.spec.job_id} is {job.state.value}: nothing to cancel")
+        job.state = JobState.DROPPED
+        job.finish_time = self.now
+        self.done_count += 1
+        self.cancelled[job.spec.job_id] = why
+        self.policy.on_finish(job)
+        self.dirty = True
+        self.log_entries.append((self.now, job.spec.job_id, "cancel", {"version": job.version, "why": why}))
+        self.touched[job.spec.job_id] = job
+        return stop
+
+    def forget_ended(self) -> int:
+        """Drop the jobs that ended (finished, failed, cancelled, dropped, never placeable) once their last state
+        is committed: a server runs for months, and each pass walks its jobs; what it then holds is what a restart
+        rebuilds from the database. Returns how many were dropped."""
+        ended = [j for j in self.jobs if j.state in (JobState.FINISHED, JobState.DROPPED) or j.unschedulable]
+        if not ended:
+            return 0
+        gone = {j.index for j in ended}
+        self.jobs[:] = [j for j in self.jobs if j.index not in gone]  # in place: the result object shares the list
+        for job in ended:
+            job_id = job.spec.job_id
+            del self.by_id[job_id]
+            # (the counts of ended jobs go with them, as after a restart: done + unschedulable = jobs held, ended)
+            if job.state in (JobState.FINISHED, JobState.DROPPED):
+                self.done_count -= 1
+            else:
+                self.unschedulable_count -= 1
+            for table in (self.requests, self.failed, self.cancelled):
+                table.pop(job_id, None)
+        self._reported = {key for key in self._reported if key[0] not in gone}
+        ids = {j.spec.job_id for j in ended}
+        self._finished_at = {key: at for key, at in self._finished_at.items() if key[0] not in ids}
+        return len(ended)
+
     # -- time -----------------------------------------------------------------------------------------
     def advance(self, t: float) -> None:
         """Handle every event at or before scheduler time t (completions, starts, arrivals), in order."""
@@ -213,6 +272,8 @@ class LiveCluster(Simulator):
 
     # -- snapshots ------------------------------------------------------------------------------------
     def status_of(self, job: Job) -> str:
+        if job.spec.job_id in self.cancelled:
+            return "cancelled"
         if job.spec.job_id in self.failed:
             return "failed"
         if job.unschedulable:
@@ -222,7 +283,7 @@ class LiveCluster(Simulator):
 
     def error_of(self, job: Job) -> str | None:
         """What its status shows as the job's error: why it failed, or why it can never be placed."""
-        return self.failed.get(job.spec.job_id) or job.unschedulable
+        return self.cancelled.get(job.spec.job_id) or self.failed.get(job.spec.job_id) or job.unschedulable
 
     def snapshot(self, job: Job) -> dict[str, Any]:
         a = job.alloc

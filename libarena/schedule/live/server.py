@@ -259,6 +259,8 @@ class Server:
         with self._stored("setting 'relaunches'"):
             self._relaunches: dict[tuple[str, int], int] = {
                 (str(job_id), int(version)): int(count) for job_id, version, count in self.store.get_meta("relaunches") or []}
+        #: the log id up to which cancel requests were acted on (``arena-schedule cancel``)
+        self._cancels_after = self.store.cancels_seen()
         self._stop = False
         #: the signal that stopped ``serve`` (None: it ran to its end)
         self.stop_signal: int | None = None
@@ -423,16 +425,25 @@ class Server:
                 return True
         return False
 
-    def tick(self, t: float, periodic: bool = True, reports: dict[str, Any] | None = None) -> TickStats:
+    def tick(self, t: float, periodic: bool = True, reports: dict[str, Any] | None = None,
+             cancels: tuple[list[tuple[int, str, str, float]], int] | None = None) -> TickStats:
         """A scheduling pass at scheduler time ``t``: the periodic one (every tick), or one that reacts to an
         event (``periodic`` False: the periodic ticks keep their times). ``reports``: the launcher's statuses
-        when the caller already polled it at ``t``."""
+        when the caller already polled it at ``t``; ``cancels``: the cancel requests to act on first, and the log
+        id they were read up to (:meth:`Store.cancel_requests`): those made by ``t`` (a restarted server catching
+        up on its ticks acts on a later one at the pass that reaches its time)."""
         wall0 = time.perf_counter()
         live = self.live
         if reports is None:
             reports = self._poll(t)
         lost = live.apply(reports, self.launcher.measured_progress, polled_at=t)
         live.advance(t)
+        requests, cancels_seen = cancels if cancels is not None else ([], self._cancels_after)
+        for i, request in enumerate(requests):
+            if self.clock.at(request[3]) > t:
+                requests, cancels_seen = requests[:i], request[0] - 1
+                break
+        unplaced = self._cancel(t, requests)
         decision_s = live.tick()
         decisions = live.decisions_this_tick
         intents, entries, touched = live.drain()
@@ -454,6 +465,15 @@ class Server:
                 Store.add_launch(c, req.job_id, req.version, req.to_dict(), req.decided_at)
             for time_, job_id, kind, detail in entries:
                 Store.log(c, time_, job_id, kind, detail)
+            for job_id, why in unplaced:
+                row = self.store.job(job_id)
+                if row is not None and row["status"] in (st.SUBMITTED, st.PROFILING):
+                    Store.set_status(c, job_id, st.CANCELLED, error=why)
+                    Store.log(c, t, job_id, "cancel", {"why": why})
+                else:
+                    Store.log(c, t, job_id, "cancel-ignored", {"status": None if row is None else row["status"]})
+            if cancels_seen != self._cancels_after:
+                self.store.set_meta("cancels_seen", cancels_seen, c)
             if decisions:
                 Store.log(c, t, None, "tick" if periodic else "event-pass",
                           {"decisions": decisions, "decision_s": decision_s, "queued": live.queued_count,
@@ -467,6 +487,7 @@ class Server:
             self.store.set_meta("policy_state", persistent, c)
         if periodic:
             self.last_tick = t
+        self._cancels_after = cancels_seen
         self._execute(intents)
         for req in lost:
             job = live.by_id.get(req.job_id)
@@ -495,11 +516,32 @@ class Server:
         for job_id in [j for j in touched if j in live.failed]:
             job = live.by_id[job_id]
             self.launcher.stop(job_id, job.version)
+        live.forget_ended()
         stats = TickStats(t, decision_s, decisions, live.queued_count, len(live.active), time.perf_counter() - wall0,
                           periodic)
         self.ticks.append(stats)
         self.pass_count += 1
         return stats
+
+    def _cancel(self, t: float, requests: list[tuple[int, str, str, float]]) -> list[tuple[str, str]]:
+        """Cancel the jobs the scheduler holds (their versions stopped here, before this pass gives their GPUs to
+        others and before it is committed: a crash in between leaves the request to act on again); returns the
+        requests for the jobs it does not hold (submitted or profiling: their rows are marked in the pass's
+        transaction; an ended job's request is logged as ignored)."""
+        live = self.live
+        unplaced = []
+        for _, job_id, why, _ in requests:
+            job = live.by_id.get(job_id)
+            if job is None:
+                unplaced.append((job_id, why))
+                continue
+            if job.state.value not in ("pending", "queued", "starting", "running"):
+                live.log_entries.append((t, job_id, "cancel-ignored", {"status": live.status_of(job)}))
+                continue
+            version = live.cancel(job, why)
+            if version is not None:
+                self.launcher.stop(job_id, version, at=t)
+        return unplaced
 
     def _save_relaunches(self, c) -> None:
         # only the versions of jobs still in flight, here as in the database: a finished or failed job is never
@@ -538,19 +580,24 @@ class Server:
 
     def step(self) -> bool:
         """One loop iteration; returns True when a pass ran (the caller sleeps otherwise): the periodic tick when
-        its time has come, else (``event_passes``) a pass at once when an arrival or a launcher report is due."""
+        its time has come, else (``event_passes``) a pass at once when an arrival, a launcher report or a cancel
+        request is due."""
         self.lock.check()
         self.ingest()
+        cancels = self.store.cancel_requests(self._cancels_after)
+        if not cancels[0]:
+            self._cancels_after = cancels[1]
         t = self.next_tick_time()
         now = self.clock.now()
         if now >= t:
-            self.tick(t)
+            self.tick(t, cancels=cancels)
             return True
         if self.config.event_passes:
             now = max(now, self.live.now)
             reports = self._poll(now)
-            if self._events_due(now, reports):
-                self.tick(now, periodic=False, reports=reports)
+            # (a cancel frees GPUs at once; with passes only at ticks it waits for the next one, as arrivals do)
+            if cancels[0] or self._events_due(now, reports):
+                self.tick(now, periodic=False, reports=reports, cancels=cancels)
                 return True
         return False
 

@@ -17,6 +17,8 @@ def job_rows(store: Store, include_done: bool = True) -> dict[str, Any]:
     origin = store.get_meta("wall_origin")
     clock = VirtualClock(float(origin), float(settings.get("compression", 1.0))) if origin is not None else None
     now = clock.at(time.time()) if clock else None
+    # cancels the server has not acted on yet (it is down, or between polls)
+    cancelling = {r[1] for r in store.cancel_requests(store.cancels_seen())[0]}
     rows = []
     for j in store.jobs():
         if not include_done and j["status"] in st.TERMINAL:
@@ -46,6 +48,7 @@ def job_rows(store: Store, include_done: bool = True) -> dict[str, Any]:
             "version": snap.get("version", 0), "reschedules": snap.get("reschedules", 0),
             "arrival_time": j["arrival_time"], "finish_time": snap.get("finish_time"), "eta": eta, "overdue": overdue,
             "progress_measured": bool(snap.get("measured_progress")), "error": j["error"],
+            "cancel_requested": j["job_id"] in cancelling and j["status"] not in st.TERMINAL,
         })
     counts: dict[str, int] = {}
     for r in rows:
@@ -99,13 +102,14 @@ def render(doc: dict[str, Any]):
             running.add_row(r["job_id"], r["status"], r["model"], str(r["global_batch"]), f"{r['num_gpus']} x {r['gpu_type']}",
                             ",".join(map(str, r["nodes"])), r["plan"] or "-",
                             f"{int(r['iterations_done'])}/{r['iterations']} ({int(100 * r['progress'])}%)",
-                            "overdue" if r.get("overdue") else fmt_s(r["eta"]["wall_s"]) if r["eta"] else "-",
+                            "cancel requested" if r.get("cancel_requested") else "overdue" if r.get("overdue")
+                            else fmt_s(r["eta"]["wall_s"]) if r["eta"] else "-",
                             str(r["reschedules"]))
         elif r["status"] in st.TERMINAL:
             done.add_row(r["job_id"], r["status"], r["model"], fmt_s(r["finish_time"]), r["error"] or "")
         else:
             queue.add_row(r["job_id"], r["status"], r["model"], str(r["global_batch"]), str(r["iterations"]),
-                          str(r["priority"] or "-"), r["error"] or "")
+                          str(r["priority"] or "-"), "cancel requested" if r.get("cancel_requested") else r["error"] or "")
     return Group(head, running, queue, done)
 
 

@@ -7,10 +7,12 @@ Tables:
 - ``launches``: one row per (job, version) action (launch / rescale / migrate), written as ``intent`` in the
   same transaction as the decision, *before* the launcher is called, then marked ``launched``: an intent
   left behind by a crash is re-issued on restart, and the launcher ignores a version it already runs.
-- ``log``: the event and decision log (``arena-schedule logs JOB``).
+- ``log``: the event and decision log (``arena-schedule logs JOB``); ``arena-schedule cancel`` writes its
+  requests there too (kind ``cancel-request``), and the server acts on those logged after ``meta.cancels_seen``.
 - ``perf_rows``: performance rows measured by profiling on arrival (added to the perf table on restart).
 
-Writers: the server (one process) and ``submit`` (inserts a ``submitted`` row); readers: ``status``, ``logs``.
+Writers: the server (one process), ``submit`` (inserts a ``submitted`` row) and ``cancel`` (logs a request; only
+the server changes a job's status); readers: ``status``, ``logs``.
 
 The database is marked as Arena's (SQLite's ``application_id``, :data:`APPLICATION_ID`): a ``--state`` file that
 is some other SQLite database is refused before anything is written to it (not even its journal mode is
@@ -72,6 +74,7 @@ CREATE TABLE IF NOT EXISTS log (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS log_job ON log(job_id);
+CREATE INDEX IF NOT EXISTS log_cancel_requests ON log(id) WHERE kind = 'cancel-request';
 CREATE TABLE IF NOT EXISTS perf_rows (model TEXT NOT NULL, global_batch INTEGER NOT NULL, rows TEXT NOT NULL,
                                       PRIMARY KEY (model, global_batch));
 """
@@ -79,7 +82,12 @@ CREATE TABLE IF NOT EXISTS perf_rows (model TEXT NOT NULL, global_batch INTEGER 
 #: job statuses; ``submitted`` rows are written by ``submit`` and picked up by the server
 SUBMITTED, PROFILING, ARRIVING, QUEUED, STARTING, RUNNING = "submitted", "profiling", "arriving", "queued", "starting", "running"
 FINISHED, DROPPED, FAILED, REJECTED, UNSCHEDULABLE = "finished", "dropped", "failed", "rejected", "unschedulable"
-TERMINAL = (FINISHED, DROPPED, FAILED, REJECTED, UNSCHEDULABLE)
+CANCELLED = "cancelled"
+TERMINAL = (FINISHED, DROPPED, FAILED, REJECTED, UNSCHEDULABLE, CANCELLED)
+#: the log kind of ``arena-schedule cancel``'s request: the server acts on the ones after ``meta.cancels_seen``
+#: (a log row, not a table of its own: a database of an earlier version takes requests as it is)
+CANCEL_REQUEST = "cancel-request"
+MAX_REASON_CHARS = 500
 
 
 def check_not_before(not_before: float | None) -> None:
@@ -245,6 +253,49 @@ class Store:
             c.execute("INSERT INTO log(wall, time, job_id, kind, detail) VALUES (?, NULL, ?, 'submit', ?)",
                       (now, job_id, json.dumps(sub.to_dict())))
         return job_id
+
+    def request_cancel(self, job_ids: list[str], reason: str) -> dict[str, str]:
+        """Ask the server to cancel jobs (``arena-schedule cancel``); returns each job's status now. One-line
+        ArenaError, and nothing requested, for an unknown job or one already ended. The server acts on them at
+        its next poll (or its next start): it alone changes a job's status, so a cancel never races its own
+        handling of the job."""
+        reason = " ".join(str(reason).split())[:MAX_REASON_CHARS] or "cancelled by the operator"
+        statuses = {}
+        with self.transaction() as c:
+            for job_id in job_ids:
+                row = c.execute("SELECT status FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+                if row is None:
+                    raise ArenaError(f"{self.path}: no job {job_id!r}")
+                if row[0] in TERMINAL:
+                    raise ArenaError(f"job {job_id!r} has already ended ({row[0]}): nothing to cancel")
+                statuses[job_id] = row[0]
+            for job_id in statuses:
+                c.execute("INSERT INTO log(wall, time, job_id, kind, detail) VALUES (?, NULL, ?, ?, ?)",
+                          (time.time(), job_id, CANCEL_REQUEST, json.dumps({"why": reason})))
+        return statuses
+
+    def cancels_seen(self) -> int:
+        """The log id up to which the server has acted on cancel requests."""
+        seen = self.get_meta("cancels_seen", 0)
+        if isinstance(seen, bool) or not isinstance(seen, int) or seen < 0:
+            raise ArenaError(f"{self.path}: setting 'cancels_seen' is damaged (not a log id: {str(seen):.80})")
+        return seen
+
+    def cancel_requests(self, after: int) -> tuple[list[tuple[int, str, str, float]], int]:
+        """The cancel requests logged after log id ``after`` ((log id, job id, reason, wall time), oldest first) and
+        the log id
+        the next call may start after (the log's end as read: a server polling twice a second scans only what
+        was logged since, however long the log)."""
+        (end,) = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM log").fetchone()
+        out = []
+        for i, wall, job_id, detail in self.conn.execute(
+                # (the kind written out: SQLite uses the partial index only for the literal of its WHERE)
+                f"SELECT id, wall, job_id, detail FROM log WHERE id > ? AND kind = '{CANCEL_REQUEST}' ORDER BY id",
+                (after,)):
+            why = self._loads(detail, f"log entry {i}").get("why")
+            out.append((int(i), str(job_id), str(why) if why else "cancelled by the operator", float(wall)))
+        # (ids are given in commit order, one writer at a time: every id up to one read is there to be read)
+        return out, max([after, int(end)] + [r[0] for r in out])
 
     # -- reading --------------------------------------------------------------------------------------
     def jobs(self, statuses: tuple[str, ...] | None = None) -> list[dict[str, Any]]:

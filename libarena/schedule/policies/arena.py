@@ -106,6 +106,9 @@ class ArenaPolicy(Policy):
 
     def on_arrival(self, job: Job) -> None:
         self.queue.append(job)
+
+    def withdraw(self, job: Job) -> None:
+        self.queue = [j for j in self.queue if j is not job]
         if job.priority > 1:
             self.next_promotion = min(self.next_promotion, job.queue_since + self.config.promotion_time_s)
 

@@ -90,6 +90,11 @@ class Policy(ABC):
     def on_arrival(self, job: Job) -> None:
         """A job arrived (after its profiling): queue it."""
 
+    @abstractmethod
+    def withdraw(self, job: Job) -> None:
+        """A queued job leaves before it was placed (the live scheduler's ``cancel``): forget it wherever this
+        policy keeps the jobs it has not placed (abstract: a policy that forgot it would launch a cancelled job)."""
+
     def on_finish(self, job: Job) -> None:
         """A job finished (optional hook: most policies keep no per-job state)."""
 

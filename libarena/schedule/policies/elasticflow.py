@@ -57,6 +57,10 @@ class ElasticFlowPolicy(Policy):
     def on_arrival(self, job: Job) -> None:
         self.pending.append(job)
 
+    def withdraw(self, job: Job) -> None:
+        self.pending = [j for j in self.pending if j is not job]
+        self.waiting = [j for j in self.waiting if j is not job]
+
     def _deadline(self, job: Job) -> float:
         d = job.spec.deadline
         if d is None:

@@ -39,6 +39,10 @@ class FCFSPolicy(Policy):
         key = job.requested_type_index if self.config.per_type_queues else 0
         self.queues.setdefault(key, deque()).append(job)
 
+    def withdraw(self, job: Job) -> None:
+        for key, queue in self.queues.items():
+            self.queues[key] = deque(j for j in queue if j is not job)
+
     def schedule(self) -> None:
         for key in sorted(self.queues):
             queue = self.queues[key]

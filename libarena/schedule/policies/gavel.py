@@ -55,6 +55,9 @@ class GavelPolicy(Policy):
     def on_arrival(self, job: Job) -> None:
         self.queue.append(job)
 
+    def withdraw(self, job: Job) -> None:
+        self.queue = [j for j in self.queue if j is not job]
+
     def schedule(self) -> None:
         sim = self.sim
         capacity = np.array([p.capacity for p in sim.pools], dtype=np.int64)

@@ -56,6 +56,9 @@ class SiaPolicy(Policy):
     def on_arrival(self, job: Job) -> None:
         self.queue.append(job)
 
+    def withdraw(self, job: Job) -> None:
+        self.queue = [j for j in self.queue if j is not job]
+
     def _utility(self, job: Job, t: int, c: int) -> float:
         return math.sqrt(job.view_thr[t, c] / job.policy_state["sia_base"])
 

@@ -163,7 +163,7 @@ class ArenaRunLauncher(JobLauncher):
         if proc is not None and proc.poll() is not None:
             del self._children[(job_id, version)]
 
-    def stop(self, job_id: str, version: int) -> None:
+    def stop(self, job_id: str, version: int, at: float | None = None) -> None:
         self._stop_version(job_id, version)
 
     def _newest_checkpoint(self, job_id: str) -> Path | None:

@@ -126,8 +126,9 @@ class JobLauncher(ABC):
         """Start a version again after it was lost (its host died); default: as a fresh launch."""
         self.launch(request)
 
-    def stop(self, job_id: str, version: int) -> None:
-        """Stop a version for good (the job was finished or dropped elsewhere)."""
+    def stop(self, job_id: str, version: int, at: float | None = None) -> None:
+        """Stop a version for good (the job failed, finished or was cancelled); ``at``: the scheduler time it
+        stops (None: when it was decided; a real launcher stops it now, whatever ``at`` says)."""
 
     def logs(self, job_id: str, version: int) -> Path | None:
         """The version's output file, when it has one."""

@@ -100,10 +100,10 @@ class PerfTableLauncher(JobLauncher):
         if request.previous_version is not None and prev in self._cache:
             self._stop(prev, request.decided_at)
 
-    def stop(self, job_id: str, version: int) -> None:
+    def stop(self, job_id: str, version: int, at: float | None = None) -> None:
         if (job_id, version) in self._cache:
             req = self._cache[(job_id, version)][0]
-            self._stop((job_id, version), req.decided_at)
+            self._stop((job_id, version), req.decided_at if at is None else at)
 
     def poll(self, now: float, versions: dict[str, int]) -> dict[str, RunStatus]:
         out = {}
