@@ -247,7 +247,7 @@ def test_cancel_command_refuses_unknown_and_ended_jobs_in_one_line(tmp_path):
     finally:
         store.close()
     out = cancel("long", "--reason", "over budget")
-    assert out.returncode == 0 and out.stdout == "long\trunning\n", out.stderr
+    assert out.returncode == 0 and out.stdout == "long\tstarting\n", out.stderr  # (no pass since its launch)
     store = Store(config.state)
     try:
         ((_, job_id, why, _),) = store.cancel_requests(store.cancels_seen())[0]
