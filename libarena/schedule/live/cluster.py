@@ -180,13 +180,17 @@ class LiveCluster(Simulator):
             del self.active[job.index]
         elif job.state == JobState.QUEUED:
             self.queued_count -= 1
+        self._end(job, "fail", why, self.failed)
+
+    def _end(self, job: Job, kind: str, why: str, reasons: dict[str, str]) -> None:
+        """A job ended other than by finishing (it failed, or was cancelled), once out of the queue or its GPUs."""
         job.state = JobState.DROPPED
         job.finish_time = self.now
         self.done_count += 1
-        self.failed[job.spec.job_id] = why
+        reasons[job.spec.job_id] = why
         self.policy.on_finish(job)
         self.dirty = True
-        self.log_entries.append((self.now, job.spec.job_id, "fail", {"version": job.version, "why": why}))
+        self.log_entries.append((self.now, job.spec.job_id, kind, {"version": job.version, "why": why}))
         self.touched[job.spec.job_id] = job
 
     def cancel(self, job: Job, why: str) -> int | None:
@@ -209,14 +213,7 @@ class LiveCluster(Simulator):
             del self.active[job.index]
         else:
             raise AssertionError(f"job {job.spec.job_id} is {job.state.value}: nothing to cancel")
-        job.state = JobState.DROPPED
-        job.finish_time = self.now
-        self.done_count += 1
-        self.cancelled[job.spec.job_id] = why
-        self.policy.on_finish(job)
-        self.dirty = True
-        self.log_entries.append((self.now, job.spec.job_id, "cancel", {"version": job.version, "why": why}))
-        self.touched[job.spec.job_id] = job
+        self._end(job, "cancel", why, self.cancelled)
         return stop
 
     def forget_ended(self) -> int:
