@@ -283,9 +283,8 @@ class Store:
 
     def cancel_requests(self, after: int) -> tuple[list[tuple[int, str, str, float]], int]:
         """The cancel requests logged after log id ``after`` ((log id, job id, reason, wall time), oldest first) and
-        the log id
-        the next call may start after (the log's end as read: a server polling twice a second scans only what
-        was logged since, however long the log)."""
+        the log id the next call may start after (the log's end as read: a server polling twice a second scans
+        only what was logged since, however long the log)."""
         (end,) = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM log").fetchone()
         out = []
         for i, wall, job_id, detail in self.conn.execute(
