@@ -46,6 +46,20 @@ def _server(config: ServeConfig, t: float = 0.0) -> tuple[Server, SetClock]:
     return server, clock
 
 
+def _serve(config: ServeConfig, jobs: list[tuple[str, int]], times: tuple[float, ...]) -> None:
+    """A server that ticks at 0, takes ``jobs`` (name, iterations), steps once at each of ``times``, then stops."""
+    server, clock = _server(config)
+    try:
+        server.step()
+        for name, iterations in jobs:
+            server.store.submit(JobSubmission(MODEL, BATCH, iterations, name))
+        for t in times:
+            clock.t = t
+            server.step()
+    finally:
+        server.close()
+
+
 def _rate() -> float:
     rows = synthetic_perf_rows([(MODEL, BATCH)], ["a100"], max_gpus=1)
     return next(t for t, v in zip(rows["throughput"], rows["view"]) if v == "ap") / BATCH
@@ -169,14 +183,7 @@ def test_a_job_cancelled_while_profiling_is_not_rejected_when_its_profile_fails(
 
 def test_a_request_made_while_the_server_is_down_is_acted_on_at_its_start(tmp_path):
     config = _config(tmp_path)
-    server, clock = _server(config)
-    try:
-        server.step()
-        server.store.submit(JobSubmission(MODEL, BATCH, 600, "a"))
-        clock.t = 10.0
-        server.step()
-    finally:
-        server.close()
+    _serve(config, [("a", 600)], (10.0,))
     store = Store(config.state)
     try:
         store.request_cancel(["a"], "while down")
@@ -217,18 +224,12 @@ def test_with_ticks_only_a_cancel_waits_for_the_tick(tmp_path):
 
 def test_cancel_command_refuses_unknown_and_ended_jobs_in_one_line(tmp_path):
     config = _config(tmp_path)
-    server, clock = _server(config)
+    _serve(config, [("short", 10), ("long", 100_000)], (10.0, 10.0 + 10 / _rate() + 1))
+    store = Store(config.state)
     try:
-        server.step()
-        server.store.submit(JobSubmission(MODEL, BATCH, 10, "short"))
-        server.store.submit(JobSubmission(MODEL, BATCH, 100_000, "long"))
-        clock.t = 10.0
-        server.step()
-        clock.t = 10.0 + 10 / _rate() + 1
-        server.step()
-        assert server.store.job("short")["status"] == st.FINISHED
+        assert store.job("short")["status"] == st.FINISHED
     finally:
-        server.close()
+        store.close()
 
     def cancel(*args: str) -> subprocess.CompletedProcess:
         env = cli_env()
@@ -261,16 +262,7 @@ def test_a_server_catching_up_on_its_ticks_cancels_at_the_tick_after_the_request
     at the first of them at or after the request's time, not at an earlier one (the run would be stopped before
     it was asked to be)."""
     config = _config(tmp_path, event_passes=False)
-    server, clock = _server(config)
-    try:
-        server.step()  # the tick at 0
-        server.store.submit(JobSubmission(MODEL, BATCH, 100_000, "a"))
-        clock.t = 0.0
-        server.step()  # (no pass: ticks only)
-        clock.t = 300.0
-        server.step()  # a launched at 300
-    finally:
-        server.close()
+    _serve(config, [("a", 100_000)], (0.0, 300.0))  # (ticks only: no pass at 0 after the submission) a launched at 300
     store = Store(config.state)
     try:
         store.request_cancel(["a"], "late")

@@ -100,8 +100,9 @@ class LiveCluster(Simulator):
         pass  # the launcher reports it
 
     def complete(self, job: Job) -> None:
-        """As the simulator (not for a job that failed or was cancelled meanwhile), but a job's finish is recorded at the time the launcher says it finished, even when
-        the pass that learns it comes later (a poll interval, or a scheduler restart, after it)."""
+        """As the simulator (not for a job that failed or was cancelled meanwhile), but a job's finish is recorded
+        at the time the launcher says it finished, even when the pass that learns it comes later (a poll interval,
+        or a scheduler restart, after it)."""
         at = self._finished_at.pop((job.spec.job_id, job.version), None)
         if job.state == JobState.DROPPED:
             return
