@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from libarena.schedule.live.processes import processes_started_under, recorded_pid
+
 REPO = Path(__file__).resolve().parents[2]
 #: the README's inputs that are replaced (each must still appear in the block: the test follows README edits)
 TRACES = {
@@ -107,7 +109,22 @@ def _stop_background_jobs(proc: subprocess.Popen, work: Path) -> None:
                 break
             time.sleep(0.1)
     for pid_file in work.glob("state.db.d/launcher/jobs/*/v*/pid"):
-        try:
-            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
+        pid = recorded_pid(pid_file)
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    # a version launched just before the server was killed has no pid file yet, and its Ray workers may have
+    # left its group: every process the server started carries its state directory in its environment
+    for _ in range(5):
+        left = processes_started_under(work)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.5)
+    assert not processes_started_under(work), "processes the example's server started still run"

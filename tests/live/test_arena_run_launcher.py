@@ -284,3 +284,32 @@ def test_an_allocation_larger_than_a_node_runs_the_proxy_of_the_tables_pipeline_
     assert "--grid a40,8,4 --hosts 4" in command and "--search" not in command
     within = LaunchRequest("job", 1, "launch", "gpt__1.3B", 128, 150, "a40", 2, (0,), 0.0, 0.0)
     assert "--grid a40,2 --search pruned" in launcher.script(within, tmp_path / "run").splitlines()[1]
+
+
+def test_processes_started_under_a_state_directory_are_found_without_their_pid_file(tmp_path):
+    """A version launched just before its scheduler died has no pid file: its processes (and their children)
+    are still found by the state directory in their environment, and only those of that directory."""
+    import subprocess
+
+    from libarena.schedule.live.processes import process_env, processes_started_under
+
+    sleeper = f"{sys.executable} -c 'import time; time.sleep(120)' & echo $!; wait"
+    procs, children = [], []
+    try:
+        for directory in (tmp_path / "ours" / "state.db.d" / "jobs" / "j" / "v1", tmp_path / "other"):
+            proc = subprocess.Popen(["/bin/sh", "-c", sleeper], stdout=subprocess.PIPE, text=True,
+                                    start_new_session=True, env=process_env(directory))
+            procs.append(proc)
+            children.append(int(proc.stdout.readline()))
+        found = processes_started_under(tmp_path / "ours")
+        assert sorted(found) == sorted([procs[0].pid, children[0]])
+        assert procs[1].pid not in found and children[1] not in found
+        assert set(processes_started_under(tmp_path)) >= {procs[0].pid, procs[1].pid, *children}
+    finally:
+        for pid in children + [p.pid for p in procs]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            proc.wait()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
 from libarena.artifacts.io import pid_alive
@@ -111,19 +112,35 @@ def recorded_group(path: Path) -> int | None:
 
 def _group_has_members(pgid: int, directory: str) -> bool:
     """Whether a live process of group ``pgid`` was started by the recorded process (its environment says so)."""
-    marker = f"{PROCESS_DIR_VARIABLE}={directory}".encode()
+    return any(fields[2] == str(pgid) and started_by == directory for _, fields, started_by in _marked_processes())
+
+
+def processes_started_under(root: Path) -> list[int]:
+    """The live processes that the live scheduler of a state directory under ``root`` started, and their
+    descendants (each carries :data:`PROCESS_DIR_VARIABLE`): what to stop when a scheduler is gone for good,
+    including a job launched just before it died, whose pid file it never wrote."""
+    root = Path(root).resolve()
+    return [pid for pid, _, started_by in _marked_processes() if Path(started_by).is_relative_to(root)]
+
+
+def _marked_processes() -> Iterator[tuple[int, list[str], str]]:
+    """(pid, /proc stat fields after the command name, the directory its :data:`PROCESS_DIR_VARIABLE` names) of
+    each live process carrying the variable; zombies and processes of other users (unreadable) are left out."""
+    prefix = f"{PROCESS_DIR_VARIABLE}=".encode()
     try:
-        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+        entries = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
-        return False
-    for name in entries:
-        fields = _stat_fields(int(name))
-        if not fields or len(fields) <= 2 or fields[2] != str(pgid) or fields[0] == "Z":
+        return
+    for pid in entries:
+        fields = _stat_fields(pid)
+        if not fields or len(fields) <= 2 or fields[0] == "Z":
             continue
         try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    return True
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                variables = f.read().split(b"\0")
         except OSError:
             continue
-    return False
+        for variable in variables:
+            if variable.startswith(prefix):
+                yield pid, fields, variable[len(prefix):].decode(errors="replace")
+                break
