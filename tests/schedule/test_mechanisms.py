@@ -1,5 +1,6 @@
 """Issue 16's mechanisms on hand-built workloads whose answers can be worked out: FCFS's per-type queues, the
-profile and plan reuse every policy gets, and Arena's JCT objective (Smith's rule) against eq. 5."""
+profile and plan reuse every policy gets, and Arena's JCT objective (Smith's rule) and finish-time
+fairness (eq. 7) against eq. 5."""
 
 from __future__ import annotations
 
@@ -108,6 +109,31 @@ def test_jct_objective_gives_contended_gpus_to_the_shorter_job():
 
     assert grown("jct") == "short"
     assert grown("throughput") == "long"
+
+
+def test_fairness_objective_halves_the_job_that_has_waited_least():
+    """eq. 7 on a worked case: "waited" (submitted at 0) queues behind a 4-GPU holder until 6,600 s (the tick
+    after the holder ends), "fresh" is submitted at 7,200 s; both then run the same model on 2 GPUs. A job
+    arriving at 9,000 s needs one GPU of them: halving either costs the same throughput and JCT weight (eq. 5
+    and Smith's rule tie, and take the first job), but finish-time fairness rho = (finish - submission) /
+    isolated time is higher for the job that has waited, so the fairness objective halves the fresh one."""
+    spec = cluster([("a100", 1, 4)])
+    table = hand_table({("gpt__2.6B", "a100"): {"ap": {4: 40.0}},  # the holder cannot be halved
+                        ("gpt__1.3B", "a100"): {"ap": {1: 10.0, 2: 20.0}}})
+    jobs = [job("holder", "gpt__2.6B", 1000, 4, "a100", submit=0.0, row=1),  # 6,400 s on its 4 GPUs
+            job("waited", "gpt__1.3B", 20000, 2, "a100", submit=0.0, row=2),
+            job("fresh", "gpt__1.3B", 20000, 2, "a100", submit=7200.0, row=3),
+            job("late", "gpt__1.3B", 100, 1, "a100", submit=9000.0, row=4)]
+
+    def halved(objective: str) -> list[str]:
+        res = simulate(jobs, table, spec, "arena", objective=objective, view="ap")
+        d = res.decisions
+        assert _launch_times(res) == {"holder": 0.0, "waited": 6600.0, "fresh": 7200.0, "late": 9000.0}
+        return [res.jobs[j].spec.job_id for j, a, n, t in zip(d["job_index"], d["action"], d["num_gpus"], d["time"])
+                if a == "rescale" and n == 1 and t == 9000.0]
+
+    assert halved("fairness") == ["fresh"]
+    assert halved("throughput") == halved("jct") == ["waited"]
 
 
 def test_a_solver_policys_moves_happen_whatever_their_order_in_the_list():

@@ -18,7 +18,9 @@ from libarena.pipeline import CacheSettings
 from libarena.pipeline.sweep import SequentialExecutor, sweep
 from libarena.schedule.sweep import SweepSpec, SweepTrace, SweepVariant, build_sweep_spec
 from libarena.schedule.traces import read_trace, trace_csv
+from tests.conftest import SHARED
 from tests.schedule.perf_fixtures import write_perf
+from tests.schedule.trace_fixtures import arena_ae_trace_csv
 
 POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
 
@@ -29,15 +31,20 @@ def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory, traces_dir, repo_root):
-    """Two small real traces (the first jobs of philly and of venus, iterations / 50 so that they finish), a
-    performance table for their models, and a trace with a malformed row."""
+def inputs(tmp_path_factory, repo_root):
+    """Two small traces (the first jobs of the real philly and venus traces, iterations / 50 so that they
+    finish; without ../shared, traces of their format built in code), a performance table for their models, and
+    a trace with a malformed row."""
     d = tmp_path_factory.mktemp("sweep")
     pairs = set()
-    for name, count in (("philly", 40), ("venus", 30)):
-        jobs = read_trace(traces_dir / "arena-ae" / f"simulate_trace_{name}.csv").jobs
-        jobs = sorted(jobs, key=lambda j: j.submit_time)[:count]
-        jobs = [dataclasses.replace(j, num_iterations=max(1, j.num_iterations // 50)) for j in jobs]
+    for seed, (name, count, iterations) in enumerate((("philly", 40, (2000, 8000)), ("venus", 30, (40, 200)))):
+        real = SHARED / "traces" / "arena-ae" / f"simulate_trace_{name}.csv"
+        if real.is_file():
+            jobs = sorted(read_trace(real).jobs, key=lambda j: j.submit_time)[:count]
+            jobs = [dataclasses.replace(j, num_iterations=max(1, j.num_iterations // 50)) for j in jobs]
+        else:
+            (d / f"{name}-generated.csv").write_text(arena_ae_trace_csv(count, seed, iterations))
+            jobs = read_trace(d / f"{name}-generated.csv").jobs
         pairs |= {(j.model, j.global_batch) for j in jobs}
         (d / f"{name}.csv").write_text(trace_csv(jobs))
     write_perf(d / "perf.parquet", sorted(pairs), ["a100", "v100", "a40", "a10"])
