@@ -1,4 +1,5 @@
-"""Every policy on a slice of a real trace (../shared) and on generated traces; perf-table coverage rules."""
+"""Every policy on a slice of a real trace (../shared; without it, one of its format built in code) and on generated
+traces; perf-table coverage rules."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from libarena.schedule.config import Objective, SimulatorConfig
 from libarena.schedule.metrics import job_records, summarize
 from libarena.schedule.perf import PerfLookup
 from libarena.schedule.policies import policy_names
-from libarena.schedule.traces import Trace, read_trace
+from libarena.schedule.traces import Trace
 from tests.schedule.helpers import cluster, job
 from tests.schedule.perf_fixtures import synthetic_perf_table, zoo_pairs
+from tests.schedule.trace_fixtures import first_jobs
 
 PAPER_TYPES = ["a100", "v100", "a40", "a10"]
 ALL = ["arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia"]
@@ -25,11 +27,12 @@ def test_all_policies_registered():
 
 
 @pytest.fixture(scope="module")
-def philly_slice(traces_dir, paper_cluster):
-    tr = read_trace(traces_dir / "arena-ae" / "simulate_trace_philly.csv")
-    jobs = sorted(tr.jobs, key=lambda j: j.submit_time)[:150]
+def philly_slice(paper_cluster, tmp_path_factory):
+    """The first 150 jobs of the real philly trace (without ../shared, 150 jobs of its format built in code)."""
+    jobs, _ = first_jobs("philly", 150, tmp_path_factory.mktemp("philly"), 0, iterations=(20000, 300000),
+                         max_size_billions=10.0)
     table = synthetic_perf_table(zoo_pairs(), PAPER_TYPES)
-    return Workload(Trace(tr.source, tr.format, jobs), PerfLookup(table, paper_cluster), paper_cluster, jobs)
+    return Workload(Trace("philly", "arena-ae", jobs), PerfLookup(table, paper_cluster), paper_cluster, jobs)
 
 
 @pytest.mark.parametrize("policy", ALL)

@@ -18,9 +18,8 @@ from libarena.pipeline import CacheSettings
 from libarena.pipeline.sweep import SequentialExecutor, sweep
 from libarena.schedule.sweep import SweepSpec, SweepTrace, SweepVariant, build_sweep_spec
 from libarena.schedule.traces import read_trace, trace_csv
-from tests.conftest import SHARED
 from tests.schedule.perf_fixtures import write_perf
-from tests.schedule.trace_fixtures import arena_ae_trace_csv
+from tests.schedule.trace_fixtures import first_jobs
 
 POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
 
@@ -38,13 +37,9 @@ def inputs(tmp_path_factory, repo_root):
     d = tmp_path_factory.mktemp("sweep")
     pairs = set()
     for seed, (name, count, iterations) in enumerate((("philly", 40, (2000, 8000)), ("venus", 30, (40, 200)))):
-        real = SHARED / "traces" / "arena-ae" / f"simulate_trace_{name}.csv"
-        if real.is_file():
-            jobs = sorted(read_trace(real).jobs, key=lambda j: j.submit_time)[:count]
+        jobs, real = first_jobs(name, count, d, seed, iterations)
+        if real:
             jobs = [dataclasses.replace(j, num_iterations=max(1, j.num_iterations // 50)) for j in jobs]
-        else:
-            (d / f"{name}-generated.csv").write_text(arena_ae_trace_csv(count, seed, iterations))
-            jobs = read_trace(d / f"{name}-generated.csv").jobs
         pairs |= {(j.model, j.global_batch) for j in jobs}
         (d / f"{name}.csv").write_text(trace_csv(jobs))
     write_perf(d / "perf.parquet", sorted(pairs), ["a100", "v100", "a40", "a10"])
