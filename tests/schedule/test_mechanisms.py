@@ -428,3 +428,26 @@ def test_a_run_starts_at_its_first_submission_or_earlier_where_told():
     from libarena.schedule.api import run_parameters  # what the outputs' provenance records
 
     assert run_parameters(make_policy("fcfs"), SimulatorConfig(start_s=0.0))["start_s"] == 0.0
+
+
+def test_a_job_arriving_in_a_lower_queue_sets_arenas_next_promotion_and_a_withdrawal_leaves_it():
+    """Arena's rounds run for a promotion only when one is due (``needs_schedule``): a job that arrives in queue
+    3 brings the next promotion to its own due time at once; withdrawing a queued job only forgets it."""
+    from libarena.schedule.api import make_policy
+    from libarena.schedule.config import SimulatorConfig
+    from libarena.schedule.simulator import Simulator
+    from tests.schedule.helpers import workload
+
+    spec = cluster([("a100", 1, 4)])
+    jobs = [job("low", "gpt__1.3B", 1000, 4, "a100", priority=3), job("top", "gpt__1.3B", 1000, 4, "a100", row=2)]
+    w = workload(jobs, TABLE, spec)
+    policy = make_policy("arena", view="ap", promotion_time_s=600.0)
+    sim = Simulator(w.jobs, w.perf, w.cluster, policy, SimulatorConfig(overheads=NO_OVERHEADS))
+    low, top = sim.jobs
+    low.queue_since = top.queue_since = 100.0
+    policy.on_arrival(top)
+    assert policy.next_promotion == float("inf")  # queue 1: never promoted
+    policy.on_arrival(low)
+    assert policy.next_promotion == 700.0
+    policy.withdraw(top)
+    assert policy.queue == [low] and policy.next_promotion == 700.0

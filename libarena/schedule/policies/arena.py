@@ -106,11 +106,11 @@ class ArenaPolicy(Policy):
 
     def on_arrival(self, job: Job) -> None:
         self.queue.append(job)
+        if job.priority > 1:
+            self.next_promotion = min(self.next_promotion, job.queue_since + self.config.promotion_time_s)
 
     def withdraw(self, job: Job) -> None:
         self.queue = [j for j in self.queue if j is not job]
-        if job.priority > 1:
-            self.next_promotion = min(self.next_promotion, job.queue_since + self.config.promotion_time_s)
 
     def needs_schedule(self) -> bool:
         now = self.sim.now
