@@ -69,6 +69,20 @@ def _events(server: Server, job_id: str) -> dict[str, float | None]:
     return {e["kind"]: e["time"] for e in server.store.log_of(job_id)}
 
 
+def _cancel_once_it_is(server: Server, clock: SetClock, submission: JobSubmission, status: str,
+                       not_before: float | None = None) -> None:
+    """Submit a job at 0 s, let the server take it to ``status`` at 10 s, request its cancel, and see the server
+    cancel it at once in a pass at 20 s."""
+    server.store.submit(submission, not_before=not_before)
+    clock.t = 10.0
+    server.step()
+    assert server.store.job(submission.name)["status"] == status
+    server.store.request_cancel([submission.name], "no longer needed")
+    clock.t = 20.0
+    assert server.step()
+    assert server.store.job(submission.name)["status"] == st.CANCELLED
+
+
 def test_cancelling_a_running_job_stops_it_and_gives_its_gpu_to_the_queue(tmp_path):
     server, clock = _server(_config(tmp_path))
     try:
@@ -143,14 +157,7 @@ def test_a_job_cancelled_before_it_arrives_never_arrives(tmp_path):
     server, clock = _server(_config(tmp_path))
     try:
         server.step()
-        server.store.submit(JobSubmission(MODEL, BATCH, 300, "later"), not_before=1000.0)
-        clock.t = 10.0
-        server.step()
-        assert server.store.job("later")["status"] == st.ARRIVING
-        server.store.request_cancel(["later"], "changed my mind")
-        clock.t = 20.0
-        assert server.step()
-        assert server.store.job("later")["status"] == st.CANCELLED
+        _cancel_once_it_is(server, clock, JobSubmission(MODEL, BATCH, 300, "later"), st.ARRIVING, not_before=1000.0)
         clock.t = 1200.0
         while server.step():
             pass
@@ -166,14 +173,7 @@ def test_a_job_cancelled_while_profiling_is_not_rejected_when_its_profile_fails(
     server, clock = _server(_config(tmp_path, profile_script="sleep 0.5; false"))
     try:
         server.step()
-        server.store.submit(JobSubmission("gpt__tiny", 8, 10, "new-pair"))
-        clock.t = 10.0
-        server.step()
-        assert server.store.job("new-pair")["status"] == st.PROFILING
-        server.store.request_cancel(["new-pair"], "no longer needed")
-        clock.t = 20.0
-        assert server.step()
-        assert server.store.job("new-pair")["status"] == st.CANCELLED
+        _cancel_once_it_is(server, clock, JobSubmission("gpt__tiny", 8, 10, "new-pair"), st.PROFILING)
         assert _events(server, "new-pair")["cancel"] == 20.0
         wait_until(lambda: (server.step() or True) and not server.profiler.pending, 60)
         assert server.store.job("new-pair")["status"] == st.CANCELLED

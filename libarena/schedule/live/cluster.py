@@ -194,6 +194,9 @@ class LiveCluster(Simulator):
         self.log_entries.append((self.now, job.spec.job_id, kind, {"version": job.version, "why": why}))
         self.touched[job.spec.job_id] = job
 
+    #: the states a job can be cancelled in: arriving, queued, starting, running (the others have ended)
+    CANCELLABLE = (JobState.PENDING, JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
+
     def cancel(self, job: Job, why: str) -> int | None:
         """Cancel a job at the current time, in whatever state the server holds it (arriving, queued, starting,
         running): its GPUs are freed and the policy forgets it. Returns the version the launcher must stop (None:

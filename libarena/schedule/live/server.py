@@ -535,7 +535,7 @@ class Server:
             if job is None:
                 unplaced.append((job_id, why))
                 continue
-            if job.state.value not in ("pending", "queued", "starting", "running"):
+            if job.state not in LiveCluster.CANCELLABLE:
                 live.log_entries.append((t, job_id, "cancel-ignored", {"status": live.status_of(job)}))
                 continue
             version = live.cancel(job, why)
