@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libarena.artifacts.stage_cache import StageCache, StageOutcome, library_versions
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
 from libarena.progress import Report, SilentReport
+
+if TYPE_CHECKING:
+    from libarena.schedule.api import Workload
 
 
 def simulation_key(stage: StageCache, params: dict[str, Any], config: Any, key_inputs: list[dict[str, Any]], *,
@@ -29,9 +32,13 @@ def simulation_libraries(plot: bool) -> dict[str, str]:
 SIMULATE_STAGE = "arena-schedule simulate"
 
 
-def _report_skipped(skipped: list[str], report: Report) -> None:
-    if skipped:
-        report.warn(f"skipped {len(skipped)} bad row(s); first: {skipped[0]}")
+def _report_skipped(workload: Workload, report: Report) -> None:
+    """Warn about the trace's rows left out and its columns not read."""
+    note = workload.trace.ignored_columns_note()
+    if note:
+        report.warn(note)
+    if workload.skipped:
+        report.warn(f"skipped {len(workload.skipped)} bad row(s); first: {workload.skipped[0]}")
 
 
 def _report_run_notes(run_dir: Path, metrics: dict[str, Any], report: Report) -> None:
@@ -60,7 +67,7 @@ def simulate(trace: Path, perf: Path, cluster: Path, policy: Any, config: Any, o
 
     refuse_overwriting_inputs(output, {"--trace": trace, "--perf": perf, "--cluster": cluster}, directory=True)
     workload, refs, key_inputs = load_workload(trace, perf, cluster, seed=config.seed, skip_bad_rows=skip_bad_rows)
-    _report_skipped(workload.skipped, report)
+    _report_skipped(workload, report)
     params = run_parameters(policy, config)
     stage = cache.stage(SIMULATE_STAGE, report)
     key = simulation_key(stage, params, config, key_inputs, skip_bad_rows=skip_bad_rows, plot=plot)
@@ -94,7 +101,7 @@ def compare(trace: Path, perf: Path, cluster: Path, policies: dict[str, Any], co
         raise ArenaError("no policies to compare")
     refuse_overwriting_inputs(output, {"--trace": trace, "--perf": perf, "--cluster": cluster}, directory=True)
     workload, inputs, key_inputs = load_workload(trace, perf, cluster, seed=config.seed, skip_bad_rows=skip_bad_rows)
-    _report_skipped(workload.skipped, report)
+    _report_skipped(workload, report)
     stage = cache.stage("arena-schedule compare", report)
     key = stage.key({"policies": list(policies), "policy_configs": {n: policy_parameters(p) for n, p in policies.items()},
                      "tick_s": config.tick_s, "horizon_s": config.horizon_s, "seed": config.seed,

@@ -62,6 +62,8 @@ class SimulationFiles:
 
     files: dict[str, bytes]
     skipped: list[str]
+    #: the trace's warning about columns it does not read (Trace.ignored_columns_note)
+    trace_note: str | None = None
 
 
 @dataclass
@@ -89,7 +91,7 @@ def run_simulation_task(task: SimulationTask) -> SimulationFiles | SimulationFai
         with tempfile.TemporaryDirectory(prefix="arena-sweep-", ignore_cleanup_errors=True) as tmp:
             write_run(tmp, res, workload, task.config, run_parameters(policy, task.config), refs)
             files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
-        return SimulationFiles(files, list(workload.skipped))
+        return SimulationFiles(files, list(workload.skipped), workload.trace.ignored_columns_note())
     except ArenaError as exc:
         return SimulationFailure(" ".join(str(exc).split()))
     except Exception as exc:  # noqa: BLE001 - an internal error fails this simulation only; the sweep goes on
@@ -467,9 +469,12 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
                 settle(i, "failed", result.message)
                 continue
             trace = records[i].trace
-            if result.skipped and trace not in warned_skips:
+            if (result.skipped or result.trace_note) and trace not in warned_skips:
                 warned_skips.add(trace)
-                report.warn(f"trace {trace}: skipped {len(result.skipped)} bad row(s); first: {result.skipped[0]}")
+                if result.trace_note:
+                    report.warn(result.trace_note)
+                if result.skipped:
+                    report.warn(f"trace {trace}: skipped {len(result.skipped)} bad row(s); first: {result.skipped[0]}")
             out_dir = output / records[i].output
 
             def produce(directory: Path, files: dict[str, bytes] = result.files) -> None:

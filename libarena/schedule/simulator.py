@@ -9,6 +9,7 @@ launched or rescaled first pays its overheads (profiling, AP search, checkpoint-
 from __future__ import annotations
 
 import heapq
+import math
 import time as _time
 from dataclasses import dataclass, field
 
@@ -137,7 +138,7 @@ class Simulator:
         span = end - self.start_time
         if cfg.horizon_s is not None:
             span = min(span, cfg.horizon_s)
-        needed = span / cfg.tick_s
+        needed = math.floor(span / cfg.tick_s) + 1  # ticks at the run's start and every tick_s up to its end
         if needed > cfg.max_ticks:
             raise ArenaError(f"{trace_source}: simulating this workload needs at least {needed:.3g} scheduling ticks of "
                              f"{cfg.tick_s:g} s ({why} {span / 86400:.3g} days after the run's start), more than "
@@ -203,6 +204,8 @@ class Simulator:
             job.unschedulable = self.policy.unschedulable_reason(job)  # reported apart, not counted as queued
             self.unschedulable_count += 1
             self.queued_count -= 1
+            if self._nothing_left():
+                self.all_settled = True  # the run ends at its last arrival, as at its last completion
             return
         self.policy.on_arrival(job)
         self.dirty = True
@@ -237,6 +240,15 @@ class Simulator:
         return self.done_count + self.unschedulable_count == len(self.jobs) and not self.active and self.pending_arrivals == 0
 
     def tick(self) -> None:
+        if len(self.result.ts_time) >= self.config.max_ticks:
+            # the bound on the simulator's own work (time and memory grow with the ticks): a tick past it is due, so
+            # the run needs more (a run that ends within the limit, at its horizon or last event, never gets here)
+            unfinished = len(self.jobs) - self.done_count - self.unschedulable_count
+            raise ArenaError(f"the simulation reached the limit of {self.config.max_ticks} scheduling ticks (--max-ticks) "
+                             f"at {(self.now - self.start_time) / 86400:.3g} simulated days with {unfinished} of "
+                             f"{len(self.jobs)} jobs unfinished: use a larger --tick or a "
+                             f"{'shorter --horizon' if self.config.horizon_s is not None else '--horizon'}, or raise "
+                             f"--max-ticks")
         scheduled = False
         elapsed = 0.0
         self.decisions_this_tick = 0
@@ -267,14 +279,6 @@ class Simulator:
         if self._nothing_left():
             self.all_settled = True  # nothing left that can happen (the last jobs dropped or never placeable)
             return
-        if len(res.ts_time) >= self.config.max_ticks:
-            # the bound on the simulator's own work (time and memory grow with the ticks)
-            unfinished = len(self.jobs) - self.done_count - self.unschedulable_count
-            raise ArenaError(f"the simulation reached the limit of {self.config.max_ticks} scheduling ticks (--max-ticks) "
-                             f"at {(self.now - self.start_time) / 86400:.3g} simulated days with {unfinished} of "
-                             f"{len(self.jobs)} jobs unfinished: use a larger --tick or a "
-                             f"{'shorter --horizon' if self.config.horizon_s is not None else '--horizon'}, or raise "
-                             f"--max-ticks")
         if not self.active and self.pending_arrivals == 0 and self.decisions_this_tick == 0:
             self.stall += 1
             if self.stall >= self.config.stall_ticks:

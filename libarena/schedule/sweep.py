@@ -26,6 +26,7 @@ libarena.pipeline.sweep's.
 
 from __future__ import annotations
 
+import collections
 import os
 import string
 from collections.abc import Mapping
@@ -110,12 +111,12 @@ class SweepSpec:
             raise ArenaError("sweep: no variants")
         for what, names in (("trace", [t.name for t in self.traces]), ("policy", list(self.policies)),
                             ("seed", [str(s) for s in self.seeds]), ("variant", [v.name for v in self.variants])):
-            repeated = sorted({n for n in names if names.count(n) > 1})
+            repeated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
             if repeated:
                 raise ArenaError(f"sweep: {what} {repeated[0]!r} is given twice")
-            bad = [n for n in names if not n or "/" in n or n in (".", "..")]
+            bad = [n for n in names if not _folder_name(n)]
             if bad:
-                raise ArenaError(f"sweep: {what} name {bad[0]!r} cannot name a folder")
+                raise ArenaError(f"sweep: {what} name {brief(bad[0])} cannot name a folder")
         for policy in self.policies:
             get_policy(policy)  # an unknown policy is an error naming the known ones
         for variant in self.variants:
@@ -142,6 +143,23 @@ class SweepSpec:
                 raise ArenaError(f"sweep: layout {brief(layout)} lacks {{{dim}}}, but the sweep has {size} of them")
         if Path(layout).is_absolute() or ".." in Path(layout.format(trace="t", variant="v", seed=0)).parts:
             raise ArenaError(f"sweep: layout {brief(layout)} must stay inside the output folder")
+        if any(not _folder_name(part) for part in Path(layout.format(trace="t", variant="v", seed=0)).parts):
+            raise ArenaError(f"sweep: layout {brief(layout)} cannot name folders (a character that is not printable, "
+                             f"or a part of more than 255 bytes)")
+        groups: dict[str, tuple[str, str, int]] = {}
+        for trace in self.traces:  # two comparisons in one folder: the later would overwrite the earlier's runs
+            for variant in self.variants:
+                for seed in self.seeds:
+                    group = self.group(trace.name, variant.name, seed)
+                    if any(not _folder_name(part) for part in Path(group).parts):  # names joined past 255 bytes
+                        raise ArenaError(f"sweep: layout {brief(layout)} makes folder {brief(group)} for trace "
+                                         f"{brief(trace.name)}, variant {brief(variant.name)}, seed {seed}: a part of "
+                                         f"more than 255 bytes")
+                    other = groups.setdefault(group, (trace.name, variant.name, seed))
+                    if other != (trace.name, variant.name, seed):
+                        raise ArenaError(f"sweep: layout {brief(layout)} puts trace {brief(other[0])}, variant "
+                                         f"{brief(other[1])}, seed {other[2]} and trace {brief(trace.name)}, variant "
+                                         f"{brief(variant.name)}, seed {seed} in one folder ({brief(group or '.')})")
 
     @property
     def group_layout(self) -> str:
@@ -154,17 +172,29 @@ class SweepSpec:
     def simulator_config(self, seed: int) -> SimulatorConfig:
         return SimulatorConfig(tick_s=self.tick_s, horizon_s=self.horizon_s, seed=seed, overheads=self.overheads)
 
+    def group(self, trace: str, variant: str, seed: int) -> str:
+        """The folder (relative to the output) of one comparison; "" for the output itself."""
+        group = Path(self.group_layout.format(trace=trace, variant=variant, seed=seed)).as_posix()
+        return "" if group == "." else group
+
     def points(self) -> list[SweepPoint]:
         """Every simulation, by trace, variant, seed, then policy (the order of the spec)."""
         out = []
         for trace in self.traces:
             for variant in self.variants:
                 for seed in self.seeds:
-                    group = Path(self.group_layout.format(trace=trace.name, variant=variant.name, seed=seed)).as_posix()
-                    group = "" if group == "." else group
+                    group = self.group(trace.name, variant.name, seed)
                     out.extend(SweepPoint(trace, variant, seed, policy, group)
                                for policy in self.policies if variant.applies_to(policy))
         return out
+
+
+def _folder_name(name: str) -> bool:
+    """Whether a trace, variant or seed name (or a layout's part) can name a folder on every common file system,
+    and be shown: not empty, ``.`` or ``..``, no ``/``, only printable characters (no NUL, no other control or
+    invisible format character), at most 255 bytes."""
+    return (bool(name) and name not in (".", "..") and "/" not in name and name.isprintable()
+            and len(name.encode("utf-8", "surrogatepass")) <= 255)
 
 
 # -- reading a spec -------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ Formats are recognised by their header:
   its deadline is kept.
 - ``itp-raw``: ``job_id, submission_time, duration, num_gpu``. Adapted (below); deadline generated.
 
-An optional ``priority`` column (1 = highest) is honoured by Arena's queues.
+An optional ``priority`` column (1 = highest) is honoured by Arena's queues; a priority above the number of
+queues (P, ``--queues``) puts the job in the lowest queue, and its job record shows that queue. Other columns
+are not read: commands warn which ones they ignored (a misspelt column would otherwise pass unnoticed).
 
 Adaptation rule (the paper's §5.1: "for each job record (ID, submission time, duration), we randomly
 generate GPU count, type, model configurations, and iteration count"), seeded per job by ``(seed, job_id)``
@@ -30,12 +32,14 @@ so a job's adaptation does not depend on row order:
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
 import math
 import os
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +62,10 @@ MAX_TRACE_BYTES = 512 << 20
 MIN_DEADLINE_GAP_S = 0.001
 #: the longest job id (a UUID has 36 characters)
 MAX_JOB_ID_CHARS = 256
+#: a trace's header has the format's columns, priority and a few of its own; thousands are a damaged file
+MAX_COLUMNS = 1000
+#: a number as traces write them: decimal, optional sign, fraction and exponent, or nan/inf (refused by range)
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE | re.ASCII)
 
 FORMATS = {
     "arena-ae": ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu", "gpu_type"),
@@ -76,6 +84,15 @@ class Trace:
     jobs: list[JobSpec]
     skipped: list[str] = field(default_factory=list)
     adapted: bool = False
+    #: header columns the format does not read (a misspelt ``priorty`` would otherwise pass unnoticed)
+    ignored_columns: list[str] = field(default_factory=list)
+
+    def ignored_columns_note(self) -> str | None:
+        """The warning a command gives for :attr:`ignored_columns`, or None."""
+        if not self.ignored_columns:
+            return None
+        return (f"{self.source}: ignored column(s) {', '.join(brief(c) for c in self.ignored_columns)}: the "
+                f"{self.format} format reads {', '.join(FORMATS[self.format])} (and priority)")
 
 
 def detect_format(header: list[str], source: str) -> str:
@@ -120,6 +137,9 @@ def _num(row: dict, col: str, *, optional: bool = False) -> float | int | None:
         if optional:
             return None
         raise _RowError(col, "empty value")
+    # ASCII decimal notation only: float() also takes "1_000" and other scripts' digits, which no trace means
+    if not _DECIMAL.fullmatch(raw):
+        raise _RowError(col, f"not a number: {brief(raw)}")
     try:
         value = float(raw)
     except ValueError:
@@ -171,7 +191,9 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
         raise ArenaError(f"{source}: row 0 (header): malformed CSV ({exc})") from None
     if not header:
         raise ArenaError(f"{source}: empty trace (no header)")
-    repeated = [h for h in header if header.count(h) > 1]
+    if len(header) > MAX_COLUMNS:
+        raise ArenaError(f"{source}: row 0 (header): {len(header)} columns, more than {MAX_COLUMNS}")
+    repeated = [h for h, n in collections.Counter(header).items() if n > 1]
     if repeated:  # csv would keep the last one's values silently
         raise ArenaError(f"{source}: row 0 (header): column {brief(repeated[0])} is given twice")
     reader.fieldnames = header
@@ -201,7 +223,8 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
             skipped.append(msg)
     if not jobs:
         raise ArenaError(f"{source}: no usable jobs" + (f" ({len(skipped)} bad rows skipped)" if skipped else ""))
-    return Trace(source, fmt, jobs, skipped, adapted=fmt != "arena-ae")
+    ignored = [h for h in header if h not in FORMATS[fmt] and h != "priority"]
+    return Trace(source, fmt, jobs, skipped, adapted=fmt != "arena-ae", ignored_columns=ignored)
 
 
 def _csv_rows(reader: csv.DictReader, source: str) -> Iterator[tuple[int, dict]]:
@@ -415,6 +438,17 @@ def write_scaled_trace(source: str | os.PathLike[str], output: str | os.PathLike
         raise ArenaError(f"{source} is {'an' if trace.format[0] in 'aeiou' else 'a'} {trace.format} trace: its jobs' "
                          f"iteration counts are made from a performance table's rates, as simulate makes them; "
                          f"give --perf and --cluster")
+    if trace.adapted:
+        # a job of a (model, batch) the table lacks would get 1 iteration per second: simulate refuses (or skips)
+        # it, and so does scaling
+        covered = [j for j in trace.jobs if lookup.has(j.model, j.global_batch)]
+        if len(covered) < len(trace.jobs) and not skip_bad_rows:
+            lookup.check_covers([(j.model, j.global_batch) for j in trace.jobs], str(source))
+        skipped = trace.skipped + [f"{source}: row {j.row}, column 'model_name': {j.model} (batch {j.global_batch}) is "
+                                   f"not in {lookup.source}" for j in trace.jobs if not lookup.has(j.model, j.global_batch)]
+        if not covered:
+            raise ArenaError(f"{source}: no usable jobs ({len(skipped)} bad rows skipped)")
+        trace = dataclasses.replace(trace, jobs=covered, skipped=skipped)
     jobs = scale_trace(trace.jobs, scale)
     write_bytes(output, trace_csv(jobs).encode())
     return Trace(str(output), "arena-ae", jobs, trace.skipped, adapted=trace.adapted)

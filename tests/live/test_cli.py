@@ -637,3 +637,15 @@ def test_status_and_logs_of_a_database_with_damaged_values_are_one_line_errors(t
     conn.close()
     p = run(command, *(["job-1"] if command == "logs" else []), "--state", state, check_rc=2)
     assert needle in p.stderr and str(state) in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_serve_refuses_a_workdir_whose_parent_does_not_exist(tmp_path):
+    """Only the workdir itself is created: a mistyped parent is a one-line error, and nothing is made."""
+    from libarena.errors import ArenaError
+    from libarena.schedule.live.server import ServeConfig
+
+    cluster, perf = write_inputs(tmp_path)
+    with pytest.raises(ArenaError, match="does not exist \\(only the workdir itself is created\\)"):
+        ServeConfig(cluster, perf, tmp_path / "state.db", launcher="perf-table", workdir=tmp_path / "no" / "such" / "wd")
+    assert not (tmp_path / "no").exists()
+    ServeConfig(cluster, perf, tmp_path / "state.db", launcher="perf-table", workdir=tmp_path / "wd")  # its parent is

@@ -204,3 +204,32 @@ def test_a_trade_pays_both_restarts_and_neither_job_progresses_meanwhile():
     done = at - 390.0
     assert short.finish_time == at + 390.0 + (40000 - done) / 4
     assert short.overhead_s == 90.0 + 390.0
+
+
+def test_fairness_objective_moves_a_job_to_its_option_that_lowers_its_rho_most():
+    """A job on 2 A40s (2 samples/s) may move to 1 A100 (2.5), 2 A100s (5) or 4 A40s (4). Eq. 7 helps the job
+    furthest behind first, and with the option that lowers its finish-time fairness most: 2 A100s, as eq. 5
+    and the JCT objective choose here. Before, every option of a job scored its rho before the move, so the
+    first improving one in the options' order won (1 A100), and a second rescale was needed later."""
+    import heapq
+
+    from libarena.schedule.api import make_policy
+    from libarena.schedule.config import SimulatorConfig
+    from libarena.schedule.entities import JobState
+    from libarena.schedule.simulator import Simulator
+    from tests.schedule.helpers import workload
+
+    spec = cluster([("a100", 1, 2), ("a40", 1, 4)])
+    views = {("gpt__1.3B", "a100"): {1: 2.5, 2: 5.0}, ("gpt__1.3B", "a40"): {1: 1.0, 2: 2.0, 4: 4.0}}
+    table = hand_table({k: {v: d for v in ("ap", "arena", "dp")} for k, d in views.items()})
+    w = workload([job("b", "gpt__1.3B", 10**6, 2, "a40")], table, spec)
+    for objective in ("fairness", "throughput", "jct"):
+        policy = make_policy("arena", objective=objective, trade_margin=0.0)
+        sim = Simulator(w.jobs, w.perf, w.cluster, policy, SimulatorConfig(overheads=NO_OVERHEADS))
+        (b,) = sim.jobs
+        b.state, sim.queued_count, sim.pending_arrivals = JobState.QUEUED, 1, 0
+        assert sim.launch(b, sim.perf.type_index["a40"], 1)  # 2 A40s
+        heapq.heappop(sim.heap)[-1].handle(sim)  # its start: running
+        assert b.state == JobState.RUNNING
+        chosen, t2, c2 = policy._best_upgrade([p.free_total for p in sim.pools], set())
+        assert (chosen, sim.perf.gpu_types[t2], 1 << c2) == (b, "a100", 2), objective

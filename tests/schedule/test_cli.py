@@ -278,3 +278,18 @@ def test_a_perf_table_piped_on_stdin_is_named_by_its_content_in_the_provenance(i
     monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(stream.getvalue())))
     _, refs, keys = load_workload(d / "trace.csv", Path("-"), cluster)
     assert refs[1]["path"] == "stdin" and len(refs[1]["sha256"]) == 64 and refs[1] == keys[1]
+
+
+def test_columns_a_trace_format_does_not_read_are_named_in_a_warning(inputs):
+    """A misspelt column (``priorty``) is not read: simulate and trace stats say so on stderr (the run still
+    goes on: traces may carry columns of their own), and a trace without extra columns gets no such line."""
+    d, cluster = inputs
+    (d / "typo.csv").write_text(HEADER.strip() + ",priorty\n" + "\n".join(row + ",1" for row in ROWS[:3]) + "\n")
+    r = cli("simulate", "--trace", "typo.csv", "--perf", "perf.parquet", "--cluster", str(cluster), "--policy", "fcfs",
+            "-o", "typo-run", "--json", cwd=d)
+    assert r.returncode == 0, r.stderr
+    assert "typo.csv: ignored column(s) 'priorty'" in r.stderr
+    r = cli("trace", "stats", "typo.csv", "--json", cwd=d)
+    assert r.returncode == 0 and "ignored column(s) 'priorty'" in r.stderr
+    r = cli("trace", "stats", "trace.csv", "--json", cwd=d)
+    assert r.returncode == 0 and "ignored" not in r.stderr

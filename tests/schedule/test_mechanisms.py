@@ -451,3 +451,113 @@ def test_a_job_arriving_in_a_lower_queue_sets_arenas_next_promotion_and_a_withdr
     assert policy.next_promotion == 700.0
     policy.withdraw(top)
     assert policy.queue == [low] and policy.next_promotion == 700.0
+
+
+def test_a_window_of_exactly_max_ticks_ticks_runs_and_one_more_is_refused_before_it_starts():
+    """Ticks fall at the run's start and every tick_s up to the horizon: a 2,700 s window of 300 s ticks has 10.
+    With --max-ticks 10 it runs to its horizon (before, its last tick raised the limit's error); a 3,000 s
+    window has 11 and is refused up front (before, it passed that check and failed at its end)."""
+    from libarena.schedule.api import make_policy, run_policy
+    from libarena.schedule.config import SimulatorConfig
+    from tests.schedule.helpers import workload
+
+    spec = cluster([("a100", 1, 8)])
+    table = hand_table({("gpt__1.3B", "a100"): {v: {8: 8.0} for v in ("ap", "arena", "dp")}})
+    w = workload([job("long", "gpt__1.3B", 100_000, 8, "a100")], table, spec)
+
+    def config(horizon: float) -> SimulatorConfig:
+        return SimulatorConfig(tick_s=300.0, horizon_s=horizon, max_ticks=10, overheads=NO_OVERHEADS)
+
+    res = run_policy(w, make_policy("fcfs"), config(2700.0))
+    assert res.stopped_by == "horizon" and len(res.ts_time) == 10 and res.end_time == 2700.0
+    with pytest.raises(ArenaError, match="needs at least 11 scheduling ticks"):
+        run_policy(w, make_policy("fcfs"), config(3000.0))
+
+
+def test_a_run_whose_last_arrival_is_never_placeable_ends_at_that_arrival():
+    """The last job arrives at 200 s and fits no configuration of the cluster; the other ended at 100 s. The run
+    ends at 200 s, as it ends at a last completion, not at the next tick (300 s)."""
+    import dataclasses
+
+    from libarena.schedule.metrics import summarize
+
+    spec = cluster([("a100", 1, 8)])
+    table = hand_table({("gpt__1.3B", "a100"): {v: {1: 256.0} for v in ("ap", "arena", "dp")},
+                        ("gpt__2.6B", "a100"): {v: {16: 256.0} for v in ("ap", "arena", "dp")}})  # 16 GPUs only
+    never = dataclasses.replace(job("never", "gpt__1.3B", 1, 1, "a100", row=2), model="gpt__2.6B", submit_time=200.0)
+    res = simulate([job("ok", "gpt__1.3B", 100, 1, "a100", submit=0.0, row=1), never], table, spec, "fcfs",
+                   overheads=NO_OVERHEADS)
+    assert [bool(j.unschedulable) for j in res.jobs] == [False, True]
+    assert res.end_time == 200.0 and summarize(res)["makespan_s"] == 200.0
+
+
+def test_elasticflow_admits_a_job_that_meets_its_deadline_by_starting_when_another_ends():
+    """8 GPUs, three jobs of 3,200 s on 4 GPUs each (their only count), due in a day. The first two take all the
+    GPUs; the third cannot start now but meets its deadline once one ends. ElasticFlow's admission plans over
+    time (the artifact's time slots), so it admits the third job and runs it then; before, admission asked
+    whether its share fitted now and dropped it."""
+    spec = cluster([("a100", 2, 4)])
+    table = hand_table({("gpt__1.3B", "a100"): {v: {4: 8.0} for v in ("ap", "arena", "dp")}})
+    jobs = [job(f"j{i}", "gpt__1.3B", 100, 4, "a100", submit=10.0 * i, deadline=86400.0, row=i + 1) for i in range(3)]
+    for policy in ("elasticflow", "elasticflow-ls"):
+        res = simulate(jobs, table, spec, policy, overheads=NO_OVERHEADS)
+        rec = job_records(res).to_pydict()
+        assert rec["status"] == ["finished"] * 3 and all(rec["met_deadline"]), policy
+        assert all(j.policy_state["admitted"] for j in res.jobs), policy  # not run as best effort
+        assert max(rec["finish_time_s"]) == pytest.approx(6400.0, abs=300.0)
+
+
+def test_elasticflow_refuses_a_job_whose_deadline_falls_before_the_gpus_it_waits_for_are_free():
+    """As above, but the third job is due 5,000 s after it arrives: it would finish at 6,400 s at the earliest
+    (planned after one of the first two ends, 3,200 s, with nothing faster on 8 GPUs free only then), so
+    ElasticFlow drops it and ElasticFlow-LS (deadlines stretched 2x: 10,020 s) admits it."""
+    spec = cluster([("a100", 2, 4)])
+    table = hand_table({("gpt__1.3B", "a100"): {v: {4: 8.0} for v in ("ap", "arena", "dp")}})
+    jobs = [job(f"j{i}", "gpt__1.3B", 100, 4, "a100", submit=10.0 * i, deadline=86400.0, row=i + 1) for i in range(2)]
+    jobs.append(job("j2", "gpt__1.3B", 100, 4, "a100", submit=20.0, deadline=5020.0, row=3))
+    ef = job_records(simulate(jobs, table, spec, "elasticflow", overheads=NO_OVERHEADS)).to_pydict()
+    assert ef["status"] == ["finished", "finished", "dropped"]
+    res = simulate(jobs, table, spec, "elasticflow-ls", overheads=NO_OVERHEADS)
+    ls = job_records(res).to_pydict()
+    assert ls["status"] == ["finished"] * 3 and ls["finish_time_s"][2] <= 20.0 + 2 * 5000.0
+    assert res.jobs[2].policy_state["admitted"]  # admitted on its stretched deadline, not run as best effort
+
+
+def test_elasticflow_runs_jobs_without_a_deadline_as_best_effort():
+    """A job without a deadline has none to miss: ElasticFlow never drops it, and it holds no admitted share, so
+    a job with a deadline that arrives after it is admitted on GPUs it would otherwise have counted as taken.
+    Before, such a job was admitted with its smallest share and dropped when that did not fit (free2), and
+    admitted shares of deadline-free jobs made the deadline job look infeasible (ddl)."""
+    spec = cluster([("a100", 2, 4)])
+    table = hand_table({("gpt__1.3B", "a100"): {v: {4: 4.0, 8: 8.0} for v in ("ap", "arena", "dp")}})
+    free = [job(f"free{i}", "gpt__1.3B", 100, 4, "a100", submit=0.0, row=i + 1) for i in range(3)]
+    rec = job_records(simulate(free, table, spec, "elasticflow", overheads=NO_OVERHEADS)).to_pydict()
+    assert rec["status"] == ["finished"] * 3
+    mixed = [job("free", "gpt__1.3B", 100, 8, "a100", submit=0.0, row=1),
+             job("free-b", "gpt__1.3B", 100, 4, "a100", submit=0.0, row=2),
+             job("ddl", "gpt__1.3B", 100, 4, "a100", submit=10.0, deadline=86400.0, row=3)]
+    rec = job_records(simulate(mixed, table, spec, "elasticflow", overheads=NO_OVERHEADS)).to_pydict()
+    assert rec["status"] == ["finished"] * 3 and rec["met_deadline"][2]
+    # what running best-effort jobs hold is not free: a job due before either ends (6,400 s) cannot be admitted
+    tight = [*mixed[:2], job("ddl", "gpt__1.3B", 50, 4, "a100", submit=10.0, deadline=5010.0, row=3)]
+    rec = job_records(simulate(tight, table, spec, "elasticflow", overheads=NO_OVERHEADS)).to_pydict()
+    assert rec["status"] == ["finished", "finished", "dropped"]
+
+
+def test_a_run_that_ends_by_completion_within_exactly_max_ticks_ticks_runs():
+    """A job of 2,750 s alone on a 300 s tick needs the ticks at 0, 300, ..., 2,700 s: 10. With --max-ticks 10 it
+    finishes, with or without a horizon far beyond it (before, its tenth tick raised the limit's error); with
+    9 it is refused up front."""
+    from libarena.schedule.api import make_policy, run_policy
+    from libarena.schedule.config import SimulatorConfig
+    from tests.schedule.helpers import workload
+
+    spec = cluster([("a100", 1, 8)])
+    table = hand_table({("gpt__1.3B", "a100"): {v: {8: 256.0} for v in ("ap", "arena", "dp")}})  # 1 iteration/s
+    w = workload([job("j", "gpt__1.3B", 2750, 8, "a100")], table, spec)
+    for horizon in (None, 1e6):
+        res = run_policy(w, make_policy("fcfs"), SimulatorConfig(tick_s=300.0, horizon_s=horizon, max_ticks=10,
+                                                                 overheads=NO_OVERHEADS))
+        assert res.jobs[0].finish_time == 2750.0 and len(res.ts_time) == 10
+    with pytest.raises(ArenaError, match="needs at least 10 scheduling ticks"):
+        run_policy(w, make_policy("fcfs"), SimulatorConfig(tick_s=300.0, max_ticks=9, overheads=NO_OVERHEADS))

@@ -447,3 +447,20 @@ def test_the_embedded_ray_keeps_the_tools_signal_handlers():
         ray.shutdown()
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+@pytest.mark.parametrize("traces,layout,needle", [
+    # trace a1 at seed 1 and trace a at seed 11 are both a11: the later comparison would overwrite the earlier's
+    (["a1=a.csv", "a=b.csv"], "{trace}{seed}", "puts trace 'a1', variant 'default', seed 1 and trace 'a', variant "
+                                              "'default', seed 11 in one folder ('a11')"),
+    (["a\x00b=a.csv", "b=b.csv"], None, "trace name 'a\\x00b' cannot name a folder"),
+    (["a=a.csv", "b=b.csv"], "{trace}\x00/{seed}", "cannot name folders (a character that is not printable"),
+    ([f"{'a' * 200}=a.csv", f"{'b' * 200}=b.csv"], "{trace}-{trace}/{seed}", "a part of more than 255 bytes"),
+    (["a=a.csv", "b=b.csv"], "{trace}/" + "x" * 256 + "{seed}", "cannot name folders"),
+])
+def test_layouts_and_names_that_cannot_give_each_comparison_a_folder_of_its_own_are_refused(tmp_path, traces, layout,
+                                                                                           needle):
+    """Two comparisons in one folder, or a name no file system takes (a NUL byte made mkdir fail with an internal
+    error), are refused before anything runs."""
+    with pytest.raises(ArenaError, match=re.escape(needle)):
+        build_sweep_spec(traces=traces, perfs=["p.parquet"], cluster="c.yaml", seeds="1,11", layout=layout)

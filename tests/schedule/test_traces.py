@@ -178,3 +178,56 @@ def test_an_elasticflow_row_due_before_its_submission_is_refused(tmp_path):
     with pytest.raises(ArenaError, match="row 2, column 'deadline': deadline 800 s is not after the submission time 900 s"):
         read_trace(p)
     assert [j.job_id for j in read_trace(p, skip_bad_rows=True).jobs] == ["a"]
+
+
+def test_a_trace_names_the_columns_its_format_does_not_read():
+    header = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type"
+    row = "j1,0,100,gpt__1.3B,,256,4,a100"
+    assert read_trace("t", text=f"{header}\n{row}\n").ignored_columns == []
+    assert read_trace("t", text=f"{header},priority\n{row},2\n").ignored_columns == []
+    tr = read_trace("t", text=f"{header},priorty,user\n{row},2,alice\n")
+    assert tr.ignored_columns == ["priorty", "user"] and tr.jobs[0].priority is None
+    assert tr.ignored_columns_note().startswith("t: ignored column(s) 'priorty', 'user': the arena-ae format reads job_id")
+
+
+@pytest.mark.parametrize("value", ["1_000", "\u0661\u0660\u0660", "１００"])
+def test_numbers_in_other_notations_than_ascii_decimal_are_bad_rows(value):
+    """float() reads "1_000" and other scripts' digits; a trace means neither."""
+    header = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type"
+    with pytest.raises(ArenaError, match="column 'num_iteration': not a number"):
+        read_trace("t", text=f"{header}\nj1,0,{value},gpt__1.3B,,256,4,a100\n")
+    assert read_trace("t", text=f"{header}\nj1,0,1e3,gpt__1.3B,,256,4,a100\n").jobs[0].num_iterations == 1000
+
+
+def test_a_header_of_more_columns_than_any_trace_has_is_refused_at_once():
+    """Thousands of columns are a damaged file: refused in one line (before, the duplicate-column check took
+    time growing with the square of their count: minutes for 100,000)."""
+    import time
+
+    header = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type"
+    text = header + "," + ",".join(f"c{i}" for i in range(100_000)) + "\nj1,0,100,gpt__1.3B,,256,4,a100\n"
+    start = time.perf_counter()
+    with pytest.raises(ArenaError, match="100008 columns, more than 1000"):
+        read_trace("t", text=text)
+    assert time.perf_counter() - start < 10
+
+
+def test_scaling_an_adapted_trace_refuses_jobs_the_table_cannot_rate(tmp_path):
+    """trace scale --perf adapts an ElasticFlow or raw trace with the table's rates: a job whose (model, batch)
+    the table lacks would get 1 iteration per second, so it is refused, or left out with --skip-bad-rows, as
+    simulate does (before, it was written with the invented count)."""
+    from libarena.schedule.traces import TraceScale, write_scaled_trace
+    from tests.schedule.perf_fixtures import write_perf
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("name: c\nnode_groups:\n  - {gpu_type: a100, nodes: 2, gpus_per_node: 8}\n")
+    raw = tmp_path / "raw.csv"
+    raw.write_text("job_id,submission_time,duration,num_gpu\n" + "\n".join(f"j{i},{60 * i},3600,2" for i in range(30)) + "\n")
+    perf = tmp_path / "perf.parquet"
+    write_perf(perf, [("gpt__1.3B", 256)], ["a100"])  # one pair of the many the adaptation draws
+    with pytest.raises(ArenaError, match="lacks .* \\(model, global batch\\) used by"):
+        write_scaled_trace(raw, tmp_path / "out.csv", TraceScale(2), cluster=cluster, perf=perf)
+    assert not (tmp_path / "out.csv").exists()
+    kept = write_scaled_trace(raw, tmp_path / "out.csv", TraceScale(2), cluster=cluster, perf=perf, skip_bad_rows=True)
+    assert kept.skipped and all(j.model == "gpt__1.3B" and j.global_batch == 256 for j in kept.jobs)
+    assert len(kept.jobs) == 2 * (30 - len(kept.skipped))

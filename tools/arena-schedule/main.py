@@ -244,6 +244,8 @@ def trace_stats_cmd(
 
     types = load_cluster(cluster).gpu_types if cluster else None
     tr = read_trace(file, gpu_types=types, seed=seed, skip_bad_rows=skip_bad_rows)
+    if tr.ignored_columns_note():
+        Reporter().warn(tr.ignored_columns_note())
     if tr.skipped:
         Reporter().warn(f"skipped {len(tr.skipped)} bad row(s); first: {tr.skipped[0]}")
     stats = trace_stats(tr)

@@ -81,6 +81,10 @@ class ServeConfig:
         if Path(self.cluster).exists() and not Path(self.cluster).is_file():
             raise ArenaError(f"--cluster {self.cluster}: serve reads its cluster again at every restart (and binds "
                              "the state to its content): give a regular file")
+        workdir = None if self.workdir is None else Path(self.workdir).absolute()
+        if workdir is not None and not workdir.exists() and not workdir.parent.is_dir():  # a mistyped parent
+            raise ArenaError(f"--workdir {self.workdir}: directory {workdir.parent} does not exist (only the workdir "
+                             f"itself is created)")
         from libarena.schedule.live.launchers.base import LAUNCHERS
 
         if self.launcher in LAUNCHERS:  # an unknown one is refused, with the known ones, where it is made

@@ -337,7 +337,7 @@ class ArenaPolicy(Policy):
                         break
             return None if best is None else (best[-1], best[3], best[4])
         best = None
-        best_score = 0.0
+        best_score = None  # a float, or a tuple compared in order (the fairness objective's)
         for job in self.sim.active.values():
             if job.state != JobState.RUNNING:
                 continue

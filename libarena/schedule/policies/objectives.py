@@ -146,13 +146,15 @@ class FairnessObjective(ThroughputObjective):
         t, c = a.type_index, a.count_index - 1
         return self.rho(job, t, c, self.sim.rescale_overhead(job, t, c))
 
-    def upgrade_score(self, job: Job, t2: int, c2: int) -> float | None:
+    def upgrade_score(self, job: Job, t2: int, c2: int) -> tuple[float, float] | None:
         a = job.alloc
         before = self.rho(job, a.type_index, a.count_index)
         after = self.rho(job, t2, c2, self.sim.rescale_overhead(job, t2, c2))
         if not after < before:
             return None
-        return before  # help the job furthest behind first
+        # help the job furthest behind first, and with its option that helps it most (rho before alone would tie
+        # all of a job's options, and the first improving one in their order would win)
+        return before, before - after
 
 
 class JCTObjective(ThroughputObjective):
