@@ -37,9 +37,15 @@ Communication of a stage, split as eq. 4 needs it:
   the dp group, or under ZeRO-1 a reduce-scatter of the gradients plus an all-gather of the updated
   weights (same bandwidth volume, twice the latency steps -- so ZeRO is chosen only when memory needs it).
 
-Known simplifications: all weights and saved activations count as TP-sharded (Megatron keeps layer-norm
-inputs and dropout masks replicated, so TP memory is slightly optimistic); recomputation is all or nothing per
-stage (every unit of the stage recomputes);
+Known simplifications, with what they were measured to cost on CPU (XLA's own placement, 2026-12-07 review):
+all weights and saved activations count as TP-sharded, but XLA's SPMD partition keeps a large share of the saved
+activations replicated over tp (per device 1.32x the estimate at tp = 2 and 1.95x at tp = 4 for gpt__small in
+bf16; whole stages at tp = 2 1.10-1.24x), so memory under TP is optimistic; the optimizer update's temporaries
+(the reduced gradient and the update's own buffers, up to twice the parameter bytes on XLA:CPU) are not counted,
+which matters where activations are small (recomputation, many micro-batches: a stage's update peak up to 1.36x
+the estimate at dp = 4); the runtime's ZeRO-1 step all-reduces the gradients and all-gathers the weights, 1.5x
+the volume priced; a recomputing stage repeats only some of its forward collectives (1.22x for gpt__tiny at
+tp = 2, not 1.5x). Recomputation is all or nothing per stage (every unit of the stage recomputes);
 MoE expert weights are replicated across dp and split over tp, as the runtime keeps them (the zoo's MoE blocks
 declare no all-to-all: their experts' combine is a tp all-reduce).
 """

@@ -12,8 +12,9 @@ import pyarrow as pa
 
 from libarena.artifacts import Provenance, read_table, write_table
 from libarena.artifacts.registry import get_kind
-from libarena.checks import MAX_BATCH
+from libarena.checks import MAX_BATCH, MAX_GPUS, brief
 from libarena.errors import ArenaError
+from libarena.hardware import get_gpu
 from libarena.plan.config import runnable_microbatch_count
 from libarena.plan.grids import Grid
 from libarena.plan.layout import StageLayout
@@ -183,6 +184,7 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
         raise ArenaError(f"{source}: plans for {models[0]} but the operator table in metadata is for {meta['model']['name']}")
     rows = artifact.table.to_pylist()
     rows_per_grid = Counter(_grid_key(row) for row in rows)
+    plan_rows: dict[tuple[str, str], int] = {}  # (GPU type, plan id): plans of the local host reuse ids across types
     for r, row in enumerate(rows, start=1):
         def bad(column: str, problem: str) -> ArenaError:
             return ArenaError(f"{source}: row {r}, column {column!r}: {problem}")
@@ -193,6 +195,20 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
         for column in _POSITIVE_INTS:
             if row[column] is None or row[column] <= 0:
                 raise bad(column, f"expected a positive integer, got {row[column]!r}")
+        if costs:  # the planner priced the plan on a catalogue GPU (plans of the local host's devices are "cpu")
+            try:
+                get_gpu(row["gpu_type"])
+            except ArenaError as exc:
+                raise bad("gpu_type", str(exc)) from None
+        n = row["num_gpus"]
+        if n > MAX_GPUS or n & (n - 1) or n > row["num_nodes"] * row["gpus_per_node"]:
+            raise bad("num_gpus", f"{n} is not a power of two that {row['num_nodes']} node(s) of {row['gpus_per_node']} "
+                                  f"GPUs hold")
+        if not str(row["plan_id"]).strip():
+            raise bad("plan_id", "empty plan id")
+        first = plan_rows.setdefault((row["gpu_type"], row["plan_id"]), r)
+        if first != r:
+            raise bad("plan_id", f"{brief(row['plan_id'])} is also row {first}'s, of the same GPU type")
         for column in ("plans_considered", "plans_out_of_memory"):
             if row[column] is not None and row[column] < 0:
                 raise bad(column, f"expected a non-negative integer, got {row[column]!r}")
@@ -232,9 +248,13 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
             raise bad("p2p_per_microbatch_s", f"expected {degree - 1} finite non-negative values (one per stage "
                                               f"boundary), got {p2p!r}")
         gpus, dp, tp = row["gpus_per_stage"], row["dp_per_stage"], row["tp_per_stage"]
-        if any(g != d * t or g <= 0 for g, d, t in zip(gpus, dp, tp)) or sum(gpus) != row["num_gpus"]:
-            raise bad("gpus_per_stage", f"stages {gpus!r} (dp {dp!r} x tp {tp!r}) do not use the grid's "
-                                        f"{row['num_gpus']} GPUs")
+        if (any(g != d * t or g <= 0 or g & (g - 1) for g, d, t in zip(gpus, dp, tp))
+                or sum(gpus) != row["num_gpus"]):
+            raise bad("gpus_per_stage", f"stages {gpus!r} (dp {dp!r} x tp {tp!r}) are not powers of two that use "
+                                        f"the grid's {row['num_gpus']} GPUs")
+        for column in ("zero_per_stage", "remat_per_stage"):
+            if any(v not in (0, 1) for v in row[column]):
+                raise bad(column, f"expected 0 or 1 per stage (off or on), got {row[column]!r}")
         offsets = row["stage_gpu_offsets"]
         if offsets:
             # each stage on GPUs of its own inside the grid, at a multiple of its size (the planner's buddy

@@ -235,12 +235,22 @@ def worker_view(spec: StageSpec) -> WorkerView:
                 elements.append(max(1, math.ceil(n / spec.zero_shards)))
         return WorkerView(spec, params, axes, carry, batch, tp_view, local_batch, elements, int_modulo)
 
-    if spec.tp == 1:
-        return build(VIEW_NONE)
     try:
-        return build(VIEW_SHARDED)
-    except (TypeError, ValueError):
-        return build(VIEW_BATCH_EQUIVALENT)
+        if spec.tp == 1:
+            return build(VIEW_NONE)
+        try:
+            return build(VIEW_SHARDED)
+        except (TypeError, ValueError):
+            return build(VIEW_BATCH_EQUIVALENT)
+    except (TypeError, ValueError) as exc:
+        if spec.seq_len is None:
+            raise  # at the model's own shapes every stage builds: a failure is a bug, not an input's problem
+        # shapes the model cannot take (a plans file's sequence length past the model's positions): the input's
+        # problem, named as arena-analyze names it
+        first = " ".join(str(exc).split())[:200]
+        raise ArenaError(f"{spec.model} cannot be built at micro-batch {spec.micro_batch}"
+                         f"{'' if spec.seq_len is None else f', seq_len {spec.seq_len}'} (units {spec.start}-{spec.stop}): "
+                         f"{first}") from None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,9 @@ def parse_grid(text: str) -> GridSpec:
 
 
 def load_plans(path: str, model: str, global_batch: int) -> Any:
-    """The plans artifact as an arena-plan PlanSet, checked against the job."""
+    """The plans artifact as an arena-plan PlanSet, checked against the job (its model, global batch and the
+    sequence length the runtime trains at)."""
+    from libarena.models import get_model
     from libarena.plan import read_plans
 
     planset = read_plans(path, require_costs=False)  # the runtime runs a plan's structure, not its estimates
@@ -54,7 +57,40 @@ def load_plans(path: str, model: str, global_batch: int) -> Any:
         raise ArenaError(f"{path} holds plans for model {planset.model_name!r}, not {model!r}")
     if planset.global_batch != global_batch:
         raise ArenaError(f"{path} was planned for global batch {planset.global_batch}, not {global_batch}")
+    definition = get_model(model)
+    if planset.seq_len and definition.batch_shapes(1, planset.seq_len) != definition.batch_shapes(1, None):
+        raise ArenaError(f"{path} was planned at sequence length {planset.seq_len}; the runtime trains {model} at its "
+                         f"own: analyze it again without --seq-len")
     return planset
+
+
+def run_dtype(request: RunRequest, planset: Any, checkpoint_dtype: str | None) -> tuple[str, str | None]:
+    """The run's compute dtype and, where it is not the plans', why. A new job trains in the dtype its plans were
+    analysed and priced in (another would hold other memory and take other times than its plan promised:
+    refused), fp32 for plans that record none; a job resumed from a checkpoint keeps the checkpoint's dtype (a
+    job checkpointed before arena-run followed its plans' dtype goes on as it was trained)."""
+    planned = normalize_dtype(planset.dtype) if planset.dtype else "fp32"
+    resumed = None if checkpoint_dtype is None else normalize_dtype(checkpoint_dtype)
+    if request.dtype is not None and request.dtype not in (planned, resumed):
+        raise ArenaError(f"{request.plans_path} was planned for {planned}, not --dtype {request.dtype}: leave --dtype out, "
+                         f"or make plans in {request.dtype} (arena-analyze --dtype {request.dtype}, then arena-plan)")
+    dtype = request.dtype or resumed or planned
+    if dtype == planned:
+        return dtype, None
+    return dtype, (f"resuming in {dtype}, the dtype the checkpoint was trained in; the plans were priced in {planned} "
+                   f"(their memory and times are for {planned})")
+
+
+def _checkpoint_dtype(request: RunRequest, model: Any) -> str | None:
+    """The compute dtype of the newest usable checkpoint in --checkpoint-dir (None: none to resume from)."""
+    from libarena.run.checkpoint import CheckpointStore
+
+    store = CheckpointStore(request.checkpoint_dir)
+    try:
+        meta, _ = store.newest_usable(model, request.global_batch, request.data_seed, request.optimizer)
+    finally:
+        store.close()
+    return None if meta is None else meta.dtype
 
 
 def select_plan(planset: Any, grid: GridSpec | None, plan_id: str | None) -> Any:
@@ -102,7 +138,8 @@ class RunRequest:
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     seed: int = 0
     data_seed: int = 0
-    dtype: str = "fp32"
+    #: the compute dtype; None: the plans file's (plans are priced for the dtype they were analysed in)
+    dtype: str | None = None
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     #: train on host CPU devices standing in for the GPUs (None: on the embedded cluster, whose machine may have
     #: no accelerator; a joined cluster's nodes train on their GPUs)
@@ -124,7 +161,8 @@ class RunRequest:
         if self.selection not in SELECTIONS:
             raise ArenaError(f"--search: unknown selection {self.selection!r} (one of {', '.join(SELECTIONS)})")
         try:  # checked here, not first on a Ray worker; one spelling, the one a checkpoint records
-            object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+            if self.dtype is not None:
+                object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         except ArenaError as exc:
             raise ArenaError(f"--dtype: {exc}") from None
         if not self.use_ray and self.address:
@@ -188,6 +226,8 @@ def run(request: RunRequest) -> dict[str, Any]:
     if not request.use_ray:
         ensure_host_devices(request.local.num_devices)  # before anything imports JAX
     model, planset, grid = _prepare(request)
+    dtype, dtype_note = run_dtype(request, planset, _checkpoint_dtype(request, model))
+    request = dataclasses.replace(request, dtype=dtype)
     resumed_from, skipped = _check_checkpoint(request, model)
     searching = request.selection in ("pruned", "full")
     if searching and grid is None:
@@ -198,7 +238,10 @@ def run(request: RunRequest) -> dict[str, Any]:
     need = chosen.num_gpus if chosen else grid.num_gpus
     started_ray = False
     report: dict[str, Any] = {"model": model.name, "global_batch": request.global_batch, "selection": request.selection,
-                              "steps": request.steps, "resumed_from": resumed_from, "skipped_checkpoints": skipped}
+                              "steps": request.steps, "dtype": request.dtype, "resumed_from": resumed_from,
+                              "skipped_checkpoints": skipped}
+    if dtype_note:
+        report["dtype_note"] = dtype_note
     try:
         if request.use_ray:
             hosts = job_hosts(request, gpu_type, need if chosen else None)

@@ -547,12 +547,16 @@ class PipelineExecutor:
 
 
 def live_bytes_per_device() -> dict[int, int]:
+    """Bytes of the process's live JAX arrays on each of its devices. Sizes come from the arrays' shardings:
+    reading a shard's ``data`` would make a new array per shard, which the next call would count as well."""
     import jax
 
     out: dict[int, int] = defaultdict(int)
     for array in jax.live_arrays():
         if array.is_deleted():
             continue
-        for shard in array.addressable_shards:
-            out[shard.device.id] += int(np.prod(shard.data.shape)) * array.dtype.itemsize
+        sharding = array.sharding
+        nbytes = int(np.prod(sharding.shard_shape(array.shape))) * array.dtype.itemsize
+        for device in sharding.addressable_devices:
+            out[device.id] += nbytes
     return dict(out)

@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from libarena.checks import MAX_SEED, Range, check_fields
+from libarena.checks import MAX_BATCH, MAX_SEED, Range, check_fields
 from libarena.errors import ArenaError
 from libarena.models import ModelDef
 from libarena.hardware import get_gpu
 from libarena.plan import (MICROBATCHES_PER_STAGE, Grid, ParallelPlan, StageLayout, make_plan, planned_microbatch_count,
-                           runnable_microbatch_count)
+                           runnable_microbatch_count, stage_offsets)
 from libarena.plan.costs import intra_stage_options
 from libarena.plan.partition import computation_bias, partitions, power_of_two_compositions
 from libarena.run.plan import RunPlan
@@ -49,8 +49,11 @@ class SearchConfig:
     #: Untimed steps (the first compiles) and timed steps per candidate.
     warmup_steps: int = 1
     timed_steps: int = 2
-    #: Micro-batches B = microbatches_per_stage x s, as arena-plan does, reduced until B divides the batch.
+    #: Micro-batches B = microbatches_per_stage x s, as arena-plan does, reduced until B divides the batch
+    #: (``num_microbatches``: a fixed B instead). The pruned search takes both from the plans file's planner
+    #: settings, so that its candidates run at the B the frontier plans were priced at.
     microbatches_per_stage: int = MICROBATCHES_PER_STAGE
+    num_microbatches: int | None = None
     allow_zero: bool = True
     #: Also try activation recomputation in every stage of the full space and of the stages the Pareto plans
     #: do not fix (rule 3 keeps a Pareto stage's own choice, recomputation included). Off by default: the
@@ -64,7 +67,22 @@ class SearchConfig:
             "warmup_steps": Range("warmup_steps", 0, 1000, integer=True),
             "timed_steps": Range("--search-steps", 1, 1000, integer=True),
             "microbatches_per_stage": Range("microbatches_per_stage", 1, 1024, integer=True),
+            "num_microbatches": Range("num_microbatches", 1, MAX_BATCH, integer=True, optional=True),
         })
+
+    def microbatches(self, global_batch: int, stages: int) -> int:
+        """B of a candidate with ``stages`` stages."""
+        return planned_microbatch_count(global_batch, stages, self.microbatches_per_stage, self.num_microbatches)
+
+    def as_planned(self, planner: Mapping[str, Any]) -> SearchConfig:
+        """This search with the micro-batch settings a plans file's planner used (``PlanSet.planner``)."""
+        per_stage = planner.get("microbatches_per_stage", self.microbatches_per_stage)
+        fixed = planner.get("num_microbatches", self.num_microbatches)
+        for name, value in (("microbatches_per_stage", per_stage), ("num_microbatches", fixed)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ArenaError(f"the plans file's planner setting {name!r} is damaged (not an integer: {str(value):.40})")
+        # (ranges: this config's own checks)
+        return replace(self, microbatches_per_stage=per_stage, num_microbatches=fixed)
 
 
 @dataclass
@@ -160,11 +178,15 @@ class SearchSpace:
 
     def make_plan(self, bounds: Sequence[int], choices: Sequence[tuple[int, int, int, bool, bool]], num_microbatches: int,
                   tag: str) -> RunPlan:
-        """A candidate plan: stage j starts at cluster ``bounds[j]`` with ``choices[j]`` = (GPUs, dp, tp, zero, remat)."""
+        """A candidate plan: stage j starts at cluster ``bounds[j]`` with ``choices[j]`` = (GPUs, dp, tp, zero, remat),
+        its stages placed on the grid's GPUs as the planner places them (buddy: largest first, each at a multiple
+        of its size, so a stage that fits a node stays in one)."""
         spec = "_".join(f"{a}:{g}g{dp}x{tp}{'z' if z else ''}{'r' if r else ''}" for a, (g, dp, tp, z, r) in zip(bounds, choices))
-        plan = make_plan(self.grid(len(bounds)), bounds, [c[0] for c in choices], [c[1] for c in choices],
+        gpus = [c[0] for c in choices]
+        plan = make_plan(self.grid(len(bounds)), bounds, gpus, [c[1] for c in choices],
                          [c[2] for c in choices], [int(c[3]) for c in choices], num_microbatches, self.num_clusters,
-                         f"{tag}-s{len(bounds)}-{spec}", remat=[int(c[4]) for c in choices])
+                         f"{tag}-s{len(bounds)}-{spec}", offsets=stage_offsets(np.array([gpus]))[0].tolist(),
+                         remat=[int(c[4]) for c in choices])
         return RunPlan.from_plan(plan, self.layout, self.model)
 
     def valid(self, plan: RunPlan) -> bool:
@@ -176,7 +198,7 @@ def full_space(space: SearchSpace, config: SearchConfig) -> list[RunPlan]:
     out = []
     n, O = space.num_gpus, space.num_clusters
     for s in range(1, min(n, O) + 1):
-        B = planned_microbatch_count(space.global_batch, s, config.microbatches_per_stage)
+        B = config.microbatches(space.global_batch, s)
         starts, _ = partitions(O, s)
         for bounds in starts.tolist():
             for gpus in power_of_two_compositions(n, s):
@@ -202,7 +224,7 @@ def pruned_space(space: SearchSpace, frontier: Sequence[Any], pipeline_degree: i
         for st in p.stages:
             fixed.setdefault((st.first_cluster, st.end_cluster), set()).add(st.intra)
     s, n, O = pipeline_degree, space.num_gpus, space.num_clusters
-    B = planned_microbatch_count(space.global_batch, s, config.microbatches_per_stage)
+    B = config.microbatches(space.global_batch, s)
     out, seen = [], set()
     starts, _ = partitions(O, s)
     for bounds in starts.tolist():
@@ -299,7 +321,7 @@ def pruned_search(space: SearchSpace, planset: Any, measure: MeasureFn, config: 
         pipeline_degree = min(ok, key=lambda t: t.step_time_s).plan.pipeline_degree
     if pipeline_degree not in grids:
         raise ArenaError(f"the plans file has no feasible {space.gpu_type} x{space.num_gpus} grid with {pipeline_degree} stages")
-    plans = pruned_space(space, grids[pipeline_degree].frontier, pipeline_degree, config)
+    plans = pruned_space(space, grids[pipeline_degree].frontier, pipeline_degree, config.as_planned(planset.planner))
     chosen = _sample(plans, config)
     result = SearchResult("pruned", space.gpu_type, space.num_gpus, len(plans), len(chosen), _run_trials(chosen, measure, space.num_gpus),
                           pipeline_degree, selection_cost)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -608,3 +609,35 @@ def test_stage_collectives_across_nodes_share_the_node_adapter():
     # on one node of 16 the rings run over NVLink, one each
     one_node = float(StageCostModel(profile, get_gpu("a100"), 16, comm, 0.9).grad_sync(0, 4, 4, 4, False))
     assert one_node == pytest.approx(comm.time("all-reduce", per_device, 4, "a100", False), rel=1e-9)
+
+
+@pytest.mark.parametrize("column,row,value,needle", [
+    ("plan_id", 1, "<row 0's>", "is also row 1's"),
+    ("plan_id", 0, "  ", "empty plan id"),
+    ("gpu_type", 0, "h999", "unknown GPU type 'h999'"),
+    ("num_gpus", 0, 1 << 30, "is not a power of two that"),
+    ("zero_per_stage", 0, [5], "expected 0 or 1 per stage"),
+    ("remat_per_stage", 0, [7], "expected 0 or 1 per stage"),
+])
+def test_plans_rows_no_planner_writes_are_refused_in_one_line(tmp_path, column, row, value, needle):
+    """Rows edited out of what a plan can be (a duplicated or empty id, an unknown GPU type, more GPUs than the
+    grid's nodes hold, ZeRO or recomputation flags other than 0/1): every reader refuses them, where before
+    arena-profile and show/export went on (and a perf table made from them was refused only by simulate)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from libarena.plan import read_plans
+
+    ops = gpt_like(num_clusters=6, hidden=1024, seq_len=256, batch=64)
+    path = tmp_path / "plans.parquet"
+    write_plans(path, plan_job(ops, _single("a40", 4, 2), PlannerConfig(num_gpus=(1, 2))), Provenance(tool="tests"))
+    table = pq.read_table(path)
+    values = table.column(column).to_pylist()
+    single = [r for r, rec in enumerate(table.to_pylist()) if rec["feasible"] and rec["pipeline_degree"] == 1]
+    assert len(single) >= 2
+    values[single[row]] = values[single[0]] if value == "<row 0's>" else value
+    table = table.set_column(table.schema.get_field_index(column), column,
+                             pa.array(values, type=table.schema.field(column).type))
+    pq.write_table(table, path)  # (the schema metadata, the artifact's header, comes along)
+    with pytest.raises(ArenaError, match=re.escape(needle)):
+        read_plans(path)

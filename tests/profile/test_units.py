@@ -441,3 +441,12 @@ def test_recomputing_stage_executables_keep_less_and_profile_apart():
     for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-5, atol=1e-7)
     assert remat.memory["forward"]["output"] < 0.2 * plain.memory["forward"]["output"]
+
+
+def test_a_stage_the_model_cannot_build_at_the_plans_sequence_length_is_a_one_line_error():
+    """A plans file whose sequence length is past the model's positions (gpt__tiny has 32): the stage's view is
+    an error naming the model, micro-batch and length, as arena-analyze names it, not an internal TypeError."""
+    from libarena.profile.stage import StageSpec, worker_view
+
+    with pytest.raises(ArenaError, match=r"gpt__tiny cannot be built at micro-batch 4, seq_len 1048576 \(units 0-2\)"):
+        worker_view(StageSpec("gpt__tiny", 0, 2, 4, seq_len=1 << 20))

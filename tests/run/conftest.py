@@ -31,8 +31,8 @@ def run_worker(module: str, args: list[str], num_devices: int, timeout: float = 
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def make_plans(model: str, global_batch: int, root: Path) -> Path:
-    """arena-analyze + arena-plan (their libraries) for ``model`` on one 8-GPU A100 node."""
+def make_plans(model: str, global_batch: int, root: Path, dtype: str = "fp32") -> Path:
+    """arena-analyze + arena-plan (their libraries) for ``model`` on one 8-GPU A100 node, priced in ``dtype``."""
     from libarena.analyze.api import analyze_model
     from libarena.artifacts import Provenance, read_table
     from libarena.hardware import load_cluster
@@ -40,10 +40,10 @@ def make_plans(model: str, global_batch: int, root: Path) -> Path:
 
     cluster_path = root / "local.yaml"
     cluster_path.write_text("name: local-a100\nnode_groups:\n  - {gpu_type: a100, nodes: 1, gpus_per_node: 8}\n")
-    ops_path = root / f"{model}.ops.parquet"
-    analyze_model(model, global_batch, dtype="fp32", num_clusters=6).write(ops_path)
+    ops_path = root / f"{model}.{dtype}.ops.parquet"
+    analyze_model(model, global_batch, dtype=dtype, num_clusters=6).write(ops_path)
     planset = plan_job(read_table(ops_path, "operator_table"), load_cluster(cluster_path), PlannerConfig(max_gpus=8))
-    out = root / f"{model}.plans.parquet"
+    out = root / (f"{model}.plans.parquet" if dtype == "fp32" else f"{model}.{dtype}.plans.parquet")
     write_plans(out, planset, Provenance(tool="tests/run", parameters={"model": model}))
     return out
 

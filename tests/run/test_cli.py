@@ -176,5 +176,75 @@ def test_resuming_in_another_dtype_is_refused(trained, gpt_tiny_plans: Path) -> 
     before = _digest(ckpt)
     proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
                      "--checkpoint-dir", str(ckpt), "--no-ray", "--devices", "1", "--steps", "3", "--dtype", "bf16")
-    _one_line_error(proc, "was trained in fp32, not bf16 (resuming keeps the compute dtype)")
+    _one_line_error(proc, "was planned for fp32, not --dtype bf16")
     assert _digest(ckpt) == before
+
+
+def test_a_checkpoint_resumes_in_its_own_dtype_beside_plans_of_another(trained, tmp_path: Path) -> None:
+    """A job checkpointed in fp32 (as arena-run trained before it followed its plans' dtype) resumed with plans
+    made in bf16: it goes on in fp32, with a warning that the plans were priced in bf16; asking for bf16
+    explicitly is refused, since resuming keeps the compute dtype."""
+    import shutil
+
+    from tests.run.conftest import make_plans
+
+    source, _ = trained  # trained in fp32
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(source, ckpt)
+    bf16_plans = make_plans("gpt__tiny", 8, tmp_path, dtype="bf16")
+    args = ["--plan", str(bf16_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+            "--checkpoint-dir", str(ckpt), "--no-ray", "--devices", "1"]
+    proc = arena_run(*args, "--steps", "3", "--dtype", "bf16")
+    _one_line_error(proc, "was trained in fp32, not bf16 (resuming keeps the compute dtype)")
+    proc = arena_run(*args, "--steps", "3", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: resuming in fp32, the dtype the checkpoint was trained in; the plans were priced in bf16" in proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["dtype"] == "fp32" and report["resumed_from"] is not None
+
+
+def test_a_dtype_other_than_the_plans_is_refused_and_none_means_theirs(gpt_tiny_plans: Path, tmp_path: Path) -> None:
+    """Plans are priced (memory, times) in the dtype their operator table was analysed in: arena-run trains in
+    it by default, and refuses another in one line (before, it trained fp32 whatever the plans were made in)."""
+    from tests.run.conftest import make_plans
+
+    bf16_plans = make_plans("gpt__tiny", 8, tmp_path, dtype="bf16")
+    for plans, other in ((gpt_tiny_plans, "bf16"), (bf16_plans, "fp32")):
+        proc = arena_run("--plan", str(plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+                         "--checkpoint-dir", str(tmp_path / f"c-{other}"), "--no-ray", "--devices", "1", "--steps", "1",
+                         "--dtype", other)
+        _one_line_error(proc, f"was planned for {'fp32' if other == 'bf16' else 'bf16'}, not --dtype {other}")
+        assert not (tmp_path / f"c-{other}").exists()
+    proc = arena_run("--plan", str(bf16_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+                     "--checkpoint-dir", str(tmp_path / "c"), "--no-ray", "--devices", "1", "--steps", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from libarena.models import get_model
+    from libarena.models.training import OptimizerConfig
+    from libarena.run.checkpoint import CheckpointStore
+
+    store = CheckpointStore(str(tmp_path / "c"))
+    try:
+        meta, _ = store.newest_usable(get_model("gpt__tiny"), 8, 0, OptimizerConfig(), dtype="bf16")
+    finally:
+        store.close()
+    assert meta is not None and meta.dtype == "bf16"
+
+
+def test_plans_made_at_another_sequence_length_are_refused(tmp_path: Path) -> None:
+    """The runtime trains at the model's own sequence length: plans analysed at another describe another
+    computation, refused in one line as the profiler refuses them."""
+    from libarena.analyze.api import AnalyzeConfig, analyze_model
+    from libarena.artifacts import Provenance, read_table
+    from libarena.hardware import load_cluster
+    from libarena.plan import PlannerConfig, plan_job, write_plans
+
+    cluster = tmp_path / "local.yaml"
+    cluster.write_text("name: local-a100\nnode_groups:\n  - {gpu_type: a100, nodes: 1, gpus_per_node: 8}\n")
+    ops = tmp_path / "ops.parquet"
+    analyze_model(AnalyzeConfig("gpt__tiny", 8, seq_len=16, dtype="fp32", num_clusters=4)).write(ops)
+    plans = tmp_path / "plans.parquet"
+    write_plans(plans, plan_job(read_table(ops, "operator_table"), load_cluster(cluster), PlannerConfig(max_gpus=1)),
+                Provenance(tool="tests/run", parameters={}))
+    proc = arena_run("--plan", str(plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+                     "--checkpoint-dir", str(tmp_path / "c"), "--no-ray", "--devices", "1", "--steps", "1")
+    _one_line_error(proc, "was planned at sequence length 16; the runtime trains gpt__tiny at its own")

@@ -126,3 +126,46 @@ def test_a_candidate_out_of_device_memory_is_a_failed_trial(space_and_plans, mon
     monkeypatch.setattr(train_module, "measure_plan", broken)
     with pytest.raises(jax.errors.JaxRuntimeError):
         full_search(space, measure_in_process(space.model, config), config)
+
+
+def test_the_pruned_search_runs_plans_as_the_planner_priced_them(tmp_path: Path) -> None:
+    """gpt__tiny planned at a fixed B = 16 on two 4-GPU nodes: the pruned search measures every candidate, the
+    frontier plans included, at the plans file's B (before, at its own 4 x s) and with the planner's buddy stage
+    placement (before, stages one after another, so a 4-GPU stage after a 2-GPU one straddled both nodes)."""
+    from libarena.analyze.api import analyze_model
+    from libarena.artifacts import read_table
+    from libarena.hardware.cluster import ClusterSpec, NodeGroup
+    from libarena.plan import PlannerConfig, plan_job
+
+    ops = tmp_path / "ops.parquet"
+    analyze_model("gpt__tiny", 16, dtype="fp32", num_clusters=6).write(ops)
+    cluster = ClusterSpec("two-nodes", (NodeGroup("a100", 2, 4),))
+    planset = plan_job(read_table(ops, "operator_table"), cluster,
+                       PlannerConfig(num_gpus=(8,), pipeline_degrees=(3,), num_microbatches=16, gpu_types=("a100",)))
+    frontier = grid_frontiers(planset, "a100", 8)[3].frontier
+    space = SearchSpace(get_model("gpt__tiny"), 16, "a100", 8, tuple(planset.clusters))
+    measured = []
+
+    def measure(plan) -> float:
+        measured.append(plan)
+        return 1.0
+
+    pruned_search(space, planset, measure, SearchConfig(), pipeline_degree=3)
+    assert measured and {p.num_microbatches for p in measured} == {16}
+    for plan in measured:  # every stage on one node or on whole nodes, at a multiple of its size
+        for st, offset in zip(plan.stages, plan.offsets()):
+            assert offset % st.num_gpus == 0
+    by_structure = {(tuple(p.plan.stage_boundaries), tuple(st.intra for st in p.stages)): p for p in measured}
+    for p in frontier:
+        candidate = by_structure[(tuple(p.stage_boundaries), tuple(st.intra for st in p.stages))]
+        assert list(candidate.offsets()) == list(p.stage_gpu_offsets)
+
+
+@pytest.mark.parametrize("planner", [{"num_microbatches": "x"}, {"num_microbatches": 2.5}, {"microbatches_per_stage": None},
+                                     {"microbatches_per_stage": True}, {"num_microbatches": 0}])
+def test_damaged_micro_batch_settings_of_a_plans_file_are_a_one_line_error(planner) -> None:
+    from libarena.errors import ArenaError
+
+    with pytest.raises(ArenaError, match="microbatches"):
+        SearchConfig().as_planned(planner)
+    assert SearchConfig().as_planned({"microbatches_per_stage": 2, "num_microbatches": None}).microbatches(60, 3) == 6

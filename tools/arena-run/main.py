@@ -47,7 +47,8 @@ def run(
     hosts: int = typer.Option(0, "--hosts", help="spread the job over this many hosts, one Ray actor (JAX process) each; 0 = auto"),
     seed: int = typer.Option(0, "--seed", help="parameter initialisation seed"),
     data_seed: int = typer.Option(0, "--data-seed", help="training data seed"),
-    dtype: str = typer.Option("fp32", "--dtype", help="compute dtype (fp32, bf16)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="compute dtype (fp32, bf16, fp16): the one the plans "
+                                        "were made in (the default), or a resumed checkpoint's; another is refused"),
     learning_rate: float = typer.Option(1e-3, "--lr", help="Adam learning rate"),
     json_out: bool = typer.Option(False, "--json", help="print the run report as JSON on stdout"),
     report: Optional[Path] = typer.Option(None, "--report", help="also write the run report (JSON) here"),
@@ -87,6 +88,8 @@ def _notices(result: dict, quiet: bool) -> None:
     """What the user must hear about the checkpoints on stderr (also with --json; warnings also with --quiet)."""
     from libarena.run.api import skipped_checkpoints
 
+    if result.get("dtype_note"):
+        stderr_console.print(f"warning: {result['dtype_note']}", markup=False, soft_wrap=True)
     for entry in skipped_checkpoints(result):
         aside = f" (set aside as {entry['set_aside_as']})" if entry.get("set_aside_as") else ""
         stderr_console.print(f"warning: skipped checkpoint {entry['path']}{aside}: {entry['why']}", markup=False, soft_wrap=True)
