@@ -4,9 +4,9 @@ search) -> checkpointed training, in-process or on Ray."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
