@@ -701,3 +701,13 @@ def test_the_gradients_a_stage_reduces_are_its_workers_parameters_as_the_runtime
     assert 0.45 * whole(wide) < _grad_sync_bytes(wide) < 0.6 * whole(wide)  # most of them split in two
     gpt = worker_view(StageSpec("gpt__tiny", 0, 3, 4, tp=2))
     assert gpt.tp_view == VIEW_SHARDED and _grad_sync_bytes(gpt) == whole(gpt)  # already the worker's shards
+
+
+def test_cli_comm_refuses_an_output_it_cannot_write_before_benchmarking(tmp_path):
+    """The communication benchmark takes seconds: a missing output directory is refused before anything of it
+    runs, its own checks included (here 1,024 devices, which its memory check would refuse; before, that was the
+    error, and with a feasible setting the benchmark ran and then found it could not write)."""
+    proc = _cli("comm", "-o", tmp_path / "no" / "comm.parquet", "--devices", "1024")
+    _one_line_error(proc)
+    assert "cannot write" in proc.stderr.decode() and "does not exist" in proc.stderr.decode()
+    assert not (tmp_path / "no").exists()

@@ -130,8 +130,11 @@ def comm_command(
     Not cached: a benchmark's point is a fresh measurement of this machine's interconnect."""
     from libarena.profile import CommBenchConfig, write_comm_table
 
+    from libarena.artifacts.io import check_writable
+
     refuse_binary_to_terminal(output)
     refuse_json_with_stdout_data(as_json, output)
+    check_writable(output)  # before the benchmark's seconds of work, not after them
     platform = "cpu" if device in ("local", "cpu") else "gpu" if device in ("gpu", "cuda") else None
     if platform is None:
         raise ArenaError(f"bad device {device!r} for the communication benchmark: use local, cpu or gpu")
