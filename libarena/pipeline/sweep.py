@@ -405,6 +405,7 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
     from libarena.schedule.api import is_output_file
     from libarena.schedule.compare import compare_table_text, paired_comparison, write_comparison
     from libarena.schedule.metrics import read_metrics, summary_line, time_limit_note
+    from libarena.schedule.traces import ignored_columns_note
 
     waiting = {group: len(members) for group, members in groups.items()}
     total = len(points)
@@ -449,12 +450,28 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
         if not waiting[group]:
             finalize(group)
 
+    def warn_trace(i: int, note: str | None, skipped: int, first_skipped: str | None) -> None:
+        """A trace's warnings (columns it does not read, rows skipped), once per trace."""
+        trace = records[i].trace
+        if trace in warned_skips or not (note or skipped):
+            return
+        warned_skips.add(trace)
+        if note:
+            report.warn(note)
+        if skipped:
+            report.warn(f"trace {trace}: skipped {skipped} bad row(s); " + (
+                f"first: {first_skipped}" if first_skipped else "served from the cache: simulate names them"))
+
     for rec in records:
         (output / rec.output).parent.mkdir(parents=True, exist_ok=True)  # each run's directory is made whole
     misses = []
     for i, key in enumerate(keys):
         if stage.restore_tree(key, output / records[i].output, is_output_file) is not None:
             settle(i, "cached")
+            if records[i].trace not in warned_skips:  # a cached run reads no trace: its warnings are made again
+                skipped = records[i].metrics.get("skipped_rows")
+                warn_trace(i, ignored_columns_note(points[i].trace.trace),
+                           skipped if isinstance(skipped, int) else 0, None)
         else:
             misses.append(i)
     if misses:
@@ -468,13 +485,7 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
                 records[i].detail = result.detail or None
                 settle(i, "failed", result.message)
                 continue
-            trace = records[i].trace
-            if (result.skipped or result.trace_note) and trace not in warned_skips:
-                warned_skips.add(trace)
-                if result.trace_note:
-                    report.warn(result.trace_note)
-                if result.skipped:
-                    report.warn(f"trace {trace}: skipped {len(result.skipped)} bad row(s); first: {result.skipped[0]}")
+            warn_trace(i, result.trace_note, len(result.skipped), result.skipped[0] if result.skipped else None)
             out_dir = output / records[i].output
 
             def produce(directory: Path, files: dict[str, bytes] = result.files) -> None:

@@ -81,18 +81,6 @@ def run_dtype(request: RunRequest, planset: Any, checkpoint_dtype: str | None) -
                    f"(their memory and times are for {planned})")
 
 
-def _checkpoint_dtype(request: RunRequest, model: Any) -> str | None:
-    """The compute dtype of the newest usable checkpoint in --checkpoint-dir (None: none to resume from)."""
-    from libarena.run.checkpoint import CheckpointStore
-
-    store = CheckpointStore(request.checkpoint_dir)
-    try:
-        meta, _ = store.newest_usable(model, request.global_batch, request.data_seed, request.optimizer)
-    finally:
-        store.close()
-    return None if meta is None else meta.dtype
-
-
 def select_plan(planset: Any, grid: GridSpec | None, plan_id: str | None) -> Any:
     """A ParallelPlan: ``plan_id`` if given, else the proxy plan of the grid."""
     if plan_id:
@@ -201,21 +189,24 @@ def _prepare(request: RunRequest) -> tuple[Any, Any, GridSpec | None]:
     return model, planset, request.grid
 
 
-def _check_checkpoint(request: RunRequest, model: Any) -> tuple[int | None, list[dict[str, Any]]]:
-    """Validate the checkpoints before anything runs: the newest usable one (its step, None when there is
-    none) and the newer ones skipped (corrupt, empty) with why; a checkpoint of another job, or one already
-    past --steps, is a one-line error and is left untouched."""
+def _check_checkpoint(request: RunRequest, model: Any, planset: Any) -> tuple[Any, list[dict[str, Any]], str, str | None]:
+    """Validate the checkpoints before anything runs, in one read of --checkpoint-dir: the newest usable one (its
+    metadata, None when there is none), the newer ones skipped (corrupt, empty) with why, and the run's compute
+    dtype with its note (:func:`run_dtype`), which the checkpoint must have been trained in. A checkpoint of
+    another job, or one already past --steps, is a one-line error and is left untouched."""
     from libarena.run.checkpoint import CheckpointStore
     from libarena.run.train import check_target
 
     store = CheckpointStore(request.checkpoint_dir)
     try:
-        meta, skipped = store.newest_usable(model, request.global_batch, request.data_seed, request.optimizer,
-                                            dtype=request.dtype)
+        meta, skipped = store.newest_usable(model, request.global_batch, request.data_seed, request.optimizer)
         check_target(meta, request.steps, store)
+        dtype, dtype_note = run_dtype(request, planset, None if meta is None else meta.dtype)
+        if meta is not None:
+            store.check_compatible(meta, model, request.global_batch, request.data_seed, request.optimizer, dtype)
     finally:
         store.close()
-    return (None if meta is None else meta.step), skipped
+    return meta, skipped, dtype, dtype_note
 
 
 def run(request: RunRequest) -> dict[str, Any]:
@@ -226,9 +217,9 @@ def run(request: RunRequest) -> dict[str, Any]:
     if not request.use_ray:
         ensure_host_devices(request.local.num_devices)  # before anything imports JAX
     model, planset, grid = _prepare(request)
-    dtype, dtype_note = run_dtype(request, planset, _checkpoint_dtype(request, model))
+    newest, skipped, dtype, dtype_note = _check_checkpoint(request, model, planset)
     request = dataclasses.replace(request, dtype=dtype)
-    resumed_from, skipped = _check_checkpoint(request, model)
+    resumed_from = None if newest is None else newest.step
     searching = request.selection in ("pruned", "full")
     if searching and grid is None:
         raise ArenaError("--search needs --grid GPU_TYPE,NUM_GPUS[,S]: the allocated resources")

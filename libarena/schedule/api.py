@@ -94,18 +94,11 @@ def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathL
         trace, gpu_types=lookup.gpu_types, seed=seed, rate=lookup.submitted_rate, skip_bad_rows=skip_bad_rows,
         text=trace_text)
     skipped = list(tr.skipped)
-    missing: dict[tuple[str, int], list[int]] = {}
-    for spec in tr.jobs:
-        if not lookup.has(spec.model, spec.global_batch):
-            missing.setdefault((spec.model, spec.global_batch), []).append(spec.row)
-    if missing and not skip_bad_rows:
-        listed = ", ".join(f"{m} (batch {b}; rows {_rows(r)})" for (m, b), r in sorted(missing.items()))
-        raise ArenaError(f"{lookup.source} lacks {len(missing)} (model, global batch) used by {tr.source}: {listed}")
+    missing = lookup.lacking(tr.jobs, tr.source, skip=skip_bad_rows)
     jobs = []
     for spec in tr.jobs:
         if (spec.model, spec.global_batch) in missing:
-            skipped.append(f"{tr.source}: row {spec.row}, column 'model_name': {spec.model} (batch "
-                           f"{spec.global_batch}) is not in {lookup.source}")
+            skipped.append(lookup.lacking_message(spec, tr.source))
             continue
         problem = None
         if spec.requested_type not in lookup.type_index:
@@ -129,9 +122,16 @@ def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathL
     return Workload(tr, lookup, cluster_spec, jobs, skipped)
 
 
-def _rows(rows: list[int]) -> str:
-    shown = ", ".join(map(str, rows[:5]))
-    return shown + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+def scale_cluster(source: str | os.PathLike[str], output: str | os.PathLike[str], factor: int) -> ClusterSpec:
+    """``arena-schedule cluster scale``: :func:`libarena.hardware.write_scaled_cluster`, refusing before anything is
+    written a spec the simulator cannot place jobs on (GPUs per node not a power of two, node sizes mixed within a
+    GPU type), as ``simulate`` would refuse the scaled spec."""
+    from libarena.hardware import write_scaled_cluster
+    from libarena.schedule.entities.cluster import ClusterState
+
+    spec = load_cluster(source)
+    ClusterState(spec, spec.gpu_types)  # its pools refuse what buddy placement cannot take
+    return write_scaled_cluster(source, output, factor)
 
 
 def run_policy(workload: Workload, policy: Policy, config: SimulatorConfig | None = None,

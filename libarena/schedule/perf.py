@@ -22,7 +22,9 @@ way" (absent from the table, or not fitting in memory). Rules:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -185,12 +187,23 @@ class PerfLookup:
             return None
         return self._pipeline_degree.get((model, global_batch, ti, count_index(num_gpus), view))
 
-    def check_covers(self, pairs: list[tuple[str, int]], trace_source: str) -> None:
-        """Fail, listing every (model, global batch) of the trace that the table lacks entirely."""
-        missing = sorted({p for p in pairs if p not in self._models})
-        if missing:
-            listed = ", ".join(f"{m} (batch {b})" for m, b in missing)
+    def lacking(self, jobs: Sequence[Any], trace_source: str, *, skip: bool = False) -> set[tuple[str, int]]:
+        """The (model, global batch) pairs of ``jobs`` (trace job specs) that the table lacks entirely. Unless
+        ``skip``, any is an error listing every such pair and its trace rows; with ``skip`` (--skip-bad-rows) the
+        caller leaves those jobs out, each with :meth:`lacking_message`."""
+        missing: dict[tuple[str, int], list[int]] = {}
+        for job in jobs:
+            if (job.model, job.global_batch) not in self._models:
+                missing.setdefault((job.model, job.global_batch), []).append(job.row)
+        if missing and not skip:
+            listed = ", ".join(f"{m} (batch {b}; rows {_row_list(r)})" for (m, b), r in sorted(missing.items()))
             raise ArenaError(f"{self.source} lacks {len(missing)} (model, global batch) used by {trace_source}: {listed}")
+        return set(missing)
+
+    def lacking_message(self, job: Any, trace_source: str) -> str:
+        """The skipped-row line of a job whose (model, global batch) the table lacks."""
+        return (f"{trace_source}: row {job.row}, column 'model_name': {job.model} (batch {job.global_batch}) "
+                f"is not in {self.source}")
 
     def check_view(self, view: str, pairs: list[tuple[str, int]]) -> None:
         if view == "truth":
@@ -202,6 +215,11 @@ class PerfLookup:
             more = f" and {len(lacking) - 20} more" if len(lacking) > 20 else ""
             raise ArenaError(f"{self.source} has no '{base}' view rows for {listed}{more} "
                              f"(needed by the decision view {view!r})")
+
+
+def _row_list(rows: list[int]) -> str:
+    shown = ", ".join(map(str, rows[:5]))
+    return shown + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
 
 
 def load_perf(path: str | os.PathLike[str], cluster: ClusterSpec) -> PerfLookup:

@@ -71,8 +71,8 @@ class Simulator:
         self.pools: list[TypePool] = self.cluster.pools
         self.policy = policy
         self.overheads = self.config.overheads
+        perf.lacking(specs, trace_source)
         pairs = [(s.model, s.global_batch) for s in specs]
-        perf.check_covers(pairs, trace_source)
         perf.check_view(policy.view, pairs)
         num_queues = getattr(policy.config, "num_queues", 3)
         self.jobs: list[Job] = []

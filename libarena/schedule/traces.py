@@ -183,20 +183,7 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
     source = "stdin" if str(path) == "-" else str(path)
     if text is None:
         text = read_trace_text(path)
-    text = text.removeprefix("\ufeff")  # a byte-order mark (spreadsheet exports) is not part of the header
-    reader = csv.DictReader(text.splitlines())
-    try:
-        header = [h.strip() for h in (reader.fieldnames or [])]
-    except csv.Error as exc:
-        raise ArenaError(f"{source}: row 0 (header): malformed CSV ({exc})") from None
-    if not header:
-        raise ArenaError(f"{source}: empty trace (no header)")
-    if len(header) > MAX_COLUMNS:
-        raise ArenaError(f"{source}: row 0 (header): {len(header)} columns, more than {MAX_COLUMNS}")
-    repeated = [h for h, n in collections.Counter(header).items() if n > 1]
-    if repeated:  # csv would keep the last one's values silently
-        raise ArenaError(f"{source}: row 0 (header): column {brief(repeated[0])} is given twice")
-    reader.fieldnames = header
+    reader, header = _read_header(text, source)
     fmt = detect_format(header, source)
     types = list(gpu_types) if gpu_types else list(PAPER_GPU_TYPES)
     has_priority = "priority" in header
@@ -223,8 +210,39 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
             skipped.append(msg)
     if not jobs:
         raise ArenaError(f"{source}: no usable jobs" + (f" ({len(skipped)} bad rows skipped)" if skipped else ""))
-    ignored = [h for h in header if h not in FORMATS[fmt] and h != "priority"]
-    return Trace(source, fmt, jobs, skipped, adapted=fmt != "arena-ae", ignored_columns=ignored)
+    return Trace(source, fmt, jobs, skipped, adapted=fmt != "arena-ae", ignored_columns=_ignored(header, fmt))
+
+
+def _read_header(text: str, source: str) -> tuple[csv.DictReader, list[str]]:
+    """A reader of the trace's rows, and its checked header."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark (spreadsheet exports) is not part of the header
+    reader = csv.DictReader(text.splitlines())
+    try:
+        header = [h.strip() for h in (reader.fieldnames or [])]
+    except csv.Error as exc:
+        raise ArenaError(f"{source}: row 0 (header): malformed CSV ({exc})") from None
+    if not header:
+        raise ArenaError(f"{source}: empty trace (no header)")
+    if len(header) > MAX_COLUMNS:
+        raise ArenaError(f"{source}: row 0 (header): {len(header)} columns, more than {MAX_COLUMNS}")
+    repeated = [h for h, n in collections.Counter(header).items() if n > 1]
+    if repeated:  # csv would keep the last one's values silently
+        raise ArenaError(f"{source}: row 0 (header): column {brief(repeated[0])} is given twice")
+    reader.fieldnames = header
+    return reader, header
+
+
+def _ignored(header: list[str], fmt: str) -> list[str]:
+    return [h for h in header if h not in FORMATS[fmt] and h != "priority"]
+
+
+def ignored_columns_note(path: str | os.PathLike[str]) -> str | None:
+    """The trace file's :meth:`Trace.ignored_columns_note` from its header alone (for a run served from a cache,
+    whose trace is not read again)."""
+    source = str(path)
+    _, header = _read_header(read_trace_text(path), source)
+    fmt = detect_format(header, source)
+    return Trace(source, fmt, [], ignored_columns=_ignored(header, fmt)).ignored_columns_note()
 
 
 def _csv_rows(reader: csv.DictReader, source: str) -> Iterator[tuple[int, dict]]:
@@ -441,11 +459,10 @@ def write_scaled_trace(source: str | os.PathLike[str], output: str | os.PathLike
     if trace.adapted:
         # a job of a (model, batch) the table lacks would get 1 iteration per second: simulate refuses (or skips)
         # it, and so does scaling
-        covered = [j for j in trace.jobs if lookup.has(j.model, j.global_batch)]
-        if len(covered) < len(trace.jobs) and not skip_bad_rows:
-            lookup.check_covers([(j.model, j.global_batch) for j in trace.jobs], str(source))
-        skipped = trace.skipped + [f"{source}: row {j.row}, column 'model_name': {j.model} (batch {j.global_batch}) is "
-                                   f"not in {lookup.source}" for j in trace.jobs if not lookup.has(j.model, j.global_batch)]
+        missing = lookup.lacking(trace.jobs, str(source), skip=skip_bad_rows)
+        covered = [j for j in trace.jobs if (j.model, j.global_batch) not in missing]
+        skipped = trace.skipped + [lookup.lacking_message(j, str(source)) for j in trace.jobs
+                                   if (j.model, j.global_batch) in missing]
         if not covered:
             raise ArenaError(f"{source}: no usable jobs ({len(skipped)} bad rows skipped)")
         trace = dataclasses.replace(trace, jobs=covered, skipped=skipped)

@@ -4,6 +4,7 @@ decide exactly as the exhaustive scans they replace."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -221,6 +222,25 @@ def test_running_job_index_drops_moved_jobs_and_stays_bounded():
     assert all(e[-2] == e[-1].version for e in walked)
     sim.active = dict(sim.active)  # a live cluster restoring its order: rebuilt from the running jobs
     assert sum(1 for key in index.keys() for _ in index.walk(key)) == 49
+
+
+@pytest.mark.parametrize("groups,needle", [
+    ("  - {gpu_type: a100, nodes: 2, gpus_per_node: 3}\n", "3 GPUs per node is not a power of two"),
+    ("  - {gpu_type: a100, nodes: 2, gpus_per_node: 8}\n  - {gpu_type: a100, nodes: 1, gpus_per_node: 4}\n",
+     "node groups of a100 differ in GPUs per node (4, 8)"),
+])
+def test_cluster_scale_refuses_specs_simulate_refuses(tmp_path, groups, needle):
+    """cluster scale writes specs for the simulator: one it cannot place jobs on is refused before anything is
+    written (before, it was scaled and written, and only simulate refused it)."""
+    from libarena.schedule.api import scale_cluster
+
+    (tmp_path / "c.yaml").write_text("name: c\nnode_groups:\n" + groups)
+    with pytest.raises(ArenaError, match=re.escape(needle)):
+        scale_cluster(tmp_path / "c.yaml", tmp_path / "c2.yaml", 2)
+    assert not (tmp_path / "c2.yaml").exists()
+    (tmp_path / "ok.yaml").write_text("name: ok\nnode_groups:\n  - {gpu_type: a100, nodes: 2, gpus_per_node: 4}\n")
+    assert scale_cluster(tmp_path / "ok.yaml", tmp_path / "ok2.yaml", 3).total_gpus == 24
+    assert load_cluster(tmp_path / "ok2.yaml").total_gpus == 24
 
 
 @pytest.mark.slow

@@ -324,6 +324,25 @@ def test_a_sweep_warns_of_runs_whose_ilp_solves_hit_the_time_limit(inputs, tmp_p
     assert len(warned) == 1 and "rushed" in warned[0] and "sia: " in warned[0], r.stderr
 
 
+def test_a_cached_sweep_repeats_its_traces_warnings(inputs, tmp_path):
+    """A simulation served from the cache reads no trace, yet the sweep still says which columns the trace does
+    not read and how many rows were skipped (before, only the run that simulated said so)."""
+    d, cluster = inputs
+    lines = (d / "broken.csv").read_text().splitlines()
+    (tmp_path / "extra.csv").write_text("\n".join([lines[0] + ",priorty"] + [line + ",1" for line in lines[1:]]) + "\n")
+    args = ("sweep", "--trace", f"extra={tmp_path / 'extra.csv'}", "--perf", "perf.parquet", "--cluster", str(cluster),
+            "--policies", "fcfs,arena", "--horizon", "400000", "--sequential", "--skip-bad-rows",
+            "--cache-dir", str(tmp_path / "cache"))
+    for run, status in (("first", "simulated"), ("again", "cached")):
+        r = cli(*args, "-o", str(tmp_path / run), cwd=d)
+        assert r.returncode == 0, r.stderr
+        assert json.loads((tmp_path / run / "sweep.json").read_text())[status] == 2
+        ignored = [line for line in r.stderr.splitlines() if "ignored column(s) 'priorty'" in line]
+        skipped = [line for line in r.stderr.splitlines() if "trace extra: skipped 1 bad row(s)" in line]
+        assert len(ignored) == 1 and len(skipped) == 1, r.stderr  # once per trace, not once per run
+    assert "served from the cache" in skipped[0] and "first:" not in skipped[0]
+
+
 @pytest.mark.slow
 def test_sequential_sweep_equals_compare_and_shares_the_cache(inputs, tmp_path):
     d, cluster = inputs

@@ -298,9 +298,9 @@ def cluster_scale_cmd(
     factor: int = typer.Option(..., "-x", "--factor", help="multiply every node group's node count by this"),
 ) -> None:
     """Replicate a cluster N times: the same GPU types and node shapes, N times the nodes."""
-    from libarena.hardware import write_scaled_cluster
+    from libarena.schedule.api import scale_cluster
 
-    scaled = write_scaled_cluster(file, output, factor)
+    scaled = scale_cluster(file, output, factor)
     Reporter().log(f"{'stdout' if str(output) == '-' else output}: {scaled.name}, {scaled.total_gpus} GPUs")
 
 

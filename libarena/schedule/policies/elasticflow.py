@@ -212,11 +212,11 @@ class ElasticFlowPolicy(Policy):
         admitted = [j for j in waiting if j.policy_state.get("admitted")]
         best_effort = [j for j in waiting if not j.policy_state.get("admitted")]
         target: dict[int, int] = {}
+        floors: dict[int, int] = {}  # the fewest GPUs each running job may be shrunk to (computed once: it is costly)
         for job in sorted(running, key=lambda j: (self._deadline(j), j.index)):
             floor = self._min_share(job)
-            if floor is None:
-                floor = self._counts(job)[0]
-            target[job.index] = max(floor, job.alloc.count_index)
+            floors[job.index] = self._counts(job)[0] if floor is None else floor
+            target[job.index] = max(floors[job.index], job.alloc.count_index)
         total = sum(1 << c for c in target.values())
         # shrink in-flight jobs (smallest loss per freed GPU first) until the admitted jobs' shares of the plan's
         # present fit (an admitted job planned to start later needs nothing now)
@@ -227,9 +227,7 @@ class ElasticFlowPolicy(Policy):
             best, best_loss = None, math.inf
             for idx, c in target.items():
                 job = by_job[idx]
-                floor = self._min_share(job)
-                floor = self._counts(job)[0] if floor is None else floor
-                if c > floor and job.view_thr[t, c - 1] > 0:
+                if c > floors[idx] and job.view_thr[t, c - 1] > 0:
                     loss = (job.view_thr[t, c] - job.view_thr[t, c - 1]) / (1 << (c - 1))
                     if loss < best_loss:
                         best, best_loss = idx, loss
