@@ -141,9 +141,10 @@ class SweepSpec:
         for dim, size in (("trace", len(self.traces)), ("variant", len(self.variants)), ("seed", len(self.seeds))):
             if size > 1 and dim not in placeholders:
                 raise ArenaError(f"sweep: layout {brief(layout)} lacks {{{dim}}}, but the sweep has {size} of them")
-        if Path(layout).is_absolute() or ".." in Path(layout.format(trace="t", variant="v", seed=0)).parts:
+        example = Path(layout.format(trace="t", variant="v", seed=0))
+        if Path(layout).is_absolute() or ".." in example.parts:
             raise ArenaError(f"sweep: layout {brief(layout)} must stay inside the output folder")
-        if any(not _folder_name(part) for part in Path(layout.format(trace="t", variant="v", seed=0)).parts):
+        if any(not _folder_name(part) for part in example.parts):
             raise ArenaError(f"sweep: layout {brief(layout)} cannot name folders (a character that is not printable, "
                              f"or a part of more than 255 bytes)")
         groups: dict[str, tuple[str, str, int]] = {}

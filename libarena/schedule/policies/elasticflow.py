@@ -106,9 +106,12 @@ class ElasticFlowPolicy(Policy):
         for k in range(len(counts)):
             pieces = self._fill(job, free, counts[:k + 1], deadline)
             if pieces is not None:
-                now = pieces[0][2] if pieces and pieces[0][0] <= self.sim.now else None
-                return now, pieces
+                return self._count_now(pieces), pieces
         return None
+
+    def _count_now(self, pieces: list[tuple[float, float, int]]) -> int | None:
+        """The count index a plan's pieces hold now, or None if the plan starts later."""
+        return pieces[0][2] if pieces and pieces[0][0] <= self.sim.now else None
 
     def _fill(self, job: Job, free: _FreeTimeline, counts: list[int], deadline: float,
               pause: bool = False) -> list[tuple[float, float, int]] | None:
@@ -176,7 +179,7 @@ class ElasticFlowPolicy(Policy):
             if plan is None:  # behind its deadline now: it still holds (or will take) GPUs until it is done
                 cap = job.alloc.count_index if job.active else self._counts(job)[0]
                 pieces = self._fill(job, free[t], [c for c in self._counts(job) if c <= cap], math.inf, pause=True) or []
-                plan = (pieces[0][2] if pieces and pieces[0][0] <= sim.now else None), pieces
+                plan = self._count_now(pieces), pieces
             self._planned_now[job.index] = plan[0]
             free[t].take(plan[1])
         for job in self.pending:
