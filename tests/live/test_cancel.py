@@ -154,10 +154,13 @@ def test_a_cancelled_queued_job_never_starts(tmp_path, policy):
 
 
 def test_a_job_cancelled_before_it_arrives_never_arrives(tmp_path):
+    """Nor does it keep the server busy until its arrival time: ``serve --until-idle`` ends at once, as it
+    would after a restart (which does not reload a cancelled job)."""
     server, clock = _server(_config(tmp_path))
     try:
         server.step()
         _cancel_once_it_is(server, clock, JobSubmission(MODEL, BATCH, 300, "later"), st.ARRIVING, not_before=1000.0)
+        assert server.idle() and not server.live.heap
         clock.t = 1200.0
         while server.step():
             pass
@@ -177,6 +180,37 @@ def test_a_job_cancelled_while_profiling_is_not_rejected_when_its_profile_fails(
         assert _events(server, "new-pair")["cancel"] == 20.0
         wait_until(lambda: (server.step() or True) and not server.profiler.pending, 60)
         assert server.store.job("new-pair")["status"] == st.CANCELLED
+    finally:
+        server.close()
+
+
+def test_a_profile_no_job_waits_for_any_more_is_stopped(tmp_path):
+    """Its only job cancelled, a running profile is stopped (it would hold the one profiling slot, up to its time
+    limit, from pairs whose jobs wait); the pair's next job has it profiled afresh."""
+    import os
+
+    from libarena.schedule.live.processes import running_pid
+
+    server, clock = _server(_config(tmp_path, profile_script="sleep 120"))
+    try:
+        server.step()
+        server.store.submit(JobSubmission("gpt__tiny", 8, 10, "only"))
+        pid_file = server.profiler.dir_of("gpt__tiny", 8) / "pid"
+        clock.t = 10.0
+        wait_until(lambda: (server.step() or True) and running_pid(pid_file) is not None, 30)
+        pid = running_pid(pid_file)
+        server.store.request_cancel(["only"], "no longer needed")
+        clock.t = 20.0
+        assert server.step()
+        assert server.store.job("only")["status"] == st.CANCELLED
+        assert not server.profiler.pending and running_pid(pid_file) is None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # stopped and reaped
+        assert any(e["kind"] == "profile-withdrawn" for e in server.store.log_of(None))
+        server.store.submit(JobSubmission("gpt__tiny", 8, 10, "again"))
+        clock.t = 30.0
+        wait_until(lambda: (server.step() or True) and running_pid(pid_file) is not None, 30)
+        assert server.profiler.pending == [("gpt__tiny", 8)] and server.store.job("again")["status"] == st.PROFILING
     finally:
         server.close()
 

@@ -446,6 +446,52 @@ def test_a_profile_with_other_pairs_adds_only_its_own(tmp_path):
         server.close()
 
 
+def test_a_profiled_jobs_deadline_counts_from_its_submission(tmp_path):
+    """A job file's deadline is seconds after submission: a job that arrives only once its (model, batch) has been
+    profiled keeps it, rather than gaining the profiling time (which deadline-aware policies would then not see)."""
+    import time
+
+    from libarena.schedule.live.jobfile import JobSubmission
+    from libarena.schedule.live.server import ServeConfig, Server
+    from tests.schedule.perf_fixtures import write_perf
+
+    class Clock:  # scheduler time = wall time since ``origin``; the test moves ``t`` as the server's "now"
+        compression = 1.0
+
+        def __init__(self, origin: float):
+            self.origin, self.t = origin, 0.0
+
+        def now(self) -> float:
+            return self.t
+
+        def at(self, wall: float) -> float:
+            return wall - self.origin
+
+        def wall_of(self, virtual: float) -> float:
+            return virtual + self.origin
+
+    cluster, perf = write_inputs(tmp_path)
+    server = Server(ServeConfig(cluster, perf, tmp_path / "state.db", launcher="perf-table"))
+    try:
+        clock = server.clock = Clock(time.time() - 100.0)  # the submission below is at scheduler time ~100 s
+        server.store.submit(JobSubmission("gpt__2.6B", 256, 300, "late", deadline_s=3600.0))
+        server.store.submit(JobSubmission("gpt__760M", 128, 300, "known", deadline_s=3600.0))
+        server.profiler.request = lambda model, batch: None  # profiled by hand below
+        clock.t = 101.0
+        server.ingest()
+        known = server.live.by_id["known"].spec
+        assert known.submit_time == pytest.approx(100.0, abs=1) and known.deadline == pytest.approx(3700.0, abs=1)
+        table = tmp_path / "profiled.parquet"
+        write_perf(table, [("gpt__2.6B", 256)], ["a100", "v100"], max_gpus=16)
+        server.profiler.poll = lambda: [("gpt__2.6B", 256, table, "profiled")]
+        server.last_tick, clock.t = 1800.0, 2000.0  # the profile took about half an hour; the ticks kept up
+        server.ingest()
+        late = server.live.by_id["late"].spec
+        assert late.submit_time == 2000.0 and late.deadline == pytest.approx(3700.0, abs=1)
+    finally:
+        server.close()
+
+
 def test_state_database_errors_are_one_line():
     import sqlite3
 

@@ -244,6 +244,10 @@ def _damage(cfg: ServeConfig, sql: str, *args) -> None:
      "job a's stored state is damaged (TypeError"),
     ("UPDATE meta SET value = ? WHERE key = 'last_pass'", ('"noon"',), "setting 'last_pass' is damaged (not a number: noon)"),
     ("UPDATE meta SET value = ? WHERE key = 'active_order'", ('5',), "setting 'active_order' is damaged (TypeError"),
+    # settings of the wrong shape would otherwise bind nothing (every later start accepted) or fail as a TypeError
+    ("UPDATE meta SET value = ? WHERE key = 'settings'", ('[1, 2]',), "setting 'settings' is damaged (not a mapping: [1, 2])"),
+    ("UPDATE meta SET value = ? WHERE key = 'settings'", ('7',), "setting 'settings' is damaged (not a mapping: 7)"),
+    ("UPDATE meta SET value = ? WHERE key = 'workdir'", ('5',), "setting 'workdir' is damaged (not a path: 5)"),
 ])
 def test_stored_state_of_the_wrong_shape_is_a_one_line_error(tmp_path, hosts, sql, args, needle):
     """Valid JSON that is not what the server wrote (a hand edit, another version) stops the start with an error
@@ -262,6 +266,39 @@ def test_stored_state_of_the_wrong_shape_is_a_one_line_error(tmp_path, hosts, sq
         Server(cfg)
     assert needle in str(err.value) and str(cfg.state) in str(err.value) and "\n" not in str(err.value)
     assert cfg.state.read_bytes() == before
+
+
+def test_a_first_start_stopped_while_binding_its_settings_leaves_the_database_servable(tmp_path, hosts, monkeypatch):
+    """The first start binds the settings and the clock's origin together: stopped between the two (Ctrl-C, a
+    kill, a power loss), the database holds neither, and the next start serves its submitted jobs (it held the
+    settings without the origin, and every later start refused it as damaged)."""
+    from libarena.schedule.live.store import Store
+
+    cfg = _config(tmp_path)
+    store = Store(cfg.state, create=True)
+    store.submit(JobSubmission(MODEL, BATCH, 100_000, "early", num_gpus=1, gpu_type="a100"))
+    store.close()
+    real_set_meta = Store.set_meta
+
+    def stopped_at_the_origin(self, key, value, conn=None):
+        if key == "wall_origin":
+            raise KeyboardInterrupt
+        real_set_meta(self, key, value, conn)
+
+    monkeypatch.setattr(Store, "set_meta", stopped_at_the_origin)
+    with pytest.raises(KeyboardInterrupt):
+        Server(cfg)
+    monkeypatch.setattr(Store, "set_meta", real_set_meta)
+    store = Store(cfg.state)
+    assert store.get_meta("settings") is None and store.get_meta("wall_origin") is None
+    store.close()
+    server, clock = _start(cfg)
+    try:
+        assert server.store.get_meta("settings") is not None and server.store.get_meta("wall_origin") is not None
+        server.step()
+        assert [row["job_id"] for row in server.store.jobs()] == ["early"]
+    finally:
+        server.close()
 
 
 @pytest.mark.parametrize("damage, needle", [

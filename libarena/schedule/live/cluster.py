@@ -204,6 +204,7 @@ class LiveCluster(Simulator):
         stop = None
         if job.state == JobState.PENDING:
             self.pending_arrivals -= 1
+            self._drop_arrival(job)
         elif job.state == JobState.QUEUED:
             if job.unschedulable:
                 self.unschedulable_count -= 1
@@ -219,6 +220,17 @@ class LiveCluster(Simulator):
             raise AssertionError(f"job {job.spec.job_id} is {job.state.value}: nothing to cancel")
         self._end(job, "cancel", why, self.cancelled)
         return stop
+
+    def _drop_arrival(self, job: Job) -> None:
+        """Take a cancelled job's arrival off the heap: left there (its handler ignores it), it would hold the job in
+        memory and keep ``serve --until-idle`` from ending until its time, which may be far off (``submit --at``),
+        where a restart, which does not reload it, would be idle at once."""
+        import heapq
+
+        kept = [entry for entry in self.heap if not (isinstance(entry[3], ArrivalEvent) and entry[3].job is job)]
+        if len(kept) != len(self.heap):
+            self.heap[:] = kept
+            heapq.heapify(self.heap)
 
     def forget_ended(self) -> int:
         """Drop the jobs that ended (finished, failed, cancelled, dropped, never placeable) once their last state

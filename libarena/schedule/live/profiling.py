@@ -76,6 +76,20 @@ class ArrivalProfiler:
                 (d / name).unlink(missing_ok=True)
         self.pending.append(key)
 
+    def withdraw(self, model: str, batch: int) -> None:
+        """No job waits for the pair any more (all were cancelled): its profile is not started, and one that runs
+        is stopped, so that the one profiling slot goes to pairs whose jobs wait; a later job of the pair has it
+        profiled afresh. A profile that has already ended keeps its result for that job."""
+        key = (model, batch)
+        if key not in self.pending:
+            return
+        self.pending.remove(key)
+        if self._running(key):
+            self._stop(key)
+            d = self.dir_of(*key)
+            if not (d / "exit_code").exists():
+                (d / "pid").unlink(missing_ok=True)
+
     def mark_unusable(self, model: str, batch: int) -> None:
         """The profile exited 0 but its table could not be used: a failure like any other (retried likewise)."""
         code_file = self.dir_of(model, batch) / "exit_code"

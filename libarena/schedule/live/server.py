@@ -190,6 +190,8 @@ class Server:
         cluster_sha256 = hashlib.sha256(cluster_bytes).hexdigest()
         settings = config.settings(cluster_sha256)
         stored = self.store.get_meta("settings")
+        if stored is not None and not isinstance(stored, dict):
+            raise ArenaError(f"{config.state}: setting 'settings' is damaged (not a mapping: {str(stored):.80})")
         if stored is not None:
             # (a key this version binds that an older one did not is not held against the database)
             changed = sorted(k for k in settings if k in stored and stored[k] != settings[k])
@@ -223,6 +225,8 @@ class Server:
                 setattr(self.policy, name, value)
         # the launcher's files of the jobs already running live in the workdir the database was served with
         served_in = self.store.get_meta("workdir") if stored is not None else None
+        if served_in is not None and not (isinstance(served_in, str) and served_in):
+            raise ArenaError(f"{config.state}: setting 'workdir' is damaged (not a path: {str(served_in):.80})")
         if config.workdir is not None and served_in is not None and Path(config.workdir).resolve() != Path(served_in):
             raise ArenaError(f"{config.state}: was served with --workdir {served_in}, where its jobs' files are; "
                              "serve it with that one (or none), or use a new --state")
@@ -244,9 +248,11 @@ class Server:
         write_cluster_copy(cluster_copy, cluster_bytes)  # once both accepted their options
         if stored is None:
             # bound to these settings only once every one of them loaded: a start refused for a bad input
-            # leaves the database servable with corrected ones
-            self.store.set_meta("settings", settings)
-            self.store.set_meta("wall_origin", origin)
+            # leaves the database servable with corrected ones; both in one transaction, since a later start
+            # reads the origin wherever the settings are
+            with self.store.transaction() as c:
+                self.store.set_meta("settings", settings, c)
+                self.store.set_meta("wall_origin", origin, c)
         self.store.set_meta("workdir", str(self.workdir))
         if state_id is None:  # (a database served before the workdir was marked takes its workdir now)
             state_id = secrets.token_hex(16)
@@ -329,9 +335,13 @@ class Server:
 
     # -- submissions and profiling ----------------------------------------------------------------------
     def _job_spec(self, row: dict[str, Any], sub: JobSubmission, arrival: float) -> JobSpec:
+        # a deadline is seconds after submission (the job file's meaning): a job that arrives later, after its
+        # (model, batch) was profiled or a server restart, keeps it; one taken earlier, at the pass of a server
+        # behind its clock, counts from that arrival
+        submitted = row["not_before"] if row["not_before"] is not None else self.clock.at(row["submitted_wall"])
+        deadline = None if sub.deadline_s is None else min(arrival, submitted) + sub.deadline_s
         return JobSpec(row["job_id"], row["seq"], arrival, sub.model, sub.global_batch, sub.iterations, sub.num_gpus,
-                       sub.gpu_type or self.default_type,
-                       None if sub.deadline_s is None else arrival + sub.deadline_s, sub.priority)
+                       sub.gpu_type or self.default_type, deadline, sub.priority)
 
     def _arrive(self, c, row: dict[str, Any], sub: JobSubmission, arrival: float) -> None:
         spec = self._job_spec(row, sub, arrival)
@@ -415,6 +425,19 @@ class Server:
         versions = {j.spec.job_id: j.version for j in self.live.active.values()}
         return self.launcher.poll(t, versions) if versions else {}
 
+    def _withdraw_unwaited_profiles(self) -> None:
+        """After cancels: the profiles that no job waits for any more are not started, or are stopped."""
+        waiting = set()
+        for row in self.store.jobs((st.PROFILING,)):
+            with self._stored(f"job {row['job_id']}'s stored submission"):
+                sub = JobSubmission.from_dict(row["spec"])
+            waiting.add((sub.model, sub.global_batch))
+        for model, batch in list(self.profiler.pending):
+            if (model, batch) not in waiting:
+                self.profiler.withdraw(model, batch)
+                with self.store.transaction() as c:
+                    Store.log(c, self.live.now, None, "profile-withdrawn", {"model": model, "batch": batch})
+
     def _events_due(self, t: float, reports: dict[str, Any]) -> bool:
         """Whether something happened that a scheduling pass should react to at once: an arrival (or any event)
         due on the heap, a version that finished, failed, was lost, or started training."""
@@ -493,6 +516,8 @@ class Server:
             self.last_tick = t
         self._cancels_after = cancels_seen
         self._execute(intents)
+        if unplaced and self.profiler.pending:
+            self._withdraw_unwaited_profiles()
         for req in lost:
             job = live.by_id.get(req.job_id)
             if job is None or not job.active or job.version != req.version:

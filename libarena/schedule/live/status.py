@@ -137,4 +137,38 @@ def job_output(store: Store, job_id: str, state_path: Path, lines: int) -> tuple
     out = workdir / "launcher" / "jobs" / job_id / f"v{snap.get('version', 0)}" / "output.log"
     if lines <= 0 or not out.exists():
         return None
-    return out, out.read_text(errors="replace").splitlines()[-lines:]
+    return out, last_lines(out, lines)
+
+
+#: The most of a job's output ``logs`` reads from its end (a run's log grows for days, and relaunches append).
+MAX_OUTPUT_TAIL_BYTES = 1 << 26
+_TAIL_BLOCK = 1 << 16
+
+
+def last_lines(path: Path, lines: int, max_bytes: int = MAX_OUTPUT_TAIL_BYTES) -> list[str]:
+    """The last ``lines`` lines of a file (split as universal newlines: \\n, \\r\\n, \\r), read backwards from its end in
+    blocks, at most ``max_bytes`` of it: time and memory bounded by what is shown, not by the file's size."""
+    import os
+
+    chunks: list[bytes] = []
+    line_feeds = returns = 0
+    with path.open("rb") as f:
+        end = pos = f.seek(0, os.SEEK_END)
+        # until more line ends than lines wanted (the first line read may have begun before), counted low
+        # (\r\n is one end, \n or \r alone one each: the larger count is at most the lines)
+        while pos > 0 and max(line_feeds, returns) <= lines and end - pos < max_bytes:
+            step = min(_TAIL_BLOCK, pos, max_bytes - (end - pos))
+            pos -= step
+            f.seek(pos)
+            chunk = f.read(step)
+            chunks.append(chunk)
+            line_feeds, returns = line_feeds + chunk.count(b"\n"), returns + chunk.count(b"\r")
+        data = b"".join(reversed(chunks))
+        whole = pos == 0
+        if not whole:
+            f.seek(pos - 1)
+            before = f.read(1)
+            # the first line read is whole where a line ended just before it (not at the \r of a \r\n it splits)
+            whole = before == b"\n" or (before == b"\r" and not data.startswith(b"\n"))
+    found = data.splitlines()
+    return [line.decode(errors="replace") for line in found[0 if whole else 1:][-lines:]]
