@@ -171,7 +171,11 @@ def write_scaled_cluster(source: str | os.PathLike[str], output: str | os.PathLi
 
     from libarena.artifacts.io import refuse_overwriting_inputs
 
+    from libarena.artifacts.untrusted import is_toml
+
     refuse_overwriting_inputs(output, {"cluster spec": source})
+    if str(output) != "-" and is_toml(output):  # load_cluster would read the YAML written as TOML, and refuse it
+        raise ArenaError(f"-o {output}: a scaled cluster is written as YAML; name the output .yaml")
     scaled = load_cluster(source).scaled(factor)
     write_bytes(output, scaled.to_yaml().encode())
     return scaled

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from libarena.artifacts.stage_cache import StageCache, StageOutcome, library_versions
+from libarena.artifacts.stage_cache import StageCache, StageOutcome, code_digest, library_versions
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
 from libarena.progress import Report, SilentReport
@@ -27,6 +27,12 @@ def simulation_libraries(plot: bool) -> dict[str, str]:
     """What a simulation's outputs depend on besides Arena's code: HiGHS decides Gavel's and Sia's rounds (another
     build may return another of several optimal answers), msgpack writes the decisions, matplotlib the figures."""
     return library_versions("highspy", "msgpack", *(("matplotlib",) if plot else ()))
+
+
+def simulation_build() -> dict[str, Any]:
+    """What a simulation's key holds of the process that runs it (Arena's code, the libraries of a run without
+    figures): a sweep's worker must match its driver's, or its result would be stored under the driver's key."""
+    return {"code": code_digest(), "libraries": simulation_libraries(False)}
 
 
 SIMULATE_STAGE = "arena-schedule simulate"

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from libarena.artifacts.io import foreign_files, input_ref, remove_stale_temps
 from libarena.errors import ArenaError
 from libarena.pipeline.cache import CacheSettings
-from libarena.pipeline.schedule import SIMULATE_STAGE, simulation_key
+from libarena.pipeline.schedule import SIMULATE_STAGE, simulation_build, simulation_key
 from libarena.progress import ProgressUpdate, Report, SilentReport
 
 SUMMARY = "sweep.json"
@@ -54,6 +54,8 @@ class SimulationTask:
     skip_bad_rows: bool
     #: the trace's, table's and cluster's references (sha256) the sweep keyed this simulation on
     expected_inputs: tuple[dict[str, Any], ...] = ()
+    #: the driver's code and libraries, which the key holds (libarena.pipeline.schedule.simulation_build)
+    expected_build: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,6 +79,14 @@ def run_simulation_task(task: SimulationTask) -> SimulationFiles | SimulationFai
     from libarena.schedule.api import load_workload, make_policy, run_parameters, run_policy, write_run
 
     try:
+        if task.expected_build:
+            here = simulation_build()
+            differ = [what for what in ("code", "libraries") if here.get(what) != task.expected_build.get(what)]
+            if differ:
+                # e.g. another node's install, or libarena edited since the sweep began
+                return SimulationFailure(f"this worker runs other {' and '.join(differ)} than the sweep's driver "
+                                         f"(libraries here: {here['libraries']}); its result would be cached as the "
+                                         f"driver's")
         workload, refs, _ = load_workload(Path(task.trace), Path(task.perf), Path(task.cluster), seed=task.config.seed,
                                           skip_bad_rows=task.skip_bad_rows)
         for expected, read in zip(task.expected_inputs, refs):
@@ -326,6 +336,7 @@ def _sweep(spec: Any, output: Path, executor: Executor, plot: bool, cache: Cache
     refs = {str(p): input_ref(p) for p in {spec.cluster, *(t.trace for t in spec.traces), *(t.perf for t in spec.traces)}}
     stage = cache.stage(SIMULATE_STAGE, report)
     points = spec.points()
+    build = simulation_build()
     records, tasks, keys = [], [], []
     for point in points:
         policy = make_policy(point.policy, **point.variant.options)  # a bad option is the spec's error: nothing runs
@@ -334,7 +345,8 @@ def _sweep(spec: Any, output: Path, executor: Executor, plot: bool, cache: Cache
         keys.append(simulation_key(stage, run_parameters(policy, config), config, key_inputs,
                                    skip_bad_rows=spec.skip_bad_rows, plot=False))
         tasks.append(SimulationTask(str(point.trace.trace), str(point.trace.perf), str(spec.cluster), point.policy,
-                                    dict(point.variant.options), config, spec.skip_bad_rows, tuple(key_inputs)))
+                                    dict(point.variant.options), config, spec.skip_bad_rows, tuple(key_inputs),
+                                    build))
         records.append(SweepRecord(point.label, point.group, point.trace.name, point.variant.name, point.seed,
                                    point.policy, point.output))
     spec_ref = [input_ref(spec.spec_file, "sweep_spec")] if spec.spec_file is not None else []
@@ -371,29 +383,51 @@ def _refuse_foreign_files(output: Path, run_dirs: list[str], replaceable: Callab
 
 def _move_into_place(staging: Path, output: Path, groups: Iterable[str], records: list[SweepRecord]) -> None:
     """The staged results into ``output``: the old summary and comparison files go first (a reader never sees
-    them beside new runs), then each run's folder (replacing the old one), the comparisons, the summary last."""
+    them beside new runs), then each run's folder (replacing the old one), the comparisons, the summary last.
+    The old files and folders are moved aside into the staging folder, not deleted, so that a move that fails
+    (a group folder on another file system, a signal) is undone: the previous results stay as they were."""
     from libarena.schedule.plots import FIGURES
 
-    (output / SUMMARY).unlink(missing_ok=True)
-    names = ("compare.json", "table.txt", *FIGURES)
-    for group in groups:
-        for name in names:
-            (output / group / name).unlink(missing_ok=True)
     trash = staging / ".replaced"
     trash.mkdir()
-    for n, rec in enumerate(records):
-        source, target = staging / rec.output, output / rec.output
-        if not source.is_dir():
-            continue  # a failed simulation: its old folder, if any, stays, and no comparison claims it
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            os.rename(target, trash / str(n))
+    done: list[tuple[Path, Path]] = []  # the renames made, to undo in reverse
+
+    def move(source: Path, target: Path) -> None:
         os.rename(source, target)
-    for group in groups:
-        for name in names:
-            if (staging / group / name).is_file():
-                os.replace(staging / group / name, output / group / name)
-    os.replace(staging / SUMMARY, output / SUMMARY)
+        done.append((source, target))
+
+    def aside(path: Path) -> None:
+        if path.exists() or path.is_symlink():
+            move(path, trash / str(len(done)))
+
+    try:
+        aside(output / SUMMARY)
+        names = ("compare.json", "table.txt", *FIGURES)
+        for group in groups:
+            for name in names:
+                aside(output / group / name)
+        for rec in records:
+            source, target = staging / rec.output, output / rec.output
+            if not source.is_dir():
+                continue  # a failed simulation: its old folder, if any, stays, and no comparison claims it
+            target.parent.mkdir(parents=True, exist_ok=True)
+            aside(target)
+            move(source, target)
+        for group in groups:
+            for name in names:
+                if (staging / group / name).is_file():
+                    move(staging / group / name, output / group / name)
+        move(staging / SUMMARY, output / SUMMARY)
+    except BaseException as exc:
+        for source, target in reversed(done):
+            try:
+                os.rename(target, source)
+            except OSError:
+                pass  # nothing better to do: the others are still put back
+        if isinstance(exc, OSError):
+            raise ArenaError(f"sweep: cannot move its results into {output} ({exc.strerror or exc}): the previous "
+                             f"results are left as they were") from None
+        raise
 
 
 def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: Any, report: Report, points: list,
@@ -495,6 +529,11 @@ def _run_into(output: Path, spec: Any, executor: Executor, plot: bool, stage: An
 
             stage.produce_tree(keys[i], out_dir, produce, is_output_file)
             settle(i, "simulated")
+    # the comparisons in the spec's order, not the order their simulations happened to end in (Ray, the cache)
+    incomplete = set(summary.incomplete_groups)
+    summary.incomplete_groups = [g for g in groups if g in incomplete]
+    summary.groups = {g: summary.groups[g] for g in groups if g in summary.groups}
+    summary.paired = {g: summary.paired[g] for g in groups if g in summary.paired}
     write_json_document(output / SUMMARY, "sweep_summary", summary.to_dict(),
                         Provenance(tool="arena-schedule sweep", inputs=summary.inputs))
     return summary

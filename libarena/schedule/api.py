@@ -48,6 +48,13 @@ def make_policy(name: str, **options: Any) -> Policy:
                 given[key] = type(default)(value)
             except ValueError:
                 raise ArenaError(f"{key} {value!r}: expected one of {', '.join(o.value for o in type(default))}") from None
+        # a spec's numbers as the field's type: search_depth 3.0 runs as 3 (the range checks accept a whole
+        # float, a slice or range() would not), trade_margin 5 as 5.0 (keyed and recorded as --trade-margin 5 is);
+        # anything else is left for the config's own range check to refuse by name
+        elif type(default) is int and isinstance(value, float) and value.is_integer():
+            given[key] = int(value)
+        elif type(default) is float and type(value) is int:
+            given[key] = float(value)
     return cls(dataclasses.replace(base, **given))
 
 

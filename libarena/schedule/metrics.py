@@ -111,7 +111,8 @@ def summarize(res: SimulationResult, records: pa.Table | None = None) -> dict:
         "unschedulable_jobs": int((status == "unschedulable").sum()),
         "dropped_jobs": int((status == "dropped").sum()),
         "avg_jct_s": float(jct.mean()) if n else 0.0,
-        "avg_jct_finished_s": float(jct[finished].mean()) if finished.any() else 0.0,
+        # NaN (null in metrics.json) when none finished: 0 h would read as the best result there is
+        "avg_jct_finished_s": float(jct[finished].mean()) if finished.any() else float("nan"),
         "p50_jct_s": _pct(jct, 50),
         "p90_jct_s": _pct(jct, 90),
         "p99_jct_s": _pct(jct, 99),

@@ -90,6 +90,10 @@ class Simulator:
         start = first if self.config.start_s is None else self.config.start_s
         if start > first:
             raise ArenaError(f"{trace_source}: --start {start:g} s is after the trace's first submission ({first:g} s)")
+        if self.config.horizon_s is not None and first > start + self.config.horizon_s:
+            # nothing would arrive: every metric would read 0 (an average JCT of 0 h looks like a result)
+            raise ArenaError(f"{trace_source}: no job is submitted within the simulated window (--start {start:g} s, "
+                             f"--horizon {self.config.horizon_s:g} s; the first submission is at {first:g} s)")
         self._init_state(start)
         self.pending_arrivals = len(self.jobs)
         self.result = SimulationResult(policy.name, policy.view, self.jobs, list(perf.gpu_types), self.start_time,

@@ -258,6 +258,9 @@ def sweep_spec_from_dict(data: Any, source: str = "sweep spec", base_dir: Path |
             # the short form: the mapping is the options
             entry = {"options": entry}
         options = _mapping(entry.get("options") or {}, f"{where}.options")
+        named = [k for k in options if not isinstance(k, str)]
+        if named:
+            raise ArenaError(f"{where}.options: {brief(named[0])} is not an option name")
         policies = _names(entry["policies"], f"{where}.policies") if "policies" in entry else None
         variants.append(SweepVariant(str(name), dict(options), policies))
     sim = _mapping(data.get("simulator") or {}, f"{source}: simulator")
@@ -334,13 +337,10 @@ def build_sweep_spec(spec_file: str | Path | None = None, *, traces: list[str] =
         entries = _mapping(data.setdefault("traces", {}), f"{source}: traces")
         for text in perfs:
             name, path = _named_path(text)
-            if name is None:
-                for entry in entries.values():
-                    entry["perf"] = given(path)
-            elif name not in entries:
+            if name is not None and name not in entries:
                 raise ArenaError(f"--perf {text!r}: no trace named {name!r} (traces: {', '.join(entries) or 'none'})")
-            else:
-                entries[name]["perf"] = given(path)
+            for trace in entries if name is None else [name]:
+                _mapping(entries[trace], f"{source}: traces.{trace}")["perf"] = given(path)
     for name, entry in (data.get("traces") or {}).items():
         if isinstance(entry, dict) and "perf" not in entry:
             raise ArenaError(f"trace {name!r} has no performance table (give --perf {name}=PATH, or --perf PATH for all)")
@@ -363,7 +363,8 @@ def build_sweep_spec(spec_file: str | Path | None = None, *, traces: list[str] =
     if skip_bad_rows:
         sim["skip_bad_rows"] = True
     if overheads:
-        sim["overheads"] = {**(sim.get("overheads") or {}), **{k: v for k, _, v in (o.partition("=") for o in overheads)}}
+        sim["overheads"] = {**_mapping(sim.get("overheads") or {}, f"{source}: simulator.overheads"),
+                            **{k: v for k, _, v in (o.partition("=") for o in overheads)}}
         OverheadConfig.from_assignments(list(overheads))  # a malformed one is named as given
     data["simulator"] = sim
     if layout is not None:

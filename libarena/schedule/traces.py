@@ -58,6 +58,9 @@ MAX_ADAPTED_GPUS = 16
 MAX_SCALED_JOBS = 2_000_000
 #: the largest trace file read (2M jobs of ~120 bytes fit twice over): a bound on memory for any input
 MAX_TRACE_BYTES = 512 << 20
+#: the most rows a trace may have: short rows (an itp-raw row can be 15 bytes) would put tens of millions of jobs,
+#: gigabytes of them, inside MAX_TRACE_BYTES
+MAX_TRACE_ROWS = MAX_SCALED_JOBS
 #: the least time from submission to deadline that Arena writes (a trace keeps 3 decimals of a second)
 MIN_DEADLINE_GAP_S = 0.001
 #: the longest job id (a UUID has 36 characters)
@@ -216,13 +219,17 @@ def read_trace(path: str | os.PathLike[str], *, gpu_types: list[str] | None = No
 def _read_header(text: str, source: str) -> tuple[csv.DictReader, list[str]]:
     """A reader of the trace's rows, and its checked header."""
     text = text.removeprefix("\ufeff")  # a byte-order mark (spreadsheet exports) is not part of the header
-    reader = csv.DictReader(text.splitlines())
+    # newline="": a line break inside a quoted field stays in it, where _csv_rows sees it (with the text's lines
+    # handed over one by one it vanished, and an unclosed quote silently took the rows after it into one field)
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
         header = [h.strip() for h in (reader.fieldnames or [])]
     except csv.Error as exc:
         raise ArenaError(f"{source}: row 0 (header): malformed CSV ({exc})") from None
     if not header:
         raise ArenaError(f"{source}: empty trace (no header)")
+    if any(_breaks_line(h) for h in header):
+        raise ArenaError(f"{source}: row 0 (header): a quoted field runs over a line break (an unclosed quote?)")
     if len(header) > MAX_COLUMNS:
         raise ArenaError(f"{source}: row 0 (header): {len(header)} columns, more than {MAX_COLUMNS}")
     repeated = [h for h, n in collections.Counter(header).items() if n > 1]
@@ -245,9 +252,17 @@ def ignored_columns_note(path: str | os.PathLike[str]) -> str | None:
     return Trace(source, fmt, [], ignored_columns=_ignored(header, fmt)).ignored_columns_note()
 
 
+def _breaks_line(value: Any) -> bool:
+    if isinstance(value, list):  # the fields past the header's
+        return any(_breaks_line(v) for v in value)
+    return isinstance(value, str) and ("\n" in value or "\r" in value)
+
+
 def _csv_rows(reader: csv.DictReader, source: str) -> Iterator[tuple[int, dict]]:
-    """(row number, row) of a trace; a row the csv module refuses (e.g. a field over its 128 KiB limit) ends the
-    read with an error naming it: the rows after it cannot be trusted, so it is not skipped."""
+    """(row number, row) of a trace; a row the csv module refuses (e.g. a field over its 128 KiB limit), or one
+    whose quoted field runs over a line break (an unclosed quote takes every line after it, to the next quote or
+    the end, into that field), ends the read with an error naming it: the rows after it cannot be trusted, so it is
+    not skipped. So does a row past MAX_TRACE_ROWS."""
     rows = iter(reader)
     i = 0
     while True:
@@ -258,6 +273,11 @@ def _csv_rows(reader: csv.DictReader, source: str) -> Iterator[tuple[int, dict]]
             return
         except csv.Error as exc:
             raise ArenaError(f"{source}: row {i}: malformed CSV ({exc})") from None
+        if any(_breaks_line(v) for v in row.values()):
+            raise ArenaError(f"{source}: row {i}: a quoted field runs over a line break (an unclosed quote?); the rows "
+                             f"after it cannot be told apart")
+        if i > MAX_TRACE_ROWS:
+            raise ArenaError(f"{source}: row {i}: more than {MAX_TRACE_ROWS:,} rows")
         yield i, row
 
 
@@ -296,6 +316,7 @@ def _parse_row(row: dict, i: int, fmt: str, types: list[str], seed: int, rate: R
     gpus = min(MAX_ADAPTED_GPUS, _pow2_at_least(num_gpu))
     if fmt == "elasticflow":
         _num(row, "num_iteration")  # validated; replaced by the adapted count
+        _num(row, "batch_size")  # likewise
         deadline = _deadline_after(_num(row, "deadline", optional=True), submit)
     else:
         deadline = submit + max(duration * rng.uniform(0.5, 1.5), MIN_DEADLINE_GAP_S)
@@ -344,7 +365,8 @@ def trace_stats(trace: Trace) -> dict:
         "span_days": span / 86400,
         "first_submission_s": float(submit.min()),
         "last_submission_s": float(submit.max()),
-        "arrivals_per_hour": len(jobs) / max(span / 3600, 1e-9),
+        # (None: every job submitted at one time, which gives no rate)
+        "arrivals_per_hour": len(jobs) / (span / 3600) if span > 0 else None,
         "requested_gpus": {"total": int(gpus.sum()), "mean": float(gpus.mean()), "max": int(gpus.max()),
                            "by_count": {str(k): v for k, v in counts(gpus.tolist()).items()}},
         "iterations": {"mean": float(iters.mean()), "median": float(np.median(iters)), "max": int(iters.max())},
@@ -393,6 +415,9 @@ def scale_trace(jobs: list[JobSpec], scale: TraceScale) -> list[JobSpec]:
                 out.append((job.submit_time, k, i, job))
                 continue
             job_id = f"{job.job_id}-x{k}"
+            if len(job_id) > MAX_JOB_ID_CHARS:  # the written trace's reader would refuse it
+                raise ArenaError(f"job id {brief(job_id)} of copy {k} of {brief(job.job_id)} would be longer than "
+                                 f"{MAX_JOB_ID_CHARS} characters")
             if job_id in ids:
                 raise ArenaError(f"job id {job_id!r} of copy {k} of {job.job_id!r} is already in the trace")
             shift = random.Random(f"{scale.seed}/{job.job_id}/{k}").uniform(-scale.jitter_s, scale.jitter_s)
@@ -467,5 +492,9 @@ def write_scaled_trace(source: str | os.PathLike[str], output: str | os.PathLike
             raise ArenaError(f"{source}: no usable jobs ({len(skipped)} bad rows skipped)")
         trace = dataclasses.replace(trace, jobs=covered, skipped=skipped)
     jobs = scale_trace(trace.jobs, scale)
-    write_bytes(output, trace_csv(jobs).encode())
+    data = trace_csv(jobs).encode()
+    if len(data) > MAX_TRACE_BYTES:  # a trace the reader would refuse is not written
+        raise ArenaError(f"{scale.copies} copies of {source} would be a trace of {len(data):,} bytes, more than the "
+                         f"{MAX_TRACE_BYTES:,} a trace may have")
+    write_bytes(output, data)
     return Trace(str(output), "arena-ae", jobs, trace.skipped, adapted=trace.adapted)

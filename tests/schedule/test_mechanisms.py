@@ -4,6 +4,8 @@ fairness (eq. 7) against eq. 5."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from libarena.errors import ArenaError
@@ -425,6 +427,16 @@ def test_a_run_starts_at_its_first_submission_or_earlier_where_told():
     assert earlier.start_time == 0.0 and _launch_times(earlier)["a"] == 1200.0  # the grid of multiples of 300 s
     with pytest.raises(ArenaError, match=r"--start 1001 s is after the trace's first submission \(1000 s\)"):
         run(start_s=1001.0)
+    # a window that no job arrives in would report every metric as 0 (an average JCT of 0 h): refused
+    with pytest.raises(ArenaError, match=r"no job is submitted within the simulated window \(--start 0 s, --horizon "
+                                         r"600 s; the first submission is at 1000 s\)"):
+        run(start_s=0.0, horizon_s=600.0)
+    assert run(start_s=0.0, horizon_s=1000.0).start_time == 0.0  # one arriving at the window's end is in it
+    # a window in which jobs arrive but none finishes has no average JCT of finished jobs: null, not 0 h
+    from libarena.schedule.metrics import summarize
+
+    short = summarize(run(horizon_s=60.0))
+    assert short["finished_jobs"] == 0 and short["submitted_jobs"] >= 1 and math.isnan(short["avg_jct_finished_s"])
     from libarena.schedule.api import run_parameters  # what the outputs' provenance records
 
     assert run_parameters(make_policy("fcfs"), SimulatorConfig(start_s=0.0))["start_s"] == 0.0

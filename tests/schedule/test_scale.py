@@ -147,6 +147,18 @@ def test_scale_refuses_bad_input(tmp_path):
     late[0] = job("j0", "gpt__760M", 10, 1, "a100", submit=3_153_000_000.0, row=1)
     with pytest.raises(ArenaError, match="smaller --jitter"):  # some copy lands past the reader's 100 years
         scale_trace(late, TraceScale(40, 3_000_000.0))
+    # nor a copy's id the reader refuses (256 characters at most), nor a file larger than it reads
+    long_id = [job("j" * 253, "gpt__760M", 10, 1, "a100", submit=0.0, row=1)]
+    assert [j.job_id for j in scale_trace(long_id, TraceScale(2))][1] == "j" * 253 + "-x1"  # 256: still read
+    with pytest.raises(ArenaError, match=r"of copy 1 of .* would be longer than 256 characters"):
+        scale_trace([job("j" * 254, "gpt__760M", 10, 1, "a100", submit=0.0, row=1)], TraceScale(2))
+    import libarena.schedule.traces as traces
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(traces, "MAX_TRACE_BYTES", 400)
+        with pytest.raises(ArenaError, match=r"^3 copies of .*t\.csv would be a trace of [\d,]+ bytes, more than the 400 a trace may have$"):
+            write_scaled_trace(src, tmp_path / "t3.csv", TraceScale(3))
+    assert not (tmp_path / "t3.csv").exists()
 
 
 def test_scaled_cluster(repo_root):
@@ -241,6 +253,10 @@ def test_cluster_scale_refuses_specs_simulate_refuses(tmp_path, groups, needle):
     (tmp_path / "ok.yaml").write_text("name: ok\nnode_groups:\n  - {gpu_type: a100, nodes: 2, gpus_per_node: 4}\n")
     assert scale_cluster(tmp_path / "ok.yaml", tmp_path / "ok2.yaml", 3).total_gpus == 24
     assert load_cluster(tmp_path / "ok2.yaml").total_gpus == 24
+    # written as YAML, which a .toml name would have read as TOML (and refused)
+    with pytest.raises(ArenaError, match=r"ok2\.toml: a scaled cluster is written as YAML; name the output \.yaml$"):
+        scale_cluster(tmp_path / "ok.yaml", tmp_path / "ok2.toml", 3)
+    assert not (tmp_path / "ok2.toml").exists()
 
 
 @pytest.mark.slow

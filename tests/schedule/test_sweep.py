@@ -146,6 +146,44 @@ def test_spec_file_limits(tmp_path, text, needle):
             build_sweep_spec(spec_file, perfs=perfs)
 
 
+@pytest.mark.parametrize("text,options,needle", [
+    # a trace given as a path where {trace, perf} belongs, with --perf for all or for it
+    ("traces: {a: a.csv}\n", {"perfs": ["p.parquet"]}, "spec.yaml: traces.a: expected a mapping, got str"),
+    ("traces: {a: a.csv}\n", {"perfs": ["a=p.parquet"]}, "spec.yaml: traces.a: expected a mapping, got str"),
+    ("traces: {a: }\n", {"perfs": ["p.parquet"]}, "spec.yaml: traces.a: expected a mapping, got NoneType"),
+    ("traces: {a: {trace: a.csv}}\nsimulator: {overheads: [1]}\n", {"perfs": ["p.parquet"], "overheads": ["checkpoint_resume_s=1"]},
+     "spec.yaml: simulator.overheads: expected a mapping, got list"),
+    ("traces: {a: {trace: a.csv}}\nvariants: {v: {options: {1: 2}}}\n", {"perfs": ["p.parquet"]},
+     "spec.yaml: variants.v.options: 1 is not an option name"),
+    ("traces: {a: {trace: a.csv}}\nvariants: {v: {1: 2}}\n", {"perfs": ["p.parquet"]},
+     "spec.yaml: variants.v.options: 1 is not an option name"),
+])
+def test_malformed_spec_fields_beside_options_are_named(tmp_path, text, options, needle):
+    """A spec field of the wrong shape that an option would fill in or merge with is the spec's one-line error,
+    not a TypeError."""
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text("cluster: c.yaml\npolicies: [arena]\n" + text)
+    with pytest.raises(ArenaError, match=re.escape(needle)):
+        build_sweep_spec(spec_file, **options)
+
+
+def test_a_specs_whole_numbers_run_as_their_options_types():
+    """YAML reads 3.0 as a float and 5 as an int: an integer option given as a whole float runs (a slice or
+    range() of 3.0 would fail every simulation), and a float option given as an int is the same policy, keyed and
+    recorded alike, as the float; a fractional count is refused by name."""
+    from libarena.schedule.api import make_policy, policy_parameters
+
+    arena = make_policy("arena", search_depth=3.0, num_queues=2.0, trade_margin=5)
+    assert type(arena.config.search_depth) is int and list(range(arena.config.search_depth)) == [0, 1, 2]
+    assert type(arena.config.num_queues) is int and type(arena.config.trade_margin) is float
+    assert policy_parameters(arena) == policy_parameters(make_policy("arena", num_queues=2, trade_margin=5.0))
+    sia = make_policy("sia", ilp_max_queued=64.0, max_gpus_per_job=8.0)
+    assert sia.config.ilp_max_queued == 64 and type(sia.config.ilp_max_queued) is int
+    assert type(sia.config.max_gpus_per_job) is int
+    with pytest.raises(ArenaError, match=re.escape("--search-depth: 2.5 is not an integer in [1, 10]")):
+        make_policy("arena", search_depth=2.5)
+
+
 def test_a_sweep_never_writes_over_its_inputs(tmp_path, inputs):
     """An input where the sweep writes (its summary, a comparison's files, a run's folder) is refused before
     anything runs, and is left as it was; an input elsewhere under the output is fine."""
@@ -245,6 +283,57 @@ def test_an_interrupted_sweep_leaves_the_previous_results_whole(tmp_path, inputs
     after = snapshot()
     assert after.keys() == before.keys() and after["seed-0/compare.json"] != before["seed-0/compare.json"]
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_a_sweep_that_cannot_move_its_results_into_place_leaves_the_previous_ones_whole(tmp_path, inputs, monkeypatch):
+    """A move into place that fails halfway (here the second new run's folder, as a group folder on another file
+    system fails with EXDEV) is undone: the previous summary, comparisons and runs are exactly as they were, the
+    error is one line, and the next sweep completes from the cache."""
+    import errno
+    import hashlib
+    import os
+
+    import libarena.pipeline.sweep as sweep_module
+
+    d, cluster = inputs
+    first = SweepSpec(cluster, (SweepTrace("philly", d / "philly.csv", d / "perf.parquet"),), ("arena", "fcfs"),
+                      seeds=(0, 1), horizon_s=400000)
+    out = tmp_path / "out"
+    sweep(first, out, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+
+    def snapshot() -> dict[str, str]:
+        return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(out.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    real_move, real_rename, new_runs_moved = sweep_module._move_into_place, os.rename, []
+
+    def rename(source, target):
+        moving_in = Path(source).is_dir() and ".replaced" not in str(target) and ".sweep." in str(source)
+        if moving_in and len(new_runs_moved) < 2:  # a new run's folder, from the staging folder into place
+            new_runs_moved.append(target)
+            if len(new_runs_moved) == 2:
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+        real_rename(source, target)  # (then the undoing, which moves the old folders back)
+
+    def failing_move(*args):
+        os.rename = rename  # only while the results move into place
+        try:
+            real_move(*args)
+        finally:
+            os.rename = real_rename
+
+    monkeypatch.setattr(sweep_module, "_move_into_place", failing_move)
+    second = dataclasses.replace(first, tick_s=600.0)  # other results, same folders
+    with pytest.raises(ArenaError, match=r"^sweep: cannot move its results into .*out \(Invalid cross-device link\): "
+                                         r"the previous results are left as they were$"):
+        sweep(second, out, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+    assert len(new_runs_moved) == 2  # one new run had replaced its old one before the failure
+    assert snapshot() == before
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    monkeypatch.setattr(sweep_module, "_move_into_place", real_move)
+    summary = sweep(second, out, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
+    assert summary.count("cached") == 4 and snapshot()["seed-0/compare.json"] != before["seed-0/compare.json"]
 
 
 def test_an_input_rewritten_while_the_sweep_runs_fails_its_simulations_and_caches_nothing(tmp_path, inputs):
@@ -397,6 +486,44 @@ def test_a_failed_simulation_is_reported_and_the_others_complete(inputs, tmp_pat
     assert summary["incomplete_comparisons"] == ["broken"]
     assert (d / "failing" / "good" / "compare.json").is_file() and (d / "failing" / "good" / "arena" / "jobs.parquet").is_file()
     assert not (d / "failing" / "broken" / "compare.json").exists()
+
+
+def test_a_worker_with_other_code_or_libraries_than_the_driver_fails_its_simulation(inputs):
+    """A Ray worker on a node with another install (another HiGHS build can choose another of several optimal
+    rounds) would store its result under the driver's key: it fails the simulation instead."""
+    from libarena.pipeline.schedule import simulation_build
+    from libarena.pipeline.sweep import SimulationFailure, SimulationFiles, SimulationTask, run_simulation_task
+    from libarena.schedule.config import SimulatorConfig
+
+    d, cluster = inputs
+    build = simulation_build()
+    task = SimulationTask(str(d / "philly.csv"), str(d / "perf.parquet"), str(cluster), "fcfs", {},
+                          SimulatorConfig(horizon_s=400000), False, (), build)
+    assert isinstance(run_simulation_task(task), SimulationFiles)
+    for other, named in (({**build, "code": "0" * 64}, "code"),
+                         ({**build, "libraries": {**build["libraries"], "highspy": "0.0"}}, "libraries"),
+                         ({"code": "0" * 64, "libraries": {}}, "code and libraries")):
+        failed = run_simulation_task(dataclasses.replace(task, expected_build=other))
+        assert isinstance(failed, SimulationFailure)
+        assert failed.message.startswith(f"this worker runs other {named} than the sweep's driver (libraries here: ")
+
+
+def test_a_sweeps_summary_lists_its_comparisons_in_the_specs_order(inputs, tmp_path):
+    """Not in the order the simulations ended (Ray's, or cached ones first): the same spec gives the same
+    sweep.json and the same tables on stdout."""
+    d, cluster = inputs
+
+    class LastFirst(SequentialExecutor):
+        def map_unordered(self, fn, items):
+            for i in reversed(range(len(items))):
+                yield i, fn(items[i])
+
+    traces = tuple(SweepTrace(name, d / csv, d / "perf.parquet")
+                   for name, csv in (("a", "broken.csv"), ("b", "philly.csv"), ("c", "broken.csv"), ("d", "venus.csv")))
+    spec = SweepSpec(cluster, traces, ("fcfs",), horizon_s=400000, skip_bad_rows=False)
+    summary = sweep(spec, tmp_path / "out", LastFirst(), cache=CacheSettings(tmp_path / "cache"))
+    assert summary.incomplete_groups == ["a", "c"] and list(summary.groups) == ["b", "d"] == list(summary.paired)
+    assert json.loads((tmp_path / "out" / "sweep.json").read_text())["incomplete_comparisons"] == ["a", "c"]
 
 
 @pytest.mark.ray

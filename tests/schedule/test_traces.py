@@ -231,3 +231,48 @@ def test_scaling_an_adapted_trace_refuses_jobs_the_table_cannot_rate(tmp_path):
     kept = write_scaled_trace(raw, tmp_path / "out.csv", TraceScale(2), cluster=cluster, perf=perf, skip_bad_rows=True)
     assert kept.skipped and all(j.model == "gpt__1.3B" and j.global_batch == 256 for j in kept.jobs)
     assert len(kept.jobs) == 2 * (30 - len(kept.skipped))
+
+
+def test_an_unclosed_quote_ends_the_read_instead_of_taking_the_rows_after_it():
+    """An unclosed quote takes every line after it, to the next quote or the end, into one field: with
+    --skip-bad-rows that was one skipped row and every later job silently gone. It ends the read, naming the row."""
+    rows = [f"j{i},{i},100,gpt__1.3B,,256,2,a100" for i in range(6)]
+    rows[2] = rows[2].replace(",a100", ',"a100')
+    text = HEADER + "\n".join(rows) + "\n"
+    for skip in (False, True):
+        with pytest.raises(ArenaError, match=r"^t: row 3: a quoted field runs over a line break \(an unclosed quote\?\)"):
+            read_trace("t", text=text, skip_bad_rows=skip)
+    # a closed quote is a field like any other; a form feed or a vertical tab in a row does not split it in two
+    quoted = HEADER + '"j0",0,100,gpt__1.3B,,256,2,a100\n'
+    assert [j.job_id for j in read_trace("t", text=quoted).jobs] == ["j0"]
+    split = HEADER + "j0,0,100,gpt__1.3B,,256,2,a100\x0bj1,0,100,gpt__1.3B,,256,2,a100\n"
+    with pytest.raises(ArenaError, match=r"^t: row 1, column 'gpu_type': more fields than the header"):
+        read_trace("t", text=split)
+    with pytest.raises(ArenaError, match=r"^t: row 0 \(header\): a quoted field runs over a line break"):
+        read_trace("t", text='job_id,"submission_time\n' + HEADER)
+
+
+def test_a_trace_of_more_rows_than_the_limit_is_refused(monkeypatch):
+    """Short rows (an itp-raw row can be 15 bytes) would put tens of millions of jobs inside the byte limit."""
+    import libarena.schedule.traces as traces
+
+    monkeypatch.setattr(traces, "MAX_TRACE_ROWS", 3)
+    text = HEADER + "".join(f"j{i},{i},100,gpt__1.3B,,256,2,a100\n" for i in range(5))
+    for skip in (False, True):
+        with pytest.raises(ArenaError, match=r"^t: row 4: more than 3 rows$"):
+            read_trace("t", text=text, skip_bad_rows=skip)
+    assert len(read_trace("t", text=HEADER + "".join(f"j{i},{i},100,gpt__1.3B,,256,2,a100\n" for i in range(3))).jobs) == 3
+
+
+def test_an_elasticflow_rows_batch_size_is_checked_like_its_other_numbers():
+    header = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration\n"
+    for value, problem in (("nan", "nan is not"), ("-5", "-5 is out of range"), ("abc", "not a number")):
+        with pytest.raises(ArenaError, match=rf"row 1, column 'batch_size': {problem}"):
+            read_trace("ef", text=header + f"a,100,500,resnet50,5000,{value},2,600\n")
+
+
+def test_trace_stats_give_no_arrival_rate_for_one_instant():
+    stats = trace_stats(read_trace("t", text=HEADER + GOOD + GOOD.replace("a,", "b,", 1)))
+    assert stats["jobs"] == 2 and stats["span_s"] == 0 and stats["arrivals_per_hour"] is None
+    stats = trace_stats(read_trace("t", text=HEADER + GOOD + GOOD.replace("a,0,", "b,3600,", 1)))
+    assert stats["arrivals_per_hour"] == 2.0

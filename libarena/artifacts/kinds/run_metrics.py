@@ -20,7 +20,8 @@ RUN_METRICS = register_kind(
         notes=(
             "Average JCT counts every submitted job: an unfinished one with its time so far, a dropped one with its "
             "time until it was dropped.",
-            "A float that is undefined (NaN: deadline_satisfaction_ratio without deadlines) is null.",
+            "A float that is undefined (NaN: deadline_satisfaction_ratio without deadlines, avg_jct_finished_s when no "
+            "job finished) is null.",
         ),
         fields=(
             Field("policy", "str", "scheduling policy"),
@@ -31,7 +32,7 @@ RUN_METRICS = register_kind(
             Field("unschedulable_jobs", "int", "jobs the policy could never place"),
             Field("dropped_jobs", "int", "jobs the policy dropped"),
             Field("avg_jct_s", "float", "average JCT over every submitted job, seconds"),
-            Field("avg_jct_finished_s", "float", "average JCT over the finished jobs"),
+            Field("avg_jct_finished_s", "float", "average JCT over the finished jobs (null when none finished)"),
             Field("p50_jct_s", "float", "median JCT over every submitted job"),
             Field("p90_jct_s", "float", "90th percentile JCT"),
             Field("p99_jct_s", "float", "99th percentile JCT"),
