@@ -90,6 +90,8 @@ def select_plan(planset: Any, grid: GridSpec | None, plan_id: str | None) -> Any
             raise ArenaError(f"no plan {plan_id!r} in the plans file") from None
         if grid is not None and (plan.grid.gpu_type, plan.grid.num_gpus) != (grid.gpu_type, grid.num_gpus):
             raise ArenaError(f"plan {plan_id} is for {plan.grid.gpu_type} x{plan.grid.num_gpus}, not the grid {grid.gpu_type} x{grid.num_gpus}")
+        if grid is not None and grid.pipeline_degree is not None and plan.pipeline_degree != grid.pipeline_degree:
+            raise ArenaError(f"plan {plan_id} has {plan.pipeline_degree} stages, not the grid's {grid.pipeline_degree}")
         return plan
     if grid is None:
         raise ArenaError("give --grid GPU_TYPE,NUM_GPUS,PIPELINE_DEGREE or --plan-id")
@@ -101,6 +103,8 @@ def select_plan(planset: Any, grid: GridSpec | None, plan_id: str | None) -> Any
         raise ArenaError(f"the plans file has no grid {grid.gpu_type} x{grid.num_gpus} with {grid.pipeline_degree} stages") from None
     if not result.feasible:
         raise ArenaError(f"grid {result.grid.label} is infeasible: {result.infeasible_reason}")
+    if result.proxy is None:  # a plans file written elsewhere need not mark one (is_proxy)
+        raise ArenaError(f"grid {result.grid.label} has no proxy plan in the plans file: give --plan-id, or --search")
     return result.proxy
 
 
@@ -209,6 +213,22 @@ def _check_checkpoint(request: RunRequest, model: Any, planset: Any) -> tuple[An
     return meta, skipped, dtype, dtype_note
 
 
+def check_checkpoint_writable(directory: str) -> None:
+    """A checkpoint directory that cannot be written fails the first save, after training up to it (after the
+    whole run with --checkpoint-every 0): found before anything trains, by writing a probe file where the
+    checkpoints will go (permissions do not show a read-only mount)."""
+    import tempfile
+
+    target = Path(directory)
+    where = target if target.is_dir() else target.absolute().parent  # (a file there: CheckpointStore refuses it)
+    try:
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".arena-run-probe-", suffix=".tmp")
+    except OSError as exc:
+        raise ArenaError(f"--checkpoint-dir {directory}: cannot write in {where} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def run(request: RunRequest) -> dict[str, Any]:
     """Choose the plan and train; returns the run report (JSON-able)."""
     from libarena.run.cluster import available_gpus, connect, largest_node_gpus, run_job
@@ -233,6 +253,12 @@ def run(request: RunRequest) -> dict[str, Any]:
                               "skipped_checkpoints": skipped}
     if dtype_note:
         report["dtype_note"] = dtype_note
+    if resumed_from is not None and resumed_from >= request.steps:
+        # the job is done: no Ray, no search (rerunning a finished job's command, as a restarted scheduler may,
+        # costs nothing); a plan only where it was given, not searched for
+        report["plan"] = None if chosen is None else chosen.describe()
+        return report
+    check_checkpoint_writable(request.checkpoint_dir)
     try:
         if request.use_ray:
             hosts = job_hosts(request, gpu_type, need if chosen else None)

@@ -189,6 +189,16 @@ def max_over_processes(values: Sequence[float], dtype: Any = np.float64) -> list
     return np.max(np.asarray(gathered).reshape(-1, len(values)), axis=0).tolist()
 
 
+def gather_over_processes(value: int) -> list[int]:
+    """Every process's ``value``, in process order (``[value]`` in one process): what a job's processes must agree
+    on, compared by each of them (a collective: every process calls it)."""
+    if not multi_process():
+        return [int(value)]
+    from jax.experimental import multihost_utils
+
+    return [int(v) for v in np.asarray(multihost_utils.process_allgather(np.asarray([value], np.int64))).reshape(-1)]
+
+
 def process_index() -> int:
     import jax
 

@@ -313,6 +313,9 @@ def pruned_search(space: SearchSpace, planset: Any, measure: MeasureFn, config: 
             if g.proxy is None:
                 continue
             proxies.append(RunPlan.from_plan(runnable_plan(g.proxy, space.global_batch), space.layout, space.model))
+        if not proxies:  # a plans file written elsewhere need not mark one (is_proxy)
+            raise ArenaError(f"no grid of {space.gpu_type} x{space.num_gpus} has a proxy plan in the plans file: give "
+                             f"--grid {space.gpu_type},{space.num_gpus},S for the pipeline degree S to search")
         selection_trials = _run_trials(proxies, measure, space.num_gpus)
         selection_cost = sum(t.cost_device_s for t in selection_trials)
         ok = [t for t in selection_trials if not t.error]

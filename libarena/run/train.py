@@ -115,6 +115,14 @@ def train(model: ModelDef, plan: RunPlan, config: TrainConfig, devices: Sequence
             if resume_meta is None:
                 raise ArenaError(f"{exc}; no earlier checkpoint in {store.directory} is usable (move the directory "
                                  f"aside to start over)") from None
+    # a multi-host job's processes each read --checkpoint-dir: one that sees another step (a directory not shared
+    # by the nodes, a stale network file system cache) would train a mixture and then wait in a collective the
+    # others never join; every process sees the disagreement here and stops, before any step
+    starts = distributed.gather_over_processes(0 if resume_meta is None else resume_meta.step)
+    if len(set(starts)) > 1:
+        raise ArenaError(f"the job's processes would resume from different steps ({', '.join(map(str, starts))} by "
+                         f"process): every host must see the same --checkpoint-dir {config.checkpoint_dir} (a "
+                         f"directory shared by the job's nodes)")
     if store is not None and distributed.process_index() == 0:
         for entry in skipped:  # newer than the resume point: orbax would keep it as the newest, or refuse to save its step
             moved = store.set_aside(entry["step"])

@@ -144,3 +144,32 @@ def test_newest_usable_skips_corrupt_and_empty_newer_checkpoints(tmp_path: Path)
     with pytest.raises(ArenaError, match=r"ckpt/6 is corrupt .*; no earlier checkpoint .* is usable"):
         CheckpointStore(root).newest_usable(model, 8, 0, OptimizerConfig())
     assert _tree_digest(root) == {k: v for k, v in before.items() if not k.startswith("2/")}
+
+
+def test_processes_that_would_resume_from_different_steps_stop_before_training(tmp_path: Path, monkeypatch) -> None:
+    """A multi-host job's processes each read --checkpoint-dir: where one sees another step (a directory that is
+    not shared by the nodes) they would train a mixture of two states, then hang in a collective. Each process
+    compares the step it would resume from with the others' and stops, the checkpoint untouched. (The gather is
+    a real collective on a multi-host job; here one process stands for a host that saw no checkpoint.)"""
+    import jax
+
+    from libarena.models.training import OptimizerConfig
+    from libarena.run import distributed
+    from libarena.run.plan import simple_plan
+    from libarena.run.train import TrainConfig, train
+
+    root, model = _make_checkpoint(tmp_path)
+    before = _tree_digest(root)
+    seen = []
+
+    def another_host_saw_none(value: int) -> list[int]:
+        seen.append(value)
+        return [value, 0]
+
+    monkeypatch.setattr(distributed, "gather_over_processes", another_host_saw_none)
+    plan = simple_plan(model, 8, [0], [1], [1], 1)
+    config = TrainConfig(8, 3, optimizer=OptimizerConfig(), checkpoint_dir=str(root), checkpoint_every=1, profile_step=0)
+    with pytest.raises(ArenaError, match=rf"^the job's processes would resume from different steps \(2, 0 by process\): "
+                                         rf"every host must see the same --checkpoint-dir {root} \(a directory shared"):
+        train(model, plan, config, jax.devices()[:1])
+    assert seen == [2] and _tree_digest(root) == before

@@ -148,6 +148,36 @@ def test_steps_below_the_checkpoint_say_so(trained, gpt_tiny_plans: Path) -> Non
     proc = arena_run(*args, "--steps", "2")
     assert proc.returncode == 0 and "nothing to train: the checkpoint is already at step 2 (--steps 2)" in proc.stderr
     assert _digest(ckpt) == before
+    # a finished job rerun with a runtime search searches nothing (it would measure every candidate for no step)
+    proc = arena_run(*args, "--steps", "2", "--search", "pruned", "--json")
+    assert proc.returncode == 0 and "nothing to train: the checkpoint is already at step 2 (--steps 2)" in proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["plan"] is None and "search" not in report and report["resumed_from"] == 2
+    assert _digest(ckpt) == before
+
+
+def test_a_checkpoint_dir_that_cannot_be_written_is_refused_before_training(gpt_tiny_plans: Path, tmp_path: Path,
+                                                                           monkeypatch) -> None:
+    """Found at the first save it would cost the training up to it (the whole run with --checkpoint-every 0)."""
+    import tempfile
+
+    from libarena.errors import ArenaError
+    from libarena.run.api import check_checkpoint_writable
+
+    proc = arena_run("--plan", str(gpt_tiny_plans), "--grid", "a100,1,1", "--model", "gpt__tiny", "--global-batch", "8",
+                     "--steps", "1", "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-ray",
+                     "--report", str(tmp_path / "ckpt"))
+    _one_line_error(proc, "is the --checkpoint-dir: write the report elsewhere")
+    check_checkpoint_writable(str(tmp_path / "new"))  # a new directory in a writable folder: nothing made
+    assert list(tmp_path.iterdir()) == []
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)  # (a read-only mount: permission bits do not show it)
+    with pytest.raises(ArenaError, match=rf"^--checkpoint-dir {tmp_path / 'new'}: cannot write in {tmp_path} "
+                                         r"\(Read-only file system\)$"):
+        check_checkpoint_writable(str(tmp_path / "new"))
 
 
 def test_checkpoint_dir_parents_are_not_created(gpt_tiny_plans: Path, tmp_path: Path) -> None:

@@ -169,3 +169,26 @@ def test_damaged_micro_batch_settings_of_a_plans_file_are_a_one_line_error(plann
     with pytest.raises(ArenaError, match="microbatches"):
         SearchConfig().as_planned(planner)
     assert SearchConfig().as_planned({"microbatches_per_stage": 2, "num_microbatches": None}).microbatches(60, 3) == 6
+
+
+def test_a_plans_file_without_proxies_or_a_plan_of_other_stages_is_a_one_line_error(space_and_plans) -> None:
+    """A plans file written outside arena-plan need not mark a proxy per grid: running a grid's proxy, or
+    choosing a grid by its proxies, is refused by name (it was an AttributeError and an IndexError); and a
+    --plan-id whose stages are not the --grid's is refused, not run."""
+    import dataclasses
+
+    from libarena.errors import ArenaError
+    from libarena.run.api import parse_grid, select_plan
+
+    space, planset = space_and_plans
+    unmarked = dataclasses.replace(planset, grids=[
+        dataclasses.replace(g, plans=tuple(dataclasses.replace(p, is_proxy=False) for p in g.plans)) for g in planset.grids])
+    with pytest.raises(ArenaError, match=r"^grid .* has no proxy plan in the plans file: give --plan-id, or --search$"):
+        select_plan(unmarked, parse_grid("a100,4,2"), None)
+    with pytest.raises(ArenaError, match=r"^no grid of a100 x4 has a proxy plan in the plans file: give --grid a100,4,S "):
+        pruned_search(space, unmarked, lambda plan: 0.01, SearchConfig())
+    one_stage = planset.grid("a100", 4, 1).proxy
+    assert select_plan(planset, parse_grid("a100,4,1"), one_stage.plan_id) is one_stage
+    assert select_plan(planset, parse_grid("a100,4"), one_stage.plan_id) is one_stage
+    with pytest.raises(ArenaError, match=rf"^plan {one_stage.plan_id} has 1 stages, not the grid's 2$"):
+        select_plan(planset, parse_grid("a100,4,2"), one_stage.plan_id)

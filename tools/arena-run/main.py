@@ -12,6 +12,7 @@ a rerun resume rather than start over.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -63,6 +64,8 @@ def run(
 
     if proxy and search:
         raise ArenaError("--proxy and --search exclude each other")
+    if proxy and plan_id:
+        raise ArenaError("--proxy runs the grid's proxy plan and --plan-id another: give one of them")
     # the request checks every value (the library's callers get the same one-line errors) before anything runs
     request = RunRequest(
         plans_path=str(plan), model=model, global_batch=global_batch, steps=steps, checkpoint_dir=str(checkpoint_dir),
@@ -73,6 +76,8 @@ def run(
     )
     if report is not None:  # checked before training, not after it
         refuse_overwriting_inputs(report, {"--plan": plan}, output_flag="--report")
+        if os.path.abspath(report) == os.path.abspath(checkpoint_dir):
+            raise ArenaError(f"--report {report} is the --checkpoint-dir: write the report elsewhere")
         check_writable(report)
     result = run_job(request)
     if report is not None:
@@ -103,7 +108,7 @@ def _notices(result: dict, quiet: bool) -> None:
 
 def _summary(result: dict, quiet: bool = False) -> None:
     plan = result["plan"]
-    if not quiet:
+    if plan is not None and not quiet:  # (None: a finished job rerun with --search, which searched nothing)
         stderr_console.print(f"plan {plan['plan_id']}: {plan['pipeline_degree']} stages, GPUs {plan['gpus_per_stage']}, "
                              f"dp {plan['dp_per_stage']}, tp {plan['tp_per_stage']}", markup=False, soft_wrap=True)
     if "search" in result and not quiet:
