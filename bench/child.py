@@ -33,15 +33,17 @@ def run_child(command: list[str], out: Path, timeout_s: float | None = None, env
     None) when it finished, or (the last payload it wrote, why it was stopped) when it overran ``timeout_s`` or
     this process was interrupted or terminated. A one-line ArenaError when it failed, or was stopped before
     writing anything."""
-    proc = subprocess.Popen(command, env=env)
     previous = signal.getsignal(signal.SIGTERM)
     stopped: str | None = None
+    # the handler goes in before the child starts: a SIGTERM between the two would leave the child running
     try:
         signal.signal(signal.SIGTERM, _raise_stopped)
         installed = True
     except ValueError:  # not the main thread: SIGTERM keeps its handler
         installed = False
+    proc: subprocess.Popen | None = None
     try:
+        proc = subprocess.Popen(command, env=env)
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         stopped = f"overran {timeout_s:.0f} s"
@@ -51,7 +53,7 @@ def run_child(command: list[str], out: Path, timeout_s: float | None = None, env
         if installed:
             # a handler installed outside Python reads as None: the default action is the closest to it
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
                 proc.wait(timeout=STOP_GRACE_S)
@@ -62,6 +64,7 @@ def run_child(command: list[str], out: Path, timeout_s: float | None = None, env
         if not out.is_file():
             raise ArenaError(f"{what} {stopped} before finishing a model (its log is above)")
         return json.loads(out.read_text()), stopped
+    assert proc is not None  # nothing stopped it, so it was started
     if proc.returncode != 0 or not out.is_file():
         raise ArenaError(f"{what} failed (exit {proc.returncode}; its log is above)")
     return json.loads(out.read_text()), None

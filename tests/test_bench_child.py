@@ -41,6 +41,31 @@ def test_an_overrunning_child_is_stopped_and_its_last_file_kept(tmp_path):
         run_child([sys.executable, "-c", "raise SystemExit(3)"], out, 30.0, what="bench_x")
 
 
+def test_a_sigterm_as_the_child_starts_is_caught_and_the_handler_restored(tmp_path, monkeypatch):
+    """The SIGTERM handler is in place before the child is started, so a SIGTERM that arrives while it starts is a
+    clean stop (a one-line error: nothing was finished), not a run left going with the default handler's death."""
+    import bench.child as child
+
+    def terminated_while_starting(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)  # handled at once, in this thread: the handler is already installed
+        raise AssertionError("the SIGTERM handler was not installed before the child started")
+
+    class ReachedTheOuterHandler(Exception):
+        pass
+
+    def outer(signum, frame):  # what the SIGTERM would meet without run_child's handler (not death, in a test)
+        raise ReachedTheOuterHandler
+
+    monkeypatch.setattr(child.subprocess, "Popen", terminated_while_starting)
+    original = signal.signal(signal.SIGTERM, outer)
+    try:
+        with pytest.raises(ArenaError, match="^the benchmark interrupted before finishing a model"):
+            child.run_child([sys.executable, "-c", "pass"], tmp_path / "result.json", 30.0)
+        assert signal.getsignal(signal.SIGTERM) is outer
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
 def test_a_terminated_benchmark_keeps_what_its_child_finished(tmp_path, repo_root):
     """SIGTERM to the benchmark (the parent) stops its child; the parent goes on with the child's last file."""
     out = tmp_path / "result.json"

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from libarena.checks import MAX_COMM_BYTES, MAX_ITERATION_S, range_problem
+from libarena.checks import MAX_COMM_BYTES, MAX_GPUS, MAX_ITERATION_S, range_problem
 from libarena.errors import ArenaError
 from libarena.hardware.catalogue import get_gpu
 
@@ -301,8 +301,9 @@ class MeasuredCommModel(CommModel):
                 raise ArenaError(f"{where}: {exc}") from None
             if volume is None or latency is None or crosses is None:
                 raise ArenaError(f"{where}: missing value (bytes, latency_s and crosses_nodes are required)")
-            if not (isinstance(devices, (int, np.integer)) and devices >= 1):
-                raise ArenaError(f"{where}: num_devices must be a positive integer, got {devices!r}")
+            problem = range_problem(devices, 1, MAX_GPUS, integer=True)
+            if problem:
+                raise ArenaError(f"{where}, column 'num_devices': {problem}")
             problem = range_problem(volume, 1, MAX_COMM_BYTES)
             if problem:
                 raise ArenaError(f"{where}, column 'bytes': {problem}")
@@ -358,9 +359,29 @@ class MeasuredCommModel(CommModel):
         return f"measured ({self.source_name}: {', '.join(self.gpu_types)}), else {self.fallback.describe()}"
 
 
+def _check_num_nodes(table: Any, source_name: str) -> None:
+    """The optional ``num_nodes`` column (0 = unspecified) is not priced, but a value it holds must agree with its
+    row: at most one node per device, and more than one node exactly where the group crosses nodes."""
+    if "num_nodes" not in table.column_names:
+        return
+    rows = zip(table.column("num_nodes").to_pylist(), table.column("num_devices").to_pylist(),
+               table.column("crosses_nodes").to_pylist(), strict=True)
+    for i, (nodes, devices, crosses) in enumerate(rows):
+        if nodes is None:
+            continue
+        where = f"{source_name}: row {i + 1}, column 'num_nodes'"
+        most = devices if isinstance(devices, int) and 1 <= devices <= MAX_GPUS else MAX_GPUS
+        problem = range_problem(nodes, 0, most, integer=True)
+        if problem:
+            raise ArenaError(f"{where}: {problem}")
+        if nodes and crosses is not None and bool(crosses) != (nodes > 1):
+            raise ArenaError(f"{where}: {nodes} node(s) but crosses_nodes is {str(bool(crosses)).lower()}")
+
+
 def comm_model_from_table(artifact: Any, fallback: CommModel | None = None) -> MeasuredCommModel:
     """A :class:`MeasuredCommModel` from a ``comm_table`` TableArtifact (see libarena.artifacts)."""
     t = artifact.table
+    _check_num_nodes(t, artifact.source)
     rows = zip(
         t.column("primitive").to_pylist(),
         t.column("gpu_type").to_pylist(),

@@ -78,6 +78,11 @@ class LocalDevice:
 
         return [platform.node(), os.cpu_count(), process_identity()]
 
+    def machine(self) -> list[Any] | str:
+        """What keys a measurement of this machine's device (its roofline, its dispatch overhead): on CPU the host
+        (``host()``), on a GPU the node's name, since two GPUs of one kind may still sit in different machines."""
+        return self.host() or platform.node()
+
     def cache_identity(self) -> dict[str, Any]:
         """What names this device in the key of a cached profile: ``describe()`` and, on CPU, the host."""
         return {**self.describe(), "host": self.host()}
@@ -172,7 +177,7 @@ def local_roofline(local: LocalDevice, cache: Any | None = None) -> RooflineSpec
         pass
     import jax
 
-    key = content_digest("device-roofline", 2, local.platform, local.kind, local.host() or platform.node(), platform.processor(),
+    key = content_digest("device-roofline", 2, local.platform, local.kind, local.machine(), platform.processor(),
                          jax.__version__)
     if cache is not None:
         hit = cache.get(key)

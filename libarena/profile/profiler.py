@@ -530,11 +530,10 @@ def dispatch_overhead(local: LocalDevice, cache: ProfileCache | None, timer: Tim
     once per device with trivial executables. A stage timed as a sum of per-unit regions pays it once per
     unit; the fused stage once -- the difference is subtracted."""
     import jax
-    import platform as host
 
     if timer.name != "host":
         return 0.0  # kernel timers see no launch overhead
-    key = content_digest("dispatch-overhead", 1, local.platform, local.kind, local.host() or host.node(), jax.__version__)
+    key = content_digest("dispatch-overhead", 1, local.platform, local.kind, local.machine(), jax.__version__)
     hit = cache.get(key) if cache is not None else None
     if hit is not None:
         return float(hit["seconds"])
@@ -871,11 +870,12 @@ def corun_timings(job: ProfiledJob, work: list[tuple[ParallelPlan, bool]], confi
 def _with_measured_handoffs(job: ProfiledJob, composed: list[tuple[ParallelPlan, bool, list[dict[str, Any]], PlanEstimate]],
                             config: ProfileConfig, local: LocalDevice, local_spec: RooflineSpec | None, comm: CommModel,
                             timer: Timer, cache: ProfileCache | None, concurrency: Any, log: Callable[[str], None],
+                            progress: ProgressCallback = no_progress,
                             ) -> tuple[list[tuple[ParallelPlan, bool, list[dict[str, Any]], PlanEstimate]], int, dict[int, float]]:
     """``composed`` with the co-run plans of two one-device stages whose flat hand-off price is at least
     libarena.profile.handoff.GATE_SHARE of the step estimated again on their measured wait for the producers
     (each boundary's child charged to its plan, as the co-run stages are); how many were; and per device count
-    the wall seconds the children spent measuring."""
+    the wall seconds the children spent measuring. ``progress`` hears one update per device count's child."""
     from libarena.profile.handoff import boundary_of, profile_handoffs
     from libarena.profile.host import XLA_THREADING
 
@@ -897,12 +897,15 @@ def _with_measured_handoffs(job: ProfiledJob, composed: list[tuple[ParallelPlan,
     layout = XLA_THREADING.get(config.xla_threading)
     timings: dict[tuple[int, Any], Any] = {}
     cost: dict[int, float] = {}
-    for n, boundaries in sorted(wanted.items()):
+    what = "timing two-stage plans' hand-offs"
+    progress(ProgressUpdate(what, 0, len(wanted)))
+    for done_counts, (n, boundaries) in enumerate(sorted(wanted.items()), start=1):
         measured, spent = profile_handoffs(boundaries, n, layout, cache, rounds=config.handoff_rounds, seed=config.seed,
                                             fresh_child=config.isolation == "child", log=log)
         timings.update({(n, b): t for b, t in measured.items()})
         if spent > 0:
             cost[n] = spent
+        progress(ProgressUpdate(what, done_counts, len(wanted), f"{len(boundaries)} boundaries on {n} devices"))
     out, charged, done = list(composed), set(), 0
     for i, boundary in boundary_at.items():
         plan, is_dp, records, estimate = composed[i]
@@ -1123,14 +1126,10 @@ def profile_plans(
         )
         composed.append((plan, is_dp, records, estimate))
     progress(ProgressUpdate("profiling plans", len(work), len(work)))
-    if corun:
-        progress(ProgressUpdate("timing two-stage plans' hand-offs", 0, 1))
     composed, handoffs_measured, handoff_cost = _with_measured_handoffs(job, composed, config, local, local_spec, comm, timer,
-                                                                        timed, concurrency, log) if corun else (composed, 0, {})
+                                                                        timed, concurrency, log, progress) if corun else (composed, 0, {})
     for n, spent in handoff_cost.items():  # its children are co-run children: they held the plan's devices
         corun_cost[n] = corun_cost.get(n, 0.0) + spent
-    if corun:
-        progress(ProgressUpdate("timing two-stage plans' hand-offs", 1, 1))
     for plan, is_dp, _records, estimate in composed:
         if is_dp:
             dp_estimates[plan.resources] = estimate

@@ -137,6 +137,42 @@ def test_comm_table_bad_row_names_the_row(volume, latency, message):
         MeasuredCommModel.from_rows(rows)
 
 
+@pytest.mark.parametrize("devices, message", [
+    (10**12, r"row 4, column 'num_devices': 1000000000000 is out of range \(expected an integer in \[1, 1048576\]\)"),
+    (0, r"row 4, column 'num_devices': 0 is out of range"),
+    (2.5, r"row 4, column 'num_devices': 2\.5 is not an integer"),
+])
+def test_comm_table_bad_group_size_names_the_row(devices, message):
+    rows = _rows() + [("all-reduce", "a100", devices, False, 1e6, 1e-4)]
+    with pytest.raises(ArenaError, match=message):
+        MeasuredCommModel.from_rows(rows)
+
+
+@pytest.mark.parametrize("nodes, crosses, message", [
+    ("-1", "false", r"nccl\.csv: row 2, column 'num_nodes': -1 is out of range \(expected an integer in \[0, 4\]\)"),
+    ("5", "true", r"row 2, column 'num_nodes': 5 is out of range \(expected an integer in \[0, 4\]\)"),
+    ("2", "false", r"row 2, column 'num_nodes': 2 node\(s\) but crosses_nodes is false"),
+    ("1", "true", r"row 2, column 'num_nodes': 1 node\(s\) but crosses_nodes is true"),
+    ("0", "true", None),
+    ("2", "true", None),
+])
+def test_comm_table_num_nodes_must_agree_with_its_row(tmp_path, nodes, crosses, message):
+    """num_nodes is not priced, but an imported table that says a group of 4 spans -1 or 5 nodes, or spans 2 nodes
+    without crossing them, is wrong somewhere: refused with its row, not read."""
+    path = tmp_path / "nccl.csv"
+    agreeing = 2 if crosses == "true" else 1  # the first row is right either way
+    path.write_text(
+        "primitive,gpu_type,num_devices,crosses_nodes,bytes,latency_s,num_nodes\n"
+        f"allreduce,A100,4,{crosses},1000,2e-5,{agreeing}\nallreduce,A100,4,{crosses},1000000,1e-4,{nodes}\n"
+    )
+    artifact = read_table(path, "comm_table")
+    if message is None:
+        assert comm_model_from_table(artifact).time("all-reduce", 1e6, 4, "a100", crosses == "true") == pytest.approx(1e-4)
+    else:
+        with pytest.raises(ArenaError, match=message):
+            comm_model_from_table(artifact)
+
+
 def test_group_placement_of_a_stages_axes():
     from libarena.hardware import GroupPlacement
 

@@ -234,7 +234,7 @@ def test_only_stages_that_hold_the_whole_grid_are_timed_as_spmd():
 @pytest.fixture(scope="module")
 def two_device_profile(tmp_path_factory):
     """gpt__tiny's two-stage pipelines, its data-parallel 2-device plan and its 1-device plans, profiled with
-    co-run timings: (plans path, plan set, config, result, log messages)."""
+    co-run timings: (plans path, plan set, config, result, log messages, progress updates)."""
     from libarena.plan import read_plans
     from libarena.profile import ProfileConfig, profile_plans
     from libarena.profile.local_plans import enumerate_grid_plans, model_clusters, write_plans_table
@@ -253,9 +253,10 @@ def two_device_profile(tmp_path_factory):
     config = ProfileConfig(cache_dir=tmp_path / "cache", warmup=1, repeats=3, include_dp=False, xla_threading="eigen-single",
                            selection="exhaustive", handoff_rounds=2, handoff_gate=0.0)
     messages: list[str] = []
-    result = profile_plans(planset, config, comm=_cpu_comm(), log=messages.append)
+    updates: list = []
+    result = profile_plans(planset, config, comm=_cpu_comm(), log=messages.append, progress=updates.append)
     assert {e.plan.plan_id for e in result.estimates} == {p.plan_id for p in planset.plans()}
-    return path, planset, config, result, messages
+    return path, planset, config, result, messages, updates
 
 
 @pytest.mark.multidevice
@@ -264,7 +265,7 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(two_device_profi
     from libarena.profile import ProfileConfig, profile_plans
     from tests.profile.test_profile import _cpu_comm
 
-    _, planset, config, result, messages = two_device_profile
+    _, planset, config, result, messages, updates = two_device_profile
     two = [e for e in result.estimates if e.resources.num_gpus == 2]
     one = [e for e in result.estimates if e.resources.num_gpus == 1]
     assert one and {e.plan.pipeline_degree for e in two} == {1, 2}
@@ -290,8 +291,11 @@ def test_profiler_times_two_device_plans_co_run_and_caches_them(two_device_profi
     measured = [e for e in result.estimates if e.iteration.handoff_measured]
     assert measured and result.summary["handoffs_measured"] == len(measured)
     assert {id(e) for e in measured} == {id(e) for e in two if e.plan.pipeline_degree == 2}
-    assert len([m for m in messages if m.startswith("hand-offs of gpt__tiny")]) == len(
-        {(e.plan.num_microbatches, e.stages[0]["units"][1], tuple(st["key"] for st in e.stages)) for e in measured})
+    boundaries = len({(e.plan.num_microbatches, e.stages[0]["units"][1], tuple(st["key"] for st in e.stages)) for e in measured})
+    assert len([m for m in messages if m.startswith("hand-offs of gpt__tiny")]) == boundaries
+    # the progress bar moves once per device count's hand-off child (one here: the 2-device plans)
+    handoff_updates = [(u.completed, u.total, u.detail) for u in updates if u.task == "timing two-stage plans' hand-offs"]
+    assert handoff_updates == [(0, 1, ""), (1, 1, f"{boundaries} boundaries on 2 devices")]
     # a second run reads the co-run timings from the cache: no child, the same estimates
     again: list[str] = []
     second = profile_plans(planset, config, comm=_cpu_comm(), log=again.append)
@@ -313,7 +317,7 @@ def test_a_two_stage_pipelines_estimate_is_the_1f1b_composition_of_its_stage_tim
     the two stages' own co-run timings as the 1F1B model says, and lands near a direct measurement."""
     from libarena.profile.measure import measure_in_subprocess
 
-    path, _, _, result, _ = two_device_profile
+    path, _, _, result, _, _ = two_device_profile
     pipelines = [e for e in result.estimates if e.plan.pipeline_degree == 2]
     assert pipelines
     for e in pipelines:

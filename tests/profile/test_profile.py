@@ -663,6 +663,24 @@ def test_cpu_timings_are_keyed_by_the_cores_and_xla_flags_the_process_runs_with(
     assert resolve_device("cpu").cache_identity()["host"] == local.host()
 
 
+def test_a_device_measurement_is_keyed_by_its_machine(monkeypatch):
+    """The roofline and dispatch-overhead records are keyed by the machine: on CPU the host (cores and flags
+    included), on a GPU, whose host() is empty, the node's name, so two machines' GPUs of one kind do not share one."""
+    import dataclasses
+    import platform
+
+    from libarena.profile.device import resolve_device
+
+    cpu = resolve_device("cpu")
+    assert cpu.machine() == cpu.host() and cpu.host()
+    gpu = dataclasses.replace(cpu, platform="gpu", kind="NVIDIA H100 80GB HBM3", gpu_type="h100")
+    assert gpu.host() == []
+    monkeypatch.setattr(platform, "node", lambda: "node-a")
+    assert gpu.machine() == "node-a"
+    monkeypatch.setattr(platform, "node", lambda: "node-b")
+    assert gpu.machine() == "node-b"
+
+
 def test_the_optimizer_profile_is_keyed_by_the_host_and_a_stage_by_its_micro_batch(monkeypatch):
     """A shared cache does not serve one host's optimizer times to another (its stage keys already hold the
     host); and a batch-equivalent tensor-parallel worker (wide_resnet at tp 2 runs ceil(micro-batch / 2)
