@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -248,14 +249,14 @@ def test_a_sweep_that_fails_before_running_leaves_no_folders(tmp_path, inputs):
     assert list((tmp_path / "kept").iterdir()) == []
 
 
-def test_an_interrupted_sweep_leaves_the_previous_results_whole(tmp_path, inputs):
-    """Interrupted after some of its simulations (Ctrl-C, SIGTERM), a sweep over an earlier one leaves that one
-    exactly as it was (no mix of new runs and old comparisons) and no staging folder; run again, it completes."""
+def _an_earlier_sweep(inputs, tmp_path) -> tuple[SweepSpec, Path, Callable[[], dict[str, str]]]:
+    """philly swept (arena and fcfs, seeds 0 and 1) into tmp_path/out: its spec, the output, and a snapshot of the
+    output's files (path -> sha256)."""
     import hashlib
 
     d, cluster = inputs
-    trace = SweepTrace("philly", d / "philly.csv", d / "perf.parquet")
-    first = SweepSpec(cluster, (trace,), ("arena", "fcfs"), seeds=(0, 1), horizon_s=400000)
+    first = SweepSpec(cluster, (SweepTrace("philly", d / "philly.csv", d / "perf.parquet"),), ("arena", "fcfs"),
+                      seeds=(0, 1), horizon_s=400000)
     out = tmp_path / "out"
     sweep(first, out, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
 
@@ -263,6 +264,13 @@ def test_an_interrupted_sweep_leaves_the_previous_results_whole(tmp_path, inputs
         return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
                 for p in sorted(out.rglob("*")) if p.is_file()}
 
+    return first, out, snapshot
+
+
+def test_an_interrupted_sweep_leaves_the_previous_results_whole(tmp_path, inputs):
+    """Interrupted after some of its simulations (Ctrl-C, SIGTERM), a sweep over an earlier one leaves that one
+    exactly as it was (no mix of new runs and old comparisons) and no staging folder; run again, it completes."""
+    first, out, snapshot = _an_earlier_sweep(inputs, tmp_path)
     before = snapshot()
     assert "sweep.json" in before and "seed-0/compare.json" in before
 
@@ -290,21 +298,11 @@ def test_a_sweep_that_cannot_move_its_results_into_place_leaves_the_previous_one
     system fails with EXDEV) is undone: the previous summary, comparisons and runs are exactly as they were, the
     error is one line, and the next sweep completes from the cache."""
     import errno
-    import hashlib
     import os
 
     import libarena.pipeline.sweep as sweep_module
 
-    d, cluster = inputs
-    first = SweepSpec(cluster, (SweepTrace("philly", d / "philly.csv", d / "perf.parquet"),), ("arena", "fcfs"),
-                      seeds=(0, 1), horizon_s=400000)
-    out = tmp_path / "out"
-    sweep(first, out, SequentialExecutor(), cache=CacheSettings(tmp_path / "cache"))
-
-    def snapshot() -> dict[str, str]:
-        return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(out.rglob("*")) if p.is_file()}
-
+    first, out, snapshot = _an_earlier_sweep(inputs, tmp_path)
     before = snapshot()
     real_move, real_rename, new_runs_moved = sweep_module._move_into_place, os.rename, []
 
