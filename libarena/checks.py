@@ -49,6 +49,8 @@ def _fmt(x: float) -> str:
         return str(x)
     if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
         return str(int(x))
+    if isinstance(x, int) and x.bit_length() > 1000:  # beyond a float: {:.6g} would raise OverflowError
+        return f"{'-' if x < 0 else ''}an integer of {len(str(abs(x))) if x.bit_length() < 14_000 else 'over 4,000'} digits"
     return f"{x:.6g}"
 
 

@@ -295,6 +295,26 @@ def test_a_failing_upgrade_is_a_short_one_line_error(tmp_path):
     assert len(str(err.value)) < len(str(path)) + 400
 
 
+@pytest.mark.parametrize("error", [OverflowError, IndexError])
+def test_an_upgrade_failing_on_numbers_out_of_its_types_is_a_one_line_error(tmp_path, error):
+    """An old table's column of another type than its upgrade reads (a uint64 of 2**64-1 made int64 raises
+    OverflowError) is the same one-line error as any other upgrade failure, not an internal error."""
+    import json
+
+    def out_of_range(table, metadata):
+        raise error("Python int too large to convert to C long")
+
+    name = f"test_upgrading_{error.__name__.lower()}"
+    register_kind(ArtifactKind(name=name, version=2, format="table", produced_by="tests",
+                               description="a table with an upgrade that fails", columns=(Column("a", "int64", "a"),),
+                               upgrades=((1, out_of_range),)))
+    path = tmp_path / "old.parquet"
+    header = {"kind": name, "schema_version": 1, "provenance": {}, "metadata": {}}
+    pq.write_table(pa.table({"a": [1]}).replace_schema_metadata({b"arena": json.dumps(header).encode()}), path)
+    with pytest.raises(ArenaError, match=rf"cannot read this {name} of schema version 1 \({error.__name__}: "):
+        read_table(path, name)
+
+
 def test_a_users_hidden_tmp_file_beside_an_output_is_not_removed_as_a_stale_temp(tmp_path):
     """Only names as Arena writes them (``.<target>.<pid>.<random>.tmp``, their writer dead) are a killed
     write's leftovers beside an output; a user's ``.out.parquet.my-notes.tmp`` is kept however old."""
@@ -313,18 +333,25 @@ def test_a_users_hidden_tmp_file_beside_an_output_is_not_removed_as_a_stale_temp
 
 
 @pytest.mark.parametrize("store_schema", [False, True])
-def test_a_tiny_parquet_file_that_would_expand_to_gigabytes_is_refused_in_bounded_memory(tmp_path, store_schema):
+@pytest.mark.parametrize("in_a_list", [False, True])
+def test_a_tiny_parquet_file_that_would_expand_to_gigabytes_is_refused_in_bounded_memory(tmp_path, store_schema,
+                                                                                          in_a_list):
     """One 32 KiB text value repeated over 65,536 rows is a file of a kilobyte (dictionary-encoded) and 2 GiB
     decoded: it is decoded as its dictionary and its expanded size counted before any value is copied (the
     first batch used to take several GiB before the size check; stored as an Arrow dictionary column, the cast
-    to text did)."""
+    to text did). So is a list<string> column's, even one the kind does not declare (read before it is
+    dropped)."""
     import os
     import resource
 
     n = 65_536
-    name = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array(["x" * 32_768]))
+    repeated = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array(["x" * 32_768]))
+    columns = {"name": repeated, "value": pa.array([1.0] * n)}
+    if in_a_list:
+        columns["name"] = pa.array(["abc"] * n)
+        columns["extra"] = pa.ListArray.from_arrays(pa.array(range(n + 1), pa.int32()), repeated)
     path = tmp_path / "bomb.parquet"
-    pq.write_table(pa.table({"name": name, "value": pa.array([1.0] * n)}), path, store_schema=store_schema)
+    pq.write_table(pa.table(columns), path, store_schema=store_schema)
     assert os.path.getsize(path) < 10_000
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(ArenaError, match=r"bomb.parquet: refused: the table decodes to more than .* or 1024 MiB"):

@@ -188,3 +188,21 @@ def test_every_tool_ends_with_sigpipe_when_its_reader_is_gone(argv):
     r = _into_closed_pipe([str(Path(sys.executable).with_name(argv[0])), *argv[1:]])
     assert r.returncode == -signal.SIGPIPE, (r.returncode, r.stderr.decode())
     assert r.stderr == b""
+
+
+def test_a_closed_stdin_and_a_linked_stdout_as_the_tools_streams(repo_root):
+    """``-`` with stdin closed (``<&-``) is a one-line error, not an internal one; ``-o /dev/stdout`` (a link to
+    a pipe whose /proc name realpath cannot follow) writes the stream, as ``-o -`` does."""
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("arena-schedule")
+    # (the shell closes it: a preexec_fn would fork this multithreaded process)
+    closed = subprocess.run(["/bin/sh", "-c", 'exec "$0" trace stats - <&-', str(exe)], capture_output=True, text=True,
+                            timeout=120)
+    assert closed.returncode == 2 and closed.stderr.strip() == "arena-schedule: error: stdin is closed: expected a trace CSV"
+    cluster = repo_root / "examples" / "clusters" / "paper-sim-1280.yaml"
+    for target in ("/dev/stdout", "/dev/fd/1"):
+        piped = subprocess.run([str(exe), "cluster", "scale", str(cluster), "-x", "2", "-o", target],
+                               capture_output=True, text=True, timeout=120)
+        assert piped.returncode == 0, piped.stderr
+        assert piped.stdout.startswith("name: paper-sim-1280-x2\nnode_groups:\n")

@@ -112,6 +112,26 @@ def test_hostile_toml_cluster_file(tmp_path):
         load_cluster(p)
 
 
+@pytest.mark.parametrize("suffix, digits, message", [
+    # beyond a float: the range check's message formatted it as one (OverflowError)
+    (".yaml", 401, r"c\.yaml: node_groups\[0\]: nodes: an integer of 401 digits is out of range"),
+    (".toml", 401, r"c\.toml: node_groups\[0\]: nodes: an integer of 401 digits is out of range"),
+    # beyond what Python reads from text at all (4,300 digits): the parsers raise ValueError
+    (".yaml", 5000, r"c\.yaml: malformed cluster spec \(Exceeds the limit"),
+    (".toml", 5000, r"c\.toml: malformed cluster spec \(Exceeds the limit"),
+])
+def test_an_integer_of_hundreds_of_digits_is_a_one_line_error(tmp_path, suffix, digits, message):
+    p = tmp_path / f"c{suffix}"
+    number = "1" + "0" * (digits - 1)
+    if suffix == ".yaml":
+        p.write_text(f"name: c\nnode_groups:\n  - {{gpu_type: a10, nodes: {number}, gpus_per_node: 4}}\n")
+    else:
+        p.write_text(f'name = "c"\n[[node_groups]]\ngpu_type = "a10"\nnodes = {number}\ngpus_per_node = 4\n')
+    with pytest.raises(ArenaError, match=message) as err:
+        load_cluster(p)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+
+
 def test_malformed_yaml(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("node_groups: [\n")

@@ -176,7 +176,8 @@ def remove_stale_temps(directory: str | os.PathLike[str], name: str | None = Non
 
 def is_stream(path: str | os.PathLike[str]) -> bool:
     """Whether writing ``path`` writes a stream that cannot be read back: stdout, a device or a FIFO."""
-    return str(path) == STDIO or _stream_target(Path(os.path.realpath(path)))
+    # (the link itself first: /dev/stdout on a pipe resolves to a /proc name that realpath cannot follow)
+    return str(path) == STDIO or _stream_target(Path(path)) or _stream_target(Path(os.path.realpath(path)))
 
 
 def _stream_target(target: Path) -> bool:
@@ -196,6 +197,8 @@ def resolve_output(path: str | os.PathLike[str]) -> Path:
     import stat
 
     target = Path(path)
+    if _stream_target(target):  # /dev/stdout, /dev/fd/N, >(cmd): a pipe behind a link realpath cannot name
+        return target
     if target.is_symlink():
         target = Path(os.path.realpath(target))
     try:
@@ -587,22 +590,42 @@ def _is_text(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
-def _check_expanded_size(table: pa.Table, source: str, max_rows: int) -> None:
-    """Refuse a table whose dictionary-encoded columns would expand past MAX_DECODED_BYTES once decoded (what
-    reading or casting them does): each text value counted at its length for every row that holds it."""
+def _has_dictionary(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        return True
+    return any(_has_dictionary(t.field(i).type) for i in range(t.num_fields))
+
+
+def _expanded_bytes(array: pa.Array) -> int:
+    """What ``array`` takes once its dictionaries are decoded: each text value counted at its length for every
+    entry that holds it, inside lists and structs too."""
     import pyarrow.compute as pc
 
+    t = array.type
+    if pa.types.is_dictionary(t):
+        if _is_text(t.value_type):
+            lengths = pc.binary_length(array.dictionary)
+            return (pc.sum(pc.take(lengths, array.indices)).as_py() or 0) + 8 * len(array)
+        return len(array) * -(-array.dictionary.nbytes // max(1, len(array.dictionary)))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return 8 * (len(array) + 1) + _expanded_bytes(array.flatten())
+    if pa.types.is_struct(t):
+        return len(array) + sum(_expanded_bytes(field) for field in array.flatten())
+    return array.nbytes
+
+
+def _check_expanded_size(table: pa.Table, source: str, max_rows: int) -> None:
+    """Refuse a table whose dictionary-encoded columns (at the top or inside lists and structs) would expand past
+    MAX_DECODED_BYTES once decoded (what reading or casting them does)."""
     total = 0
     for column in table.columns:
-        if not pa.types.is_dictionary(column.type):
+        if not _has_dictionary(column.type):
             total += column.nbytes
-            continue
-        for chunk in column.chunks:
-            if _is_text(chunk.type.value_type):
-                lengths = pc.binary_length(chunk.dictionary)
-                total += (pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + 8 * len(chunk)
-            else:
-                total += len(chunk) * -(-chunk.dictionary.nbytes // max(1, len(chunk.dictionary)))
+        else:
+            for chunk in column.chunks:
+                total += _expanded_bytes(chunk)
+                if total > MAX_DECODED_BYTES:
+                    break
         if total > MAX_DECODED_BYTES:
             raise _too_large(source, max_rows)
 
@@ -616,16 +639,19 @@ def _decode_table(data: bytes, source: str, max_rows: int) -> pa.Table:
             if parquet.metadata.num_rows > max_rows:  # the footer says so: refused before decoding
                 raise _too_large(source, max_rows)
             schema = parquet.schema_arrow
-            # Text is decoded as its dictionary first: one long value repeated over a column compresses to a
-            # few kilobytes and would expand to gigabytes in the first batch, before any size check.
-            texts = [f.name for f in schema if _is_text(f.type)]
+            # Text is decoded as its dictionary first, at the top level and inside lists (a list<string> column's
+            # leaf): one long value repeated over a column compresses to a few kilobytes and would expand to
+            # gigabytes in the first batch, before any size check.
+            leaves = [parquet.schema.column(i) for i in range(len(parquet.schema))]
+            texts = [leaf.path for leaf in leaves if leaf.physical_type == "BYTE_ARRAY"
+                     and str(leaf.logical_type) in ("String", "None")]
             if texts:
                 parquet = pq.ParquetFile(io.BytesIO(data), read_dictionary=texts)
             batches = list(_bounded_batches(parquet.iter_batches(batch_size=_DECODE_BATCH_ROWS, use_threads=False),
                                             source, max_rows))
             table = pa.Table.from_batches(batches) if batches else schema.empty_table()
             _check_expanded_size(table, source, max_rows)
-            table = pa.table([c.cast(f.type) if f.name in texts else c for f, c in zip(schema, table.columns)],
+            table = pa.table([c.cast(f.type) if c.type != f.type else c for f, c in zip(schema, table.columns)],
                              schema=schema)
             # the file's own schema metadata (Arena's header) is kept as pq.read_table keeps it
             table = table.replace_schema_metadata(schema.metadata)
@@ -696,7 +722,7 @@ def read_table(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> T
     if header["schema_version"] != spec.version:
         try:
             table, metadata = spec.upgrade(header["schema_version"], table, metadata)
-        except (KeyError, TypeError, ValueError, pa.ArrowException) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, IndexError, pa.ArrowException) as exc:
             raise ArenaError(f"{source}: cannot read this {spec.name} of schema version {header['schema_version']} "
                              f"({type(exc).__name__}: {str(exc)[:200]}); re-run {spec.produced_by} to regenerate it") from None
     table = conform_table(spec, table, source=source)
@@ -765,7 +791,8 @@ def read_document(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -
     data = _read_input_bytes(path)
     try:
         envelope = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        # (TypeError: a map whose key is a map or an array, which Python cannot hash)
         raise ArenaError(f"{source}: not a msgpack artifact ({type(exc).__name__})") from None
     if not isinstance(envelope, dict) or not isinstance(envelope.get("arena"), dict) or "data" not in envelope:
         raise ArenaError(f"{source}: not an Arena artifact, expected {' or '.join(kinds)}")

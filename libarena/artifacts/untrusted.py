@@ -149,7 +149,7 @@ def parse_spec_text(text: str, source: str, what: str, toml: bool = False) -> An
             data = tomllib.loads(text)
         except RecursionError:
             raise ArenaError(f"{source}: refused as a {what}: nested too deeply") from None
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: an integer of over 4,300 digits
             raise ArenaError(f"{source}: malformed {what} ({' '.join(str(exc).split())[:160]})") from None
     else:
         import yaml
@@ -163,6 +163,8 @@ def parse_spec_text(text: str, source: str, what: str, toml: bool = False) -> An
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(exc, "problem", None) or " ".join(str(exc).split())[:160]
             raise ArenaError(f"{source}: malformed {what}: not valid YAML{where} ({problem})") from None
+        except ValueError as exc:  # an integer of over 4,300 digits (Python's int-from-text limit)
+            raise ArenaError(f"{source}: malformed {what} ({' '.join(str(exc).split())[:160]})") from None
     depth, count = _depth_and_size(data)
     if depth > MAX_DEPTH or count > MAX_NODES:
         raise ArenaError(f"{source}: refused as a {what}: nested deeper than {MAX_DEPTH} levels or more than "
@@ -178,6 +180,8 @@ def read_bounded(path: str | os.PathLike[str], limit: int, what: str, *, stdin: 
     size = f"{limit >> 20} MiB" if limit > 1 << 20 else f"{limit >> 10} KiB"
     a_what = f"{'an' if what[:1] in 'aeiou' else 'a'} {what}"
     if stdin and str(path) == "-":
+        if sys.stdin is None:  # started with stdin closed (<&-)
+            raise ArenaError(f"stdin is closed: expected {a_what}")
         data = sys.stdin.buffer.read(limit + 1)
         if not data:
             raise ArenaError(f"stdin is empty: expected {a_what}")

@@ -149,6 +149,22 @@ def _finite_non_negative(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
+def _check_cluster_fields(clusters: list[Any], where: str) -> None:
+    """The cluster records' index (their position, where given) and numbers the runtime search and the profiler
+    read (flops, bytes, collective volumes): finite and non-negative where given."""
+    from libarena.artifacts.kinds.operator_table import CLUSTER_FIELDS
+
+    numeric = [f.name for f in CLUSTER_FIELDS if f.type in ("int", "float") and f.name != "index"]
+    for i, rec in enumerate(clusters):
+        if "index" in rec and (isinstance(rec["index"], bool) or rec["index"] != i):
+            raise ArenaError(f"{where}: clusters[{i}].index is {brief(rec['index'])}, expected {i} (clusters in model order)")
+        for name in numeric:
+            value = rec.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0):
+                raise ArenaError(f"{where}: clusters[{i}].{name}: expected a non-negative number, got {brief(value)}")
+
+
 def check_plans(artifact: Any, costs: bool = True) -> None:
     """Validate a plans artifact's metadata and rows beyond their types (one-line ArenaError naming row and
     column), so every reader (show, export, arena-profile, arena-run) can index the stage lists safely.
@@ -169,11 +185,16 @@ def check_plans(artifact: Any, costs: bool = True) -> None:
     for key, typ in (("planner", dict), ("cluster", str), ("operator_table_sha256", str)):
         if key in meta and not isinstance(meta[key], typ):
             raise ArenaError(f"{source}: plans metadata {key!r} must be a {typ.__name__}")
-    for key in ("global_batch", "seq_len"):
-        value = meta.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ArenaError(f"{source}: plans metadata {key!r} must be a non-negative integer, got {value!r}")
+    # (global_batch may be left out, the rows give it; given, it names the batch every row was planned for;
+    # seq_len is None for models without sequences)
+    for key, least in (("global_batch", 1), ("seq_len", 0)):
+        if key not in meta or (key == "seq_len" and meta[key] is None):
+            continue
+        if isinstance(meta[key], bool) or not isinstance(meta[key], int) or meta[key] < least:
+            raise ArenaError(f"{source}: plans metadata {key!r} must be an integer of at least {least}, got "
+                             f"{brief(meta[key])}")
     StageLayout.from_cluster_records(meta["clusters"], f"{source}: plans metadata")
+    _check_cluster_fields(meta["clusters"], f"{source}: plans metadata")
     num_clusters = len(meta["clusters"])
     if artifact.table.num_rows == 0:
         raise ArenaError(f"{source}: the plans table is empty")

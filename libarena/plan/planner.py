@@ -42,6 +42,7 @@ from libarena.plan.partition import (
     normalize_power_of_two,
     partitions,
     power_of_two_compositions,
+    weighted_composition_count,
 )
 from libarena.plan.types import GridResult, ParallelPlan, PlanSet, StagePlan, make_plan_id
 
@@ -54,6 +55,9 @@ MAX_PARTITIONS = 2_000_000
 
 #: Entries of one StageTable (options x (O+1)^2 x s): its few float arrays of that shape stay within a few GiB.
 MAX_STAGE_TABLE_ENTRIES = 50_000_000
+#: What the power-of-two rounding of one block of partitions may hold: (n+1) x block cells of its DP, each three
+#: float64 (costs, the next stage's, the candidates), a mask byte and a choice byte per stage.
+MAX_ROUNDING_BYTES = 2 * GIB
 
 
 def _check_partition_count(profile: ModelProfile, stages: int) -> None:
@@ -81,6 +85,14 @@ def _check_planning_size(profile: ModelProfile, grids: list[Grid], config: Plann
             raise ArenaError(
                 f"{profile.source}: {O} clusters into {s} stages needs a stage table of {entries:,} entries "
                 f"(limit {MAX_STAGE_TABLE_ENTRIES:,}); cluster the model into fewer operators (O = 16 is the usual)"
+            )
+        block = min(math.comb(O - 1, s - 1), PARTITION_CHUNK)
+        rounding = (max_gpus + 1) * block * (3 * 8 + 1 + s)
+        if rounding > MAX_ROUNDING_BYTES:
+            raise ArenaError(
+                f"{profile.source}: rounding {max_gpus} GPUs over {s} stages of {O} clusters to powers of two needs "
+                f"about {rounding / GIB:.1f} GiB (limit {MAX_ROUNDING_BYTES / GIB:.0f} GiB); plan fewer GPUs per job "
+                f"(--max-gpus, --num-gpus), fewer stages, or cluster the model into fewer operators"
             )
 
 
@@ -397,19 +409,22 @@ def plan_grid_exhaustive(
     """
     n, s = grid.num_gpus, grid.pipeline_degree
     B = config.microbatches(s, profile.global_batch)
-    compositions = power_of_two_compositions(n, s)
     samples_per_microbatch = profile.global_batch // B
     option_cache: dict[int, list[tuple[int, int, bool, bool]]] = {}
-    for c in {c for comp in compositions for c in comp}:
+    for level in range(n.bit_length()):
+        c = 1 << level
         option_cache[c] = [o for o in intra_stage_options(c, config.allow_zero, config.allow_remat)
                            if samples_per_microbatch % o[0] == 0]
-    per_comp = sum(math.prod(len(option_cache[c]) for c in comp) for comp in compositions)
-    total = per_comp * math.comb(profile.num_clusters - 1, s - 1)  # before the partitions are built
+    # counted before the GPU assignments or the partitions are built (either can run to hundreds of millions)
+    per_comp = weighted_composition_count(n, s, lambda c: len(option_cache[c]))
+    total = per_comp * math.comb(profile.num_clusters - 1, s - 1)
     if total > config.exhaustive_limit:
+        shown = f"{int(total):,}" if math.isfinite(total) else "more than 10^308"
         raise ArenaError(
-            f"--exhaustive: grid {grid.label} has {total:,} candidate plans (limit {config.exhaustive_limit:,}); "
+            f"--exhaustive: grid {grid.label} has {shown} candidate plans (limit {config.exhaustive_limit:,}); "
             "narrow it with --gpu-type, --num-gpus and --stages"
         )
+    compositions = power_of_two_compositions(n, s)
     starts_all, ends_all = partitions(profile.num_clusters, s)
     d = loads / loads.sum() * n
     forward_loads = profile.forward_loads(costs.gpu)

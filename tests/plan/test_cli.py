@@ -247,3 +247,42 @@ def test_refusing_to_overwrite_the_file_on_stdin_in_process(tmp_path):
         os.dup2(saved, 0)
         os.close(saved)
     assert victim.read_bytes() == b"input"
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda m: m.update(global_batch=None), "plans metadata 'global_batch' must be an integer of at least 1, got None"),
+    (lambda m: m.update(global_batch=0), "plans metadata 'global_batch' must be an integer of at least 1, got 0"),
+    (lambda m: m["clusters"][1].update(index="x"), "plans metadata: clusters[1].index is 'x', expected 1"),
+    (lambda m: m["clusters"][0].update(flops=float("nan")), "plans metadata: clusters[0].flops: expected a non-negative number, got nan"),
+    (lambda m: m["clusters"][2].update(tp_allreduce_bytes=-1.0), "clusters[2].tp_allreduce_bytes: expected a non-negative number"),
+])
+def test_damaged_plans_metadata_is_a_one_line_error_for_every_reader(plans_file, tmp_path, damage, needle):
+    """Metadata every reader relies on (show's global batch, export's layer indices, the runtime search's and
+    the profiler's cluster volumes) is checked where the file is read, not met as an int(None) deep inside."""
+    art = read_table(plans_file, "plans")
+    metadata = json.loads(json.dumps(art.metadata))
+    damage(metadata)
+    bad = tmp_path / "bad.parquet"
+    write_table(bad, "plans", art.table, Provenance(tool="tests"), metadata)
+    for args in (("show", bad, "--json"), ("export", bad, "--gpu-type", "a40", "--num-gpus", "4", "--stages", "2")):
+        proc = run(*args)
+        err = proc.stderr.decode()
+        assert proc.returncode == 2 and len(err.strip().splitlines()) == 1 and needle in err, (args, err)
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda m: m["model"].update(param_count="lots"), "operator table metadata model.param_count: expected a non-negative number, got 'lots'"),
+    (lambda m: m.update(module_cost={"flops": "x"}), "module_cost.flops: expected a non-negative number"),
+    (lambda m: m.update(attribution={"unattributed_flops": None}), "attribution.unattributed_flops: expected a non-negative number, got None"),
+])
+def test_an_operator_table_with_damaged_summary_numbers_is_a_one_line_error(ops_file, tmp_path, damage, needle):
+    """arena-analyze show adds and prints these: a string or None there was an internal error (exit 1)."""
+    art = read_table(ops_file, "operator_table")
+    metadata = json.loads(json.dumps(art.metadata))
+    damage(metadata)
+    bad = tmp_path / "bad.parquet"
+    write_table(bad, "operator_table", art.table, Provenance(tool="tests"), metadata)
+    proc = subprocess.run([str(ARENA_PLAN.with_name("arena-analyze")), "show", str(bad)], capture_output=True,
+                          timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1 and needle in err, err

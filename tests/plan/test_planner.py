@@ -529,6 +529,39 @@ def test_too_many_clusters_is_refused_before_any_partition_is_built():
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500_000  # KiB: far from the tuples' ~100 GiB
 
 
+def test_an_exhaustive_grid_of_many_gpu_assignments_is_counted_not_listed():
+    """64 GPUs in 12 stages has 6.3 million power-of-two assignments (835 million in 16): they are counted from
+    their generating function against --exhaustive-limit, not listed first (a MemoryError before the one-line
+    refusal); the count equals the listing's where the listing is small."""
+    import resource
+
+    from libarena.plan.partition import power_of_two_compositions, weighted_composition_count
+
+    for n, s in ((8, 3), (16, 4), (13, 5), (64, 6)):
+        def weight(c: int) -> int:
+            return c.bit_length() + 1
+        listed = sum(math.prod(weight(c) for c in comp) for comp in power_of_two_compositions(n, s))
+        assert weighted_composition_count(n, s, weight) == listed
+    assert weighted_composition_count(64, 16, lambda c: 1) == 835_227_949
+    records = [cluster_record(i, flops=1e12, bytes_=1e9, param_count=1e6, activation_bytes=1e6) for i in range(16)]
+    ops = operator_table(records, global_batch=4096)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for stages in (12, 16):
+        with pytest.raises(ArenaError, match=r"^--exhaustive: grid .* has [\d,]+ candidate plans \(limit 2,000,000\)"):
+            plan_job(ops, _single("a100", 8, 8), PlannerConfig(max_gpus=64, num_gpus=(64,), pipeline_degrees=(stages,), exhaustive=True))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300_000  # KiB
+
+
+def test_a_grid_whose_power_of_two_rounding_needs_gigabytes_is_refused_before_it_runs():
+    """The fast planner's rounding DP holds (GPUs + 1) x partitions cells: 32,768 GPUs over 8 stages of 16
+    clusters would take several GiB (a MemoryError, or the host's memory); refused in one line first."""
+    records = [cluster_record(i, flops=1e12, bytes_=1e9, param_count=1e6, activation_bytes=1e6) for i in range(16)]
+    ops = operator_table(records, global_batch=65_536)
+    with pytest.raises(ArenaError, match=r"rounding 32768 GPUs over 8 stages of 16 clusters to powers of two needs "
+                                         r"about [\d.]+ GiB \(limit 2 GiB\)"):
+        plan_job(ops, _single("a100", 4096, 8), PlannerConfig(max_gpus=32_768, num_gpus=(32_768,), pipeline_degrees=(8,)))
+
+
 def test_a_plans_file_with_contradicting_or_misshapen_rows_is_refused():
     """An infeasible row beside a grid's plans (it became a zero-stage plan, or hid the plans when first) and a
     P2P list whose length is not the stage boundaries' (it was replaced by zeros) are one-line errors."""

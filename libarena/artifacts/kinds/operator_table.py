@@ -165,6 +165,17 @@ def check_operator_metadata(meta: Any, source: str) -> None:
     for key in ("module_cost", "attribution"):
         if key in meta and not isinstance(meta[key], dict):
             raise ArenaError(f"{source}: operator table metadata {key!r} must be a mapping")
+    # the numbers the readers show and add (arena-analyze show's summary): finite and non-negative where given
+    attribution = meta.get("attribution") or {}
+    numbers = [("model", k, model[k]) for k in ("param_count", "nominal_params") if k in model]
+    module_cost = meta.get("module_cost") or {}
+    numbers += [("module_cost", k, module_cost[k]) for k in ("flops", "bytes accessed") if k in module_cost]
+    numbers += [("attribution", k, attribution[k]) for k in ("instructions", "unattributed_ops", "unattributed_flops",
+                                                             "unattributed_bytes") if k in attribution]
+    for record, key, value in numbers:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ArenaError(f"{source}: operator table metadata {record}.{key}: expected a non-negative number, got "
+                             f"{value!r:.80}")
     for i, rec in enumerate(check_cluster_records(meta, source)):
         where = f"{source}: clusters[{i}]"
         units = rec["units"]
