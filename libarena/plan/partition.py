@@ -117,7 +117,6 @@ def least_peak_over_assignments(values: np.ndarray, num_gpus: int) -> np.ndarray
     return cost[n]
 
 
-@lru_cache(maxsize=256)
 def weighted_composition_count(num_gpus: int, stages: int, weight: Callable[[int], int]) -> float:
     """The sum over every ordered tuple of ``stages`` powers of two summing to ``num_gpus`` of the product of
     ``weight(part)``, counted without listing them (a grid of 64 GPUs in 16 stages has 835 million): the
@@ -136,6 +135,7 @@ def weighted_composition_count(num_gpus: int, stages: int, weight: Callable[[int
     return float(ways[num_gpus])
 
 
+@lru_cache(maxsize=256)
 def power_of_two_compositions(num_gpus: int, stages: int) -> tuple[tuple[int, ...], ...]:
     """Every ordered tuple of ``stages`` powers of two summing to ``num_gpus`` (exhaustive mode)."""
     if stages == 0:
