@@ -362,3 +362,36 @@ def test_a_tiny_parquet_file_that_would_expand_to_gigabytes_is_refused_in_bounde
     pq.write_table(pa.table({"name": small, "value": pa.array([1.0, 2.0, 3.0])}), path, store_schema=store_schema)
     table = read_table(path, "test_table").table
     assert table.column("name").type == pa.string() and table.column("name").to_pylist() == ["abc"] * 3
+
+
+def test_an_input_is_named_by_the_bytes_that_were_decoded(tmp_path, repo_root):
+    """A table (and a cluster spec) replaced after it was read keeps the digest of what was decoded, in a
+    provenance entry and in a cache key; hashing the path again would name the new content."""
+    import hashlib
+    import os
+
+    from libarena.artifacts.stage_cache import cache_input
+    from libarena.hardware import load_cluster_input
+
+    path = tmp_path / "t.parquet"
+    write_table(path, "test_table", _table(), Provenance(tool="tests"))
+    decoded = path.read_bytes()
+    art = read_table(path, "test_table")
+    write_table(path, "test_table", _table().slice(0, 1), Provenance(tool="tests"))  # replaced (atomically)
+    assert path.read_bytes() != decoded
+    assert art.content_sha256 == hashlib.sha256(decoded).hexdigest()
+    assert cache_input(path, art, "test_table") == {"path": str(path), "sha256": art.content_sha256, "kind": "test_table"}
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_bytes((repo_root / "examples" / "clusters" / "paper-sim-1280.yaml").read_bytes())
+    spec, ref = load_cluster_input(cluster)
+    assert ref == {"path": str(cluster), "sha256": hashlib.sha256(cluster.read_bytes()).hexdigest()}
+    assert spec.total_gpus == 1280
+
+    # a pipe is named by its path alone (its path names other content later: no cache key may rest on it)
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, decoded)
+    os.close(write_fd)
+    piped = read_table(f"/dev/fd/{read_fd}", "test_table")
+    os.close(read_fd)
+    assert piped.content_sha256 is None and "sha256" not in cache_input(f"/dev/fd/{read_fd}", piped)

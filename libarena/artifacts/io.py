@@ -81,6 +81,9 @@ class TableArtifact:
     source: str
     #: False when the table was imported from a CSV/Parquet written outside Arena.
     native: bool = True
+    #: sha256 of the bytes decoded, when read from a regular file: what names it in a provenance entry or a cache
+    #: key (hashing the file again would name a file replaced in between by the new content's digest)
+    content_sha256: str | None = None
 
 
 @dataclass
@@ -94,6 +97,13 @@ class DocumentArtifact:
 
 def describe(path: str | os.PathLike[str]) -> str:
     return "stdin" if str(path) == STDIO else str(path)
+
+
+def read_input_ref(path: str | os.PathLike[str], data: bytes, kind: str | None = None) -> dict[str, Any]:
+    """The provenance entry of an input whose bytes ``data`` were read from ``path`` (and parsed): a regular
+    file is named by their digest. A pipe or process substitution is named by its path alone, as
+    :func:`input_ref` names it (no cache entry may be keyed on a path that later, different input reuses)."""
+    return input_ref(path, kind, digest=hashlib.sha256(data).hexdigest() if Path(path).is_file() else None)
 
 
 def input_ref(path: str | os.PathLike[str], kind: str | None = None, digest: str | None = None) -> dict[str, Any]:
@@ -696,6 +706,13 @@ def read_table(path: str | os.PathLike[str], expect: str | tuple[str, ...]) -> T
     source = describe(path)
     max_rows = max(get_kind(k).max_rows for k in kinds)
     data = _read_input_bytes(path)
+    artifact = _table_from_bytes(data, kinds, source, max_rows)
+    if str(path) != STDIO:
+        artifact.content_sha256 = read_input_ref(path, data).get("sha256")
+    return artifact
+
+
+def _table_from_bytes(data: bytes, kinds: tuple[str, ...], source: str, max_rows: int) -> TableArtifact:
     if data[:4] not in (_PARQUET_MAGIC, _IPC_STREAM_MAGIC):
         importable = [get_kind(k) for k in kinds if get_kind(k).importable]
         if importable and _looks_like_text(data):

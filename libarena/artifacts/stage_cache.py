@@ -105,11 +105,14 @@ def table_digest(artifact: TableArtifact) -> str:
 
 
 def cache_input(path: str | os.PathLike[str], artifact: TableArtifact | None = None, kind: str | None = None) -> dict[str, Any]:
-    """An input's part of the key: path and sha256 of the file, or of the decoded artifact read from stdin."""
+    """An input's part of the key: path and sha256 of the file (of the bytes ``artifact`` was decoded from, when
+    given), or of the decoded artifact read from stdin."""
     if str(path) == STDIO:
         if artifact is None:
             raise ValueError("a stdin input needs its decoded artifact for the cache key")
         return {"path": describe(path), "kind": kind or artifact.kind, "sha256": table_digest(artifact)}
+    if artifact is not None and artifact.content_sha256 is not None:
+        return input_ref(path, kind, digest=artifact.content_sha256)
     return input_ref(path, kind)
 
 

@@ -7,6 +7,7 @@ from libarena.hardware.cluster import (
     cluster_from_bytes,
     cluster_from_dict,
     load_cluster,
+    load_cluster_input,
     write_scaled_cluster,
 )
 from libarena.hardware.comm import GroupPlacement
@@ -22,6 +23,7 @@ __all__ = [
     "get_gpu",
     "gpu_names",
     "load_cluster",
+    "load_cluster_input",
     "normalize_dtype",
     "register_gpu",
     "write_scaled_cluster",

@@ -157,6 +157,14 @@ def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
     return cluster_from_bytes(read_bounded(p, MAX_SPEC_BYTES, "cluster spec"), p)
 
 
+def load_cluster_input(path: str | os.PathLike[str]) -> tuple[ClusterSpec, dict[str, Any]]:
+    """:func:`load_cluster`, with the spec's provenance entry named by the bytes that were parsed."""
+    from libarena.artifacts.io import read_input_ref
+
+    raw = read_bounded(Path(path), MAX_SPEC_BYTES, "cluster spec")
+    return cluster_from_bytes(raw, path), read_input_ref(path, raw)
+
+
 def cluster_from_bytes(raw: bytes, source: str | os.PathLike[str]) -> ClusterSpec:
     """A cluster spec from the bytes of its file (read once by a caller that also hashes them), YAML or TOML
     by the file's suffix."""

@@ -31,6 +31,7 @@ latency steps overlap). :meth:`CommModel.time` prices one group that has the ada
 from __future__ import annotations
 
 import math
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -395,6 +396,14 @@ def comm_model_from_table(artifact: Any, fallback: CommModel | None = None) -> M
 
 
 def load_comm_model(path: str, fallback: CommModel | None = None) -> MeasuredCommModel:
-    from libarena.artifacts import read_table
+    return load_comm_model_input(path, fallback)[0]
 
-    return comm_model_from_table(read_table(path, "comm_table"), fallback=fallback)
+
+def load_comm_model_input(path: str | os.PathLike[str],
+                          fallback: CommModel | None = None) -> tuple[MeasuredCommModel, dict[str, Any]]:
+    """:func:`load_comm_model`, with the table's provenance entry named by the bytes that were decoded."""
+    from libarena.artifacts import read_table
+    from libarena.artifacts.stage_cache import cache_input
+
+    artifact = read_table(path, "comm_table")
+    return comm_model_from_table(artifact, fallback=fallback), cache_input(path, artifact, "comm_table")

@@ -24,13 +24,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from libarena.artifacts import Provenance, input_ref, write_table
+from libarena.artifacts import Provenance, read_input_ref, write_table
 from libarena.artifacts.io import check_table_output, refuse_overwriting_inputs
 from libarena.artifacts.registry import get_kind
 from libarena.artifacts.stage_cache import StageOutcome, library_versions
 from libarena.checks import MAX_SEED, check_range
 from libarena.errors import ArenaError
-from libarena.hardware import ClusterSpec, load_cluster
+from libarena.hardware import ClusterSpec, load_cluster_input
 from libarena.hardware.catalogue import normalize_dtype
 from libarena.pipeline.cache import CacheSettings
 from libarena.plan import PlannerConfig
@@ -151,19 +151,22 @@ def perf_build(cluster: Path, output: str, config: PerfBuildConfig, *, trace: Pa
     refuse_overwriting_inputs(output, {"--cluster": cluster, "--trace": trace})
     check_range(seed, "--seed", 0, MAX_SEED, integer=True)
     check_table_output(output)
-    spec = load_cluster(cluster)
+    # each input named by the bytes that were parsed (a trace on stdin by its text)
+    spec, cluster_ref = load_cluster_input(cluster)
     trace_ref, text = [], None
     if trace is not None:
-        trace_ref = [input_ref(trace)]
-        if str(trace) == "-":
-            from libarena.schedule.traces import stdin_trace
+        from libarena.schedule.traces import read_trace_bytes, stdin_trace, trace_text_from_bytes
 
+        if str(trace) == "-":
             text, ref = stdin_trace()
-            trace_ref = [ref]
+        else:
+            data = read_trace_bytes(trace)
+            text, ref = trace_text_from_bytes(data, str(trace)), read_input_ref(trace, data)
+        trace_ref = [ref]
     wanted = sorted(set(pairs) | set(trace_pairs(trace, spec, seed, skip_bad_rows, text) if trace is not None else ()))
     if not wanted:
         raise ArenaError("perf build needs --trace or --pair (the (model, global batch) pairs to build rows for)")
-    inputs = trace_ref + [input_ref(cluster)]
+    inputs = trace_ref + [cluster_ref]
     device = None
     if any(mode_for(model, config.mode) == "local" for model, _ in wanted):
         from libarena.profile import resolve_device  # local profiles measure this machine: its device is in the key

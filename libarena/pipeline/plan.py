@@ -41,7 +41,8 @@ def plan(ops: str, step: PlanStep, output: str, cache: CacheSettings = CacheSett
     refuse_overwriting_inputs(output, {"--ops": ops, "--cluster": step.cluster, "--comm": step.comm})
     artifact = read_table(ops, "operator_table")
     profile = load_model_profile(artifact)
-    source = input_ref(ops, "operator_table", digest=profile.digest if ops == "-" else None)
+    # named by the bytes decoded (a file), or by its decoded content (stdin)
+    source = input_ref(ops, "operator_table", digest=profile.digest if ops == "-" else artifact.content_sha256)
     return _plan(profile, source, cache_input(ops, artifact), step, output, cache, report)
 
 
@@ -62,15 +63,15 @@ def plan_model(analysis: Any, step: PlanStep, output: str, cache: CacheSettings 
 
 def _plan(profile: Any, source: dict[str, Any], key_source: dict[str, Any], step: PlanStep, output: str,
           cache: CacheSettings, report: Report) -> tuple[StageOutcome, dict[str, Any]]:
-    from libarena.hardware import load_cluster
-    from libarena.hardware.comm import load_comm_model
+    from libarena.hardware import load_cluster_input
+    from libarena.hardware.comm import load_comm_model_input
     from libarena.plan import plan_job, write_plans
 
-    spec = load_cluster(step.cluster)
-    comm_model = load_comm_model(str(step.comm)) if step.comm is not None else None
-    inputs = [source, input_ref(step.cluster)]
-    if step.comm is not None:
-        inputs.append(input_ref(step.comm, "comm_table"))
+    spec, cluster_ref = load_cluster_input(step.cluster)
+    comm_model, comm_ref = load_comm_model_input(step.comm) if step.comm is not None else (None, None)
+    inputs = [source, cluster_ref]
+    if comm_ref is not None:
+        inputs.append(comm_ref)
     where = "stdout" if output == "-" else output
     stage = cache.stage(STAGE, report)
     key = stage.key({"planner": asdict(step.planner), "comm_required": step.comm_required}, [key_source, *inputs[1:]],

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from libarena.artifacts import Provenance, input_ref, read_table
+from libarena.artifacts import Provenance, read_table
 from libarena.artifacts.io import check_table_output, refuse_overwriting_inputs
 from libarena.artifacts.stage_cache import StageOutcome, cache_input, library_versions
 from libarena.checks import MAX_REPEATS, check_range
@@ -34,9 +34,10 @@ def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, o
             report: Report = SilentReport()) -> tuple[StageOutcome, dict[str, Any]]:
     """``arena-profile``: profile the plans file ``plans`` (or ``-``) with ``config`` (a ProfileConfig) into
     ``output``. ``ops``: the operator table the plans must have been made from (checked by sha256)."""
-    from libarena.hardware.comm import AlphaBetaCommModel, load_comm_model
+    from libarena.hardware.comm import AlphaBetaCommModel, load_comm_model_input
     from libarena.plan import planset_from_artifact
     from libarena.profile import measure_estimates, profile_plans, resolve_device, write_perf_table
+    from libarena.profile.timers import resolved_timer_name
     from libarena.profile.profiler import ProfiledJob, check_comm_model
 
     refuse_overwriting_inputs(output, {"--plans": plans, "--comm": comm, "--ops": ops})
@@ -48,22 +49,25 @@ def profile(plans: str, config: Any, output: str, *, comm: Path | None = None, o
         digest = operator_table_digest(read_table(ops, "operator_table"))
         if artifact.metadata.get("operator_table_sha256") != digest:
             raise ArenaError(f"{artifact.source}: the plans were not made from the operator table {ops} (sha256 differs)")
-    comm_model = load_comm_model(str(comm)) if comm is not None else None
+    comm_model, comm_ref = load_comm_model_input(comm) if comm is not None else (None, None)
     # What profiling checks first, checked before the cache key (which names the resolved device): bad
     # plans, then a comm table for other hardware, then a device that is not here.
     planset = planset_from_artifact(artifact, require_costs=False)
     ProfiledJob.of(planset)
     check_comm_model(comm_model or AlphaBetaCommModel(), planset)
     local = resolve_device(config.device)
-    # plans piped on stdin are named by their decoded content (the bytes are gone once read)
-    inputs = [input_ref(plans, "plans") if plans != "-" else cache_input(plans, artifact, "plans")]
-    if comm is not None:
-        inputs.append(input_ref(comm, "comm_table"))
+    # plans are named by the bytes decoded (a file), or by their decoded content (stdin: the bytes are gone)
+    inputs = [cache_input(plans, artifact, "plans")]
+    if comm_ref is not None:
+        inputs.append(comm_ref)
     stage = cache.stage(STAGE, report)
     # where and how fast stages compile does not change the output
     parameters = {k: v for k, v in asdict(config).items() if k not in ("cache_dir", "compile_workers", "compile_ahead")}
+    # the timer ``auto`` chooses here (cupti where cupti-python is installed and the device is a GPU, else
+    # host): installing cupti-python between two runs changes the table's times
+    timer = resolved_timer_name(config.timer, local.device)
     key = stage.key({**parameters, "measure": measure.enabled, "measure_repeats": measure.repeats,
-                     "device_resolved": local.cache_identity()},
+                     "device_resolved": local.cache_identity(), "timer_resolved": timer},
                     [cache_input(plans, artifact), *inputs[1:]], library_versions("jax", "jaxlib", "optax"))
     summary: dict[str, Any] = {"device": local.describe()}
 

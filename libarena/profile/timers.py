@@ -201,10 +201,17 @@ def timer_names() -> list[str]:
     return ["auto", *TIMERS.names()]
 
 
+def resolved_timer_name(name: str, device: Any) -> str:
+    """The name of the timer ``select_timer(name, device)`` gives, without making one (a cache key's part)."""
+    if name == "auto":
+        return CuptiTimer.name if CuptiTimer.usable(device) else HostTimer.name
+    return name
+
+
 def select_timer(name: str, device: Any) -> Timer:
     """The timer called ``name`` (``auto``: cupti where usable on ``device``, else host)."""
     if name == "auto":
-        return CuptiTimer() if CuptiTimer.usable(device) else HostTimer()
+        return TIMERS.get(resolved_timer_name(name, device))()
     if name not in TIMERS:
         raise ArenaError(f"unknown timer {name!r} (known: {', '.join(timer_names())})")
     cls = TIMERS.get(name)

@@ -62,29 +62,32 @@ def load_workload(trace: Path, perf: Path, cluster: Path, *, seed: int = 0,
                   skip_bad_rows: bool = False) -> tuple[Workload, list[dict[str, Any]], list[dict[str, Any]]]:
     """The workload of a trace, a performance table (``-``: piped on stdin) and a cluster spec, with the
     provenance entries of the inputs and their cache-key entries (a table piped on stdin is keyed by its
-    decoded content)."""
-    from libarena.artifacts import input_ref, read_table
+    decoded content).
+
+    Each input is read once and its digest taken of the bytes that are parsed: a file replaced between a
+    digest and a read would have had its results cached (and recorded) under the old content's digest."""
+    from libarena.artifacts import read_input_ref, read_table
     from libarena.artifacts.kinds.perf_table import check_perf_table
     from libarena.artifacts.stage_cache import cache_input
+    from libarena.hardware import load_cluster_input
+    from libarena.schedule.traces import read_trace_bytes, trace_text_from_bytes
 
     if str(trace) == "-" and str(perf) == "-":
         raise ArenaError("--trace - and --perf -: only one input can come from stdin")
-    refs = [input_ref(trace), input_ref(perf), input_ref(cluster)]
-    keys = list(refs)
-    trace_text = None
+    # read in the order errors were always reported in: stdin first, then the cluster, the table, the trace file
     if str(trace) == "-":  # keyed by its content, as a table piped on stdin is
-        trace_text, keys[0] = stdin_trace()
-        refs[0] = keys[0]
-    if str(perf) != "-":
-        workload = prepare_workload(trace, perf, cluster, seed=seed, skip_bad_rows=skip_bad_rows, trace_text=trace_text)
-        return workload, refs, keys
-    spec = load_cluster(cluster)
-    art = read_table("-", "perf_table")
+        trace_text, trace_ref = stdin_trace()
+    spec, cluster_ref = load_cluster_input(cluster)
+    art = read_table(perf, "perf_table")
     check_perf_table(art.table, art.source)
+    perf_ref = cache_input(perf, art)  # a piped table is named by its decoded content
+    if str(trace) != "-":
+        trace_bytes = read_trace_bytes(trace)
+        trace_text, trace_ref = trace_text_from_bytes(trace_bytes, str(trace)), read_input_ref(trace, trace_bytes)
     workload = prepare_workload(trace, PerfLookup(art.table, spec, source=art.source), spec, seed=seed,
-                                skip_bad_rows=skip_bad_rows)
-    keys[1] = refs[1] = cache_input("-", art)  # the provenance names the piped table by its content too
-    return workload, refs, keys
+                                skip_bad_rows=skip_bad_rows, trace_text=trace_text)
+    refs = [trace_ref, perf_ref, cluster_ref]
+    return workload, refs, list(refs)
 
 
 def prepare_workload(trace: str | os.PathLike[str] | Trace, perf: str | os.PathLike[str] | PerfLookup,

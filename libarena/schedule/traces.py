@@ -169,10 +169,18 @@ def stdin_trace() -> tuple[str, dict[str, Any]]:
 
 def read_trace_text(path: str | os.PathLike[str]) -> str:
     """The text of a trace file, or of stdin when ``path`` is ``-``."""
+    return trace_text_from_bytes(read_trace_bytes(path), "stdin" if str(path) == "-" else str(path))
+
+
+def read_trace_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of a trace file, or of stdin when ``path`` is ``-``, bounded (MAX_TRACE_BYTES)."""
     from libarena.artifacts.untrusted import read_bounded
 
-    data = read_bounded(path, MAX_TRACE_BYTES, "trace CSV" if str(path) == "-" else "trace", stdin=True)
-    source = "stdin" if str(path) == "-" else str(path)
+    return read_bounded(path, MAX_TRACE_BYTES, "trace CSV" if str(path) == "-" else "trace", stdin=True)
+
+
+def trace_text_from_bytes(data: bytes, source: str) -> str:
+    """A trace's bytes as text (``source`` names them in the error)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

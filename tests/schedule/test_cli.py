@@ -280,6 +280,38 @@ def test_a_perf_table_piped_on_stdin_is_named_by_its_content_in_the_provenance(i
     assert refs[1]["path"] == "stdin" and len(refs[1]["sha256"]) == 64 and refs[1] == keys[1]
 
 
+def test_the_inputs_are_named_by_the_bytes_that_were_parsed(inputs, monkeypatch, tmp_path):
+    """A file replaced between its digest and its read (here: just before the performance table is read, by a
+    table of other rows) must not be recorded, and cache-keyed, under the old content's digest. Before, each
+    input was hashed first and read again later."""
+    import hashlib
+    import shutil
+
+    import libarena.artifacts.io as artifact_io
+    from libarena.schedule.api import load_workload
+
+    d, cluster = inputs
+    perf = tmp_path / "perf.parquet"
+    shutil.copy(d / "perf.parquet", perf)
+    other = tmp_path / "other.parquet"
+    write_perf(other, zoo_pairs()[:3], ["a100", "v100", "a40", "a10"])
+    assert other.read_bytes() != perf.read_bytes()
+    read = artifact_io._read_input_bytes
+
+    def replaced_first(path):
+        if Path(path) == perf:
+            other.replace(perf)  # an atomic replace by another process, just before this read
+        return read(path)
+
+    monkeypatch.setattr(artifact_io, "_read_input_bytes", replaced_first)
+    workload, refs, keys = load_workload(d / "trace.csv", perf, cluster, skip_bad_rows=True)
+    parsed = hashlib.sha256(perf.read_bytes()).hexdigest()  # the new content, which is what was simulated
+    assert refs[1]["sha256"] == keys[1]["sha256"] == parsed
+    assert len(workload.perf.pairs()) == 3
+    for path, entry in zip((d / "trace.csv", cluster), (refs[0], refs[2])):
+        assert entry == {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
 def test_columns_a_trace_format_does_not_read_are_named_in_a_warning(inputs):
     """A misspelt column (``priorty``) is not read: simulate and trace stats say so on stderr (the run still
     goes on: traces may carry columns of their own), and a trace without extra columns gets no such line."""
