@@ -121,9 +121,15 @@ def _strict(value: Any) -> Any:
     return value
 
 
+def strict_json(value: Any, **options: Any) -> str:
+    """``json.dumps(value, **options)`` with NaN and infinities as null: what every tool prints or writes as JSON
+    is strict JSON, whatever numbers a table read from elsewhere holds."""
+    return json.dumps(_strict(value), allow_nan=False, **options)
+
+
 def print_json(summary: Mapping[str, Any]) -> None:
     """The ``--json`` summary: one strict JSON object on stdout (NaN and infinities as null)."""
-    sys.stdout.write(json.dumps(_strict(summary), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+    sys.stdout.write(strict_json(summary, indent=2, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
 
 

@@ -61,10 +61,13 @@ class CommBenchConfig:
             raise ArenaError(f"unknown platform {self.platform!r} (cpu or gpu)")
         if self.platform == "cpu":
             # host devices share this machine's memory: a buffer and its result per device, and XLA's temporaries
-            need = 4 * self.num_devices * self.max_bytes
+            # (the largest volume measured: --max-bytes rounded up to the primitives' step of 4 x devices^2 bytes)
+            need = 4 * self.num_devices * max(self.sizes())
             have = _host_memory_bytes()
             if have and need > have // 2:
-                raise ArenaError(f"--max-bytes {self.max_bytes} on {self.num_devices} host devices needs about "
+                largest = max(self.sizes())
+                measured = "" if largest == self.max_bytes else f" (measured as {largest}: volumes are multiples of 4 x devices^2)"
+                raise ArenaError(f"--max-bytes {self.max_bytes}{measured} on {self.num_devices} host devices needs about "
                                  f"{need / 2**30:.1f} GiB, more than half of this machine's {have / 2**30:.1f} GiB")
 
     def sizes(self) -> list[int]:

@@ -275,6 +275,27 @@ def _profile_stage(spec: StageSpec, key: str, local: LocalDevice, timer: Timer, 
                    repeats: int, seed: int, burst: int, compiled: CompiledStage | None, compile_device_s: float | None,
                    budget_s: float | None) -> dict[str, Any]:
     """The stage's profile record (its optimizer step's profile read from, or written to, ``cache``)."""
+    try:
+        return _profile_stage_on_device(spec, key, local, timer, cache, warmup, repeats, seed, burst, compiled,
+                                        compile_device_s, budget_s)
+    except MemoryError:
+        raise _out_of_memory(spec, local) from None
+    except Exception as exc:  # XLA's allocation failures are runtime errors of its own type, named by status
+        if "RESOURCE_EXHAUSTED" in str(exc):
+            raise _out_of_memory(spec, local) from None
+        raise
+
+
+def _out_of_memory(spec: StageSpec, local: LocalDevice) -> ArenaError:
+    """A stage that does not fit the memory of the device profiling it (a paper-size model on a laptop's CPU)."""
+    return ArenaError(f"stage {spec} does not fit in the memory of {local.label} ({local.memory_bytes / 2**30:.1f} "
+                      f"GiB): profile plans of a smaller model here, or estimate this one with `arena-schedule perf "
+                      f"build --mode roofline`")
+
+
+def _profile_stage_on_device(spec: StageSpec, key: str, local: LocalDevice, timer: Timer, cache: ProfileCache | None,
+                             warmup: int, repeats: int, seed: int, burst: int, compiled: CompiledStage | None,
+                             compile_device_s: float | None, budget_s: float | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     opt_key = optimizer_cache_key(spec, local, timer.name)
     opt_record = cache.get(opt_key) if cache is not None else None

@@ -40,13 +40,16 @@ def run_module_with_devices(
     with tempfile.TemporaryDirectory(prefix="arena-profile-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request_path.write_text(json.dumps(request))
-        proc = subprocess.run(
-            layout.command([sys.executable, "-m", module, str(request_path), str(result_path)]),
-            env=layout.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
+        try:
+            proc = subprocess.run(
+                layout.command([sys.executable, "-m", module, str(request_path), str(result_path)]),
+                env=layout.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired:  # subprocess.run has killed the child
+            raise ArenaError(f"{what} failed: no result within {timeout_s:g} s (child stopped)") from None
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise ArenaError(f"{what} failed: {tail[0]}")

@@ -729,3 +729,81 @@ def test_cli_comm_refuses_an_output_it_cannot_write_before_benchmarking(tmp_path
     _one_line_error(proc)
     assert "cannot write" in proc.stderr.decode() and "does not exist" in proc.stderr.decode()
     assert not (tmp_path / "no").exists()
+
+
+def test_the_comm_memory_check_counts_the_volumes_measured_not_the_option(monkeypatch):
+    """Volumes are multiples of 4 x devices^2 bytes: on 1,024 devices --max-bytes 4 measures 4 MiB per device,
+    about 16 GiB in all. The check counted the 4 bytes asked for, and the benchmark ran out of memory."""
+    import libarena.profile.comm_bench as comm_bench
+    from libarena.profile import CommBenchConfig
+
+    monkeypatch.setattr(comm_bench, "_host_memory_bytes", lambda: 24 << 30)
+    assert CommBenchConfig(num_devices=1024, min_bytes=4, max_bytes=4, points=1, platform="gpu").sizes() == [4 << 20]
+    with pytest.raises(ArenaError, match=r"--max-bytes 4 \(measured as 4194304: volumes are multiples of 4 x "
+                                         r"devices\^2\) on 1024 host devices needs about 16.0 GiB"):
+        CommBenchConfig(num_devices=1024, min_bytes=4, max_bytes=4, points=1)
+    CommBenchConfig(num_devices=8, min_bytes=4, max_bytes=4, points=1)  # 256 bytes per device: fine
+
+
+def test_a_child_past_its_time_limit_is_a_one_line_error():
+    """subprocess.run's TimeoutExpired went up as an internal error (the comm benchmark, --measure, the host's
+    calibration all run a child with a limit)."""
+    from libarena.profile.subprocess_devices import run_module_with_devices
+
+    with pytest.raises(ArenaError, match=r"^the test child failed: no result within 0.01 s \(child stopped\)$"):
+        run_module_with_devices("libarena.profile.comm_bench", {}, platform="cpu", num_devices=1, timeout_s=0.01,
+                                what="the test child")
+
+
+def test_show_json_prints_strict_json_for_a_row_of_unknown_time(tmp_path):
+    """An imported row that does not fit may have an infinite time; `show --json` printed the token Infinity,
+    which strict JSON parsers refuse. Every tool's JSON output goes through libarena.cli.strict_json now."""
+    import json
+
+    table = tmp_path / "perf.csv"
+    table.write_text("model,global_batch,gpu_type,num_gpus,iter_time_s,view,fits_in_memory\n"
+                     "gpt__tiny,16,a40,1,inf,arena,false\ngpt__tiny,16,a40,2,0.5,arena,true\n")
+    proc = _cli("show", table, "--json")
+    assert proc.returncode == 0, proc.stderr.decode()
+
+    def refuse(token):
+        raise ValueError(token)
+
+    rows = json.loads(proc.stdout, parse_constant=refuse)
+    assert [r["iter_time_s"] for r in rows] == [None, 0.5]
+
+
+def test_the_timer_auto_chooses_names_the_output_in_the_cache(monkeypatch):
+    """The output cache keyed ``timer: auto`` as typed: a table timed with the host timer was served after
+    cupti-python was installed on a GPU host. The key now holds the timer auto resolves to."""
+    import jax
+
+    from libarena.profile.timers import CuptiTimer, HostTimer, resolved_timer_name, select_timer
+
+    device = jax.devices()[0]
+    assert resolved_timer_name("auto", device) == "host" and isinstance(select_timer("auto", device), HostTimer)
+    monkeypatch.setattr(CuptiTimer, "usable", classmethod(lambda cls, device: True))
+    assert resolved_timer_name("auto", device) == "cupti"
+    assert resolved_timer_name("host", device) == "host"
+
+
+@pytest.mark.parametrize("failure", [MemoryError("Unable to allocate 36.0 MiB"),
+                                     RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 2 GiB")])
+def test_a_stage_beyond_the_devices_memory_is_a_one_line_error(monkeypatch, failure):
+    """A plan of a paper-size model profiled on a laptop's CPU ran out of host memory building its stage: an
+    internal error (numpy's MemoryError, or XLA's RESOURCE_EXHAUSTED on a GPU) instead of a one-line error."""
+    import libarena.profile.profiler as profiler
+    from libarena.profile import resolve_device
+    from libarena.profile.stage import StageSpec
+    from libarena.profile.timers import HostTimer
+
+    def build(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(profiler, "build_stage_executables", build)
+    with pytest.raises(ArenaError, match=r"does not fit in the memory of .* estimate this one with `arena-schedule "
+                                         r"perf build --mode roofline`"):
+        profiler.profile_stage(StageSpec("gpt__tiny", 0, 2, 2), resolve_device("cpu"), HostTimer())
+    monkeypatch.setattr(profiler, "build_stage_executables", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="other"):  # any other failure is not named a memory problem
+        profiler.profile_stage(StageSpec("gpt__tiny", 0, 2, 2), resolve_device("cpu"), HostTimer())

@@ -93,6 +93,35 @@ def test_a_perf_row_of_more_stages_than_gpus_or_no_fits_flag_is_refused(tmp_path
         load_perf(p, spec)
 
 
+@pytest.mark.parametrize("header, row, message", [
+    ("num_nodes", "5", r"row 1, column 'num_nodes': 5 nodes for 2 GPUs"),
+    ("pipeline_degree", "0", r"row 1, column 'pipeline_degree': 0 is out of range"),
+])
+def test_a_perf_row_of_more_nodes_than_gpus_or_no_stage_is_refused(tmp_path, header, row, message):
+    """Accepted before by every reader (``arena-profile show`` listed them), and then dropped by the simulator
+    without a word."""
+    from libarena.artifacts.kinds.perf_table import check_perf_table
+    from libarena.artifacts.io import read_table
+
+    p = tmp_path / "perf.csv"
+    p.write_text(f"model,global_batch,gpu_type,num_gpus,{header},view,iter_time_s,fits_in_memory\n"
+                 f"bert__760M,128,a10,2,{row},ap,0.5,true\n")
+    art = read_table(p, "perf_table")
+    with pytest.raises(ArenaError, match=message):
+        check_perf_table(art.table, art.source)
+
+
+def test_a_perf_row_of_an_unknown_view_is_refused_by_every_reader(tmp_path):
+    from libarena.artifacts.kinds.perf_table import check_perf_table
+    from libarena.artifacts.io import read_table
+
+    p = tmp_path / "perf.csv"
+    p.write_text(HEAD + "bert__760M,128,a10,2,foo,0.5,true\n")
+    art = read_table(p, "perf_table")
+    with pytest.raises(ArenaError, match=r"row 1, column 'view': unknown view 'foo' \(known: arena, dp, ap\)"):
+        check_perf_table(art.table, art.source)
+
+
 def test_throughput_must_agree_with_the_iteration_time(tmp_path):
     """A row giving both says the same thing twice; where they disagree, which to believe would be a guess."""
     spec = cluster([("a10", 1, 2)])

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -18,7 +17,7 @@ import typer
 
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_HELP, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
-    print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
+    print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app, strict_json,
 )
 from libarena.errors import ArenaError
 
@@ -56,7 +55,7 @@ def analyze(
 
         rows = zoo_rows()
         if as_json:
-            sys.stdout.write(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+            sys.stdout.write(strict_json(rows, indent=2, sort_keys=True) + "\n")
         else:
             from rich.console import Console
 
@@ -96,7 +95,7 @@ def show(
         raise ArenaError(f"--top must be at least 0, got {top}")
     table = read_operator_table(ops)
     if as_json:
-        sys.stdout.write(json.dumps(summary(table, top), indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(strict_json(summary(table, top), indent=2, sort_keys=True) + "\n")
         return
     render(table, Console(highlight=False, width=180), top)
 

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -20,7 +19,7 @@ from libarena.artifacts import refuse_overwriting_inputs, write_bytes
 from libarena.artifacts.io import check_table_output
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
-    print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
+    print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app, strict_json,
 )
 from libarena.errors import ArenaError
 from libarena.plan.config import USABLE_MEMORY_FRACTION
@@ -119,7 +118,7 @@ def show(
 
     planset = read_plans(plans)
     if as_json:
-        sys.stdout.write(json.dumps(planset_dict(planset, proxies_only=proxies), indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(strict_json(planset_dict(planset, proxies_only=proxies), indent=2, sort_keys=True) + "\n")
         return
     render(planset, Console(highlight=False, width=160), proxies_only=proxies)
 
@@ -152,7 +151,7 @@ def export(
     if note:
         reporter.log(note)
     document = export_plan(planset, plan_obj, fmt)
-    write_bytes(output, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
+    write_bytes(output, (strict_json(document, indent=2, sort_keys=True) + "\n").encode())
     if output != "-":
         reporter.log(f"exported plan {plan_obj.plan_id} ({fmt}) to {output}")
     if as_json:

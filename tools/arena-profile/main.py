@@ -10,7 +10,6 @@ libarena.profile).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -20,6 +19,7 @@ import typer
 from libarena.artifacts import read_table
 from libarena.cli import (
     JSON_OPTION, QUIET_OPTION, Reporter, print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
+    strict_json,
 )
 from libarena.errors import ArenaError
 
@@ -164,7 +164,7 @@ def show(
     artifact = read_table(table, "perf_table")
     check_perf_table(artifact.table, artifact.source)
     if as_json:
-        print(json.dumps(artifact.table.to_pylist(), indent=1, default=str))
+        print(strict_json(artifact.table.to_pylist(), indent=1, default=str))
         return
     print(format_perf_table(artifact))
 

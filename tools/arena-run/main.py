@@ -11,14 +11,13 @@ a rerun resume rather than start over.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from libarena.cli import QUIET_OPTION, run_app, stderr_console
+from libarena.cli import QUIET_OPTION, run_app, stderr_console, strict_json
 from libarena.errors import ArenaError
 from libarena.run.checkpoint import DEFAULT_CHECKPOINT_EVERY
 
@@ -84,7 +83,7 @@ def run(
         write_json(report, result)
     _notices(result, quiet)
     if json_out:
-        print(json.dumps(result, default=str))
+        print(strict_json(result, default=str))
     else:
         _summary(result, quiet)
 

@@ -27,7 +27,7 @@ import typer
 
 from libarena.cli import (
     CACHE_DIR_OPTION, JSON_OPTION, NO_CACHE_OPTION, QUIET_OPTION, Reporter,
-    print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app,
+    print_json, refuse_binary_to_terminal, refuse_json_with_stdout_data, run_app, strict_json,
 )
 from libarena.errors import ArenaError
 from libarena.schedule.live.profiling import DEFAULT_PROFILE_RETRY_S, DEFAULT_PROFILE_TIMEOUT_S
@@ -250,7 +250,7 @@ def trace_stats_cmd(
         Reporter().warn(f"skipped {len(tr.skipped)} bad row(s); first: {tr.skipped[0]}")
     stats = trace_stats(tr)
     if as_json:
-        print(json.dumps(stats, indent=2, sort_keys=True))
+        print(strict_json(stats, indent=2, sort_keys=True))
         return
     from rich.console import Console
     from rich.table import Table
@@ -449,7 +449,7 @@ def status(
     finally:
         store.close()
     if as_json:
-        print(json.dumps(doc, indent=2, default=str))
+        print(strict_json(doc, indent=2, default=str))
     else:
         from rich.console import Console
 

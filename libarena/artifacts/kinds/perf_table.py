@@ -80,7 +80,8 @@ THROUGHPUT_TOLERANCE = 0.01
 
 def check_perf_table(table, source: str) -> None:
     """Values every reader relies on (one-line ArenaError naming row, column and the allowed range): identifiers
-    present; batch, GPU count, nodes and pipeline degree integers in range; on rows that fit in memory, a finite
+    present, the view one of VIEWS; batch, GPU count, nodes (at most the GPUs) and pipeline degree (1 to the
+    GPUs) integers in range; on rows that fit in memory, a finite
     iteration time in (0, 1 day] (``throughput``, where given, must imply the same bound); no negative cost; no
     two rows with the same key (KEY_COLUMNS) and different values; ``throughput``, where given, within
     THROUGHPUT_TOLERANCE of global_batch / iter_time_s. A perf table may come from outside Arena
@@ -104,7 +105,7 @@ def check_perf_table(table, source: str) -> None:
         raise ArenaError(f"{source}: row {row + 1}, column {name!r}: {problem}")
 
     for name, lo, hi in (("global_batch", 1, MAX_BATCH), ("num_gpus", 1, MAX_GPUS), ("num_nodes", 0, MAX_GPUS),
-                         ("pipeline_degree", 0, 4096)):
+                         ("pipeline_degree", 1, 4096)):
         values = column(name)
         if values is None:
             continue
@@ -113,7 +114,16 @@ def check_perf_table(table, source: str) -> None:
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             fail(row, name, range_problem(float(values[row]), lo, hi, integer=True) or "missing value")
-    degree, gpus = column("pipeline_degree"), column("num_gpus")
+    views = table.column("view").to_pylist()
+    unknown = [i for i, view in enumerate(views) if view not in VIEWS]
+    if unknown:
+        fail(unknown[0], "view", f"unknown view {str(views[unknown[0]])[:40]!r} (known: {', '.join(VIEWS)})")
+    degree, gpus, nodes = column("pipeline_degree"), column("num_gpus"), column("num_nodes")
+    if nodes is not None and gpus is not None:
+        bad = np.flatnonzero(nodes.astype(np.float64) > gpus.astype(np.float64))  # a node holds a GPU at least
+        if bad.size:
+            row = int(bad[0])
+            fail(row, "num_nodes", f"{int(nodes[row])} nodes for {int(gpus[row])} GPUs")
     if degree is not None and gpus is not None:
         bad = np.flatnonzero(degree.astype(np.float64) > gpus.astype(np.float64))  # a stage holds a GPU at least
         if bad.size:
