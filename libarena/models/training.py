@@ -184,7 +184,9 @@ def recomputed_vjp(unit: Callable[[Params, Carry, Batch], Carry], params: Params
     # the first floating-point input (the activation, or a parameter of the first unit) carries the tie
     leaves, treedef = jax.tree.flatten((carry, params))
     k = next(i for i, leaf in enumerate(leaves) if jnp.issubdtype(leaf.dtype, jnp.floating))
-    leaves[k] = leaves[k] + jnp.zeros((), leaves[k].dtype) * first.astype(leaves[k].dtype)
+    # the zero is made in the gradient's own dtype, then cast: an fp16 cast of the loss's cotangent (the loss
+    # scale / B, far above fp16's range) would be inf, and 0 * inf a NaN that skipped every such step
+    leaves[k] = leaves[k] + (jnp.zeros((), first.dtype) * first).astype(leaves[k].dtype)
     carry, params = jax.tree.unflatten(treedef, leaves)
     _, vjp = jax.vjp(unit, params, carry, batch)
     return vjp(gradient)

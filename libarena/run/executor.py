@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from libarena.errors import ArenaError
+from libarena.hardware.catalogue import normalize_dtype
 from libarena.models import ModelDef
 from libarena.models.training import (
     OptimizerConfig,
@@ -352,6 +353,8 @@ class PipelineExecutor:
 
         all_devices = list(jax.devices()) if devices is None else list(devices)
         plan.validate(model, len(all_devices))
+        # "float16" and "half" train as fp16 does, with its loss scale (before, only the spelling "fp16" had one)
+        dtype = normalize_dtype(dtype)
         self.model, self.plan, self.dtype = model, plan, dtype
         self.optimizer = optimizer or OptimizerConfig()
         offsets = plan.offsets()

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from libarena.errors import ArenaError
+from libarena.hardware.catalogue import normalize_dtype
 from libarena.models import ModelDef
 from libarena.models.training import OptimizerConfig
 from libarena.run import distributed
@@ -35,6 +36,10 @@ class TrainConfig:
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     #: Measure per-stage busy time and peak memory on this (1-based, in this run) step; 0 = never.
     profile_step: int = 2
+
+    def __post_init__(self) -> None:
+        # one spelling ("float16" and "half" are fp16): what the executor, checkpoints and reports compare
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
 
 
 def check_target(meta: CheckpointMeta | None, steps: int, store: CheckpointStore) -> None:

@@ -136,3 +136,39 @@ def test_fp16_training_scales_its_loss_and_skips_a_step_whose_gradients_overflow
     assert LossScale.from_state({}).scale == 2.0 ** 15
     with pytest.raises(ArenaError, match="a checkpoint's loss scale is damaged"):
         LossScale.from_state({"scale": "big", "good_steps": 1})
+
+
+def test_fp16_recomputation_keeps_a_loss_scale_beyond_fp16s_range() -> None:
+    """A recomputed (remat) stage ties its recomputation to the incoming gradient by adding 0 x its first
+    element. For the loss unit that element is the loss scale / B, which at 2^16 / B and more is beyond fp16's
+    range: cast first, it was inf, 0 x inf a NaN in every gradient, and the step was skipped (the scale
+    halved), though the same plan without remat updates. Both now update, with the same loss."""
+    from libarena.run.executor import LossScale, PipelineExecutor
+    from libarena.run.plan import simple_plan
+    from libarena.run.train import batch_for_step
+
+    model = get_model("gpt__tiny")
+    outcomes = {}
+    for remat in (0, 1):
+        executor = PipelineExecutor(model, simple_plan(model, 8, [0], [1], [1], 1, remat=[remat]), dtype="fp16",
+                                    optimizer=TEST_OPTIMIZER)
+        executor.init_state(0)
+        executor.loss_scale = LossScale(2.0 ** 17)
+        loss = executor.step(batch_for_step(model, 0, 8, 0)).loss
+        outcomes[remat] = (executor.last_step_updated, executor.loss_scale.scale, loss)
+    assert outcomes[1][:2] == outcomes[0][:2] == (True, 2.0 ** 17)
+    assert outcomes[1][2] == pytest.approx(outcomes[0][2], rel=1e-3)
+
+
+@pytest.mark.parametrize("spelling", ["float16", "half", "F16"])
+def test_every_spelling_of_fp16_trains_with_a_loss_scale(spelling) -> None:
+    """Before, only the spelling "fp16" had a loss scale; "float16" and "half" trained in fp16 without one (their
+    small gradients underflowed), and a checkpoint of "fp16" resumed under them lost its scale."""
+    from libarena.run.executor import PipelineExecutor
+    from libarena.run.plan import simple_plan
+    from libarena.run.train import TrainConfig
+
+    model = get_model("gpt__tiny")
+    executor = PipelineExecutor(model, simple_plan(model, 8, [0], [1], [1], 1), dtype=spelling, optimizer=TEST_OPTIMIZER)
+    assert executor.dtype == "fp16" and executor.loss_scale is not None
+    assert TrainConfig(global_batch=8, steps=1, dtype=spelling).dtype == "fp16"
