@@ -215,7 +215,7 @@ def run(results_dir: Path, *, traces: tuple[str, ...] = PAPER_TRACES, perf: Path
     perf16 = perf_table(None, "fp16") if fp16_table else None
     load_before = os.getloadavg()
     doc: dict[str, Any] = {"setup": {"cluster": str(CLUSTER.relative_to(REPO)), "simulate_flags": list(SIM_FLAGS),
-                                     "iteration_divisor": 5, "perf_table": str(perf), "targets": TARGETS,
+                                     "iteration_divisor": 5, "deadline_factor": 5.0, "perf_table": str(perf), "targets": TARGETS,
                                      "policies": list(POLICIES)},
                            "traces": {}, "sensitivity": {}}
     ok = True

@@ -26,6 +26,8 @@ PAPER_TRACES = ("philly", "venus", "pai")
 POLICIES = ("arena", "fcfs", "gavel", "elasticflow", "elasticflow-ls", "sia")
 #: examples/paper's defaults (the artifact's setting): iterations / 5, 2,000 rounds of 300 s
 ITERATION_DIVISOR = 5
+#: the artifact's simulator multiplies the time to every deadline by 5 (examples/paper's DEADLINE_FACTOR)
+DEADLINE_FACTOR = 5.0
 SIM_FLAGS = ("--horizon", "600000", "--tick", "300", "--skip-bad-rows")
 
 
@@ -116,12 +118,12 @@ def timed(argv: list[str], log: Path) -> dict[str, Any]:
 
 
 def prepare(source: Path, target: Path, max_jobs: int | None) -> None:
-    """examples/paper's first stage: the first ``max_jobs`` jobs, iterations / 5."""
+    """examples/paper's first stage: the first ``max_jobs`` jobs, iterations / 5, times to deadlines x 5."""
     spec = importlib.util.spec_from_file_location("prepare_trace", REPO / "examples" / "paper" / "prepare_trace.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(module.prepare(source, max_jobs, ITERATION_DIVISOR))
+    target.write_text(module.prepare(source, max_jobs, ITERATION_DIVISOR, DEADLINE_FACTOR))
 
 
 def perf_table(perf: Path | None, dtype: str = "bf16") -> Path:

@@ -134,6 +134,8 @@ def summarize(res: SimulationResult, records: pa.Table | None = None) -> dict:
         "simulation_wall_s": res.wall_s,
         # solves whose answer depends on the host's speed (the baselines' ILP, ilp_time_limit_s)
         "ilp_time_limit_hits": int(res.counters.get("ilp_time_limit_hits", 0)),
+        "trades": int(res.counters.get("trades", 0)),
+        "trades_at_launch": int(res.counters.get("trades_at_launch", 0)),
     }
 
 

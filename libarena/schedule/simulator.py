@@ -408,6 +408,7 @@ class Simulator:
                 raise AssertionError(f"job {job.spec.job_id} cannot run on {alloc.num_gpus} x {self.perf.gpu_types[alloc.type_index]}")
         self._restart_on(a, alloc_b)
         self._restart_on(b, alloc_a)
+        self.count("trades")  # in the decisions, two rescales: counted here for whoever audits a run's moves
 
     def _restart_on(self, job: Job, alloc: Allocation) -> None:
         """Restart an active job on ``alloc`` (its GPUs already held): checkpoint-resume and the AP search, or the

@@ -171,3 +171,24 @@ def test_prepare_trace_selects_scales_and_rejects_bad_input(repo_root: Path, tmp
     assert failed.returncode == 2
     assert failed.stderr.strip().splitlines() == [f"prepare_trace: {bad}: no column 'num_iteration' (columns: job_id, submission_time, model_name)"]
     assert not (tmp_path / "never.csv").exists()
+
+
+def test_prepare_trace_moves_deadlines_as_the_artifact_does(repo_root: Path, tmp_path: Path) -> None:
+    """--deadline-factor F: each deadline moves to submission + F x (deadline - submission), as the paper's
+    artifact does with F = 5 (DEADLINE_FACTOR); a row without a deadline keeps none, a bad factor is refused."""
+    script = repo_root / "examples" / "paper" / "prepare_trace.py"
+    source = tmp_path / "trace.csv"
+    source.write_text("job_id,submission_time,num_iteration,model_name,deadline\n"
+                      "a,100,10,gpt__tiny,400\nb,200.5,10,gpt__tiny,\nc,300,10,gpt__tiny,301.25\n")
+    out = tmp_path / "out.csv"
+    done = subprocess.run([sys.executable, str(script), str(source), str(out), "--deadline-factor", "5"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job_id"], r["deadline"]) for r in rows] == [("a", "1600"), ("b", ""), ("c", "306.25")]
+    for factor in ("0", "nan", "-1"):
+        failed = subprocess.run([sys.executable, str(script), str(source), str(tmp_path / "never.csv"),
+                                 "--deadline-factor", factor], capture_output=True, text=True)
+        assert failed.returncode == 2 and "--deadline-factor must be in (0, 1000]" in failed.stderr
+        assert not (tmp_path / "never.csv").exists()

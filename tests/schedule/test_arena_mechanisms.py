@@ -144,6 +144,9 @@ def test_a_launching_short_job_takes_a_long_jobs_fast_gpus_which_restarts_on_the
     assert _actions(res, "rescale")[1][1:] == ("long", 4) and _actions(res, "rescale")[1][0] >= finish["short"]
     jct = lambda f: sum(f[j.spec.job_id] - j.spec.submit_time for j in res.jobs)  # noqa: E731
     assert finish["long"] > finish_off["long"] and jct(finish) < jct(finish_off)
+    # the decisions show rescales; the run's counters say which were trades (metrics.json's trades_at_launch)
+    assert res.counters.get("trades_at_launch") == 1 and not res.counters.get("trades")
+    assert not off.counters.get("trades_at_launch")
 
 
 #: "x" (short) holds the A100s when "short" arrives, so "short" starts on the V100s (taking the A100s from a job
@@ -172,6 +175,7 @@ def test_trade_gives_the_fast_gpus_to_the_short_job_without_taking_gpus_from_any
     # "short": 1,200 iterations on the V100s by 1,500 s, the other 38,800 at 4 it/s on the A100s
     assert finish_off["short"] == 40300.0 and finish["short"] == 1500.0 + 38800 / 4
     assert rescales[2][1:] == ("long", 4) and rescales[2][0] >= finish["short"]
+    assert res.counters.get("trades") == 1 and not off.counters.get("trades")
 
 
 def test_trade_needs_the_margin_and_a_shorter_job_to_gain():

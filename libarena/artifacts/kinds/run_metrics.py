@@ -53,6 +53,10 @@ RUN_METRICS = register_kind(
             Field("stopped_by", "str", "what ended the run (all done, the horizon, the tick limit)"),
             Field("simulation_wall_s", "float", "wall time of the simulation"),
             Field("ilp_time_limit_hits", "int", "ILP solves stopped at their time limit (their decisions depend on the host)"),
+            Field("trades", "int", "arena: pairs of running jobs that swapped their GPUs (each side a rescale in the "
+                                   "decisions and in reschedules_per_job)"),
+            Field("trades_at_launch", "int", "arena: launches that took a running job's GPUs, that job restarting on "
+                                             "the free GPUs (its restart a rescale in the decisions)"),
             Field("skipped_rows", "int", "trace rows skipped as malformed (--skip-bad-rows)"),
         ),
     )

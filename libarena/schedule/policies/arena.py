@@ -194,6 +194,7 @@ class ArenaPolicy(Policy):
                     holder, (t2, c2) = swap
                     if sim.rescale(holder, t, c):  # the holder restarts on the free GPUs the job would have taken
                         self._victims = None
+                        sim.count("trades_at_launch")
                         return sim.launch(job, t2, c2)
             return sim.launch(job, t, c)
         if not may_scale_down or not configs:

@@ -11,9 +11,11 @@ GPU count. Per type, every round with a change:
    paying a rescale at each change of count and never left without GPUs once started, as the artifact's
    ``ef_sim_allocation`` plans time slots); a new job is admitted if such a plan exists in what they leave free,
    so a job that can start once another ends is admitted, not only one whose share fits now.
-   ``elasticflow`` drops a job it cannot admit; ``elasticflow-ls`` (loosened deadlines, the paper's EF-LS)
-   stretches every deadline (deadline_slack, 2x the submit-to-deadline span) and keeps jobs it cannot admit as
-   best effort, served after admitted jobs. A job without a deadline is best effort under both, never dropped.
+   ``elasticflow`` drops a job it cannot admit; ``elasticflow-ls`` (loosened deadlines, the paper's EF-LS) gives
+   every job a deadline 10^9 s after its submission, as the artifact's ``elasticflow-l`` does
+   (deadline_horizon_s; the trace's deadlines are not read), and would keep a job it could not admit as best
+   effort, served after admitted jobs. Under ``elasticflow`` a job without a deadline is best effort, never
+   dropped.
 2. Allocation: admitted jobs in deadline order get their share of the plan's present (in-flight jobs keep their
    current count when it fits, to avoid needless checkpoint-resumes); admitted jobs planned to start later and
    best-effort jobs get their smallest runnable count where GPUs are left; leftover GPUs go greedily to the
@@ -70,6 +72,8 @@ class ElasticFlowPolicy(Policy):
         self.waiting = [j for j in self.waiting if j is not job]
 
     def _deadline(self, job: Job) -> float:
+        if self.config.deadline_horizon_s is not None:
+            return job.spec.submit_time + self.config.deadline_horizon_s
         d = job.spec.deadline
         if d is None:
             return math.inf
@@ -322,7 +326,8 @@ class ElasticFlowLSPolicy(ElasticFlowPolicy):
 
     @classmethod
     def default_config(cls) -> ElasticFlowConfig:
-        return ElasticFlowConfig(deadline_slack=2.0, drop_infeasible=False)
+        # the artifact's elasticflow-l: every deadline 10^9 s away (LOOSEN_DEADLINE), so every job is admitted
+        return ElasticFlowConfig(deadline_horizon_s=1e9, drop_infeasible=False)
 
 
 class _FreeTimeline:

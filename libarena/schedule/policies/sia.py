@@ -4,12 +4,15 @@ Sia's view is its bootstrapped estimate: 1-GPU (smallest fitting count) data-par
 extrapolated linearly with the GPU count (the ``dp-linear`` view, §2.3 of the Arena paper). Every round with a
 change, an ILP chooses one (GPU type, count) per job, maximising the sum of job utilities under per-type capacity:
 
-    utility(job, config) = sqrt(estimate(config) / estimate(job's smallest config)) x (1 - restart share)
+    utility(job, config) = sqrt(N_min x estimate(config) / estimate(job's smallest config)) x (1 - restart share)
 
-The square root is our concave speedup valuation, standing in for Sia's fairness knob (admitting a job is worth more
-than speeding up one already running); the restart share (checkpoint-resume + AP search over the job's
-estimated remaining time, capped at 1) discounts a config change of an in-flight job, like Sia's restart
-factor. In-flight jobs must keep a config (no preemption); they are offered their current config, one count up
+N_min x estimate / smallest estimate is Sia's normalised goodput (its paper's G_ij, with N_min the fewest GPUs
+the job runs on; statistical efficiency is 1 at the traces' fixed batches), raised to Sia's fairness power p as
+the Arena paper's artifact runs it, p = 0.5, maximised (Sia's own default is p = -0.5 with a no-allocation
+penalty of 1.1, minimised; see docs/baselines.md). The restart share (checkpoint-resume + AP search over the
+job's estimated remaining time, capped at 1) discounts a config change of an in-flight job; Sia's own factor,
+(age - restarts x R) / (age + R), gave Sia less on philly (docs/baselines.md). In-flight jobs must keep a config
+(no preemption); they are offered their current config, one count up
 on the same type, one count down (only while jobs queue: shrinking can only help to admit them), and the same
 count on every other type (slower ones too, so the program can swap two jobs' types). Queued jobs (the oldest
 PolicyConfig.ilp_max_queued) are offered every config up to PolicyConfig.max_gpus_per_job. This bounds the ILP
@@ -48,6 +51,7 @@ class SiaPolicy(Policy):
             ok = (job.view_thr > 0) & self.allowed
             cached = job.policy_state["sia_configs"] = [(int(t), int(c)) for t, c in zip(*np.nonzero(ok))]
             job.policy_state["sia_base"] = min(job.view_thr[t, c] for t, c in cached) if cached else 1.0
+            job.policy_state["sia_min_gpus"] = min(1 << c for _, c in cached) if cached else 1
         return cached
 
     def runnable(self, job: Job) -> bool:
@@ -60,7 +64,8 @@ class SiaPolicy(Policy):
         self.queue = [j for j in self.queue if j is not job]
 
     def _utility(self, job: Job, t: int, c: int) -> float:
-        return math.sqrt(job.view_thr[t, c] / job.policy_state["sia_base"])
+        """sqrt of Sia's normalised goodput (N_min x the config's estimate / the smallest config's)."""
+        return math.sqrt(job.policy_state["sia_min_gpus"] * job.view_thr[t, c] / job.policy_state["sia_base"])
 
     def schedule(self) -> None:
         sim = self.sim
