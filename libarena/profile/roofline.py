@@ -31,8 +31,9 @@ TIMER = "roofline"
 
 @dataclass(frozen=True)
 class RooflineConfig:
-    #: Fraction of the roofline a training step attains: Megatron-LM trains GPT-3 175B at 163 of the A100's
-    #: 312 bf16 TFLOP/s (52%; Narayanan et al., SC'21). Applied to compute and optimizer time alike.
+    #: Fraction of the roofline a training step attains: Megatron-LM trains its 530B and 1T models at 163 of the
+    #: A100's 312 bf16 TFLOP/s (52%; Narayanan et al., SC'21, Table 1; 43-47% for its 1.7B-145B models, nearer
+    #: the zoo's sizes). Applied to compute and optimizer time alike.
     achieved_fraction: float = 0.52
     #: Fraction of GPU memory a plan may use (the planner's default).
     memory_fraction: float = USABLE_MEMORY_FRACTION
