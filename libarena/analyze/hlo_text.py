@@ -275,6 +275,28 @@ def element_type(shape: str) -> str:
     return found.group(1) if found else shape.partition("[")[0]
 
 
+#: bytes per element of XLA's primitive types (fp8 variants: one byte)
+_ELEMENT_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+                  "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+@functools.lru_cache(maxsize=4096)  # shapes repeat across layers and rows
+def array_bytes(shape: str) -> int | None:
+    """Bytes of an array shape (``f32[256,1024]{0,1}`` -> 1,048,576), whatever its layout; None for a tuple or
+    an element type not known here."""
+    found = _ARRAY_SHAPE.match(shape.strip())
+    if found is None:
+        return None
+    kind = found.group(1)
+    size = _ELEMENT_BYTES.get(kind, 1 if kind.startswith("f8") else None)
+    if size is None:
+        return None
+    count = 1
+    for dim in filter(None, found.group(2).split(",")):
+        count *= int(dim)
+    return count * size
+
+
 @functools.lru_cache(maxsize=4096)  # shapes repeat across layers and rows
 def without_layout(shape: str) -> str:
     """``bf16[8,1024]{1,0}`` -> ``bf16[8,1024]`` (also inside tuples)."""

@@ -10,7 +10,8 @@ value is zero are left out (a parameter or a constant costs ``{}``).
 Per-instruction costs therefore come from *probe modules*: one instruction whose operands become entry
 parameters (which XLA charges nothing), plus the computations it calls (reduce bodies and the like,
 which XLA charges to the calling instruction). The module-level cost of a probe is exactly XLA's cost of
-that instruction, so the per-instruction numbers sum to the module's ``cost_analysis()``.
+that instruction, so the per-instruction numbers sum to the module's ``cost_analysis()`` (to within about
+1e-6: the module's own count of a called body varies slightly between its call sites).
 
 Everything private is reached from this module only; if jaxlib moves it, callers get one clear
 :class:`ArenaError` naming what is missing instead of an AttributeError deep in a stack.
