@@ -428,6 +428,12 @@ def build_rows(step: LoweredStep, unit_names: list[str], log: Log | None = None)
     rows.probes = coster.probes
     if log:
         log(f"{n} instructions, {coster.probes} distinct XLA cost probes")
+        # XLA's cost analysis cannot see inside a library call (a fused attention kernel, say): its work would
+        # be missing from the table without a word
+        opaque = [e.name for e, flops in zip(kept, rows.flops) if e.instr.opcode == "custom-call" and not flops]
+        if opaque:
+            log(f"warning: {len(opaque)} custom-call instruction(s) counted at 0 FLOPs (XLA cannot cost library "
+                f"calls), e.g. {opaque[0]}: the table leaves their work out")
 
     # Data flow in row order (operands first): units and phases of unscoped instructions.
     unit = np.full(n, -1, dtype=np.int64)

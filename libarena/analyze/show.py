@@ -95,7 +95,10 @@ def render(ops: OperatorTable, console: Any, top: int = 15) -> None:
             _si(row["flops"]), _bytes(row["bytes_read"] + row["bytes_written"]),
         )
     console.print(ops_table)
-    clusters = Table(title=f"{len(info['clusters'])} clustered operators", title_justify="left")
+    # a cluster's FLOPs and bytes are its units' forward and backward work; its ops count their optimizer
+    # instructions too (the optimizer's FLOPs are the header's total less the clusters')
+    clusters = Table(title=f"{len(info['clusters'])} clustered operators (FLOPs and bytes: forward + backward; "
+                           f"ops: with the optimizer's)", title_justify="left")
     for col in ("#", "units", "ops", "FLOPs", "bytes", "params", "param bytes", "act. out", "saved act.", "TP all-reduce", "all-to-all"):
         clusters.add_column(col, justify="left" if col == "units" else "right")
     for c in info["clusters"]:

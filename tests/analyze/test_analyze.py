@@ -405,3 +405,36 @@ def test_the_optimizer_reads_every_gradient_in_every_dtype():
         rows, _ = operators.build_rows(operators.lower_train_step(model, 8, None, dtype), [u.name for u in model.units])
         optimizer_bytes[dtype] = float(np.array(rows.param_bytes)[np.array(rows.phase) == "optimizer"].sum())
     assert optimizer_bytes["fp32"] == optimizer_bytes["bf16"] > 6.5e6
+
+
+def test_a_library_call_counted_at_zero_flops_is_named_in_a_warning(monkeypatch):
+    """XLA's cost analysis cannot see inside a custom call (a fused attention kernel, say): the table would leave
+    its work out without a word. Here a real step's first dot is made to look like one."""
+    from libarena.analyze import operators, xla_cost
+    from libarena.models import get_model
+
+    flatten, cost = operators._flatten, operators.ProbeCoster.cost
+
+    def with_a_custom_call(*args, **kwargs):
+        kept, root, parts = flatten(*args, **kwargs)
+        first = next(e for e in kept if e.instr.opcode == "dot")
+        first.instr.opcode = "custom-call"
+        return kept, root, parts
+
+    def zero_for_custom_calls(self, instr):
+        if instr.opcode == "custom-call":
+            return xla_cost.InstructionCost(0.0, 0.0, 0.0, 0.0)
+        return cost(self, instr)
+
+    model = get_model("gpt__tiny")
+    step = operators.lower_train_step(model, 8, None, "fp32")
+    plain = []
+    operators.build_rows(step, [u.name for u in model.units], plain.append)
+    assert not [line for line in plain if line.startswith("warning:")]
+    monkeypatch.setattr(operators, "_flatten", with_a_custom_call)
+    monkeypatch.setattr(operators.ProbeCoster, "cost", zero_for_custom_calls)
+    logs = []
+    operators.build_rows(step, [u.name for u in model.units], logs.append)
+    warnings = [line for line in logs if line.startswith("warning:")]
+    # the dot's body is shared by the layers' call sites: a row (and a custom call) at each
+    assert len(warnings) == 1 and "custom-call instruction(s) counted at 0 FLOPs" in warnings[0]
