@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from libarena.artifacts import Provenance, read_input_ref, write_table
+from libarena.artifacts import Provenance, write_table
 from libarena.artifacts.io import check_table_output, refuse_overwriting_inputs
 from libarena.artifacts.registry import get_kind
 from libarena.artifacts.stage_cache import StageOutcome, library_versions
@@ -155,13 +155,9 @@ def perf_build(cluster: Path, output: str, config: PerfBuildConfig, *, trace: Pa
     spec, cluster_ref = load_cluster_input(cluster)
     trace_ref, text = [], None
     if trace is not None:
-        from libarena.schedule.traces import read_trace_bytes, stdin_trace, trace_text_from_bytes
+        from libarena.schedule.traces import read_trace_input
 
-        if str(trace) == "-":
-            text, ref = stdin_trace()
-        else:
-            data = read_trace_bytes(trace)
-            text, ref = trace_text_from_bytes(data, str(trace)), read_input_ref(trace, data)
+        text, ref = read_trace_input(trace)
         trace_ref = [ref]
     wanted = sorted(set(pairs) | set(trace_pairs(trace, spec, seed, skip_bad_rows, text) if trace is not None else ()))
     if not wanted:

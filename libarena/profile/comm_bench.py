@@ -62,10 +62,10 @@ class CommBenchConfig:
         if self.platform == "cpu":
             # host devices share this machine's memory: a buffer and its result per device, and XLA's temporaries
             # (the largest volume measured: --max-bytes rounded up to the primitives' step of 4 x devices^2 bytes)
-            need = 4 * self.num_devices * max(self.sizes())
+            largest = max(self.sizes())
+            need = 4 * self.num_devices * largest
             have = _host_memory_bytes()
             if have and need > have // 2:
-                largest = max(self.sizes())
                 measured = "" if largest == self.max_bytes else f" (measured as {largest}: volumes are multiples of 4 x devices^2)"
                 raise ArenaError(f"--max-bytes {self.max_bytes}{measured} on {self.num_devices} host devices needs about "
                                  f"{need / 2**30:.1f} GiB, more than half of this machine's {have / 2**30:.1f} GiB")

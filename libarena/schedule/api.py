@@ -18,7 +18,7 @@ from libarena.schedule.entities import JobSpec
 from libarena.schedule.perf import PerfLookup, load_perf
 from libarena.schedule.policies import Policy, get_policy
 from libarena.schedule.simulator import SimulationResult, Simulator
-from libarena.schedule.traces import Trace, read_trace, stdin_trace
+from libarena.schedule.traces import Trace, read_trace, read_trace_input
 
 
 @dataclass
@@ -66,24 +66,22 @@ def load_workload(trace: Path, perf: Path, cluster: Path, *, seed: int = 0,
 
     Each input is read once and its digest taken of the bytes that are parsed: a file replaced between a
     digest and a read would have had its results cached (and recorded) under the old content's digest."""
-    from libarena.artifacts import read_input_ref, read_table
+    from libarena.artifacts import read_table
     from libarena.artifacts.kinds.perf_table import check_perf_table
     from libarena.artifacts.stage_cache import cache_input
     from libarena.hardware import load_cluster_input
-    from libarena.schedule.traces import read_trace_bytes, trace_text_from_bytes
 
     if str(trace) == "-" and str(perf) == "-":
         raise ArenaError("--trace - and --perf -: only one input can come from stdin")
     # read in the order errors were always reported in: stdin first, then the cluster, the table, the trace file
     if str(trace) == "-":  # keyed by its content, as a table piped on stdin is
-        trace_text, trace_ref = stdin_trace()
+        trace_text, trace_ref = read_trace_input(trace)
     spec, cluster_ref = load_cluster_input(cluster)
     art = read_table(perf, "perf_table")
     check_perf_table(art.table, art.source)
     perf_ref = cache_input(perf, art)  # a piped table is named by its decoded content
     if str(trace) != "-":
-        trace_bytes = read_trace_bytes(trace)
-        trace_text, trace_ref = trace_text_from_bytes(trace_bytes, str(trace)), read_input_ref(trace, trace_bytes)
+        trace_text, trace_ref = read_trace_input(trace)
     workload = prepare_workload(trace, PerfLookup(art.table, spec, source=art.source), spec, seed=seed,
                                 skip_bad_rows=skip_bad_rows, trace_text=trace_text)
     refs = [trace_ref, perf_ref, cluster_ref]

@@ -167,20 +167,29 @@ def stdin_trace() -> tuple[str, dict[str, Any]]:
     return text, {"path": "stdin", "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
+def read_trace_input(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    """A trace read once: its text and its provenance entry, named by the bytes that were parsed (a file; hashing
+    it again later would name a file replaced in between by the new content) or by its content (stdin)."""
+    if str(path) == "-":
+        return stdin_trace()
+    from libarena.artifacts.io import read_input_ref
+
+    data = _read_trace_bytes(path)
+    return _trace_text(data, str(path)), read_input_ref(path, data)
+
+
 def read_trace_text(path: str | os.PathLike[str]) -> str:
     """The text of a trace file, or of stdin when ``path`` is ``-``."""
-    return trace_text_from_bytes(read_trace_bytes(path), "stdin" if str(path) == "-" else str(path))
+    return _trace_text(_read_trace_bytes(path), "stdin" if str(path) == "-" else str(path))
 
 
-def read_trace_bytes(path: str | os.PathLike[str]) -> bytes:
-    """The bytes of a trace file, or of stdin when ``path`` is ``-``, bounded (MAX_TRACE_BYTES)."""
+def _read_trace_bytes(path: str | os.PathLike[str]) -> bytes:
     from libarena.artifacts.untrusted import read_bounded
 
     return read_bounded(path, MAX_TRACE_BYTES, "trace CSV" if str(path) == "-" else "trace", stdin=True)
 
 
-def trace_text_from_bytes(data: bytes, source: str) -> str:
-    """A trace's bytes as text (``source`` names them in the error)."""
+def _trace_text(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
