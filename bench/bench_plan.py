@@ -8,6 +8,7 @@ the content-addressed cache that ``arena-schedule perf build`` shares (.arena-ca
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,9 @@ def run(results_dir: Path) -> bool:
     from libarena.pipeline.analyze import operator_table
     from libarena.plan import PlannerConfig, load_model_profile, plan_job
 
+    from bench.paper_inputs import machine_record
+
+    load_before = os.getloadavg()
     cluster = load_cluster(PAPER_CLUSTER)
     config = PlannerConfig()
 
@@ -81,6 +85,7 @@ def run(results_dir: Path) -> bool:
             "zoo_total_wall_s": zoo_total,
             "zoo_target_s": ZOO_TARGET_S,
             "zoo": zoo,
+            "machine": machine_record(load_before),
         },
     )
     print(

@@ -20,6 +20,7 @@ from libarena.plan.config import (
     planned_microbatch_count,
     replica_microbatch,
     runnable_microbatch_count,
+    too_few_microbatches,
 )
 from libarena.plan.grids import Grid, Resources, enumerate_grids, stage_offsets
 from libarena.plan.io import planset_from_artifact, planset_metadata, planset_to_table, read_plans, write_plans
@@ -56,5 +57,6 @@ __all__ = [
     "replica_microbatch",
     "runnable_microbatch_count",
     "stage_offsets",
+    "too_few_microbatches",
     "write_plans",
 ]

@@ -14,8 +14,8 @@ MICROBATCHES_PER_STAGE = 4
 def microbatch_count(stages: int, per_stage: int = MICROBATCHES_PER_STAGE, fixed: int | None = None) -> int:
     """The nominal micro-batch count: ``fixed``, or ``per_stage`` x the pipeline degree (the paper's 4 x s).
 
-    A global batch smaller than it is too small for the grid. Plans run (and are priced at)
-    :func:`planned_microbatch_count`, this count lowered until it splits the global batch evenly.
+    Plans run (and are priced at) :func:`planned_microbatch_count`, this count lowered until it splits the global
+    batch evenly; :func:`too_few_microbatches` says when that leaves too few for the grid.
     """
     return fixed if fixed else per_stage * stages
 
@@ -35,6 +35,25 @@ def planned_microbatch_count(global_batch: int, stages: int, per_stage: int = MI
     profiler and the runtime all use this B: a fractional G / B would price smaller micro-batches (less
     activation memory, a smaller pipeline bubble) than the ones that run."""
     return runnable_microbatch_count(global_batch, microbatch_count(stages, per_stage, fixed))
+
+
+def too_few_microbatches(global_batch: int, stages: int, per_stage: int = MICROBATCHES_PER_STAGE,
+                         fixed: int | None = None) -> str:
+    """Why a grid of ``stages`` stages cannot run ``global_batch`` ("" when it can).
+
+    The grid runs :func:`planned_microbatch_count` micro-batches; it needs one per stage at least (or, with a fixed
+    count below the stages, that count), else a stage never has work while another does. The rule is on the count
+    that runs, not the nominal one: a batch of 32 runs 32 micro-batches of 9 stages (more per stage than the 16 of
+    7 stages, 28 lowered to a divisor) and is accepted as those are.
+    """
+    nominal = microbatch_count(stages, per_stage, fixed)
+    runs = runnable_microbatch_count(global_batch, nominal)
+    if runs >= min(stages, nominal):
+        return ""
+    if global_batch < stages:
+        return f"global batch {global_batch} is smaller than the {stages} stages (one micro-batch each at least)"
+    return (f"global batch {global_batch} splits evenly into {runs} micro-batches at most {nominal}, fewer than the "
+            f"{stages} stages")
 
 
 def replica_microbatch(global_batch: int, num_microbatches: int, dp: int = 1) -> int:
@@ -90,8 +109,12 @@ class PlannerConfig:
             check_range(value, "--stages", 1, 1024, integer=True)
 
     def nominal_microbatches(self, stages: int) -> int:
-        """The nominal count (4 x s unless fixed): a global batch smaller than it is too small for the grid."""
+        """The nominal count (4 x s unless fixed), before it is lowered to split the global batch."""
         return microbatch_count(stages, self.microbatches_per_stage, self.num_microbatches)
+
+    def too_few_microbatches(self, stages: int, global_batch: int) -> str:
+        """Why a grid of ``stages`` stages cannot run ``global_batch`` ("" when it can): :func:`too_few_microbatches`."""
+        return too_few_microbatches(global_batch, stages, self.microbatches_per_stage, self.num_microbatches)
 
     def microbatches(self, stages: int, global_batch: int) -> int:
         """B, the micro-batches plans of ``stages`` stages run and are priced at (:func:`planned_microbatch_count`)."""

@@ -10,7 +10,9 @@ Per (GPU type, n, s):
    in-flight micro-batches k) is priced once for every (dp, tp, zero) -- at most O^2 * log2(n) * s
    entries -- keeping the cheapest option that fits in memory (objective B * comm_mb + grad_sync, the
    stage's share of eq. 4 if it were the bottleneck); every plan's stages are then gathered from it;
-4. l_comm (eq. 4) per plan, Pareto frontier, cap, proxy.
+4. l_comm (eq. 4) per plan, Pareto frontier; the frontier's partitions choose their stages' options again
+   jointly for l_comm (StageTable.joint_choice: its max terms couple the stages), until the frontier is made
+   of such partitions; cap, proxy.
 
 l_comm here is eq. 4 with its per-iteration terms made explicit:
 ``(B - 1) * max_j comm_mb_j + sum_j comm_mb_j + max_j grad_sync_j`` -- intra-stage communication of the
@@ -74,7 +76,7 @@ def _check_planning_size(profile: ModelProfile, grids: list[Grid], config: Plann
     """Every grid's partitions and stage table within bounds, checked before any is built."""
     O = profile.num_clusters
     for s in sorted({g.pipeline_degree for g in grids}):
-        if config.exhaustive or profile.global_batch < config.nominal_microbatches(s):
+        if config.exhaustive or config.too_few_microbatches(s, profile.global_batch):
             continue  # the exhaustive path checks its own total; a grid of too few samples is infeasible
         _check_partition_count(profile, s)
         max_gpus = max(g.num_gpus for g in grids if g.pipeline_degree == s)
@@ -156,6 +158,19 @@ class StageTable:
         def pick(arr: np.ndarray) -> np.ndarray:
             return np.broadcast_to(arr, full).ravel().take(flat).ravel()
 
+        # Every option of every stage, for the joint choice (``joint_choice``): per level, its options' indices
+        # (padded with -1), and each option's communication, gradient sync, memory and recomputation.
+        width = max(int((lv == level).sum()) for level in range(levels))
+        self._level_options = np.full((levels, width), -1, dtype=np.int64)
+        for level in range(levels):
+            sel = np.flatnonzero(lv == level)
+            self._level_options[level, :sel.size] = sel
+        self._option_comm = np.broadcast_to(comm, full)
+        self._option_grad = np.broadcast_to(grad, full)
+        self._option_fits = np.isfinite(obj)
+        self._option_remat = remat[:, 0, 0, 0]
+        self._option_fields = {"memory": np.broadcast_to(mem, full), "dp": dp[:, 0, 0, 0].astype(np.int64),
+                               "tp": tp[:, 0, 0, 0].astype(np.int64), "zero": zero[:, 0, 0, 0], "remat": remat[:, 0, 0, 0]}
         self.fields = {
             "obj": best.ravel(),
             "min_memory": min_memory.ravel(),
@@ -166,6 +181,7 @@ class StageTable:
             "tp": pick(tp).astype(np.int64),
             "zero": pick(zero),
             "remat": pick(remat),
+            "option": chosen.ravel(),
         }
 
     def flat_index(self, starts: np.ndarray, ends: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -175,6 +191,64 @@ class StageTable:
 
     def gather(self, name: str, flat: np.ndarray) -> np.ndarray:
         return self.fields[name].take(flat)
+
+    def joint_choice(self, starts: np.ndarray, ends: np.ndarray, gpus: np.ndarray, num_microbatches: int,
+                     ) -> dict[str, np.ndarray]:
+        """Each stage's intra-stage option for plans (P, s) with GPU assignment ``gpus``, chosen for the plan's l_comm.
+
+        The table's choice is each stage's own best (``B * comm_mb + grad_sync``), but l_comm's max terms couple the
+        stages: where another stage is the bottleneck, a stage may as well take an option that communicates more per
+        micro-batch and synchronises its gradients faster (or the reverse). From the table's choices, the single
+        change of one stage's option that lowers l_comm most is made until none does (each step lowers it, so this
+        ends; it need not reach the joint optimum). Options keep each stage's recomputation as chosen, so the
+        plan's computation bias does not move, and must fit in memory. Returns the chosen options' fields (P, s):
+        memory, comm_mb, grad, dp, tp, zero, remat."""
+        count, s = starts.shape
+        B = num_microbatches
+        level = np.log2(np.maximum(gpus, 1)).round().astype(np.int64)
+        flat = self.flat_index(starts, ends, level)
+        chosen = self.fields["option"].take(flat)  # (P, s)
+        options = self._level_options[level]  # (P, s, m)
+        real = options >= 0
+        options = np.where(real, options, 0)
+        a, b = starts[..., None], ends[..., None]
+        k = np.arange(s - 1, -1, -1)[None, :, None]
+        a_safe = np.minimum(a, self.num_clusters - 1)
+        comm = self._option_comm[options, a_safe, b, k]
+        grad = self._option_grad[options, a_safe, b, k]
+        allowed = (real & self._option_fits[options, a_safe, b, k]
+                   & (self._option_remat[options] == self._option_remat[chosen][..., None]))
+        position = np.argmax(options == chosen[..., None], axis=2)  # (P, s): the chosen option among the stage's
+        rows = np.arange(count)
+        feasible = np.isfinite(self.fields["obj"].take(flat)).all(axis=1)
+        stage_index = np.arange(s)[None, :]
+        for _ in range(4 * s * options.shape[2]):  # (a bound: every step lowers l_comm by a relative 1e-12 at least)
+            c = np.take_along_axis(comm, position[..., None], axis=2)[..., 0]
+            g = np.take_along_axis(grad, position[..., None], axis=2)[..., 0]
+            current = communication_load(c, g, B)
+            # the largest comm and grad of the stages other than each one: the top two of each row
+            order_c = np.argsort(-c, axis=1, kind="stable")
+            order_g = np.argsort(-g, axis=1, kind="stable")
+            top_c, second_c = c[rows, order_c[:, 0]], (c[rows, order_c[:, 1]] if s > 1 else np.full(count, -np.inf))
+            top_g, second_g = g[rows, order_g[:, 0]], (g[rows, order_g[:, 1]] if s > 1 else np.full(count, -np.inf))
+            other_c = np.where(stage_index == order_c[:, :1], second_c[:, None], top_c[:, None])
+            other_g = np.where(stage_index == order_g[:, :1], second_g[:, None], top_g[:, None])
+            moved = ((B - 1) * np.maximum(other_c[..., None], comm) + (c.sum(axis=1)[:, None] - c)[..., None] + comm
+                     + np.maximum(other_g[..., None], grad))
+            moved = np.where(allowed & feasible[:, None, None], moved, np.inf).reshape(count, -1)
+            best = np.argmin(moved, axis=1)
+            better = np.flatnonzero(moved[rows, best] < current * (1 - 1e-12))
+            if not better.size:
+                break
+            j, o = np.divmod(best[better], options.shape[2])
+            position[better, j] = o
+        option = np.take_along_axis(options, position[..., None], axis=2)[..., 0]
+        out = {"comm_mb": np.take_along_axis(comm, position[..., None], axis=2)[..., 0],
+               "grad": np.take_along_axis(grad, position[..., None], axis=2)[..., 0],
+               "memory": self._option_fields["memory"][option, a_safe[..., 0], ends, k[..., 0]]}
+        for name in ("dp", "tp", "zero", "remat"):
+            out[name] = self._option_fields[name][option]
+        return out
 
 
 def _grid_comm_label(comm: CommModel, gpu_type: str) -> str:
@@ -297,10 +371,9 @@ def plan_grid(
     of those effective loads (the same value as before for plans without recomputation)."""
     n, s = grid.num_gpus, grid.pipeline_degree
     B = config.microbatches(s, profile.global_batch)
-    nominal = config.nominal_microbatches(s)
-    if profile.global_batch < nominal:
-        reason = f"global batch {profile.global_batch} is smaller than the {nominal} micro-batches of {s} stages"
-        return GridResult(grid, (), nominal, 0, 0, reason)
+    reason = config.too_few_microbatches(s, profile.global_batch)
+    if reason:
+        return GridResult(grid, (), B, 0, 0, reason)
     if config.exhaustive:
         return plan_grid_exhaustive(profile, grid, loads, costs, config)
     if table is None:
@@ -314,17 +387,14 @@ def plan_grid(
     l_comm = np.full(total, np.inf)
     # Peak memory per partition: of the chosen options when it fits, else the least any option needs.
     need = np.empty(total)
+    # each partition's GPU assignment, kept for the joint choice and the frontier's plans (2 bytes a stage)
+    assigned = np.empty((total, s), dtype=np.int16 if n < 2**15 else np.int64)
     for lo in range(0, total, PARTITION_CHUNK):  # chunks bound the DP's temporaries for large O
         hi = min(lo + PARTITION_CHUNK, total)
-        gpus, bias[lo:hi], flat = _normalised_stages(table, loads, n, starts_all[lo:hi], ends_all[lo:hi])
-        remat = table.gather("remat", flat)
-        if remat.any():
-            bias[lo:hi] = np.where(remat.any(axis=1), recomputing_bias(loads, forward_loads, starts_all[lo:hi],
-                                                                       ends_all[lo:hi], gpus, remat), bias[lo:hi])
+        gpus, bias[lo:hi], flat = _normalised_stages(table, loads, forward_loads, n, starts_all[lo:hi], ends_all[lo:hi])
+        assigned[lo:hi] = gpus
         fits = np.isfinite(table.gather("obj", flat)).all(axis=1)
-        need[lo:hi] = np.where(
-            fits, table.gather("memory", flat).max(axis=1), table.gather("min_memory", flat).max(axis=1)
-        )
+        need[lo:hi] = np.where(fits, table.gather("memory", flat).max(axis=1), table.gather("min_memory", flat).max(axis=1))
         load = communication_load(table.gather("comm_mb", flat), table.gather("grad", flat), B)
         l_comm[lo:hi] = np.where(fits, load, np.inf)
     feasible = np.isfinite(l_comm)
@@ -333,11 +403,25 @@ def plan_grid(
         min_mem = _least_memory(table, n, starts_all, ends_all)
         return GridResult(grid, (), B, total, oom, _oom_reason(grid, costs.gpu, min_mem, costs.capacity), min_mem)
     rows = np.flatnonzero(feasible)
-    front = rows[pareto_front(bias[rows], l_comm[rows])]
+    # l_comm couples the stages through its max terms, which the stage table's per-stage choice ignores
+    # (StageTable.joint_choice). Choosing again for every partition costs several times the rest of the planning,
+    # so it is done for the frontier's partitions, again for those a lowered l_comm brings onto it, until the
+    # frontier holds only partitions chosen again (a partition off it could still have a lower l_comm than shown).
+    refined = np.zeros(total, dtype=bool)
+    while True:
+        front = rows[pareto_front(bias[rows], l_comm[rows])]
+        todo = front[~refined[front]]
+        if s == 1 or not todo.size:
+            break
+        refined[todo] = True
+        chosen = table.joint_choice(starts_all[todo].astype(np.int64), ends_all[todo].astype(np.int64),
+                                    assigned[todo].astype(np.int64), B)
+        l_comm[todo] = communication_load(chosen["comm_mb"], chosen["grad"], B)
+        need[todo] = chosen["memory"].max(axis=1)
     # Plan objects only for the frontier (a few dozen per grid at most): redo its rows in detail.
     starts, ends = starts_all[front], ends_all[front]
-    gpus, _, flat = _normalised_stages(table, loads, n, starts, ends)
-    fields = {name: table.gather(name, flat) for name in ("memory", "dp", "tp", "zero", "remat", "comm_mb", "grad")}
+    gpus = assigned[front].astype(np.int64)
+    fields = table.joint_choice(starts.astype(np.int64), ends.astype(np.int64), gpus, B)
     offsets = stage_offsets(gpus)
     plans = [
         _build_plan(
@@ -350,13 +434,48 @@ def plan_grid(
     return GridResult(grid, _select(plans, config, mark_only=False), B, total, oom, "", float(need[rows].min()))
 
 
-def _normalised_stages(table: StageTable, loads: np.ndarray, n: int, starts: np.ndarray, ends: np.ndarray):
+def _normalised_stages(table: StageTable, loads: np.ndarray, forward_loads: np.ndarray, n: int, starts: np.ndarray,
+                       ends: np.ndarray):
     """Power-of-two assignment, b_comp and stage-table indices for a block of partitions: the assignment
     closest to the load-proportional one among those whose every stage has an option that fits in memory
-    (the closest of all where none fits: the partition is then infeasible)."""
+    (the closest of all where none fits: the partition is then infeasible).
+
+    Where a stage recomputes, b_comp is measured against the loads the stages then carry (a recomputing stage one
+    forward pass more: :func:`recomputing_bias`), so the assignment is rounded against those loads too and kept
+    where it is closer to them than the first rounding (against the plain loads) was."""
     starts = starts.astype(np.int64)
     ends = ends.astype(np.int64)
-    ideal = load_proportional_assignment(loads, n, starts, ends)
+    gpus, bias, flat = _closest_fitting(table, load_proportional_assignment(loads, n, starts, ends), n, starts, ends)
+    remat = table.gather("remat", flat)
+    rows = np.flatnonzero(remat.any(axis=1))
+    if rows.size:
+        bias[rows] = recomputing_bias(loads, forward_loads, starts[rows], ends[rows], gpus[rows], remat[rows])
+        # (a partition with no fitting assignment has none after a second rounding either)
+        rows = rows[np.isfinite(table.gather("obj", flat[rows])).all(axis=1)]
+        ideal = _recomputing_ideal(loads, forward_loads, starts[rows], ends[rows], remat[rows], n)
+        # no assignment is closer than each stage's nearest power of two: where the first rounding is as close as
+        # that, there is nothing to round again (most partitions, and the DP is most of the planner's time)
+        exponent = np.log2(np.clip(ideal, 1.0, n))
+        nearest = np.minimum(np.abs(np.exp2(np.floor(exponent)) - ideal), np.abs(np.exp2(np.ceil(exponent)) - ideal))
+        open_rows = np.sqrt((nearest ** 2).sum(axis=1)) < bias[rows] - 1e-12
+        rows, ideal = rows[open_rows], ideal[open_rows]
+    if rows.size:
+        # (one DP over the fitting assignments: each of these partitions has one)
+        allowed = np.isfinite(_all_levels(table, n, starts[rows], ends[rows], "obj"))
+        again, _ = normalize_power_of_two(ideal, n, allowed)
+        again_flat = table.flat_index(starts[rows], ends[rows], np.log2(again).round().astype(np.int64))
+        again_bias = recomputing_bias(loads, forward_loads, starts[rows], ends[rows], again,
+                                      table.gather("remat", again_flat))
+        # (the second rounding's stages may recompute elsewhere: it is judged by the loads it then carries)
+        closer = np.isfinite(table.gather("obj", again_flat)).all(axis=1) & (again_bias < bias[rows] - 1e-12)
+        better = rows[closer]
+        gpus[better], bias[better], flat[better] = again[closer], again_bias[closer], again_flat[closer]
+    return gpus, bias, flat
+
+
+def _closest_fitting(table: StageTable, ideal: np.ndarray, n: int, starts: np.ndarray, ends: np.ndarray):
+    """The power-of-two assignment closest to ``ideal`` (P, s) whose every stage fits (the closest of all where
+    none does), its distance and its stage-table indices."""
     gpus, bias = normalize_power_of_two(ideal, n)
     flat = table.flat_index(starts, ends, np.log2(gpus).round().astype(np.int64))
     short = np.flatnonzero(~np.isfinite(table.gather("obj", flat)).all(axis=1))
@@ -386,18 +505,25 @@ def _least_memory(table: StageTable, n: int, starts_all: np.ndarray, ends_all: n
     return least
 
 
-def recomputing_bias(loads: np.ndarray, forward_loads: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                     gpus: np.ndarray, remat: np.ndarray) -> np.ndarray:
-    """b_comp (eq. 3) of plans whose recomputing stages (``remat``, (P, s)) carry one more forward pass: the
-    distance of ``gpus`` from the assignment proportional to the effective stage loads."""
+def _recomputing_ideal(loads: np.ndarray, forward_loads: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                       remat: np.ndarray, num_gpus: np.ndarray | int) -> np.ndarray:
+    """The assignment of ``num_gpus`` proportional to the stage loads when the ``remat`` stages (P, s) carry one
+    more forward pass."""
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
     load = np.concatenate([[0.0], np.cumsum(loads)])
     forward = np.concatenate([[0.0], np.cumsum(forward_loads)])
     stage = (load[ends] - load[starts]) + np.where(remat, forward[ends] - forward[starts], 0.0)
-    n = np.asarray(gpus).sum(axis=1, keepdims=True)
-    ideal = stage / stage.sum(axis=1, keepdims=True) * n
-    return np.sqrt(((np.asarray(gpus, dtype=np.float64) - ideal) ** 2).sum(axis=1))
+    return stage / stage.sum(axis=1, keepdims=True) * num_gpus
+
+
+def recomputing_bias(loads: np.ndarray, forward_loads: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                     gpus: np.ndarray, remat: np.ndarray) -> np.ndarray:
+    """b_comp (eq. 3) of plans whose recomputing stages (``remat``, (P, s)) carry one more forward pass: the
+    distance of ``gpus`` from the assignment proportional to the effective stage loads."""
+    gpus = np.asarray(gpus, dtype=np.float64)
+    ideal = _recomputing_ideal(loads, forward_loads, starts, ends, remat, gpus.sum(axis=1, keepdims=True))
+    return np.sqrt(((gpus - ideal) ** 2).sum(axis=1))
 
 
 def plan_grid_exhaustive(
@@ -524,7 +650,7 @@ def plan_job(
             forward_loads_by_type[gpu_type] = profile.forward_loads(gpu)
             costs_by_type[gpu_type] = StageCostModel(profile, gpu, grid.gpus_per_node, comm, config.usable_memory_fraction)
         table = None
-        if not config.exhaustive and profile.global_batch >= config.nominal_microbatches(s):
+        if not config.exhaustive and not config.too_few_microbatches(s, profile.global_batch):
             key = (gpu_type, s)
             if key not in tables:
                 tables[key] = StageTable(

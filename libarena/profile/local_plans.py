@@ -17,7 +17,7 @@ from typing import Any
 from libarena.artifacts import Provenance
 from libarena.models import get_model
 from libarena.plan import (MICROBATCHES_PER_STAGE, Grid, GridResult, ParallelPlan, PlanSet, make_plan,
-                           microbatch_count, planned_microbatch_count, write_plans)
+                           planned_microbatch_count, too_few_microbatches, write_plans)
 from libarena.plan.partition import power_of_two_compositions
 
 
@@ -81,7 +81,7 @@ def enumerate_grid_plans(
     plans = []
     max_stages = min(max_stages or num_gpus, num_gpus, num_clusters)
     for s in range(1, max_stages + 1):
-        if global_batch < microbatch_count(s, microbatches_per_stage):
+        if too_few_microbatches(global_batch, s, microbatches_per_stage):
             continue  # too small a batch for the grid, as arena-plan judges it
         B = planned_microbatch_count(global_batch, s, microbatches_per_stage)
         grid = Grid(model_name, global_batch, gpu_type, num_gpus, 1, num_gpus, s)

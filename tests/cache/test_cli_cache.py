@@ -247,10 +247,10 @@ def test_a_pipe_input_is_neither_served_from_nor_stored_in_the_cache(work):
 
 
 def test_profiling_a_plans_file_without_a_feasible_plan_is_a_one_line_error(work):
-    """Every grid infeasible (16 micro-batches of a global batch of 8): no stage is built, not even the whole
+    """Every grid infeasible (out of memory in a millionth of each GPU's): no stage is built, not even the whole
     model's data-parallel one (for a large model that alone can exhaust the host's memory)."""
     ok(invoke("arena-plan", ["--ops", "ops.parquet", "--cluster", "cluster.yaml", "--max-gpus", "1",
-                             "--num-microbatches", "16", "-o", "none.parquet"], cwd=work))
+                             "--memory-fraction", "0.000001", "-o", "none.parquet"], cwd=work))
     failed = invoke("arena-profile", ["-i", "none.parquet", "--cache-dir", "pc-none", "-o", "none-perf.parquet"], cwd=work)
     assert failed.code == 2 and "nothing to profile: the plans file has no feasible plan" in failed.stderr
     assert len(failed.stderr.strip().splitlines()) == 1 and "Traceback" not in failed.stderr

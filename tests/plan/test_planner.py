@@ -30,7 +30,7 @@ def _check_planset(planset, config: PlannerConfig, num_clusters: int):
         grid = result.grid
         if not result.feasible:
             if result.infeasible_reason.startswith("global batch"):
-                assert planset.global_batch < config.nominal_microbatches(grid.pipeline_degree)
+                assert result.infeasible_reason == config.too_few_microbatches(grid.pipeline_degree, planset.global_batch)
                 continue
             assert result.infeasible_reason.startswith("out of memory")
             assert result.plans_out_of_memory == result.plans_considered > 0
@@ -413,6 +413,94 @@ def test_a_recomputing_stage_repeats_its_forward_collectives():
     assert plain > 0 and stage.comm_per_microbatch_s == pytest.approx(1.5 * plain)
 
 
+def _stage_option_costs(profile, costs, plan, B):
+    """Every option of each stage of ``plan`` that keeps its recomputation and fits: (comm_mb, grad, stage objective)."""
+    from libarena.plan.costs import intra_stage_options
+
+    s = plan.pipeline_degree
+    per_stage = []
+    for j, stage in enumerate(plan.stages):
+        a, b = stage.first_cluster, stage.end_cluster
+        options = []
+        for dp, tp, zero, remat in intra_stage_options(stage.num_gpus, True, True):
+            if remat != stage.remat or (profile.global_batch // B) % dp:
+                continue
+            if float(costs.memory(a, b, dp, tp, zero, s - j, B, remat)) > costs.capacity:
+                continue
+            comm = float(costs.comm_per_microbatch(a, b, dp, tp, B, remat))
+            grad = float(costs.grad_sync(a, b, dp, tp, zero))
+            options.append((comm, grad, B * comm + grad))
+        per_stage.append(options)
+    return per_stage
+
+
+def test_stage_options_are_chosen_for_the_plans_l_comm_not_each_stage_alone():
+    """l_comm's max terms couple the stages: where one stage is the bottleneck, another may take an option that
+    communicates more per micro-batch and synchronises its gradients faster. Each stage taking its own best
+    (B x comm_mb + grad_sync) left this 3-stage plan 10% above the best choice of the same stages."""
+    import itertools
+
+    from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.plan.costs import StageCostModel
+
+    ops = gpt_like(num_clusters=8, hidden=4096, seq_len=512, batch=32)
+    profile = load_model_profile(ops)
+    costs = StageCostModel(profile, get_gpu("a100"), 8, AlphaBetaCommModel(), 0.9)
+    gains = []
+    for n in (8, 16):
+        (result,) = plan_job(ops, _single("a100", 2, 8), PlannerConfig(num_gpus=(n,), pipeline_degrees=(3,),
+                                                                       frontier_cap=0)).grids
+        B = result.num_microbatches
+        for plan in result.plans:
+            per_stage = _stage_option_costs(profile, costs, plan, B)
+            joint = min(float(communication_load(np.array([o[0] for o in combo]), np.array([o[1] for o in combo]), B)[0])
+                        for combo in itertools.product(*per_stage))
+            own = [min(options, key=lambda o: o[2]) for options in per_stage]
+            alone = float(communication_load(np.array([o[0] for o in own]), np.array([o[1] for o in own]), B)[0])
+            assert plan.communication_load == pytest.approx(joint, rel=1e-9)
+            assert plan.communication_load == pytest.approx(
+                float(communication_load(np.array([st.comm_per_microbatch_s for st in plan.stages]),
+                                         np.array([st.grad_sync_s for st in plan.stages]), B)[0]), rel=1e-12)
+            gains.append(1 - joint / alone)
+    assert max(gains) > 0.09 and min(gains) >= 0
+
+
+def test_recomputing_partitions_are_rounded_against_the_loads_they_carry():
+    """b_comp of a plan with recomputing stages is its distance from the assignment proportional to the loads those
+    stages carry (one forward pass more); rounding only against the plain loads left closer assignments unused
+    (here a partition rounded to 2/1/4/1 GPUs, 1.94 from its loads, where 2/2/2/2 is 1.41)."""
+    from libarena.hardware.comm import AlphaBetaCommModel
+    from libarena.plan.costs import StageCostModel
+    from libarena.plan.partition import load_proportional_assignment, partitions
+    from libarena.plan.planner import StageTable, _closest_fitting, _normalised_stages, recomputing_bias
+
+    ops = gpt_like(num_clusters=8, hidden=4096, seq_len=2048, batch=256)
+    profile, gpu, n, s = load_model_profile(ops), get_gpu("a10"), 8, 4
+    costs = StageCostModel(profile, gpu, 8, AlphaBetaCommModel(), 0.9)
+    table = StageTable(costs, n, s, PlannerConfig().microbatches(s, 256), 256, True, True)
+    loads, forward = profile.loads(gpu), profile.forward_loads(gpu)
+    starts, ends = (a.astype(np.int64) for a in partitions(8, s))
+    plain_gpus, _, plain_flat = _closest_fitting(table, load_proportional_assignment(loads, n, starts, ends), n, starts, ends)
+    plain_bias = recomputing_bias(loads, forward, starts, ends, plain_gpus, table.gather("remat", plain_flat))
+    gpus, bias, flat = _normalised_stages(table, loads, forward, n, starts, ends)
+    remat = table.gather("remat", flat)
+    fits = np.isfinite(table.gather("obj", flat)).all(axis=1)
+    assert remat[fits].any(axis=1).sum() >= 20 and (gpus.sum(axis=1) == n).all()
+    assert np.allclose(bias, recomputing_bias(loads, forward, starts, ends, gpus, remat))  # the bias of what it reports
+    assert (bias[fits] <= plain_bias[fits] + 1e-12).all()
+    closer = np.flatnonzero(fits & (bias < plain_bias - 0.4))
+    assert closer.size >= 1
+    assert any(list(plain_gpus[i]) == [2, 1, 4, 1] and list(gpus[i]) == [2, 2, 2, 2] for i in closer)
+    # the planner's plans carry the same bias
+    planset = plan_job(ops, _single("a10", 1, 8), PlannerConfig(num_gpus=(8,), pipeline_degrees=(4,), frontier_cap=0))
+    for plan in planset.grids[0].plans:
+        b = np.array([[st.first_cluster for st in plan.stages]])
+        e = np.array([[st.end_cluster for st in plan.stages]])
+        r = np.array([[st.remat for st in plan.stages]])
+        g = np.array([[st.num_gpus for st in plan.stages]])
+        assert plan.computation_bias == pytest.approx(float(recomputing_bias(loads, forward, b, e, g, r)[0]))
+
+
 def test_recomputing_stages_pay_a_forward_pass_in_the_bias_and_the_objective():
     from libarena.hardware.comm import AlphaBetaCommModel
     from libarena.plan.costs import StageCostModel
@@ -608,6 +696,31 @@ def test_a_plans_file_with_contradicting_or_misshapen_rows_is_refused():
     from libarena.plan.config import runnable_microbatch_count
 
     assert runnable_microbatch_count(64, 2**62) == 64 and runnable_microbatch_count(64, 3) == 2  # bounded by the batch
+
+
+def test_a_grid_is_refused_on_the_micro_batches_it_would_run_not_the_nominal_count():
+    """The gate judges the count that runs: a batch of 32 gives 7 stages 16 micro-batches (28 lowered to a divisor),
+    and 9 or 10 stages 32 (more per stage), so all are planned; 13 samples split into 1 or 13, so 3 stages (nominal
+    12) would run one micro-batch and are refused, as is a batch smaller than the stages."""
+    from libarena.plan import too_few_microbatches
+
+    assert too_few_microbatches(32, 7) == too_few_microbatches(32, 9) == too_few_microbatches(32, 16) == ""
+    assert too_few_microbatches(13, 3) == ("global batch 13 splits evenly into 1 micro-batches at most 12, fewer than "
+                                           "the 3 stages")
+    assert too_few_microbatches(13, 13) == ""  # 13 micro-batches of one sample
+    assert too_few_microbatches(8, 9) == "global batch 8 is smaller than the 9 stages (one micro-batch each at least)"
+    assert too_few_microbatches(64, 4, fixed=2) == ""  # a fixed count below the stages is the user's choice
+    assert too_few_microbatches(1, 2, fixed=2) != ""
+    ops = gpt_like(num_clusters=12, hidden=256, seq_len=64, batch=32)
+    config = PlannerConfig(max_gpus=16, frontier_cap=0, gpu_types=("a40",), num_gpus=(16,))
+    planset = plan_job(ops, _single("a40", 2, 8), config)
+    counts = {g.grid.pipeline_degree: g.num_microbatches for g in planset.grids if g.feasible}
+    assert counts[7] == 16 and counts[9] == counts[10] == counts[12] == 32  # before: 9 and 10 refused (36, 40 > 32)
+    _check_planset(planset, config, 12)
+    odd = plan_job(gpt_like(num_clusters=6, hidden=256, seq_len=64, batch=13), _single("a40", 1, 4),
+                   PlannerConfig(max_gpus=4, frontier_cap=0))
+    reasons = {g.grid.pipeline_degree: g.infeasible_reason for g in odd.grids if g.grid.num_gpus == 4}
+    assert reasons[1] == "" and reasons[3].startswith("global batch 13 splits evenly into 1 micro-batches")
 
 
 def test_plans_are_priced_at_the_micro_batches_the_runtime_runs():
