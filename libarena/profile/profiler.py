@@ -335,7 +335,7 @@ def profile_stage_in_child(spec: StageSpec, local: LocalDevice, timer: Timer, ca
     from libarena.profile.stage_child import StageChild
 
     def profile() -> dict[str, Any]:
-        with StageChild(spec, timer.name, platform=local.platform, threading=threading, seed=seed, burst=burst) as child:
+        with StageChild(spec, timer.name, device=local.label, threading=threading, seed=seed, burst=burst) as child:
             child.build(repeats)
             child.time(warmup, repeats)
             return child.record()

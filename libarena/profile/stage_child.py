@@ -20,18 +20,27 @@ from libarena.profile.stage import StageSpec
 from libarena.profile.subprocess_devices import DeviceChild, serve_requests
 
 
-class StageChild(DeviceChild):
-    """``spec`` in a child with one device of ``platform``: ``build`` compiles it (and its optimizer), ``time``
-    adds timed runs, ``record`` gives its profile record (from every sample, or one ``time`` call's), as
-    :class:`libarena.profile.profiler.StageSession` does in this process. ``device_s`` counts the child's start."""
+def _device_index(device: str) -> tuple[str, int]:
+    """(platform, index) of a ``platform:index`` device name (:attr:`LocalDevice.label`; a bare platform is index 0)."""
+    platform, _, index = device.partition(":")
+    return platform, int(index or 0)
 
-    def __init__(self, spec: StageSpec, timer_name: str, *, platform: str = "cpu", threading: Any = None, seed: int = 0,
+
+class StageChild(DeviceChild):
+    """``spec`` in a child on this process's ``device`` (``cpu:0``, ``gpu:1``: :attr:`LocalDevice.label`): ``build``
+    compiles it (and its optimizer), ``time`` adds timed runs, ``record`` gives its profile record (from every
+    sample, or one ``time`` call's), as :class:`libarena.profile.profiler.StageSession` does in this process.
+    ``device_s`` counts the child's start. A GPU child sees that GPU alone (as its gpu:0); a host child has one host
+    device, which is any of this process's host devices."""
+
+    def __init__(self, spec: StageSpec, timer_name: str, *, device: str = "cpu:0", threading: Any = None, seed: int = 0,
                  burst: int = 4) -> None:
         t0 = time.perf_counter()
+        platform, index = _device_index(device)
         super().__init__("libarena.profile.stage_child", [timer_name, str(seed), str(burst)], 1,
                          what=f"profiling stage {spec.model}[{spec.start}:{spec.stop}] in a child", platform=platform,
-                         threading=threading)
-        self.spec, self.timer_name, self.platform, self.burst = spec, timer_name, platform, burst
+                         threading=threading, device_index=None if platform == "cpu" else index)
+        self.spec, self.timer_name, self.device, self.burst = spec, timer_name, device, burst
         self._started = t0
         self._built = False
         self._keys: dict[str, str] | None = None
@@ -57,7 +66,7 @@ class StageChild(DeviceChild):
             # keyed as this process keys the stage: the child's own keys hold its cores and its layout's XLA flags
             # (libarena.profile.host.process_identity), by which nothing here looks the stage up (plans, co-run
             # timings); computed once, a benchmark asks for a record every turn
-            local = resolve_device(self.platform)
+            local = resolve_device(self.device)
             self._keys = {"key": stage_cache_key(self.spec, local, self.timer_name, burst=self.burst),
                           "optimizer_key": optimizer_cache_key(self.spec, local, self.timer_name)}
         # the device was held from the child's start: interpreter, JAX and the build count too
@@ -68,13 +77,13 @@ class StageChildren:
     """:class:`StageSession`'s interface over one :class:`StageChild` per stage (each built on first use, ended
     by ``release`` or ``close``)."""
 
-    def __init__(self, timer_name: str, *, platform: str = "cpu", threading: Any = None, seed: int = 0, burst: int = 4) -> None:
-        self.timer_name, self.platform, self.threading, self.seed, self.burst = timer_name, platform, threading, seed, burst
+    def __init__(self, timer_name: str, *, device: str = "cpu:0", threading: Any = None, seed: int = 0, burst: int = 4) -> None:
+        self.timer_name, self.device, self.threading, self.seed, self.burst = timer_name, device, threading, seed, burst
         self._children: dict[StageSpec, StageChild] = {}
 
     def _child(self, spec: StageSpec) -> StageChild:
         if spec not in self._children:
-            self._children[spec] = StageChild(spec, self.timer_name, platform=self.platform, threading=self.threading,
+            self._children[spec] = StageChild(spec, self.timer_name, device=self.device, threading=self.threading,
                                               seed=self.seed, burst=self.burst)
         return self._children[spec]
 

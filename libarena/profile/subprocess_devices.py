@@ -20,14 +20,29 @@ from libarena.errors import ArenaError
 from libarena.profile.host import ChildLayout, XlaThreading, child_layout, merge_xla_flags
 
 
-def device_env(platform: str, num_devices: int, threading: XlaThreading | None = None) -> ChildLayout:
+def device_env(platform: str, num_devices: int, threading: XlaThreading | None = None,
+               device_index: int | None = None) -> ChildLayout:
     """Environment (and cores) of a child that runs ``num_devices`` devices of ``platform``: on a host,
-    ``--xla_force_host_platform_device_count`` and the threading layout (None: this process's own)."""
+    ``--xla_force_host_platform_device_count`` and the threading layout (None: this process's own). On an
+    accelerator, ``device_index`` (this process's index of one GPU) makes that GPU the child's only one, its gpu:0."""
     layout = child_layout(threading if platform == "cpu" else None, num_devices, os.environ)
     if platform == "cpu":
         layout.env["XLA_FLAGS"] = merge_xla_flags(layout.env.get("XLA_FLAGS", ""), (f"--xla_force_host_platform_device_count={int(num_devices)}",))
         layout.env["JAX_PLATFORMS"] = "cpu"
+    elif device_index is not None:
+        layout.env["CUDA_VISIBLE_DEVICES"] = visible_device(layout.env.get("CUDA_VISIBLE_DEVICES"), device_index)
     return layout
+
+
+def visible_device(visible: str | None, index: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a child that sees only this process's GPU ``index``: the index-th entry of this
+    process's own list where it has one (its gpu:1 under ``2,3`` is the machine's GPU 3), else the index itself."""
+    entries = [entry.strip() for entry in (visible or "").split(",") if entry.strip()]
+    if not entries:
+        return str(index)
+    if index >= len(entries):
+        raise ArenaError(f"GPU {index} is not among this process's visible devices (CUDA_VISIBLE_DEVICES={visible})")
+    return entries[index]
 
 
 def run_module_with_devices(
@@ -67,8 +82,9 @@ class DeviceChild:
     ``timeout_s`` is stopped and raises the same way."""
 
     def __init__(self, module: str, args: list[str], num_devices: int, *, what: str, platform: str = "cpu",
-                 threading: XlaThreading | None = None, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        layout = device_env(platform, num_devices, threading)
+                 threading: XlaThreading | None = None, timeout_s: float = REQUEST_TIMEOUT_S,
+                 device_index: int | None = None) -> None:
+        layout = device_env(platform, num_devices, threading, device_index)
         self.num_devices = num_devices
         self.what = what
         self.timeout_s = timeout_s

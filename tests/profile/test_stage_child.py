@@ -128,3 +128,42 @@ def test_child_isolation_times_each_co_run_stage_in_a_child_of_its_own(monkeypat
     # records timed in one shared child are kept apart from those timed in a child of their own
     _, spent_shared = run(items, False)
     assert spent_shared > 0 and len(started) == 3
+
+
+def test_a_gpu_stage_child_sees_only_the_gpu_it_profiles(monkeypatch):
+    """``--device gpu:1 --isolation child`` timed every stage on GPU 0: the child resolved its default device and
+    saw every GPU. It now runs with CUDA_VISIBLE_DEVICES naming the profiled GPU alone (mapped through this
+    process's own list), and the parent keys its records by that device."""
+    from libarena.profile import profiler, stage_child, subprocess_devices
+    from libarena.profile.device import LocalDevice
+    from libarena.profile.stage import StageSpec
+    from libarena.profile.subprocess_devices import device_env, visible_device
+    from libarena.profile.timers import HostTimer
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device_env("gpu", 1, device_index=1).env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in device_env("gpu", 1).env  # (the comm benchmark's children see every GPU)
+    assert "CUDA_VISIBLE_DEVICES" not in device_env("cpu", 1, device_index=1).env
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert device_env("gpu", 1, device_index=1).env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert visible_device("GPU-5f1c,GPU-77aa", 0) == "GPU-5f1c" and visible_device("", 4) == "4"
+    with pytest.raises(ArenaError, match=r"GPU 2 is not among this process's visible devices \(CUDA_VISIBLE_DEVICES=2, 3\)"):
+        device_env("gpu", 1, device_index=2)
+
+    seen = []
+
+    class Started(Exception):
+        pass
+
+    def fake_env(platform, num_devices, threading=None, device_index=None):
+        seen.append((platform, num_devices, device_index))
+        raise Started
+
+    monkeypatch.setattr(subprocess_devices, "device_env", fake_env)
+    spec = StageSpec(MODEL, 0, 1, BATCH)
+    gpu1 = LocalDevice(None, "gpu:1", "gpu", "NVIDIA H100 80GB HBM3", "h100", 80e9)
+    with pytest.raises(Started):
+        profiler.profile_stage_in_child(spec, gpu1, HostTimer(), None, 0, 1, 0, 4)
+    with pytest.raises(Started):
+        stage_child.StageChild(spec, "host", device="cpu:1")
+    assert seen == [("gpu", 1, 1), ("cpu", 1, None)]
