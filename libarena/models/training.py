@@ -19,10 +19,37 @@ from libarena.models.base import Batch, Carry, ModelDef, Params
 _JAX_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "tf32": "float32"}
 
 
+#: JAX's matmul precision for the 32-bit matmuls of each training dtype. Left alone, JAX runs float32 matmuls on
+#: TensorFloat-32 tensor cores on Ampere and later GPUs, so an "fp32" job would run (and be timed) as tf32 while
+#: the catalogue prices it at the fp32 peak. 16-bit dtypes' matmuls take 16-bit inputs, which the setting leaves alone.
+_MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32"}
+
+
 def compute_dtype(dtype: str) -> Any:
     import jax.numpy as jnp
 
     return jnp.dtype(_JAX_DTYPES[normalize_dtype(dtype)])
+
+
+def matmul_precision(dtype: str) -> str | None:
+    """``jax_default_matmul_precision`` for training in ``dtype`` (None: JAX's default)."""
+    return _MATMUL_PRECISION.get(normalize_dtype(dtype))
+
+
+def with_matmul_precision(fn: Callable, precision: str | None) -> Callable:
+    """``fn`` traced under ``precision`` (:func:`matmul_precision`). The setting is entered inside the traced
+    function, so a jitted ``fn`` keeps it whatever the caller's setting is when it is called (and traced)."""
+    if precision is None:
+        return fn
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        import jax
+
+        with jax.default_matmul_precision(precision):
+            return fn(*args, **kwargs)
+
+    return traced
 
 
 @dataclass(frozen=True)
@@ -229,8 +256,11 @@ class StagePass:
     (``saved_constant_bytes``). With recomputation only the units' input activations are kept
     (``forward_keeping_inputs``)."""
 
-    def __init__(self, model: ModelDef, start: int, stop: int, dtype: Any, remat: bool, first: bool):
-        self.model, self.start, self.stop, self.dtype, self.remat, self.first = model, start, stop, dtype, remat, first
+    def __init__(self, model: ModelDef, start: int, stop: int, dtype: str, remat: bool, first: bool):
+        self.model, self.start, self.stop, self.remat, self.first = model, start, stop, remat, first
+        self.dtype = compute_dtype(dtype)
+        self.forward = with_matmul_precision(self.forward, matmul_precision(dtype))
+        self.backward = with_matmul_precision(self.backward, matmul_precision(dtype))
         # how the kept arrays fold back, recorded when the forward is traced (the backward is traced after it)
         self._treedef: Any = None
         self._from_params: list[int | None] = []
@@ -405,7 +435,7 @@ def make_train_step(
             params, opt_state = update_units(optimizer, params, opt_state, grads, share_traces)
         return params, opt_state, value
 
-    return train_step
+    return with_matmul_precision(train_step, matmul_precision(dtype))
 
 
 def init_optimizer_state(params: Sequence[Params], optimizer: OptimizerConfig | None = None) -> list[Any]:

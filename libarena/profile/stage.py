@@ -377,17 +377,16 @@ def _stage_functions(spec: StageSpec, view: WorkerView, optimizer: Any) -> tuple
     its units' input activations (models.training.forward_keeping_inputs)."""
     import jax
 
-    from libarena.models.training import OptimizerConfig, StagePass, compute_dtype
+    from libarena.models.training import OptimizerConfig, StagePass
 
     model = get_model(spec.model)
-    dtype = compute_dtype(spec.dtype)
     first = view.is_first
     start, stop = spec.start, spec.stop
 
     # As the runtime's stage does (libarena.run.executor.StageRuntime): what the backward pass needs leaves the
     # forward as flat arrays stacked by replica (a leading axis of 1 per worker), the parameters among them not
     # copied.
-    stage_pass = StagePass(model, start, stop, dtype, spec.remat, first)
+    stage_pass = StagePass(model, start, stop, spec.dtype, spec.remat, first)
 
     def accumulate(grad_acc: Any, param_grads: Any) -> Any:
         return jax.tree.map(lambda acc, g: acc + g.astype(acc.dtype), grad_acc, param_grads)
@@ -542,7 +541,8 @@ def xla_stage_memory(spec: StageSpec, whole_model_step: bool = False) -> dict[st
     bytes of the whole model's forward and backward compiled as one executable."""
     import jax
 
-    from libarena.models.training import abstract_params, apply_units, batch_spec, compute_dtype, tree_bytes
+    from libarena.models.training import (abstract_params, apply_units, batch_spec, compute_dtype, matmul_precision,
+                                          tree_bytes, with_matmul_precision)
 
     compiled = compile_stage(lower_stage(spec, with_optimizer=False))
     out = {
@@ -553,7 +553,8 @@ def xla_stage_memory(spec: StageSpec, whole_model_step: bool = False) -> dict[st
     if whole_model_step:
         model, dtype = get_model(spec.model), compute_dtype(spec.dtype)
         n = len(model.units)
-        step = jax.jit(jax.grad(lambda p, b: apply_units(model, p, None, b, 0, n, dtype, remat=spec.remat)))
+        step = jax.jit(with_matmul_precision(jax.grad(lambda p, b: apply_units(model, p, None, b, 0, n, dtype, remat=spec.remat)),
+                                             matmul_precision(spec.dtype)))
         lowered = step.lower(abstract_params(model), batch_spec(model, spec.micro_batch, spec.seq_len))
         out["xla_fused_temp_bytes"] = float(lowered.compile().memory_analysis().temp_size_in_bytes)
     return out

@@ -38,7 +38,6 @@ from libarena.models.training import (
     OptimizerConfig,
     StagePass,
     abstract_optimizer_state,
-    compute_dtype,
     init_params,
     update_units,
 )
@@ -113,7 +112,6 @@ class StageRuntime:
         self.batch_sharding = self.carry_sharding
         self.uses_batch = first or last
         start, stop = units.start, units.stop
-        dtype_ = compute_dtype(dtype)
         tx = optimizer.build()
 
         from libarena.models.training import unit_key
@@ -153,7 +151,7 @@ class StageRuntime:
         by_replica = P(DP_AXIS)
         # what a micro-batch's forward keeps for its backward (the vjp closure less the parameters, or with
         # recomputation the units' inputs) leaves the manual region stacked by replica: each keeps its own
-        stage_pass = StagePass(model, start, stop, dtype_, stage.remat, first)
+        stage_pass = StagePass(model, start, stop, dtype, stage.remat, first)
 
         def local_forward(params, carry, batch):
             out, kept = stage_pass.forward(params, carry, batch)
