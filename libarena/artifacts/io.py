@@ -233,6 +233,18 @@ def check_table_output(path: str | os.PathLike[str]) -> None:
     check_writable(path)
 
 
+def creation_refused(directory: str | os.PathLike[str], prefix: str) -> str:
+    """Why a file cannot be created in ``directory`` ("" when it can): a probe file is made and removed, since
+    permissions do not show a read-only mount (or what root may write)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    os.close(fd)
+    os.unlink(probe)
+    return ""
+
+
 def check_writable(path: str | os.PathLike[str]) -> None:
     """Fail early (before minutes of work) when ``path`` cannot be written; ``-`` is stdout."""
     if str(path) == STDIO:
@@ -246,12 +258,9 @@ def check_writable(path: str | os.PathLike[str]) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ArenaError(f"cannot write {path}: directory {parent} is not writable")
     # what atomic_output will do, tried now: permissions do not tell about a read-only mount (or root's writes)
-    try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=_temp_prefix(target.name), suffix=".tmp")
-    except OSError as exc:
-        raise ArenaError(f"cannot write {path}: {exc.strerror or exc}") from None
-    os.close(fd)
-    os.unlink(probe)
+    refused = creation_refused(parent, _temp_prefix(target.name))
+    if refused:
+        raise ArenaError(f"cannot write {path}: {refused}")
     if target.exists() and not os.access(target, os.W_OK):
         raise ArenaError(f"cannot write {path}: permission denied")
 

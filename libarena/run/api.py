@@ -217,16 +217,13 @@ def check_checkpoint_writable(directory: str) -> None:
     """A checkpoint directory that cannot be written fails the first save, after training up to it (after the
     whole run with --checkpoint-every 0): found before anything trains, by writing a probe file where the
     checkpoints will go (permissions do not show a read-only mount)."""
-    import tempfile
+    from libarena.artifacts.io import creation_refused
 
     target = Path(directory)
     where = target if target.is_dir() else target.absolute().parent  # (a file there: CheckpointStore refuses it)
-    try:
-        fd, probe = tempfile.mkstemp(dir=where, prefix=".arena-run-probe-", suffix=".tmp")
-    except OSError as exc:
-        raise ArenaError(f"--checkpoint-dir {directory}: cannot write in {where} ({exc.strerror or exc})") from None
-    os.close(fd)
-    os.unlink(probe)
+    refused = creation_refused(where, ".arena-run-probe-")
+    if refused:
+        raise ArenaError(f"--checkpoint-dir {directory}: cannot write in {where} ({refused})")
 
 
 def run(request: RunRequest) -> dict[str, Any]:
