@@ -416,8 +416,13 @@ def atomic_directory(path: str | os.PathLike[str], replaceable: Callable[[str], 
     try:
         yield staging
         os.chmod(staging, 0o777 & ~_current_umask())
+        if target.exists() and exchange_paths(staging, target):
+            # one atomic swap: ``path`` is the previous output or the new one at every moment; the staging
+            # directory now holds the previous one (a run killed before removing it leaves a stale temp)
+            shutil.rmtree(staging, ignore_errors=True)
+            return
         old = None
-        if target.exists():
+        if target.exists():  # (no atomic swap here: a kill between these two renames leaves no ``path``)
             old = Path(tempfile.mkdtemp(dir=parent, prefix=_temp_prefix(target.name), suffix=".tmp"))
             os.rename(target, old / "previous")
         os.rename(staging, target)
@@ -426,6 +431,33 @@ def atomic_directory(path: str | os.PathLike[str], replaceable: Callable[[str], 
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+#: renameat2's flag that swaps two existing paths, and the "relative to the working directory" descriptor
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange_paths(first: str | os.PathLike[str], second: str | os.PathLike[str]) -> bool:
+    """Swap two existing paths in one atomic step (Linux's ``renameat2`` with ``RENAME_EXCHANGE``): True when
+    done, False where this system or filesystem cannot (the caller then renames in two steps)."""
+    import ctypes
+    import errno
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it (glibc < 2.28, musl before 1.2.3)
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # no such call, or a filesystem without the flag
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(first), None, os.fspath(second))
 
 
 def _current_umask() -> int:

@@ -267,6 +267,38 @@ def test_directory_outputs_appear_whole_or_not_at_all(tmp_path):
     assert not stale.exists() and (out / "metrics.json").read_text() == "3"
 
 
+def test_a_directory_output_is_swapped_in_with_no_moment_without_it(tmp_path, monkeypatch):
+    """An existing output directory was moved aside, then the new one moved in: a run killed between the two
+    renames left no output at all (the previous one sat in a temp directory the next run deletes). The two are
+    now swapped in one step (renameat2's RENAME_EXCHANGE), so a kill at any moment leaves the old or the new one;
+    the two-rename path stays for systems without the call."""
+    from libarena.artifacts import io as artifacts_io
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.json").write_text("old")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").write_text("file")
+    assert artifacts_io.exchange_paths(tmp_path / "a", tmp_path / "b")  # this host (Linux) has it
+    assert (tmp_path / "a").read_text() == "file" and (tmp_path / "b").is_dir()
+    with pytest.raises(FileNotFoundError):
+        artifacts_io.exchange_paths(tmp_path / "a", tmp_path / "missing")
+
+    def killed(*args, **kwargs):  # a SIGTERM where the old code renamed the previous output aside
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(artifacts_io.os, "rename", killed)
+    with artifacts_io.atomic_directory(out, lambda name: True) as staging:
+        (staging / "metrics.json").write_text("new")
+    assert (out / "metrics.json").read_text() == "new" and not list(tmp_path.glob(".*.tmp"))
+    # without the call (another system, or a filesystem without the flag): the two renames, as before
+    monkeypatch.undo()
+    monkeypatch.setattr(artifacts_io, "exchange_paths", lambda first, second: False)
+    with artifacts_io.atomic_directory(out, lambda name: True) as staging:
+        (staging / "metrics.json").write_text("newer")
+    assert (out / "metrics.json").read_text() == "newer" and not list(tmp_path.glob(".*.tmp"))
+
+
 def test_a_simulation_is_keyed_on_the_solver(tmp_path, monkeypatch):
     """Another HiGHS build may return another of several optimal answers to Gavel's and Sia's programs: a
     simulation cached under one build is not served under another."""
