@@ -168,7 +168,6 @@ class StageTable:
         self._option_comm = np.broadcast_to(comm, full)
         self._option_grad = np.broadcast_to(grad, full)
         self._option_fits = np.isfinite(obj)
-        self._option_remat = remat[:, 0, 0, 0]
         self._option_fields = {"memory": np.broadcast_to(mem, full), "dp": dp[:, 0, 0, 0].astype(np.int64),
                                "tp": tp[:, 0, 0, 0].astype(np.int64), "zero": zero[:, 0, 0, 0], "remat": remat[:, 0, 0, 0]}
         self.fields = {
@@ -217,7 +216,7 @@ class StageTable:
         comm = self._option_comm[options, a_safe, b, k]
         grad = self._option_grad[options, a_safe, b, k]
         allowed = (real & self._option_fits[options, a_safe, b, k]
-                   & (self._option_remat[options] == self._option_remat[chosen][..., None]))
+                   & (self._option_fields["remat"][options] == self._option_fields["remat"][chosen][..., None]))
         position = np.argmax(options == chosen[..., None], axis=2)  # (P, s): the chosen option among the stage's
         rows = np.arange(count)
         feasible = np.isfinite(self.fields["obj"].take(flat)).all(axis=1)

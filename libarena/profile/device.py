@@ -111,6 +111,20 @@ def gpu_type_of(platform_name: str, kind: str, memory_bytes: float) -> str:
     return min(candidates, key=lambda name: abs(get_gpu(name).memory_bytes - memory_bytes))
 
 
+def split_device_name(name: str) -> tuple[str, int]:
+    """(platform, index) of ``cpu``, ``gpu``, ``platform:index`` (``gpu:1``; ``cuda`` and ``nvidia`` name the GPUs,
+    ``host`` the CPU; a bare platform is index 0)."""
+    platform_name, _, index_text = str(name).strip().lower().partition(":")
+    platform_name = {"cuda": "gpu", "nvidia": "gpu", "host": "cpu"}.get(platform_name, platform_name)
+    try:
+        index = int(index_text) if index_text else 0
+        if not platform_name:  # (JAX would take an empty platform name for its default one)
+            raise ValueError(name)
+    except ValueError:
+        raise ArenaError(f"bad device {name!r}: expected local, cpu, gpu or platform:index") from None
+    return platform_name, index
+
+
 def resolve_device(name: str = "local") -> LocalDevice:
     """``local`` (JAX's default device), ``cpu``, ``gpu``, or ``platform:index`` (``cpu:0``, ``gpu:1``)."""
     import jax
@@ -119,14 +133,7 @@ def resolve_device(name: str = "local") -> LocalDevice:
     if label == "local":
         device = jax.devices()[0]
     else:
-        platform_name, _, index_text = label.partition(":")
-        platform_name = {"cuda": "gpu", "nvidia": "gpu", "host": "cpu"}.get(platform_name, platform_name)
-        try:
-            index = int(index_text) if index_text else 0
-            if not platform_name:  # (JAX would take an empty platform name for its default one)
-                raise ValueError(name)
-        except ValueError:
-            raise ArenaError(f"bad device {name!r}: expected local, cpu, gpu or platform:index") from None
+        platform_name, index = split_device_name(label)
         try:
             devices = jax.devices(platform_name)
         except RuntimeError:

@@ -16,14 +16,9 @@ from typing import Any
 
 from libarena.artifacts.io import json_default
 from libarena.errors import ArenaError
+from libarena.profile.device import split_device_name
 from libarena.profile.stage import StageSpec
 from libarena.profile.subprocess_devices import DeviceChild, serve_requests
-
-
-def _device_index(device: str) -> tuple[str, int]:
-    """(platform, index) of a ``platform:index`` device name (:attr:`LocalDevice.label`; a bare platform is index 0)."""
-    platform, _, index = device.partition(":")
-    return platform, int(index or 0)
 
 
 class StageChild(DeviceChild):
@@ -36,7 +31,7 @@ class StageChild(DeviceChild):
     def __init__(self, spec: StageSpec, timer_name: str, *, device: str = "cpu:0", threading: Any = None, seed: int = 0,
                  burst: int = 4) -> None:
         t0 = time.perf_counter()
-        platform, index = _device_index(device)
+        platform, index = split_device_name(device)
         super().__init__("libarena.profile.stage_child", [timer_name, str(seed), str(burst)], 1,
                          what=f"profiling stage {spec.model}[{spec.start}:{spec.stop}] in a child", platform=platform,
                          threading=threading, device_index=None if platform == "cpu" else index)
